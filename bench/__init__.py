@@ -1,0 +1,1 @@
+"""Experiments over the tensor transports: the ``bench`` command, results store and plots."""

@@ -1,0 +1,227 @@
+"""The ``bench`` command: run experiments over the transports, store results, draw them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import transports
+from bench.results import ResultsError, package_versions
+
+EXIT_USAGE = 2
+DEFAULT_SIZES = "1KB-1GB"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line, with where to look, and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _sizes(text: str) -> list[int]:
+    from bench.sizes import SizeError, parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value:g}")
+    return value
+
+
+def _transport_list(text: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError("expected a comma list of transport names")
+    for name in chosen:
+        if name not in transports.REGISTRY:
+            raise argparse.ArgumentTypeError(f"unknown transport '{name}' (known: {', '.join(transports.names())})")
+        status = transports.availability(name)
+        if not status.ok:
+            raise argparse.ArgumentTypeError(f"transport '{name}' is not available here: {status.reason}")
+    return list(dict.fromkeys(chosen))
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="bench",
+        description="Compare tensor transports for distributed deep learning: what does RPC cost, "
+        "and what does zero-copy RDMA buy?",
+        epilog="Results go to results/<experiment>-<YYYYmmdd-HHMMSS>/ (meta.json + records.csv); "
+        "draw them with 'bench plot DIR'.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands.required = True
+
+    info = commands.add_parser("info", help="versions, transports and whether each can run here")
+    info.set_defaults(func=cmd_info)
+
+    micro = commands.add_parser(
+        "micro",
+        help="send/receive micro-benchmark between two processes (the paper's Figure 8)",
+        description="Send tensors of each size from a sender process to a receiver process, which consumes each "
+        "with a reduce-max. Time per transfer runs from the sender's send() call to the receiver having reduced "
+        "the tensor (one system-wide monotonic clock); transfers do not overlap. Records p50/p99/mean time, "
+        "throughput (MB/s, MB = 2^20 bytes, from the mean), CPU seconds of each side and payload bytes copied "
+        "per transfer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    micro.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=DEFAULT_SIZES,
+        help="tensor sizes, binary units (1KB = 1024 B): a range A-B stepping x4 (A-B:xN for another step), "
+        "or a list such as 1KB,64KB,1MB",
+    )
+    micro.add_argument(
+        "--transports",
+        type=_transport_list,
+        default=None,
+        help=f"comma list of transports (known: {', '.join(transports.names())}); default: every one available here",
+    )
+    micro.add_argument("--iters", type=_positive_int, default=None,
+                       help="timed transfers per size (default: about 2 GiB of traffic per size, 5 to 1000)")
+    micro.add_argument("--warmup", type=_non_negative_int, default=None,
+                       help="untimed transfers before each size (default: a tenth of --iters, 1 to 10)")
+    micro.add_argument("--timeout", type=_seconds, default=120.0,
+                       help="seconds one transfer may take before the run fails naming the peer")
+    micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
+    micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    micro.set_defaults(func=cmd_micro)
+
+    plot = commands.add_parser("plot", help="draw the figures of a results directory beside its records")
+    plot.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
+    plot.set_defaults(func=cmd_plot)
+    return parser
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    print("bench: tensor transport benchmarks")
+    print("\nversions:")
+    for name, version in package_versions().items():
+        print(f"  {name:24} {version}")
+    print("\ntransports:")
+    for name in transports.names():
+        status = transports.availability(name)
+        print(f"  {name:10} {'available' if status.ok else 'not available: ' + status.reason}")
+    return 0
+
+
+def cmd_micro(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from bench.micro import MicroError, plan_points, run_transport
+    from bench.plot import plot_run
+    from bench.results import RunWriter, default_run_dir
+    from bench.sizes import format_size
+
+    chosen = args.transports or transports.available_names()
+    points = plan_points(args.sizes, args.iters, args.warmup)
+    out = args.out or default_run_dir("micro")
+    settings = {
+        "sizes": [p.size_bytes for p in points],
+        "transports": chosen,
+        "iters": {str(p.size_bytes): p.iters for p in points},
+        "warmup": {str(p.size_bytes): p.warmup for p in points},
+        "timeout_s": args.timeout,
+    }
+    try:
+        writer = RunWriter(out, "micro", settings)
+    except FileExistsError:
+        print(f"bench micro: error: {out} already exists; choose another --out", file=sys.stderr)
+        return EXIT_USAGE
+    span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
+    print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(chosen)} -> {out}")
+    failures = []
+    started = time.monotonic()
+    try:
+        total = sum(p.warmup + p.iters for p in points)
+        done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
+                       for p in points}
+        for name in chosen:
+            with tqdm(total=total, desc=f"{name:9}", unit="xfer", leave=True, dynamic_ncols=True, disable=None) as bar:
+
+                def progress(size: int, n: int, bar=bar) -> None:
+                    bar.set_postfix_str(format_size(size))
+                    bar.update(done_before[size] + n - bar.n)
+
+                try:
+                    for record in run_transport(name, points, args.timeout, progress):
+                        writer.add(record)
+                except MicroError as exc:
+                    failures.append(str(exc))
+                    bar.write(f"bench micro: error: {exc}")
+    except KeyboardInterrupt:
+        writer.finish("interrupted", failures=failures)
+        print(f"\nbench micro: interrupted; the points finished so far are in {out}", file=sys.stderr)
+        return 130
+    writer.finish("failed" if failures else "complete", failures=failures,
+                  elapsed_s=round(time.monotonic() - started, 1))
+    _print_micro_summary(out)
+    if not args.no_plot and (out / "records.csv").exists():
+        for path in plot_run(out):
+            if path.suffix == ".png":
+                print(f"figure: {path}")
+    return 1 if failures else 0
+
+
+def _print_micro_summary(out: Path) -> None:
+    from bench.results import load_run
+    from bench.sizes import format_size
+
+    try:
+        records = load_run(out).records
+    except ResultsError:
+        return
+    print(f"\n{'transport':10} {'size':>6} {'iters':>5} {'p50 µs':>11} {'p99 µs':>11} {'MB/s':>9} {'copied/xfer':>12}")
+    for row in records.itertuples():
+        print(f"{row.transport:10} {format_size(row.size_bytes):>6} {row.iters:>5} {row.p50_us:>11.1f} "
+              f"{row.p99_us:>11.1f} {row.throughput_MBps:>9.1f} {format_size(int(row.copied_bytes_per_transfer)):>12}")
+    print(f"\nresults: {out}")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from bench.plot import PlotError, plot_run
+
+    try:
+        written = plot_run(args.results_dir)
+    except (ResultsError, PlotError) as exc:
+        print(f"bench plot: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in written:
+        print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The send/receive micro-benchmark of the paper's section 5.1 (its Figure 8).
+
+A sender and a receiver run in separate processes (the paper's two servers;
+the ``local`` reference runs both in one process, as it must). For every
+size, after warm-up transfers, each timed transfer goes like this:
+
+1. the receiver tells the sender, over a pipe outside the transport, that it
+   is ready for transfer ``i`` and calls ``recv``;
+2. the sender reads the clock (``t_send``) and calls ``send``;
+3. the receiver gets the tensor, consumes it with a reduce-max (as in the
+   paper), checks the result, and reads the clock (``t_done``).
+
+*Time per transfer* is ``t_done - t_send``: from the sender handing the
+tensor over to the receiver having consumed it. Both ends read
+``CLOCK_MONOTONIC``, which Linux keeps system-wide, so the difference is
+exact for processes on one host. The ready signal keeps transfers from
+overlapping, so the time is a latency, not a pipelined rate. Throughput is
+``size / mean time per transfer`` in MB/s with MB = 2**20 bytes. CPU seconds
+are those of each side's process (all its threads) over the timed transfers.
+Copied bytes come from the transports' ledgers (both sides, per transfer).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import resource
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+import transports
+from bench.sizes import format_size
+from transports import Cluster, Key, TensorSpec, TransportStats
+
+#: bytes moved per size when --iters is not given; fewer iterations for large sizes
+BYTES_PER_POINT = 2 << 30
+MIN_ITERS = 5
+MAX_ITERS = 1000
+SENDER, RECEIVER = 0, 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One size to measure, with its warm-up and timed iteration counts."""
+
+    size_bytes: int
+    warmup: int
+    iters: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        # float32 as tensors usually are; bytes when the size is not a whole number of floats
+        return np.dtype(np.float32 if self.size_bytes % 4 == 0 else np.uint8)
+
+    @property
+    def spec(self) -> TensorSpec:
+        shape = (self.size_bytes // self.dtype.itemsize,)
+        return TensorSpec(f"tensor_{self.size_bytes}", shape, self.dtype, SENDER, RECEIVER)
+
+
+def plan_points(sizes: list[int], iters: int | None = None, warmup: int | None = None) -> list[Point]:
+    """Iteration counts per size: ``iters`` for all when given, else about 2 GiB of traffic per size."""
+    points = []
+    for size in sizes:
+        n = iters if iters is not None else max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_POINT // size))
+        w = warmup if warmup is not None else max(1, min(10, n // 10))
+        points.append(Point(size, w, n))
+    return points
+
+
+def marker(i: int, dtype: np.dtype) -> float:
+    """The value the sender writes into the last element of transfer ``i``: the tensor's maximum."""
+    return float(2 + i % 250) if dtype == np.uint8 else float(2 + i)
+
+
+def clock_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _cpu_seconds(per_thread: bool) -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD if per_thread else resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# -- the two roles -------------------------------------------------------------
+
+
+def sender_loop(transport, points: list[Point], ctrl: Connection, report: Callable, per_thread_cpu: bool) -> None:
+    rng = np.random.default_rng(0)
+    for point in points:
+        spec = point.spec
+        tensor = transport.allocate(spec)
+        if point.dtype == np.uint8:
+            tensor[...] = rng.integers(0, 2, size=spec.shape, dtype=np.uint8)
+        else:
+            tensor[...] = rng.random(spec.shape, dtype=np.float32)
+        starts = []
+        for i in range(point.warmup + point.iters):
+            if ctrl.recv() != i:  # the receiver is done with transfer i - 1
+                raise RuntimeError("sender and receiver lost step")
+            tensor.flat[-1] = marker(i, point.dtype)
+            if i == point.warmup:
+                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+            t_send = clock_ns()
+            transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
+            starts.append(t_send)
+        if ctrl.recv() != "done":
+            raise RuntimeError("receiver did not finish the point")
+        report("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
+               transport.stats() - stats0)
+        del tensor
+
+
+def receiver_loop(transport, points: list[Point], ctrl: Connection, report: Callable, per_thread_cpu: bool) -> None:
+    for point in points:
+        spec = point.spec
+        dones = []
+        total = point.warmup + point.iters
+        for i in range(total):
+            if i == point.warmup:
+                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+            ctrl.send(i)
+            tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
+            largest = tensor.max()
+            t_done = clock_ns()
+            dones.append(t_done)
+            if tensor.shape != spec.shape or largest != marker(i, point.dtype):
+                raise RuntimeError(
+                    f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: shape {tensor.shape}, "
+                    f"max {largest} (expected {spec.shape}, {marker(i, point.dtype)})"
+                )
+            del tensor
+            if (i + 1) % max(1, total // 20) == 0 or i + 1 == total:
+                report("progress", point.size_bytes, i + 1)
+        cpu = _cpu_seconds(per_thread_cpu) - cpu0
+        stats = transport.stats() - stats0
+        ctrl.send("done")
+        report("receiver", point.size_bytes, dones[point.warmup :], cpu, stats)
+
+
+def _role_process(role: int, name: str, options: dict, cluster: Cluster, points: list[Point],
+                  ctrl: Connection, results: mp.Queue) -> None:
+    """Entry point of a sender or receiver process."""
+    try:
+        with transports.create(name, **options) as transport:
+            transport.start(cluster, role)
+            transport.plan([p.spec for p in points])
+            loop = sender_loop if role == SENDER else receiver_loop
+            loop(transport, points, ctrl, lambda *msg: results.put(msg), False)
+    except BaseException as exc:  # report anything, the parent decides
+        results.put(("error", "sender" if role == SENDER else "receiver", _describe(exc)))
+        raise SystemExit(1) from None
+
+
+def _pair_process(name: str, options: dict, cluster: Cluster, points: list[Point], results: mp.Queue) -> None:
+    """Entry point for transports that need both roles in one process (``local``): two threads."""
+    ctrl_send, ctrl_recv = mp.Pipe()
+    failures: list[BaseException] = []
+
+    def role(loop, transport, ctrl) -> None:
+        try:
+            loop(transport, points, ctrl, lambda *msg: results.put(msg), True)
+        except BaseException as exc:
+            failures.append(exc)
+            results.put(("error", "sender" if loop is sender_loop else "receiver", _describe(exc)))
+
+    pair = [transports.create(name, **options) for _ in range(2)]
+    try:
+        for rank, transport in enumerate(pair):
+            transport.start(cluster, rank)
+            transport.plan([p.spec for p in points])
+        threads = [
+            threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
+            threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException as exc:
+        results.put(("error", "pair", _describe(exc)))
+        raise SystemExit(1) from None
+    finally:
+        for transport in pair:
+            transport.close()
+
+
+def _describe(exc: BaseException) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+# -- the parent ----------------------------------------------------------------
+
+
+class MicroError(RuntimeError):
+    """A transport's run failed; the message names the transport and the side."""
+
+
+@dataclass
+class _Side:
+    times: list[int]
+    cpu_s: float
+    stats: TransportStats
+
+
+def run_transport(name: str, points: list[Point], timeout_s: float,
+                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> list[dict[str, Any]]:
+    """Measure every point over transport ``name``; one record per point."""
+    ctx = mp.get_context("spawn")
+    results: mp.Queue = ctx.Queue()
+    options = {"timeout_s": timeout_s}
+    cluster = Cluster.on_loopback(2)
+    if transports.transport_class(name).same_process_only:
+        procs = [ctx.Process(target=_pair_process, args=(name, options, cluster, points, results), daemon=True)]
+    else:
+        ctrl_send, ctrl_recv = ctx.Pipe()
+        procs = [
+            ctx.Process(target=_role_process, args=(role, name, options, cluster, points, ctrl, results), daemon=True)
+            for role, ctrl in ((SENDER, ctrl_send), (RECEIVER, ctrl_recv))
+        ]
+    for proc in procs:
+        proc.start()
+    sides: dict[tuple[str, int], _Side] = {}
+    records = []
+    try:
+        while len(records) < len(points):
+            msg = _next_message(results, procs, name, timeout_s)
+            kind = msg[0]
+            if kind == "error":
+                raise MicroError(f"{name}: the {msg[1]} failed: {msg[2]}")
+            if kind == "progress":
+                on_progress(msg[1], msg[2])
+                continue
+            size = msg[1]
+            sides[(kind, size)] = _Side(*msg[2:])
+            if ("sender", size) in sides and ("receiver", size) in sides:
+                point = next(p for p in points if p.size_bytes == size)
+                records.append(make_record(name, point, sides.pop(("sender", size)), sides.pop(("receiver", size))))
+        for proc in procs:
+            proc.join(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+    return records
+
+
+def _next_message(results: mp.Queue, procs: list, name: str, timeout_s: float) -> tuple:
+    """The next report from the children; an error instead of a hang when one dies or stalls."""
+    deadline = time.monotonic() + timeout_s + 60
+    while True:
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            pass
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            try:  # its error report may still be in the queue
+                return results.get(timeout=2.0)
+            except queue.Empty:
+                raise MicroError(f"{name}: a benchmark process died (exit code {dead[0].exitcode})") from None
+        if time.monotonic() > deadline:
+            raise MicroError(f"{name}: no progress for {timeout_s + 60:.0f} s; giving up")
+
+
+def make_record(name: str, point: Point, sender: _Side, receiver: _Side) -> dict[str, Any]:
+    """One row of ``records.csv`` from both sides' measurements."""
+    micros = (np.array(receiver.times, dtype=np.int64) - np.array(sender.times, dtype=np.int64)) / 1e3
+    mean_us = float(micros.mean())
+    per = point.iters
+    both = sender.stats + receiver.stats
+    return {
+        "transport": name,
+        "size_bytes": point.size_bytes,
+        "dtype": point.dtype.name,
+        "warmup": point.warmup,
+        "iters": point.iters,
+        "p50_us": float(np.percentile(micros, 50)),
+        "p99_us": float(np.percentile(micros, 99)),
+        "mean_us": mean_us,
+        "min_us": float(micros.min()),
+        "max_us": float(micros.max()),
+        "throughput_MBps": point.size_bytes / 2**20 / (mean_us / 1e6),
+        "sender_cpu_s": sender.cpu_s,
+        "receiver_cpu_s": receiver.cpu_s,
+        "sender_cpu_us_per_transfer": sender.cpu_s / per * 1e6,
+        "receiver_cpu_us_per_transfer": receiver.cpu_s / per * 1e6,
+        "copied_bytes_per_transfer": both.copied_bytes / per,
+        "serialisations_per_transfer": both.serialisations / per,
+        "deserialisations_per_transfer": both.deserialisations / per,
+        "control_messages_per_transfer": both.control_messages / per,
+        "registrations": both.registrations,
+        "fabric": "none",
+    }

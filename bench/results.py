@@ -1,0 +1,214 @@
+"""The results store: one directory per run with ``meta.json`` and a tidy ``records.csv``.
+
+``meta.json`` says what ran, where and with what; ``records.csv`` has one row
+per measured point. Records are appended as they are measured, so an
+interrupted run keeps what it finished. Plots and reports read only these
+files, so runs can be compared long after they were made.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+META_FILE = "meta.json"
+RECORDS_FILE = "records.csv"
+
+#: columns every record of an experiment carries (more are allowed)
+REQUIRED_COLUMNS: dict[str, list[str]] = {
+    "micro": [
+        "transport",
+        "size_bytes",
+        "iters",
+        "p50_us",
+        "p99_us",
+        "mean_us",
+        "throughput_MBps",
+        "sender_cpu_s",
+        "receiver_cpu_s",
+        "copied_bytes_per_transfer",
+    ],
+    "model": [
+        "transport",
+        "model",
+        "batch_size",
+        "servers",
+        "steps",
+        "step_time_s",
+        "throughput_batches_per_s",
+        "compute_s",
+        "comm_s",
+    ],
+}
+
+PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "tensor-transport-bench")
+
+
+class ResultsError(ValueError):
+    """A results directory that is missing, incomplete or of an unknown schema."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def default_run_dir(experiment: str, root: Path = Path("results")) -> Path:
+    """``results/<experiment>-<YYYYmmdd-HHMMSS>``, made unique if that name is taken."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = root / f"{experiment}-{stamp}"
+    n = 2
+    while path.exists():
+        path = root / f"{experiment}-{stamp}-{n}"
+        n += 1
+    return path
+
+
+def git_commit() -> str:
+    """The commit of this source tree, with ``-dirty`` when it has local changes; ``unknown`` outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def environment() -> dict[str, Any]:
+    """Where a run happened: host, CPU, memory, software."""
+    return {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": _memory_bytes(),
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+    }
+
+
+class RunWriter:
+    """Writes one run directory: ``meta.json`` at the start and end, records as they come."""
+
+    def __init__(self, path: Path, experiment: str, settings: dict[str, Any]) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=False)
+        self.meta: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "experiment": experiment,
+            "command": sys.argv,
+            "start_time": now_iso(),
+            "end_time": None,
+            "status": "running",
+            "settings": settings,
+            **environment(),
+        }
+        self._columns: list[str] | None = None
+        self._write_meta()
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Append one measured point to ``records.csv``."""
+        missing = [c for c in REQUIRED_COLUMNS.get(self.meta["experiment"], []) if c not in record]
+        if missing:
+            raise ResultsError(f"record lacks required columns {missing}")
+        new_file = self._columns is None
+        if new_file:
+            self._columns = list(record)
+        with open(self.path / RECORDS_FILE, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self._columns)
+            if new_file:
+                writer.writeheader()
+            writer.writerow(record)
+
+    def finish(self, status: str = "complete", **extra: Any) -> None:
+        """Record the end time, the outcome and anything learnt during the run."""
+        self.meta.update(end_time=now_iso(), status=status, **extra)
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = self.path / (META_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
+        tmp.replace(self.path / META_FILE)
+
+
+@dataclass
+class Run:
+    """A run read back: its meta-data and its records."""
+
+    path: Path
+    meta: dict[str, Any]
+    records: pd.DataFrame
+
+    @property
+    def experiment(self) -> str:
+        return self.meta["experiment"]
+
+
+def load_run(path: Path) -> Run:
+    """Read a run directory, checking its schema version and required columns."""
+    path = Path(path)
+    meta_file = path / META_FILE
+    if not meta_file.is_file():
+        raise ResultsError(f"{path} is not a results directory: it has no {META_FILE}")
+    meta = json.loads(meta_file.read_text())
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(
+            f"{meta_file}: schema_version {version!r} is not supported (this bench reads {SCHEMA_VERSION})"
+        )
+    records_file = path / RECORDS_FILE
+    if not records_file.is_file():
+        raise ResultsError(f"{path} has no {RECORDS_FILE}: the run recorded no point")
+    records = pd.read_csv(records_file)
+    missing = [c for c in REQUIRED_COLUMNS.get(meta.get("experiment", ""), []) if c not in records.columns]
+    if missing:
+        raise ResultsError(f"{records_file} lacks required columns {missing}")
+    return Run(path, meta, records)

@@ -1,0 +1,148 @@
+"""One behaviour suite that every registered transport must pass."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+
+from transports import Key, TensorSpec, TransportClosed, TransportError, TransportTimeout
+
+DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.bool_]
+
+
+def transfer(pair, array, name="t", step=0, src=0, dst=1):
+    sent = pair[src].send_async(Key(name, step, src, dst), array)
+    received = pair[dst].recv(Key(name, step, src, dst))
+    sent.result(timeout=10)
+    return received
+
+
+def sample(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_dtype_arrives_intact(pair, dtype):
+    array = sample((7, 5), dtype)
+    received = transfer(pair, array)
+    assert received.dtype == array.dtype
+    np.testing.assert_array_equal(received, array)
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1,), (2, 3, 4, 5)], ids=str)
+def test_shapes_including_scalars_and_empty(pair, shape):
+    array = sample(shape, np.float32)
+    received = transfer(pair, array)
+    assert received.shape == shape
+    np.testing.assert_array_equal(received, array)
+
+
+def test_large_tensor(pair):
+    array = sample((3, 1 << 20), np.float32)  # 12 MiB
+    np.testing.assert_array_equal(transfer(pair, array), array)
+
+
+@pytest.mark.parametrize("view", ["strided", "transposed", "reversed"])
+def test_non_contiguous_input(pair, view):
+    base = sample((6, 8), np.int32)
+    array = {"strided": base[:, ::2], "transposed": base.T, "reversed": base[::-1]}[view]
+    assert not array.flags.c_contiguous
+    np.testing.assert_array_equal(transfer(pair, array), array)
+
+
+def test_same_key_over_many_steps(pair):
+    for step in range(30):
+        array = np.full(100, step, dtype=np.int64)
+        np.testing.assert_array_equal(transfer(pair, array, name="w", step=step), array)
+
+
+def test_many_tensors_in_flight(pair):
+    arrays = {i: np.full(1000 + i, i, dtype=np.float64) for i in range(40)}
+    sends = [pair[0].send_async(Key(f"t{i}", 0, 0, 1), a) for i, a in arrays.items()]
+    for i in reversed(range(40)):  # the opposite order to the sends
+        np.testing.assert_array_equal(pair[1].recv(Key(f"t{i}", 0, 0, 1)), arrays[i])
+    _done, pending = wait(sends, timeout=10)
+    assert not pending
+
+
+def test_recv_before_send(pair):
+    key = Key("early", 3, 0, 1)
+    receiving = pair[1].recv_async(key)
+    time.sleep(0.2)
+    assert not receiving.done()
+    array = np.arange(12, dtype=np.float32)
+    pair[0].send(key, array)
+    np.testing.assert_array_equal(receiving.result(timeout=10), array)
+
+
+def test_send_before_recv(pair):
+    key = Key("late", 0, 0, 1)
+    array = np.arange(12, dtype=np.float32)
+    sending = pair[0].send_async(key, array)
+    time.sleep(0.2)
+    np.testing.assert_array_equal(pair[1].recv(key), array)
+    sending.result(timeout=10)
+
+
+def test_both_directions(pair):
+    forward = sample((4,), np.float64, seed=1)
+    backward = sample((5,), np.float64, seed=2)
+    np.testing.assert_array_equal(transfer(pair, forward, src=0, dst=1), forward)
+    np.testing.assert_array_equal(transfer(pair, backward, src=1, dst=0), backward)
+
+
+def test_close_while_a_recv_waits_is_an_error_not_a_hang(pair):
+    receiving = pair[1].recv_async(Key("never", 0, 0, 1))
+    started = time.monotonic()
+    pair[1].close()
+    with pytest.raises(TransportClosed):
+        receiving.result(timeout=15)
+    assert time.monotonic() - started < 15
+
+
+def test_recv_timeout_names_the_peer(pair):
+    with pytest.raises(TransportTimeout, match="rank 0"):
+        pair[1].recv(Key("missing", 0, 0, 1), timeout=0.5)
+
+
+def test_sending_a_key_twice_before_it_is_received_is_an_error(pair):
+    key = Key("dup", 0, 0, 1)
+    first = pair[0].send_async(key, np.zeros(3))
+    with pytest.raises((ValueError, TransportError)):
+        pair[0].send_async(key, np.zeros(3)).result(timeout=10)
+    pair[1].recv(key)
+    first.result(timeout=10)
+
+
+def test_keys_for_other_ranks_are_refused(pair):
+    with pytest.raises(ValueError, match="src must be this rank"):
+        pair[1].send_async(Key("x", 0, 0, 1), np.zeros(1))
+    with pytest.raises(ValueError, match="no rank 5"):
+        pair[0].send_async(Key("x", 0, 0, 5), np.zeros(1))
+
+
+def test_allocate_gives_a_writable_tensor_of_the_spec(pair):
+    spec = TensorSpec("w", (4, 8), np.float32, 0, 1)
+    pair[0].plan([spec])
+    tensor = pair[0].allocate(spec)
+    assert tensor.shape == (4, 8) and tensor.dtype == np.float32 and tensor.flags.writeable
+    tensor[...] = 1.5
+    np.testing.assert_array_equal(transfer(pair, tensor, name="w"), tensor)
+
+
+def test_ledger_counts_tensors_and_payload(pair):
+    array = np.ones(1000, dtype=np.float32)
+    before = [t.stats() for t in pair]
+    transfer(pair, array)
+    sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+    assert sender.tensors_sent == 1 and receiver.tensors_received == 1
+    assert sender.payload_bytes_sent == array.nbytes == receiver.payload_bytes_received

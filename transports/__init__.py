@@ -1,0 +1,92 @@
+"""Tensor transports behind one rendezvous interface, looked up by name.
+
+Backends are imported only when asked for, so a backend whose libraries are
+missing reports itself unavailable instead of breaking every import.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from transports.base import (
+    Availability,
+    Cluster,
+    Key,
+    PeerError,
+    TensorSpec,
+    Transport,
+    TransportClosed,
+    TransportError,
+    TransportStats,
+    TransportTimeout,
+)
+
+#: name -> module defining ``TRANSPORT``; the order is the order of figures and tables.
+REGISTRY: dict[str, str] = {
+    "grpc_tcp": "transports.grpc_tcp",
+    "local": "transports.local",
+}
+
+
+class UnknownTransport(ValueError):
+    """A transport name that is not registered."""
+
+
+class TransportUnavailable(RuntimeError):
+    """A registered transport that cannot run on this machine."""
+
+
+def names() -> list[str]:
+    """Every registered transport name."""
+    return list(REGISTRY)
+
+
+def transport_class(name: str) -> type[Transport]:
+    """The class registered under ``name``; the error lists the known names."""
+    if name not in REGISTRY:
+        raise UnknownTransport(f"unknown transport '{name}' (known: {', '.join(REGISTRY)})")
+    return importlib.import_module(REGISTRY[name]).TRANSPORT
+
+
+def availability(name: str) -> Availability:
+    """Whether ``name`` can run here; a backend that fails to import is reported, not raised."""
+    try:
+        cls = transport_class(name)
+    except ImportError as exc:
+        return Availability(False, f"cannot import {REGISTRY[name]}: {exc}")
+    return cls.availability()
+
+
+def available_names() -> list[str]:
+    """The registered transports that can run on this machine."""
+    return [name for name in REGISTRY if availability(name).ok]
+
+
+def create(name: str, **options: object) -> Transport:
+    """A new, not yet started transport ``name``; raises if it is unknown or cannot run here."""
+    status = availability(name)
+    if not status.ok:
+        raise TransportUnavailable(f"transport '{name}' is not available here: {status.reason}")
+    return transport_class(name)(**options)
+
+
+__all__ = [
+    "Availability",
+    "Cluster",
+    "Key",
+    "PeerError",
+    "REGISTRY",
+    "TensorSpec",
+    "Transport",
+    "TransportClosed",
+    "TransportError",
+    "TransportStats",
+    "TransportTimeout",
+    "TransportUnavailable",
+    "UnknownTransport",
+    "availability",
+    "available_names",
+    "create",
+    "names",
+    "transport_class",
+]

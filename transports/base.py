@@ -1,0 +1,277 @@
+"""The tensor rendezvous interface every transport implements.
+
+A transport moves numpy arrays between the ranks of a cluster. Tensors are
+matched by a :class:`Key` (name, step, source rank, destination rank), in
+whichever order the sender and the receiver arrive, as TensorFlow's
+rendezvous does. Each transport keeps a :class:`Ledger` of the payload bytes
+it copies in user space, so that experiments report copies, not just time.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class TransportError(RuntimeError):
+    """A transfer failed; the message names the key or the peer involved."""
+
+
+class TransportClosed(TransportError):
+    """The transport was closed while an operation was waiting on it."""
+
+
+class PeerError(TransportError):
+    """A peer failed, vanished or answered with something we cannot accept."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """An operation did not complete within its timeout."""
+
+
+class Key(NamedTuple):
+    """Identifies one transfer: tensor ``name`` at ``step`` from rank ``src`` to rank ``dst``."""
+
+    name: str
+    step: int
+    src: int
+    dst: int
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.step} ({self.src}->{self.dst})"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A statically known cross-process tensor; ``shape`` is None when it is only known at run time."""
+
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: np.dtype
+    src: int
+    dst: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        if self.shape is not None:
+            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def nbytes(self) -> int | None:
+        if self.shape is None:
+            return None
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The address (``host:port``) of every rank; rank ``i`` listens on ``addresses[i]``."""
+
+    addresses: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.addresses)
+
+    @classmethod
+    def on_loopback(cls, n: int, host: str = "127.0.0.1") -> Cluster:
+        """A cluster of ``n`` ranks on this machine, each with a port the kernel had free."""
+        return cls(tuple(f"{host}:{free_port(host)}" for _ in range(n)))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the listener binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class TransportStats:
+    """The copy ledger: what one side of a transport did, counted since it started.
+
+    ``copied_bytes`` counts payload bytes copied in user space on this side,
+    including copies that a library in our call path is known to make (the
+    transport's code says where); kernel socket copies are not counted.
+    """
+
+    tensors_sent: int = 0
+    tensors_received: int = 0
+    payload_bytes_sent: int = 0
+    payload_bytes_received: int = 0
+    copied_bytes: int = 0
+    serialisations: int = 0
+    deserialisations: int = 0
+    registrations: int = 0
+    control_messages: int = 0
+
+    def __sub__(self, other: TransportStats) -> TransportStats:
+        return TransportStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def __add__(self, other: TransportStats) -> TransportStats:
+        return TransportStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Ledger:
+    """Thread-safe counters behind :meth:`Transport.stats`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                self._counts[name] += value
+
+    def snapshot(self) -> TransportStats:
+        with self._lock:
+            return TransportStats(**self._counts)
+
+
+class Availability(NamedTuple):
+    """Whether a transport can run on this machine, and if not, why."""
+
+    ok: bool
+    reason: str = ""
+
+
+def settle(future: Future, result: Any = None, error: BaseException | None = None) -> bool:
+    """Complete ``future`` unless it is already done; returns whether this call completed it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        return False
+    return True
+
+
+def done_future(result: Any = None) -> Future:
+    future: Future = Future()
+    future.set_result(result)
+    return future
+
+
+class Transport(ABC):
+    """Moves tensors between the ranks of a cluster.
+
+    Lifecycle: construct with options, :meth:`start` once, optionally
+    :meth:`plan`, then any number of :meth:`send` / :meth:`recv`, then
+    :meth:`close`. A sent array must not be modified until its send has
+    completed (the future returned by :meth:`send_async` is done). Received
+    arrays belong to the caller; they may be read-only views of transport
+    buffers.
+    """
+
+    name: ClassVar[str]
+    #: True when sender and receiver must live in one process (the ``local`` reference).
+    same_process_only: ClassVar[bool] = False
+
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.ledger = Ledger()
+        self.cluster: Cluster | None = None
+        self.rank = -1
+        self.specs: dict[str, TensorSpec] = {}
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Whether this transport can run here; the reason when it cannot."""
+        return Availability(True)
+
+    @abstractmethod
+    def start(self, cluster: Cluster, rank: int) -> None:
+        """Join ``cluster`` as ``rank``: listen on its address and get ready to reach peers."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything; waiting operations fail with :class:`TransportClosed`."""
+
+    def plan(self, specs: Iterable[TensorSpec]) -> None:
+        """Learn the statically known transfers; transports that can, preallocate for them."""
+        for spec in specs:
+            self.specs[spec.name] = spec
+
+    def allocate(self, spec: TensorSpec) -> np.ndarray:
+        """Memory where a producer should build a tensor it will send (plain memory by default)."""
+        if spec.shape is None:
+            raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
+        return np.empty(spec.shape, dtype=spec.dtype)
+
+    @abstractmethod
+    def send_async(self, key: Key, array: np.ndarray) -> Future:
+        """Offer ``array`` under ``key``; the future is done once the transport no longer reads ``array``."""
+
+    @abstractmethod
+    def recv_async(self, key: Key) -> Future:
+        """Ask for the tensor under ``key``; the future's result is the received array."""
+
+    def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
+        """Send and wait until ``array`` may be reused."""
+        self._wait(self.send_async(key, array), key, "send", timeout)
+
+    def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
+        """Receive the tensor under ``key``, waiting at most ``timeout`` seconds."""
+        return self._wait(self.recv_async(key), key, "recv", timeout)
+
+    def stats(self) -> TransportStats:
+        """The copy ledger since :meth:`start`."""
+        return self.ledger.snapshot()
+
+    def peer_name(self, rank: int) -> str:
+        address = self.cluster.addresses[rank] if self.cluster else "?"
+        return f"rank {rank} at {address}"
+
+    def _wait(self, future: Future, key: Key, what: str, timeout: float | None) -> Any:
+        timeout = self.timeout_s if timeout is None else timeout
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            peer = key.dst if what == "send" else key.src
+            raise TransportTimeout(
+                f"{self.name}: {what} of {key} did not complete within {timeout:g} s "
+                f"(peer {self.peer_name(peer)}); is the peer running and using the same key?"
+            ) from None
+
+    def _check_key(self, key: Key, role: str) -> None:
+        if self.cluster is None:
+            raise TransportError(f"{self.name}: start() the transport before {role}")
+        mine = key.src if role == "send" else key.dst
+        peer = key.dst if role == "send" else key.src
+        if mine != self.rank:
+            side = "src" if role == "send" else "dst"
+            raise ValueError(f"{self.name}: cannot {role} {key}: its {side} must be this rank ({self.rank})")
+        if not 0 <= peer < self.cluster.size:
+            raise ValueError(f"{self.name}: cannot {role} {key}: no rank {peer} in a cluster of {self.cluster.size}")
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:
+    """``array`` as a C-contiguous array, counting the copy when its layout forces one."""
+    if array.flags.c_contiguous:
+        return array
+    ledger.add(copied_bytes=array.nbytes)
+    return np.ascontiguousarray(array)
+

@@ -1,0 +1,74 @@
+"""A table that matches offered tensors with requests for them, in either order.
+
+This is TensorFlow's local rendezvous: a send is passive and parks its item
+under a key; a receive takes it, or waits for it when the request arrives
+first (tag matching). Transports share this one implementation.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from transports.base import Key, TransportClosed, done_future, settle
+
+
+class Rendezvous:
+    """Thread-safe: ``put`` and ``take`` may be called from any thread."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._parked: dict[Key, Any] = {}
+        self._waiting: dict[Key, Future] = {}
+        self._closed: TransportClosed | None = None
+
+    def put(self, key: Key, item: Any) -> None:
+        """Hand ``item`` to the waiting request for ``key``, or park it until one comes."""
+        with self._lock:
+            self._raise_if_closed()
+            if key in self._parked:
+                raise ValueError(f"{self._owner}: {key} was already sent and has not been received yet")
+            waiter = self._waiting.pop(key, None)
+            if waiter is None:
+                self._parked[key] = item
+                return
+        settle(waiter, item)
+
+    def take(self, key: Key) -> Future:
+        """A future for the item under ``key``: done now if parked, else when it is put."""
+        with self._lock:
+            self._raise_if_closed()
+            if key in self._parked:
+                return done_future(self._parked.pop(key))
+            if key in self._waiting:
+                raise ValueError(f"{self._owner}: {key} is already being received")
+            future: Future = Future()
+            self._waiting[key] = future
+            return future
+
+    def forget(self, key: Key, future: Future) -> None:
+        """Withdraw a request that nobody waits for any more (its caller went away)."""
+        with self._lock:
+            if self._waiting.get(key) is future:
+                del self._waiting[key]
+
+    def pending(self) -> tuple[int, int]:
+        """How many items are parked and how many requests wait."""
+        with self._lock:
+            return len(self._parked), len(self._waiting)
+
+    def close(self) -> list[Any]:
+        """Fail every waiting request; returns the parked items that were never taken."""
+        with self._lock:
+            self._closed = TransportClosed(f"{self._owner} was closed")
+            waiting, self._waiting = list(self._waiting.values()), {}
+            parked, self._parked = list(self._parked.values()), {}
+        for future in waiting:
+            settle(future, error=self._closed)
+        return parked
+
+    def _raise_if_closed(self) -> None:
+        if self._closed is not None:
+            raise TransportClosed(str(self._closed))
