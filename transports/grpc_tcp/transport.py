@@ -6,8 +6,9 @@ waits for the tensor if the request came first (tag matching) and streams
 it back as ``TensorChunk`` messages (see ``wire.py``).
 
 Configured as a careful engineer would: message size limits lifted, no
-compression, keepalive so a vanished peer is noticed, tensors over 1 GiB
-streamed in chunks. Copies of the payload in user space, per transfer:
+compression, keepalive so a vanished peer is noticed, tensors over 16 MiB
+streamed in 16 MiB chunks (``wire.DEFAULT_CHUNK_BYTES`` says why). Copies of
+the payload in user space, per transfer:
 
 * sender: one join of header and payload into the message ``bytes``
   (grpcio's Python API takes only ``bytes``), and one by grpcio itself,
@@ -42,7 +43,7 @@ from transports.base import (
     settle,
 )
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest
-from transports.grpc_tcp.wire import MAX_CHUNK_BYTES, TensorAssembler, WireError, encode_chunks
+from transports.grpc_tcp.wire import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, TensorAssembler, WireError, encode_chunks
 from transports.rendezvous import Rendezvous
 
 _SERVICE = DESCRIPTOR.services_by_name["TensorTransport"]
@@ -69,7 +70,7 @@ class GrpcTcpTransport(Transport):
 
     name = "grpc_tcp"
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, chunk_bytes: int = MAX_CHUNK_BYTES) -> None:
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         super().__init__(timeout_s=timeout_s)
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"grpc_tcp: chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")

@@ -1,0 +1,76 @@
+"""The bench command: bad input gives one clear line and exit 2; a small micro run end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.results import load_run
+
+
+def bench(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env=env)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["micro", "--sizes", "1XB"], "invalid size '1XB'"),
+        (["micro", "--sizes", "2MB-1MB"], "start 2MB is larger than the end 1MB"),
+        (["micro", "--transports", "nope"], "unknown transport 'nope' (known: grpc_tcp"),
+        (["micro", "--iters", "0"], "at least 1"),
+        (["micro", "--timeout", "-3"], "positive number of seconds"),
+        (["plot"], "RESULTS_DIR"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_no_traceback(args, fragment):
+    result = bench(*args)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_plot_of_a_directory_that_is_not_a_run(tmp_path):
+    result = bench("plot", str(tmp_path))
+    assert result.returncode == 2 and "not a results directory" in result.stderr
+
+
+def test_info_lists_every_transport_and_versions():
+    result = bench("info")
+    assert result.returncode == 0
+    for word in ("grpc_tcp", "local", "grpcio", "numpy"):
+        assert word in result.stdout
+
+
+def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB,64KB", "--iters", "4", "--warmup", "1",
+                   "--transports", "grpc_tcp,local", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    run = load_run(out)
+    assert run.meta["status"] == "complete"
+    assert run.meta["settings"]["transports"] == ["grpc_tcp", "local"]
+    records = run.records.set_index(["transport", "size_bytes"])
+    assert len(records) == 4
+    assert (records["iters"] == 4).all()
+    assert (records["p99_us"] >= records["p50_us"]).all()
+    # grpc_tcp copies each payload three times (see its module); local never copies
+    for size in (1024, 65536):
+        assert records.loc[("grpc_tcp", size), "copied_bytes_per_transfer"] == 3 * size
+        assert records.loc[("grpc_tcp", size), "serialisations_per_transfer"] == 1
+        assert records.loc[("local", size), "copied_bytes_per_transfer"] == 0
+    for figure in ("micro_time.png", "micro_time.svg", "micro_throughput.png", "micro_throughput.svg"):
+        assert (out / figure).is_file()
+
+
+def test_micro_refuses_to_overwrite_a_run(tmp_path):
+    (tmp_path / "run").mkdir()
+    result = bench("micro", "--sizes", "1KB", "--transports", "local", "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "already exists" in result.stderr

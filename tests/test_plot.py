@@ -1,0 +1,45 @@
+"""Figures are drawn from a run's files: valid PNG and SVG beside the records."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import matplotlib.image
+import pytest
+
+from bench.plot import PlotError, plot_run
+from bench.results import RunWriter
+from tests.test_results import micro_record
+
+
+def test_micro_figures_are_valid_images(tmp_path):
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    for transport, scale in (("grpc_tcp", 10.0), ("local", 1.0)):
+        for i, size in enumerate((1024, 4096, 16384)):
+            writer.add(micro_record(transport=transport, size_bytes=size, p50_us=scale * (i + 1),
+                                    p99_us=2 * scale * (i + 1), throughput_MBps=size / scale))
+    writer.finish()
+    written = plot_run(tmp_path / "run")
+    names = sorted(p.name for p in written)
+    assert names == ["micro_throughput.png", "micro_throughput.svg", "micro_time.png", "micro_time.svg"]
+    for path in written:
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            height, width, _ = matplotlib.image.imread(path).shape
+            assert width > 500 and height > 300
+        else:
+            assert ET.parse(path).getroot().tag.endswith("svg")
+
+
+def test_a_run_without_records_cannot_be_drawn(tmp_path):
+    RunWriter(tmp_path / "run", "micro", {})
+    with pytest.raises(Exception, match=r"no records|records\.csv"):
+        plot_run(tmp_path / "run")
+
+
+def test_an_experiment_without_figures_is_named(tmp_path):
+    writer = RunWriter(tmp_path / "run", "model", {})
+    writer.add({"transport": "local", "model": "fcn5", "batch_size": 1, "servers": 1, "steps": 5,
+                "step_time_s": 0.1, "throughput_batches_per_s": 10.0, "compute_s": 0.1, "comm_s": 0.0})
+    with pytest.raises(PlotError, match="model"):
+        plot_run(tmp_path / "run")
