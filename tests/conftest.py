@@ -11,12 +11,14 @@ SHORT_TIMEOUT_S = 20.0
 
 
 def transport_params():
-    """Every registered transport; one that cannot run here is skipped with its reason."""
+    """Every registered transport in each of its variants; one that cannot run here is skipped with its reason."""
     params = []
     for name in transports.names():
         status = transports.availability(name)
         marks = [] if status.ok else [pytest.mark.skip(reason=f"{name} not available here: {status.reason}")]
-        params.append(pytest.param(name, marks=marks, id=name))
+        variants = transports.transport_class(name).variants() if status.ok else {"": {}}
+        for label, options in variants.items():
+            params.append(pytest.param((name, options), marks=marks, id=f"{name}-{label}" if label else name))
     return params
 
 
@@ -31,7 +33,8 @@ def start_pair(name: str, **options):
 @pytest.fixture(params=transport_params())
 def pair(request):
     """Two started transports of one kind: rank 0 and rank 1."""
-    started = start_pair(request.param)
+    name, options = request.param
+    started = start_pair(name, **options)
     yield started
     for transport in started:
         transport.close()

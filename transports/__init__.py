@@ -24,6 +24,8 @@ from transports.base import (
 #: name -> module defining ``TRANSPORT``; the order is the order of figures and tables.
 REGISTRY: dict[str, str] = {
     "grpc_tcp": "transports.grpc_tcp",
+    "rdma_cp": "transports.rdma_cp",
+    "zerocopy": "transports.zerocopy",
     "local": "transports.local",
 }
 

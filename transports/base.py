@@ -196,6 +196,11 @@ class Transport(ABC):
         """Whether this transport can run here; the reason when it cannot."""
         return Availability(True)
 
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, Any]]:
+        """Option sets worth testing separately (label -> constructor options), e.g. per fabric."""
+        return {"": {}}
+
     @abstractmethod
     def start(self, cluster: Cluster, rank: int) -> None:
         """Join ``cluster`` as ``rank``: listen on its address and get ready to reach peers."""

@@ -1,0 +1,130 @@
+"""The "RDMA device" of the paper (its Table 1), independent of the backend.
+
+| paper                                     | here                                      |
+|-------------------------------------------|-------------------------------------------|
+| CreateRdmaDevice(num_cqs, num_qps, ep)    | ``Device(progress_threads, lanes_per_peer)`` |
+| AllocateMemRegion(size)                   | ``device.alloc(nbytes) -> MemRegion``      |
+| (register foreign memory)                 | ``device.register(array) -> MemRegion``    |
+| GetChannel(remote_endpoint, qp_idx)       | ``device.channel(peer, lane) -> Channel``  |
+| Memcpy(local, remote, size, dir, cb)      | ``channel.write/read(...) -> Future``, ``flush`` |
+| address distribution over a vanilla RPC   | ``region.export() -> RemoteRegion``        |
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class FabricError(RuntimeError):
+    """A fabric operation failed; the message names the operation and the backend's reason."""
+
+
+@dataclass(frozen=True)
+class RemoteRegion:
+    """What a peer needs to access a region with one-sided operations: address, length, remote key."""
+
+    addr: int
+    length: int
+    rkey: bytes
+
+    def at(self, offset: int, length: int) -> RemoteRegion:
+        """The sub-range ``[offset, offset + length)`` of this region."""
+        if offset < 0 or length < 0 or offset + length > self.length:
+            raise ValueError(f"range [{offset}, {offset + length}) lies outside a remote region of {self.length} bytes")
+        return RemoteRegion(self.addr + offset, length, self.rkey)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"addr": self.addr, "length": self.length, "rkey": self.rkey.hex()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RemoteRegion:
+        return cls(int(data["addr"]), int(data["length"]), bytes.fromhex(data["rkey"]))
+
+
+class MemRegion(ABC):
+    """Registered memory: a numpy byte view plus what peers need to reach it."""
+
+    array: np.ndarray  # uint8, C-contiguous
+
+    @property
+    def address(self) -> int:
+        return self.array.ctypes.data
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    @abstractmethod
+    def export(self) -> RemoteRegion:
+        """The descriptor to send to a peer over the control path."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Deregister (and free, if the device allocated it)."""
+
+    def contains(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s memory lies inside this region."""
+        start = array.__array_interface__["data"][0]
+        return self.address <= start and start + array.nbytes <= self.address + self.nbytes
+
+
+class Channel(ABC):
+    """A connection to one peer over one lane: one-sided reads and writes."""
+
+    @abstractmethod
+    def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        """Copy ``local`` (registered memory) into ``remote``; done when ``local`` may be reused."""
+
+    @abstractmethod
+    def read(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        """Copy ``remote`` into ``local`` (registered memory); done when the data is in ``local``."""
+
+    @abstractmethod
+    def flush(self) -> Future:
+        """Done when every write issued before it is complete at the peer."""
+
+    def wait(self, future: Future, timeout: float | None = None):
+        """The result of an operation's future; backends may progress from the caller meanwhile."""
+        return future.result(timeout)
+
+    @abstractmethod
+    def failed(self) -> str | None:
+        """Why the connection failed, or None while it is healthy."""
+
+
+class Device(ABC):
+    """One process's endpoint on the fabric."""
+
+    @property
+    @abstractmethod
+    def address(self) -> list[bytes]:
+        """What a peer needs to open channels to this device (sent over the control path)."""
+
+    @abstractmethod
+    def alloc(self, nbytes: int) -> MemRegion:
+        """A new registered, 64-byte aligned region."""
+
+    @abstractmethod
+    def register(self, array: np.ndarray) -> MemRegion:
+        """Register memory the device did not allocate (cached by address range)."""
+
+    @abstractmethod
+    def channel(self, peer: list[bytes], lane: int = 0) -> Channel:
+        """The channel to ``peer`` (its :attr:`address`) over ``lane`` (cached)."""
+
+    @abstractmethod
+    def wait_for_activity(self, timeout: float) -> None:
+        """Sleep until the progress threads see incoming traffic, or ``timeout`` seconds pass."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The backend, its version and the fabric transports actually in use, for ``meta.json``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close channels, release registrations, stop progress threads."""

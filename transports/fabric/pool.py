@@ -1,0 +1,126 @@
+"""Registered memory pool: few large registrations, a first-fit allocator over them.
+
+Registering memory costs kernel work (pinning, on a real NIC) and NICs bound the
+number of registrations, so the paper registers one large buffer, sized by the
+graph analyzer, and allocates tensors from it. Blocks are 64-byte aligned (what
+TensorFlow needs for buffers it adopts) and reused after they are freed. When a
+request does not fit, the pool grows by another segment rather than failing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from transports.fabric.base import Device, MemRegion, RemoteRegion
+
+ALIGNMENT = 64
+DEFAULT_SEGMENT_BYTES = 64 << 20
+
+
+def aligned(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(eq=False)
+class Block:
+    """``nbytes`` of a registered segment starting at ``offset``."""
+
+    segment: _Segment
+    offset: int
+    nbytes: int
+
+    @property
+    def array(self) -> np.ndarray:
+        """The block's bytes (uint8), a view of registered memory."""
+        return self.segment.region.array[self.offset : self.offset + self.nbytes]
+
+    def view(self, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A typed view of the block's memory, starting ``offset`` bytes in."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self.array[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def remote(self, offset: int = 0, length: int | None = None) -> RemoteRegion:
+        """The descriptor a peer needs to reach ``[offset, offset + length)`` of this block."""
+        length = self.nbytes - offset if length is None else length
+        return self.segment.region.export().at(self.offset + offset, length)
+
+
+class _Segment:
+    def __init__(self, region: MemRegion) -> None:
+        self.region = region
+        self.free: list[tuple[int, int]] = [(0, region.nbytes)]  # (offset, size), sorted by offset
+
+    def take(self, size: int) -> int | None:
+        for i, (offset, free) in enumerate(self.free):
+            if free >= size:
+                if free == size:
+                    del self.free[i]
+                else:
+                    self.free[i] = (offset + size, free - size)
+                return offset
+        return None
+
+    def give_back(self, offset: int, size: int) -> None:
+        self.free.append((offset, size))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for start, length in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        self.free = merged
+
+    def contains(self, array: np.ndarray) -> bool:
+        return self.region.contains(array)
+
+
+class RegisteredPool:
+    """Allocates 64-byte aligned blocks from registered segments of a device."""
+
+    def __init__(self, device: Device, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.device = device
+        self.segment_bytes = segment_bytes
+        self._segments: list[_Segment] = []
+        self._lock = threading.Lock()
+
+    @property
+    def registrations(self) -> int:
+        return len(self._segments)
+
+    def reserve(self, nbytes: int) -> None:
+        """Make sure ``nbytes`` can be allocated without growing later (sized from the plan)."""
+        with self._lock:
+            largest = max((size for s in self._segments for _, size in s.free), default=0)
+            if largest < nbytes:
+                self._grow(nbytes)
+
+    def alloc(self, nbytes: int) -> Block:
+        size = aligned(nbytes)
+        with self._lock:
+            for segment in self._segments:
+                offset = segment.take(size)
+                if offset is not None:
+                    return Block(segment, offset, nbytes)
+            segment = self._grow(size)
+            return Block(segment, segment.take(size), nbytes)
+
+    def free(self, block: Block) -> None:
+        with self._lock:
+            block.segment.give_back(block.offset, aligned(block.nbytes))
+
+    def segment_of(self, array: np.ndarray) -> MemRegion | None:
+        """The registered segment ``array`` lies in, if it lies in the pool."""
+        for segment in self._segments:
+            if segment.contains(array):
+                return segment.region
+        return None
+
+    def _grow(self, at_least: int) -> _Segment:
+        segment = _Segment(self.device.alloc(max(self.segment_bytes, aligned(at_least))))
+        self._segments.append(segment)
+        return segment

@@ -1,0 +1,395 @@
+"""The ``ucx`` fabric: UCX's UCP API (put, get, flush, mem_map, rkeys) through cffi.
+
+Each progress thread owns one UCP worker and stands in for one of the paper's
+CQ-polling threads; lanes to a peer are spread round-robin over them. A
+progress thread progresses its worker while operations are outstanding, then
+arms the worker and sleeps on its event file descriptor, so an idle device
+burns no core. Over UCX's ``tcp`` transport a target must progress for data to
+land; these threads do that.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from transports.base import done_future, settle
+from transports.fabric.base import Channel, Device, FabricError, MemRegion, RemoteRegion
+
+ALIGNMENT = 64
+#: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
+UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
+#: UCX transports (UCX_TLS) behind each --fabric-transport choice
+FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp"}
+REGISTRATION_CACHE_SIZE = 256
+_SPINS_BEFORE_SLEEP = 200
+
+_ffi = _lib = None
+_load_error: str | None = None
+
+
+def load() -> tuple[Any, Any]:
+    """The cffi module, loading the UCX libraries first; raises FabricError saying why it cannot."""
+    global _ffi, _lib, _load_error
+    if _lib is not None:
+        return _ffi, _lib
+    if _load_error is not None:
+        raise FabricError(_load_error)
+    try:
+        if not os.environ.get(UCX_HOME_VARIABLE):
+            import libucx
+
+            libucx.load_library()
+        from transports.fabric.ucx._ucp import ffi, lib
+    except ImportError as exc:
+        _load_error = (
+            f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py builds it "
+            f"(it needs the libucx-cu12 wheel, or {UCX_HOME_VARIABLE} pointing at a UCX install)"
+        )
+        raise FabricError(_load_error) from None
+    _ffi, _lib = ffi, lib
+    return ffi, lib
+
+
+def _reason(status: int) -> str:
+    return _ffi.string(_lib.ucs_status_string(status)).decode()
+
+
+def _check(status: int, what: str) -> None:
+    if status != _lib.UCS_OK:
+        raise FabricError(f"ucx: {what} failed: {_reason(status)}")
+
+
+def _pointer(array: np.ndarray):
+    return _ffi.cast("void *", array.__array_interface__["data"][0])
+
+
+class _Worker:
+    """A UCP worker and the progress thread that drives it."""
+
+    def __init__(self, device: UcxDevice, index: int) -> None:
+        self.device = device
+        handle = _ffi.new("ucp_worker_h *")
+        _check(_lib.tt_worker_create(device.context, handle), "creating a worker")
+        self.handle = handle[0]
+        address, length = _ffi.new("ucp_address_t **"), _ffi.new("size_t *")
+        _check(_lib.ucp_worker_get_address(self.handle, address, length), "getting the worker address")
+        self.address = bytes(_ffi.buffer(address[0], length[0]))
+        _lib.ucp_worker_release_address(self.handle, address[0])
+        fd = _ffi.new("int *")
+        _check(_lib.ucp_worker_get_efd(self.handle, fd), "getting the worker's event descriptor")
+        self._poller = select.epoll()
+        self._poller.register(fd[0], select.EPOLLIN)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Any, Future, str, object]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"ucx-progress-{index}", daemon=True)
+        self._thread.start()
+
+    def complete(self, status_ptr, what: str, keep_alive: object = None) -> Future:
+        """A future for the outcome of a UCP ``*_nbx`` call."""
+        if status_ptr == _ffi.NULL:
+            return done_future()
+        if not _lib.tt_is_request(status_ptr):
+            future: Future = Future()
+            future.set_exception(FabricError(f"ucx: {what} failed: {_reason(_lib.tt_status(status_ptr))}"))
+            return future
+        future = Future()
+        with self._lock:
+            self._pending.append((status_ptr, future, what, keep_alive))
+        _lib.ucp_worker_signal(self.handle)
+        return future
+
+    def _finish_completed(self) -> None:
+        with self._lock:
+            pending = self._pending
+            still = []
+            for entry in pending:
+                request, future, what, _ = entry
+                status = _lib.ucp_request_check_status(request)
+                if status == _lib.UCS_INPROGRESS:
+                    still.append(entry)
+                    continue
+                _lib.ucp_request_free(request)
+                if status == _lib.UCS_OK:
+                    settle(future)
+                else:
+                    settle(future, error=FabricError(f"ucx: {what} failed: {_reason(status)}"))
+            self._pending = still
+
+    def _run(self) -> None:
+        spins = 0
+        while not self._stop:
+            progressed = _lib.ucp_worker_progress(self.handle)
+            if self._pending:
+                self._finish_completed()
+            if progressed:
+                self.device._notify_activity()
+                spins = 0
+                continue
+            spins += 1
+            if spins < _SPINS_BEFORE_SLEEP:
+                continue
+            if _lib.ucp_worker_arm(self.handle) == _lib.UCS_OK:
+                self._poller.poll(0.05 if self._pending else 1.0)
+                spins = 0
+
+    def wait(self, future: Future, timeout: float | None, spin_s: float = 0.0005):
+        """The result of ``future``, progressing from the calling thread first.
+
+        Small operations finish within microseconds; progressing here for a moment
+        saves the hand-off to the progress thread and back.
+        """
+        deadline = time.perf_counter() + spin_s
+        while not future.done() and time.perf_counter() < deadline:
+            _lib.ucp_worker_progress(self.handle)
+            if self._pending:
+                self._finish_completed()
+        return future.result(timeout)
+
+    def drain(self, future: Future, timeout: float = 5.0) -> None:
+        """Progress from the calling thread until ``future`` is done (used while closing)."""
+        for _ in range(int(timeout / 0.001)):
+            if future.done():
+                return
+            _lib.ucp_worker_progress(self.handle)
+            self._finish_completed()
+            self._poller.poll(0.001)
+
+    def stop(self) -> None:
+        self._stop = True
+        _lib.ucp_worker_signal(self.handle)
+        self._thread.join(timeout=5)
+
+    def destroy(self) -> None:
+        self._poller.close()
+        _lib.ucp_worker_destroy(self.handle)
+
+
+class UcxRegion(MemRegion):
+    """Memory registered with ``ucp_mem_map``; ``owner`` keeps the underlying buffer alive."""
+
+    def __init__(self, device: UcxDevice, array: np.ndarray, owner: object) -> None:
+        self.device = device
+        self.array = array
+        self._owner = owner
+        memh = _ffi.new("ucp_mem_h *")
+        _check(_lib.tt_mem_map(device.context, _pointer(array), max(array.nbytes, 1), memh), "registering memory")
+        self.memh = memh[0]
+        self._exported: RemoteRegion | None = None
+        self._released = False
+
+    def export(self) -> RemoteRegion:
+        if self._exported is None:
+            buffer, size = _ffi.new("void **"), _ffi.new("size_t *")
+            _check(_lib.ucp_rkey_pack(self.device.context, self.memh, buffer, size), "packing a remote key")
+            rkey = bytes(_ffi.buffer(buffer[0], size[0]))
+            _lib.ucp_rkey_buffer_release(buffer[0])
+            self._exported = RemoteRegion(self.address, self.nbytes, rkey)
+        return self._exported
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            _lib.ucp_mem_unmap(self.device.context, self.memh)
+            self.device._forget(self)
+
+
+class UcxChannel(Channel):
+    """A UCP endpoint from one of our workers to one of the peer's."""
+
+    def __init__(self, worker: _Worker, peer_address: bytes, peer_errors: bool) -> None:
+        self.worker = worker
+        self._error = _ffi.new("int *")  # written by UCX's error callback
+        self._peer_address = _ffi.new("char[]", peer_address)
+        ep = _ffi.new("ucp_ep_h *")
+        _check(_lib.tt_ep_create(worker.handle, self._peer_address, int(peer_errors), self._error, ep),
+               "connecting to a peer")
+        self.ep = ep[0]
+        self._rkeys: dict[bytes, Any] = {}
+        self._lock = threading.Lock()
+
+    def _rkey(self, rkey: bytes):
+        with self._lock:
+            if rkey not in self._rkeys:
+                handle = _ffi.new("ucp_rkey_h *")
+                _check(_lib.ucp_ep_rkey_unpack(self.ep, rkey, handle), "unpacking a remote key")
+                self._rkeys[rkey] = handle[0]
+            return self._rkeys[rkey]
+
+    def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
+        if local.nbytes > remote.length:
+            raise ValueError(f"{name} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
+        if (reason := self.failed()) is not None:
+            raise FabricError(f"ucx: {name} on a failed connection: {reason}")
+        request = op(self.ep, _pointer(local), local.nbytes, remote.addr, self._rkey(remote.rkey))
+        return self.worker.complete(request, name, keep_alive=local)
+
+    def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        return self._rma(_lib.tt_put, "put", local, remote)
+
+    def read(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        return self._rma(_lib.tt_get, "get", local, remote)
+
+    def flush(self) -> Future:
+        return self.worker.complete(_lib.tt_ep_flush(self.ep), "flush")
+
+    def wait(self, future: Future, timeout: float | None = None):
+        return self.worker.wait(future, timeout)
+
+    def failed(self) -> str | None:
+        status = self._error[0]
+        return None if status == 0 else _reason(status)
+
+    def info(self) -> str:
+        text = _lib.tt_ep_info(self.ep)
+        if text == _ffi.NULL:
+            return ""
+        try:
+            return _ffi.string(text).decode(errors="replace")
+        finally:
+            _lib.free(text)
+
+    def close(self) -> None:
+        for rkey in self._rkeys.values():
+            _lib.ucp_rkey_destroy(rkey)
+        self._rkeys.clear()
+        closing = self.worker.complete(_lib.tt_ep_close(self.ep, 1), "closing an endpoint")
+        self.worker.drain(closing)
+
+
+class UcxDevice(Device):
+    """A UCP context with ``progress_threads`` workers; see the module docstring."""
+
+    def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
+        load()
+        if fabric_transport not in FABRIC_TRANSPORTS:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
+        if progress_threads < 1 or lanes_per_peer < 1:
+            raise ValueError("progress_threads and lanes_per_peer must be at least 1")
+        self.fabric_transport = fabric_transport
+        self.lanes_per_peer = lanes_per_peer
+        context = _ffi.new("ucp_context_h *")
+        _check(_lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), context),
+               f"initialising UCX with transports '{fabric_transport}'")
+        self.context = context[0]
+        self._activity = threading.Condition()
+        self._lock = threading.Lock()
+        self._regions: set[UcxRegion] = set()
+        self._registered: OrderedDict[tuple[int, int], UcxRegion] = OrderedDict()
+        self._channels: dict[tuple[bytes, int], UcxChannel] = {}
+        self._closed = False
+        self._workers = [_Worker(self, i) for i in range(progress_threads)]
+
+    @property
+    def address(self) -> list[bytes]:
+        return [worker.address for worker in self._workers]
+
+    def alloc(self, nbytes: int) -> MemRegion:
+        backing = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        start = -backing.ctypes.data % ALIGNMENT
+        region = UcxRegion(self, backing[start : start + nbytes], backing)
+        with self._lock:
+            self._regions.add(region)
+        return region
+
+    def register(self, array: np.ndarray) -> MemRegion:
+        start = array.__array_interface__["data"][0]
+        end = start + array.nbytes
+        with self._lock:
+            for (lo, hi), region in self._registered.items():
+                if lo <= start and end <= hi:
+                    self._registered.move_to_end((lo, hi))
+                    return region
+        view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(array.nbytes, 1)), dtype=np.uint8)
+        region = UcxRegion(self, view, array)
+        with self._lock:
+            self._regions.add(region)
+            self._registered[(start, end)] = region
+            evicted = []
+            while len(self._registered) > REGISTRATION_CACHE_SIZE:
+                evicted.append(self._registered.popitem(last=False)[1])
+        for old in evicted:
+            old.release()
+        return region
+
+    def is_registered(self, array: np.ndarray) -> bool:
+        start = array.__array_interface__["data"][0]
+        end = start + array.nbytes
+        with self._lock:
+            return any(lo <= start and end <= hi for lo, hi in self._registered)
+
+    def registrations(self) -> int:
+        """How many regions are registered now (for tests of release on close)."""
+        with self._lock:
+            return len(self._regions)
+
+    def _forget(self, region: UcxRegion) -> None:
+        with self._lock:
+            self._regions.discard(region)
+            for key, value in list(self._registered.items()):
+                if value is region:
+                    del self._registered[key]
+
+    def channel(self, peer: list[bytes], lane: int = 0) -> Channel:
+        lane %= self.lanes_per_peer
+        worker = self._workers[lane % len(self._workers)]
+        target = peer[lane % len(peer)]
+        with self._lock:
+            if self._closed:
+                raise FabricError("ucx: the device is closed")
+            key = (target, lane)
+            if key not in self._channels:
+                self._channels[key] = UcxChannel(worker, target, peer_errors=self.fabric_transport == "tcp")
+            return self._channels[key]
+
+    def _notify_activity(self) -> None:
+        with self._activity:
+            self._activity.notify_all()
+
+    def wait_for_activity(self, timeout: float) -> None:
+        with self._activity:
+            self._activity.wait(timeout)
+
+    def describe(self) -> dict[str, Any]:
+        used = set()
+        with self._lock:
+            channels = list(self._channels.values())
+        for channel in channels:
+            used.update(re.findall(r"\b(\w+)/[\w:.-]+", channel.info()))
+        return {
+            "fabric": "ucx",
+            "ucx_version": _ffi.string(_lib.ucp_get_version_string()).decode(),
+            "fabric_transport": self.fabric_transport,
+            "ucx_tls": FABRIC_TRANSPORTS[self.fabric_transport] or "all",
+            "ucx_transports_used": sorted(used),
+            "progress_threads": len(self._workers),
+            "lanes_per_peer": self.lanes_per_peer,
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+        for worker in self._workers:
+            worker.stop()
+        for channel in channels:
+            channel.close()
+        with self._lock:
+            regions = list(self._regions)
+        for region in regions:
+            region.release()
+        for worker in self._workers:
+            worker.destroy()
+        _lib.ucp_cleanup(self.context)
