@@ -110,6 +110,9 @@ def build_parser() -> Parser:
                        help="untimed transfers before each size (default: a tenth of --iters, 1 to 10)")
     micro.add_argument("--timeout", type=_seconds, default=120.0,
                        help="seconds one transfer may take before the run fails naming the peer")
+    micro.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
+                       help="UCX transports for the RDMA transports (zerocopy, rdma_cp): shm (shared memory, "
+                       "cma one-sided copies), tcp (also across network namespaces), or auto (UCX chooses)")
     micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     micro.set_defaults(func=cmd_micro)
@@ -149,6 +152,7 @@ def cmd_micro(args: argparse.Namespace) -> int:
         "iters": {str(p.size_bytes): p.iters for p in points},
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "timeout_s": args.timeout,
+        "fabric_transport": args.fabric_transport,
     }
     try:
         writer = RunWriter(out, "micro", settings)
@@ -157,7 +161,8 @@ def cmd_micro(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(chosen)} -> {out}")
-    failures = []
+    failures: list[str] = []
+    fabrics: dict[str, str] = {}
     started = time.monotonic()
     try:
         total = sum(p.warmup + p.iters for p in points)
@@ -171,16 +176,17 @@ def cmd_micro(args: argparse.Namespace) -> int:
                     bar.update(done_before[size] + n - bar.n)
 
                 try:
-                    for record in run_transport(name, points, args.timeout, progress):
+                    for record in run_transport(name, points, transport_options(name, args), progress):
                         writer.add(record)
+                        fabrics[name] = record["fabric"]
                 except MicroError as exc:
                     failures.append(str(exc))
                     bar.write(f"bench micro: error: {exc}")
     except KeyboardInterrupt:
-        writer.finish("interrupted", failures=failures)
+        writer.finish("interrupted", failures=failures, fabric=fabrics)
         print(f"\nbench micro: interrupted; the points finished so far are in {out}", file=sys.stderr)
         return 130
-    writer.finish("failed" if failures else "complete", failures=failures,
+    writer.finish("failed" if failures else "complete", failures=failures, fabric=fabrics,
                   elapsed_s=round(time.monotonic() - started, 1))
     _print_micro_summary(out)
     if not args.no_plot and (out / "records.csv").exists():
@@ -188,6 +194,14 @@ def cmd_micro(args: argparse.Namespace) -> int:
             if path.suffix == ".png":
                 print(f"figure: {path}")
     return 1 if failures else 0
+
+
+def transport_options(name: str, args: argparse.Namespace) -> dict[str, object]:
+    """Constructor options for transport ``name`` from the command line."""
+    options: dict[str, object] = {"timeout_s": args.timeout}
+    if transports.transport_class(name).uses_fabric:
+        options["fabric_transport"] = args.fabric_transport
+    return options
 
 
 def _print_micro_summary(out: Path) -> None:

@@ -11,7 +11,9 @@ size, after warm-up transfers, each timed transfer goes like this:
    paper), checks the result, and reads the clock (``t_done``).
 
 *Time per transfer* is ``t_done - t_send``: from the sender handing the
-tensor over to the receiver having consumed it. Both ends read
+tensor over to the receiver having consumed it. The receiver also reads the
+clock when ``recv`` returns, which splits each transfer into moving the
+tensor (``transfer_p50_us``) and consuming it (``consume_p50_us``). Both ends read
 ``CLOCK_MONOTONIC``, which Linux keeps system-wide, so the difference is
 exact for processes on one host. The ready signal keeps transfers from
 overlapping, so the time is a latency, not a pipelined rate. Throughput is
@@ -114,7 +116,7 @@ def sender_loop(transport, points: list[Point], ctrl: Connection, report: Callab
         if ctrl.recv() != "done":
             raise RuntimeError("receiver did not finish the point")
         report("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
-               transport.stats() - stats0)
+               transport.stats() - stats0, transport.describe())
         del tensor
 
 
@@ -128,9 +130,10 @@ def receiver_loop(transport, points: list[Point], ctrl: Connection, report: Call
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             ctrl.send(i)
             tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
+            t_received = clock_ns()
             largest = tensor.max()
             t_done = clock_ns()
-            dones.append(t_done)
+            dones.append((t_received, t_done))
             if tensor.shape != spec.shape or largest != marker(i, point.dtype):
                 raise RuntimeError(
                     f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: shape {tensor.shape}, "
@@ -142,7 +145,7 @@ def receiver_loop(transport, points: list[Point], ctrl: Connection, report: Call
         cpu = _cpu_seconds(per_thread_cpu) - cpu0
         stats = transport.stats() - stats0
         ctrl.send("done")
-        report("receiver", point.size_bytes, dones[point.warmup :], cpu, stats)
+        report("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None)
 
 
 def _role_process(role: int, name: str, options: dict, cluster: Cluster, points: list[Point],
@@ -210,14 +213,15 @@ class _Side:
     times: list[int]
     cpu_s: float
     stats: TransportStats
+    fabric: dict[str, Any] | None
 
 
-def run_transport(name: str, points: list[Point], timeout_s: float,
+def run_transport(name: str, points: list[Point], options: dict[str, Any],
                   on_progress: Callable[[int, int], None] = lambda size, n: None) -> list[dict[str, Any]]:
-    """Measure every point over transport ``name``; one record per point."""
+    """Measure every point over transport ``name`` built with ``options``; one record per point."""
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
-    options = {"timeout_s": timeout_s}
+    timeout_s = options.get("timeout_s", 120.0)
     cluster = Cluster.on_loopback(2)
     if transports.transport_class(name).same_process_only:
         procs = [ctx.Process(target=_pair_process, args=(name, options, cluster, points, results), daemon=True)]
@@ -275,7 +279,9 @@ def _next_message(results: mp.Queue, procs: list, name: str, timeout_s: float) -
 
 def make_record(name: str, point: Point, sender: _Side, receiver: _Side) -> dict[str, Any]:
     """One row of ``records.csv`` from both sides' measurements."""
-    micros = (np.array(receiver.times, dtype=np.int64) - np.array(sender.times, dtype=np.int64)) / 1e3
+    starts = np.array(sender.times, dtype=np.int64)
+    received, done = np.array(receiver.times, dtype=np.int64).T
+    micros = (done - starts) / 1e3
     mean_us = float(micros.mean())
     per = point.iters
     both = sender.stats + receiver.stats
@@ -290,6 +296,9 @@ def make_record(name: str, point: Point, sender: _Side, receiver: _Side) -> dict
         "mean_us": mean_us,
         "min_us": float(micros.min()),
         "max_us": float(micros.max()),
+        # the same transfers split at the moment recv returned: moving the tensor, then consuming it
+        "transfer_p50_us": float(np.percentile((received - starts) / 1e3, 50)),
+        "consume_p50_us": float(np.percentile((done - received) / 1e3, 50)),
         "throughput_MBps": point.size_bytes / 2**20 / (mean_us / 1e6),
         "sender_cpu_s": sender.cpu_s,
         "receiver_cpu_s": receiver.cpu_s,
@@ -300,5 +309,13 @@ def make_record(name: str, point: Point, sender: _Side, receiver: _Side) -> dict
         "deserialisations_per_transfer": both.deserialisations / per,
         "control_messages_per_transfer": both.control_messages / per,
         "registrations": both.registrations,
-        "fabric": "none",
+        "fabric": fabric_label(sender.fabric),
     }
+
+
+def fabric_label(description: dict[str, Any] | None) -> str:
+    """``ucx:cma,posix,sysv`` for a fabric transport, ``none`` for the others."""
+    if not description or description.get("fabric", "none") == "none":
+        return "none"
+    used = description.get("ucx_transports_used") or [description.get("ucx_tls", "?")]
+    return f"{description['fabric']}:{','.join(used)}"

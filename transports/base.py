@@ -181,6 +181,8 @@ class Transport(ABC):
     name: ClassVar[str]
     #: True when sender and receiver must live in one process (the ``local`` reference).
     same_process_only: ClassVar[bool] = False
+    #: True when the transport runs on the RDMA fabric and takes ``fabric_transport`` and friends
+    uses_fabric: ClassVar[bool] = False
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if timeout_s <= 0:
@@ -239,6 +241,10 @@ class Transport(ABC):
     def stats(self) -> TransportStats:
         """The copy ledger since :meth:`start`."""
         return self.ledger.snapshot()
+
+    def describe(self) -> dict[str, Any]:
+        """What carries the bytes (fabric, its transports), for results' meta-data."""
+        return {"fabric": "none"}
 
     def peer_name(self, rank: int) -> str:
         address = self.cluster.addresses[rank] if self.cluster else "?"

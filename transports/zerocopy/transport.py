@@ -29,6 +29,7 @@ receiver burns no core; while waiting it checks that the peer is alive.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -98,9 +99,10 @@ class _Outgoing:
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @property
-    def credit(self) -> np.ndarray:
-        return self.counters.view(np.uint64, (2,))
+    def __post_init__(self) -> None:
+        # [receives posted, reads done], written by the receiver; one view, polled often
+        self.credit = self.counters.view(np.uint64, (2,))
+        self.credit[:] = 0
 
 
 @dataclass(eq=False)
@@ -128,6 +130,7 @@ class ZeroCopyTransport(Transport):
     """RDMA.zerocp over the fabric (UCX); see the module docstring for the protocol."""
 
     name = "zerocopy"
+    uses_fabric = True
     #: whether the sender copies every tensor into registered memory first (rdma_cp)
     stages_sends = False
 
@@ -293,7 +296,6 @@ class ZeroCopyTransport(Transport):
         channel = self.device.channel(self._peer_device(dst))
         outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(16),
                              staging=self.pool.alloc(aligned(META.itemsize) + TRAILER))
-        outgoing.credit[:] = 0
         reply = self._peer(dst).call(
             "connect", timeout=self.timeout_s, name=name, src=self.rank,
             device=[a.hex() for a in self.device.address], counters=outgoing.counters.remote().to_json(),
@@ -317,7 +319,7 @@ class ZeroCopyTransport(Transport):
             if self._closed.is_set():
                 raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what}")
             if time.perf_counter() < spin_until:
-                time.sleep(0)  # lets the progress threads take the GIL
+                os.sched_yield()  # releases the GIL for the progress threads, without a timer's slack
                 continue
             now = time.monotonic()
             if now > deadline:

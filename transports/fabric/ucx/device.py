@@ -33,6 +33,7 @@ REGISTRATION_CACHE_SIZE = 256
 _SPINS_BEFORE_SLEEP = 200
 
 _ffi = _lib = None
+_COMPLETED = done_future()  # shared by every operation that completed at once
 _load_error: str | None = None
 
 
@@ -97,7 +98,7 @@ class _Worker:
     def complete(self, status_ptr, what: str, keep_alive: object = None) -> Future:
         """A future for the outcome of a UCP ``*_nbx`` call."""
         if status_ptr == _ffi.NULL:
-            return done_future()
+            return _COMPLETED
         if not _lib.tt_is_request(status_ptr):
             future: Future = Future()
             future.set_exception(FabricError(f"ucx: {what} failed: {_reason(_lib.tt_status(status_ptr))}"))
@@ -135,12 +136,13 @@ class _Worker:
                 self.device._notify_activity()
                 spins = 0
                 continue
+            # spin only while operations are outstanding; otherwise sleep until an event
             spins += 1
-            if spins < _SPINS_BEFORE_SLEEP:
+            if self._pending and spins < _SPINS_BEFORE_SLEEP:
                 continue
             if _lib.ucp_worker_arm(self.handle) == _lib.UCS_OK:
-                self._poller.poll(0.05 if self._pending else 1.0)
-                spins = 0
+                self._poller.poll(0.01 if self._pending else 1.0)
+            spins = 0
 
     def wait(self, future: Future, timeout: float | None, spin_s: float = 0.0005):
         """The result of ``future``, progressing from the calling thread first.
@@ -177,12 +179,19 @@ class _Worker:
 class UcxRegion(MemRegion):
     """Memory registered with ``ucp_mem_map``; ``owner`` keeps the underlying buffer alive."""
 
-    def __init__(self, device: UcxDevice, array: np.ndarray, owner: object) -> None:
+    def __init__(self, device: UcxDevice, array: np.ndarray | None, owner: object, allocate: int = 0) -> None:
         self.device = device
-        self.array = array
         self._owner = owner
         memh = _ffi.new("ucp_mem_h *")
-        _check(_lib.tt_mem_map(device.context, _pointer(array), max(array.nbytes, 1), memh), "registering memory")
+        if allocate:
+            _check(_lib.tt_mem_map(device.context, _ffi.NULL, allocate, memh), f"allocating {allocate} bytes")
+            length = _ffi.new("size_t *")
+            address = _lib.tt_mem_address(memh[0], length)
+            array = np.frombuffer(_ffi.buffer(address, allocate), dtype=np.uint8)
+        else:
+            _check(_lib.tt_mem_map(device.context, _pointer(array), max(array.nbytes, 1), memh),
+                   "registering memory")
+        self.array = array
         self.memh = memh[0]
         self._exported: RemoteRegion | None = None
         self._released = False
@@ -294,9 +303,13 @@ class UcxDevice(Device):
         return [worker.address for worker in self._workers]
 
     def alloc(self, nbytes: int) -> MemRegion:
-        backing = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-        start = -backing.ctypes.data % ALIGNMENT
-        region = UcxRegion(self, backing[start : start + nbytes], backing)
+        # UCX allocates it: with shared-memory transports it comes from a shared segment that a
+        # peer maps when it unpacks the remote key, so a put there is the sender's own memcpy
+        # and never waits for this process to progress.
+        region = UcxRegion(self, None, None, allocate=max(nbytes, 1))
+        if region.address % ALIGNMENT:
+            region.release()
+            raise FabricError(f"ucx: allocated memory at {region.address:#x} is not {ALIGNMENT}-byte aligned")
         with self._lock:
             self._regions.add(region)
         return region

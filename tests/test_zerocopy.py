@@ -1,0 +1,255 @@
+"""zerocopy and rdma_cp: copies, ordering, the no-overwrite guarantee, dynamic shapes, failing peers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+import pytest
+
+import transports
+from transports import Cluster, Key, PeerError, TensorSpec, TransportError
+
+from .conftest import start_pair
+
+if not transports.availability("zerocopy").ok:  # pragma: no cover
+    pytest.skip(f"zerocopy not available: {transports.availability('zerocopy').reason}", allow_module_level=True)
+
+FABRICS = ["shm", "tcp"]
+
+
+@pytest.fixture(params=FABRICS)
+def fabric(request):
+    return request.param
+
+
+def pair_of(name, fabric, specs=()):
+    pair = start_pair(name, fabric_transport=fabric)
+    for transport in pair:
+        transport.plan(specs)
+    return pair
+
+
+def close(pair):
+    for transport in pair:
+        transport.close()
+
+
+def ledger_delta(pair, action):
+    before = [t.stats() for t in pair]
+    action()
+    return [t.stats() - b for t, b in zip(pair, before, strict=True)]
+
+
+def test_static_tensors_from_allocate_are_sent_with_zero_copies(fabric):
+    spec = TensorSpec("w", (1 << 16,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        tensor = pair[0].allocate(spec)
+        tensor[:] = 3.0
+        warmup = pair[0].send_async(Key("w", 0, 0, 1), tensor)
+        pair[1].recv(Key("w", 0, 0, 1))  # connects and warms up
+        warmup.result(timeout=10)
+
+        def transfers():
+            for step in range(1, 11):
+                sending = pair[0].send_async(Key("w", step, 0, 1), tensor)
+                received = pair[1].recv(Key("w", step, 0, 1))
+                assert (received == 3.0).all()
+                sending.result(timeout=10)
+
+        sender, receiver = ledger_delta(pair, transfers)
+        assert sender.copied_bytes == 0 and receiver.copied_bytes == 0
+        assert sender.registrations == 0 and receiver.registrations == 0
+        assert sender.serialisations == 0 and receiver.deserialisations == 0
+        assert sender.payload_bytes_sent == 10 * spec.nbytes
+    finally:
+        close(pair)
+
+
+def test_received_static_tensor_is_the_preallocated_slot_not_a_copy(fabric):
+    spec = TensorSpec("w", (64,), np.int64, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        first = pair[0].send_async(Key("w", 0, 0, 1), np.arange(64))
+        a = pair[1].recv(Key("w", 0, 0, 1))
+        first.result(timeout=10)
+        second = pair[0].send_async(Key("w", 1, 0, 1), np.arange(64) * 2)
+        b = pair[1].recv(Key("w", 1, 0, 1))
+        second.result(timeout=10)
+        assert np.shares_memory(a, b)  # the same registered slot, written in place
+    finally:
+        close(pair)
+
+
+def test_rdma_cp_copies_each_tensor_once_on_the_sender(fabric):
+    spec = TensorSpec("w", (4096,), np.float64, 0, 1)
+    pair = pair_of("rdma_cp", fabric, [spec])
+    try:
+        tensor = pair[0].allocate(spec)
+        tensor[:] = 1.0
+
+        def transfers():
+            for step in range(5):
+                sending = pair[0].send_async(Key("w", step, 0, 1), tensor)
+                pair[1].recv(Key("w", step, 0, 1))
+                sending.result(timeout=10)
+
+        sender, receiver = ledger_delta(pair, transfers)
+        assert sender.copied_bytes == 5 * spec.nbytes
+        assert receiver.copied_bytes == 0
+    finally:
+        close(pair)
+
+
+def test_foreign_memory_is_registered_once_then_cached(fabric):
+    pair = pair_of("zerocopy", fabric, [TensorSpec("g", (10_000,), np.float32, 0, 1)])
+    try:
+        gradient = np.ones(10_000, dtype=np.float32)  # not from allocate()
+
+        def transfers():
+            for step in range(5):
+                sending = pair[0].send_async(Key("g", step, 0, 1), gradient)
+                pair[1].recv(Key("g", step, 0, 1))
+                sending.result(timeout=10)
+
+        sender, _ = ledger_delta(pair, transfers)
+        assert sender.registrations == 1 and sender.copied_bytes == 0
+    finally:
+        close(pair)
+
+
+def test_data_is_whole_whenever_the_flag_is_seen(fabric):
+    n = 1 << 20  # 4 MiB of int32 per transfer
+    spec = TensorSpec("t", (n,), np.int32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        tensor = pair[0].allocate(spec)
+        for step in range(100):
+            tensor[:] = step
+            tensor[step % n] = -step  # one element that moves, so each checksum differs
+            sending = pair[0].send_async(Key("t", step, 0, 1), tensor)
+            received = pair[1].recv(Key("t", step, 0, 1))
+            expected = step * (n - 1) - step
+            assert int(received.sum(dtype=np.int64)) == expected, f"step {step} arrived torn"
+            sending.result(timeout=10)
+    finally:
+        close(pair)
+
+
+def test_a_new_write_never_overwrites_a_tensor_not_yet_consumed(fabric):
+    spec = TensorSpec("w", (1000,), np.float64, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        pair[0].send_async(Key("w", 0, 0, 1), np.zeros(1000))
+        first = pair[1].recv(Key("w", 0, 0, 1))
+        second = pair[0].send_async(Key("w", 1, 0, 1), np.ones(1000))
+        time.sleep(0.5)
+        # the receiver has not asked for step 1: the sender waits, step 0 stays intact
+        assert not second.done()
+        assert (first == 0).all()
+        received = pair[1].recv(Key("w", 1, 0, 1))
+        second.result(timeout=10)
+        assert (received == 1).all()
+    finally:
+        close(pair)
+
+
+def test_dynamic_allocation_with_a_shape_that_changes_every_step(fabric):
+    pair = pair_of("zerocopy", fabric)  # no plan: shapes unknown ahead
+    try:
+        for step in range(12):
+            array = np.arange((step + 1) * 7, dtype=np.float32).reshape(step + 1, 7) + step
+            sending = pair[0].send_async(Key("var", step, 0, 1), array)
+            received = pair[1].recv(Key("var", step, 0, 1))
+            np.testing.assert_array_equal(received, array)
+            sending.result(timeout=10)
+        assert pair[1]._incoming[("var", 0)].mode == "dynamic"
+    finally:
+        close(pair)
+
+
+def test_dynamic_allocation_copies_nothing(fabric):
+    pair = pair_of("zerocopy", fabric)
+    try:
+        array = np.ones((300, 5))
+
+        def transfers():
+            for step in range(3):
+                sending = pair[0].send_async(Key("var", step, 0, 1), array)
+                pair[1].recv(Key("var", step, 0, 1))
+                sending.result(timeout=10)
+
+        sender, receiver = ledger_delta(pair, transfers)
+        assert sender.copied_bytes == 0 and receiver.copied_bytes == 0
+    finally:
+        close(pair)
+
+
+def test_a_shape_that_differs_from_the_plan_is_an_error_naming_both():
+    spec = TensorSpec("w", (10,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", "shm", [spec])
+    try:
+        receiving = pair[1].recv_async(Key("w", 0, 0, 1))
+        with pytest.raises(ValueError, match=r"placed it as float32 \(10,\)"):
+            pair[0].send(Key("w", 0, 0, 1), np.zeros(11, dtype=np.float32))
+        receiving.cancel()
+    finally:
+        close(pair)
+
+
+def test_receiving_steps_out_of_order_is_an_error():
+    spec = TensorSpec("w", (4,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", "shm", [spec])
+    try:
+        pair[0].send_async(Key("w", 7, 0, 1), np.zeros(4, dtype=np.float32))
+        with pytest.raises(TransportError, match="step 7 arrived"):
+            pair[1].recv(Key("w", 8, 0, 1))
+    finally:
+        close(pair)
+
+
+def _connect_then_die(cluster: Cluster, fabric: str, ready) -> None:
+    sender = transports.create("zerocopy", fabric_transport=fabric, timeout_s=30)
+    sender.start(cluster, 0)
+    sender._connect("big", 1)
+    ready.set()
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_a_peer_killed_mid_transfer_is_named_within_bounded_time(fabric):
+    ctx = mp.get_context("spawn")
+    cluster = Cluster.on_loopback(2)
+    ready = ctx.Event()
+    peer = ctx.Process(target=_connect_then_die, args=(cluster, fabric, ready), daemon=True)
+    peer.start()
+    receiver = transports.create("zerocopy", fabric_transport=fabric, timeout_s=60)
+    receiver.start(cluster, 1)
+    try:
+        receiver.plan([TensorSpec("big", (1 << 20,), np.float32, 0, 1)])
+        assert ready.wait(30)
+        receiving = receiver.recv_async(Key("big", 0, 0, 1))
+        time.sleep(0.2)
+        peer.kill()
+        started = time.monotonic()
+        with pytest.raises(PeerError, match=r"rank 0 at 127\.0\.0\.1"):
+            receiving.result(timeout=30)
+        assert time.monotonic() - started < 15
+    finally:
+        receiver.close()
+        peer.join(5)
+
+
+def test_a_receiver_that_vanishes_fails_the_waiting_sender():
+    pair = pair_of("zerocopy", "shm", [TensorSpec("w", (8,), np.float32, 0, 1)])
+    try:
+        pair[0].send_async(Key("w", 0, 0, 1), np.zeros(8, dtype=np.float32))
+        pair[1].recv(Key("w", 0, 0, 1))
+        sending = pair[0].send_async(Key("w", 1, 0, 1), np.zeros(8, dtype=np.float32))
+        pair[1].close()  # never asks for step 1
+        with pytest.raises(PeerError, match="rank 1"):
+            sending.result(timeout=15)
+    finally:
+        pair[0].close()
