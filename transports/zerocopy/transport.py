@@ -72,6 +72,9 @@ META = np.dtype(
     ]
 )
 TRAILER = 9  # int64 step, then the flag byte
+#: a receiver's control block per tensor and peer: the meta-data record (dynamic mode), then the trailer
+TRAILER_AT = aligned(META.itemsize)
+CONTROL_BYTES = TRAILER_AT + TRAILER
 SPIN_S = 0.002
 MAX_BACKOFF_S = 0.001
 LIVENESS_EVERY_S = 1.0
@@ -92,7 +95,8 @@ class _Outgoing:
     counters: Block  # [credit, done], written by the receiver
     staging: Block  # flag byte and meta-data record to write from
     mode: str = ""
-    slot: RemoteRegion | None = None
+    slot: RemoteRegion | None = None  # where the data goes (static mode)
+    control: RemoteRegion | None = None  # the receiver's meta-data record and trailer
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
     seq: int = 0
@@ -112,8 +116,8 @@ class _Incoming:
     name: str
     src: int
     mode: str
-    slot: Block
-    trailer_at: int  # the transfer's step (int64), then its flag byte
+    control: Block  # meta-data record (dynamic mode), then the trailer: step (int64) and flag byte
+    data: Block | None = None  # the preallocated tensor (static mode)
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
     seq: int = 0
@@ -222,11 +226,10 @@ class ZeroCopyTransport(Transport):
         super().plan(specs)
         incoming = [s for s in specs if s.dst == self.rank and s.shape is not None]
         outgoing = [s for s in specs if s.src == self.rank and s.shape is not None]
-        need = sum(aligned(s.nbytes) + 64 for s in incoming)
+        sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
         if not self.stages_sends:
-            need += sum(aligned(s.nbytes) for s in outgoing)
-        if need:
-            self.pool.reserve(need)
+            sizes += [s.nbytes for s in outgoing]
+        self.pool.reserve(sizes)
         for spec in incoming:
             self._incoming_slot(spec.name, spec.src)
 
@@ -261,14 +264,13 @@ class ZeroCopyTransport(Transport):
             key = (name, src)
             if key not in self._incoming:
                 spec = self.specs.get(name)
+                control = self.pool.alloc(CONTROL_BYTES)
+                control.array[TRAILER_AT:] = 0
                 if spec is not None and spec.shape is not None and spec.src == src and spec.dst == self.rank:
-                    at = aligned(spec.nbytes)
-                    incoming = _Incoming(name, src, "static", self.pool.alloc(at + TRAILER), at, spec.shape,
+                    incoming = _Incoming(name, src, "static", control, self.pool.alloc(spec.nbytes), spec.shape,
                                          spec.dtype)
                 else:
-                    at = aligned(META.itemsize)
-                    incoming = _Incoming(name, src, "dynamic", self.pool.alloc(at + TRAILER), at)
-                incoming.slot.array[at : at + TRAILER] = 0
+                    incoming = _Incoming(name, src, "dynamic", control)
                 incoming.counter_staging = self.pool.alloc(8)
                 self._incoming[key] = incoming
             return self._incoming[key]
@@ -283,9 +285,9 @@ class ZeroCopyTransport(Transport):
             incoming.sender_counters = RemoteRegion.from_json(request["counters"])
             if incoming.posted:
                 self._grant(incoming)
-        reply = {"mode": incoming.mode, "slot": incoming.slot.remote().to_json()}
+        reply = {"mode": incoming.mode, "control": incoming.control.remote().to_json()}
         if incoming.mode == "static":
-            reply.update(shape=list(incoming.shape), dtype=incoming.dtype.str)
+            reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str)
         return reply
 
     def _connect(self, name: str, dst: int) -> _Outgoing:
@@ -295,15 +297,16 @@ class ZeroCopyTransport(Transport):
             return outgoing
         channel = self.device.channel(self._peer_device(dst))
         outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(16),
-                             staging=self.pool.alloc(aligned(META.itemsize) + TRAILER))
+                             staging=self.pool.alloc(CONTROL_BYTES))
         reply = self._peer(dst).call(
             "connect", timeout=self.timeout_s, name=name, src=self.rank,
             device=[a.hex() for a in self.device.address], counters=outgoing.counters.remote().to_json(),
         )
         self.ledger.add(control_messages=1)
         outgoing.mode = reply["mode"]
-        outgoing.slot = RemoteRegion.from_json(reply["slot"])
+        outgoing.control = RemoteRegion.from_json(reply["control"])
         if outgoing.mode == "static":
+            outgoing.slot = RemoteRegion.from_json(reply["slot"])
             outgoing.shape, outgoing.dtype = tuple(reply["shape"]), np.dtype(reply["dtype"])
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
@@ -408,18 +411,18 @@ class ZeroCopyTransport(Transport):
         start = flat.__array_interface__["data"][0] - region.address
         return flat, region.export().at(start, array.nbytes)
 
-    def _write_then_flag(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion,
-                         trailer_at: RemoteRegion, seq: int, key: Key) -> None:
+    def _write_then_flag(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion, seq: int,
+                         key: Key) -> None:
         """Write the data, flush, write the trailer (step, then the flag byte last), flush."""
         channel = outgoing.channel
         if data.nbytes:
             self._fabric(channel, channel.write(data, target), f"writing {key}", key.dst)
             self._fabric(channel, channel.flush(), f"flushing {key}", key.dst)
-        at = aligned(META.itemsize)
-        trailer = outgoing.staging.array[at : at + TRAILER]
+        trailer = outgoing.staging.array[TRAILER_AT:]
         trailer[:8].view(np.int64)[0] = key.step
         trailer[8] = tag(seq)
-        self._fabric(channel, channel.write(trailer, trailer_at), f"writing the flag of {key}", key.dst)
+        self._fabric(channel, channel.write(trailer, outgoing.control.at(TRAILER_AT, TRAILER)),
+                     f"writing the flag of {key}", key.dst)
         self._fabric(channel, channel.flush(), f"flushing the flag of {key}", key.dst)
         self.ledger.add(control_messages=1)
 
@@ -430,8 +433,7 @@ class ZeroCopyTransport(Transport):
                 f"{outgoing.dtype} {outgoing.shape}"
             )
         data, _ = self._source(outgoing, array)
-        self._write_then_flag(outgoing, data, outgoing.slot.at(0, array.nbytes),
-                              outgoing.slot.at(aligned(array.nbytes), TRAILER), seq, key)
+        self._write_then_flag(outgoing, data, outgoing.slot, seq, key)
 
     def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
         if array.ndim > MAX_DIMS:
@@ -449,8 +451,7 @@ class ZeroCopyTransport(Transport):
         if array.nbytes:
             meta["rkey"][: len(source.rkey)] = np.frombuffer(source.rkey, np.uint8)
         record = outgoing.staging.array[: META.itemsize]
-        self._write_then_flag(outgoing, record, outgoing.slot.at(0, META.itemsize),
-                              outgoing.slot.at(aligned(META.itemsize), TRAILER), seq, key)
+        self._write_then_flag(outgoing, record, outgoing.control.at(0, META.itemsize), seq, key)
         # the sender's buffer is in use until the receiver has read it
         done = outgoing.credit
         self._wait_until(lambda: done[1] > seq, f"the receiver to read {key}", key.dst, deadline, outgoing.channel)
@@ -473,7 +474,7 @@ class ZeroCopyTransport(Transport):
                 if incoming.channel is not None:
                     self._grant(incoming)
             seq = incoming.seq
-            trailer = incoming.slot.array[incoming.trailer_at : incoming.trailer_at + TRAILER]
+            trailer = incoming.control.array[TRAILER_AT:]
             self._wait_until(lambda: trailer[8] == tag(seq), f"recv of {key}", key.src, deadline, incoming.channel)
             trailer[8] = 0
             incoming.seq += 1
@@ -484,7 +485,7 @@ class ZeroCopyTransport(Transport):
                     "received in the order they are sent"
                 )
             if incoming.mode == "static":
-                array = incoming.slot.view(incoming.dtype, incoming.shape)
+                array = incoming.data.view(incoming.dtype, incoming.shape)
             else:
                 array = self._pull(incoming, key, seq)
         self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
@@ -508,7 +509,7 @@ class ZeroCopyTransport(Transport):
         self.ledger.add(control_messages=1)
 
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
-        meta = incoming.slot.array[: META.itemsize].view(META)[0]
+        meta = incoming.control.array[: META.itemsize].view(META)[0]
         ndim, nbytes = int(meta["ndim"]), int(meta["nbytes"])
         try:
             dtype = np.dtype(meta["dtype"].decode())

@@ -302,11 +302,18 @@ class UcxDevice(Device):
     def address(self) -> list[bytes]:
         return [worker.address for worker in self._workers]
 
-    def alloc(self, nbytes: int) -> MemRegion:
-        # UCX allocates it: with shared-memory transports it comes from a shared segment that a
-        # peer maps when it unpacks the remote key, so a put there is the sender's own memcpy
-        # and never waits for this process to progress.
-        region = UcxRegion(self, None, None, allocate=max(nbytes, 1))
+    def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
+        if shared:
+            # UCX allocates it: with shared-memory transports it comes from a shared segment that
+            # a peer maps when it unpacks the remote key, so a put there is the sender's own
+            # memcpy and never waits for this process to progress.
+            region = UcxRegion(self, None, None, allocate=max(nbytes, 1))
+        else:
+            # numpy backs large arrays with transparent huge pages, which single-copy (cma)
+            # transfers move markedly faster than the 4 KiB pages of a shared segment
+            backing = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+            start = -backing.ctypes.data % ALIGNMENT
+            region = UcxRegion(self, backing[start : start + nbytes], backing)
         if region.address % ALIGNMENT:
             region.release()
             raise FabricError(f"ucx: allocated memory at {region.address:#x} is not {ALIGNMENT}-byte aligned")
