@@ -21,6 +21,9 @@ STYLE = {
     "grpc_rdma": {"color": "#ff7f0e", "marker": "v"},
     "rdma_cp": {"color": "#2ca02c", "marker": "^"},
     "zerocopy": {"color": "#1f77b4", "marker": "D"},
+    # reference lines: the fabric library's own limit, and a copy within one process
+    "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
+    "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
 }
 LABELS = {
     "local": "Local (no transfer)",
@@ -28,6 +31,8 @@ LABELS = {
     "grpc_rdma": "gRPC.RDMA",
     "rdma_cp": "RDMA.cp",
     "zerocopy": "RDMA.zerocp",
+    "ucx_perftest": "ucx_perftest put_bw (library limit)",
+    "memcpy": "memcpy in one process",
 }
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -295,7 +296,8 @@ class ZeroCopyTransport(Transport):
             outgoing = self._outgoing.get((name, dst))
         if outgoing is not None:
             return outgoing
-        channel = self.device.channel(self._peer_device(dst))
+        # tensors are spread over the lanes (and so the progress threads) by name
+        channel = self.device.channel(self._peer_device(dst), lane=zlib.crc32(name.encode()))
         outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(16),
                              staging=self.pool.alloc(CONTROL_BYTES))
         reply = self._peer(dst).call(
