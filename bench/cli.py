@@ -114,6 +114,9 @@ def build_parser() -> Parser:
                        help="UCX transports for the RDMA transports (zerocopy, rdma_cp): shm (shared memory, "
                        "cma one-sided copies), tcp (also across network namespaces), or auto (UCX chooses)")
     micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
+    micro.add_argument("--no-references", action="store_true",
+                       help="skip the reference lines: ucx_perftest put bandwidth on the same UCX transports "
+                       "(the library's limit) and memcpy in one process")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     micro.set_defaults(func=cmd_micro)
 
@@ -182,6 +185,8 @@ def cmd_micro(args: argparse.Namespace) -> int:
                 except MicroError as exc:
                     failures.append(str(exc))
                     bar.write(f"bench micro: error: {exc}")
+        if not args.no_references:
+            _measure_references(points, args, writer, fabrics)
     except KeyboardInterrupt:
         writer.finish("interrupted", failures=failures, fabric=fabrics)
         print(f"\nbench micro: interrupted; the points finished so far are in {out}", file=sys.stderr)
@@ -194,6 +199,27 @@ def cmd_micro(args: argparse.Namespace) -> int:
             if path.suffix == ".png":
                 print(f"figure: {path}")
     return 1 if failures else 0
+
+
+def _measure_references(points, args: argparse.Namespace, writer, fabrics: dict[str, str]) -> None:
+    """The reference lines of the figure: UCX's own put bandwidth, and memcpy in one process."""
+    from bench.reference import ReferenceUnavailable, memcpy_records, ucx_perftest_records
+
+    by_size = {p.size_bytes: p for p in points}
+    sizes = list(by_size)
+    measures = [("memcpy", lambda: memcpy_records(sizes, lambda n: by_size[n].iters))]
+    if transports.availability("zerocopy").ok:
+        measures.insert(0, ("ucx_perftest", lambda: ucx_perftest_records(
+            sizes, args.fabric_transport, lambda n: by_size[n].iters, timeout_s=args.timeout,
+            warmup_for=lambda n: max(1, by_size[n].warmup))))
+    for name, measure in measures:
+        print(f"reference: {name} ...", flush=True)
+        try:
+            for record in measure():
+                writer.add(record)
+                fabrics[name] = record["fabric"]
+        except ReferenceUnavailable as exc:
+            print(f"bench micro: warning: no {name} line: {exc}", file=sys.stderr)
 
 
 def transport_options(name: str, args: argparse.Namespace) -> dict[str, object]:

@@ -54,6 +54,17 @@ REQUIRED_COLUMNS: dict[str, list[str]] = {
     ],
 }
 
+#: every column an experiment's records may carry, in the order of records.csv
+COLUMNS: dict[str, list[str]] = {
+    "micro": [
+        "transport", "size_bytes", "dtype", "warmup", "iters",
+        "p50_us", "p99_us", "mean_us", "min_us", "max_us", "transfer_p50_us", "consume_p50_us",
+        "throughput_MBps", "sender_cpu_s", "receiver_cpu_s", "sender_cpu_us_per_transfer",
+        "receiver_cpu_us_per_transfer", "copied_bytes_per_transfer", "serialisations_per_transfer",
+        "deserialisations_per_transfer", "control_messages_per_transfer", "registrations", "fabric",
+    ],
+}
+
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "tensor-transport-bench")
 
 
@@ -156,13 +167,18 @@ class RunWriter:
 
     def add(self, record: dict[str, Any]) -> None:
         """Append one measured point to ``records.csv``."""
-        missing = [c for c in REQUIRED_COLUMNS.get(self.meta["experiment"], []) if c not in record]
+        experiment = self.meta["experiment"]
+        missing = [c for c in REQUIRED_COLUMNS.get(experiment, []) if c not in record]
         if missing:
             raise ResultsError(f"record lacks required columns {missing}")
         new_file = self._columns is None
         if new_file:
-            self._columns = list(record)
+            self._columns = COLUMNS.get(experiment) or list(record)
+        unknown = [c for c in record if c not in self._columns]
+        if unknown:
+            raise ResultsError(f"record has columns {unknown} that {experiment} records do not have")
         with open(self.path / RECORDS_FILE, "a", newline="") as f:
+            # optional columns a record lacks (a reference line has no CPU split, say) stay empty
             writer = csv.DictWriter(f, fieldnames=self._columns)
             if new_file:
                 writer.writeheader()

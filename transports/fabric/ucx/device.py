@@ -30,7 +30,9 @@ UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
 FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp"}
 REGISTRATION_CACHE_SIZE = 256
-_SPINS_BEFORE_SLEEP = 200
+_SPINS_BEFORE_SLEEP = 20
+#: empty progress calls (in C) that end a burst of traffic
+_IDLE_ROUNDS = 64
 
 _ffi = _lib = None
 _COMPLETED = done_future()  # shared by every operation that completed at once
@@ -129,7 +131,7 @@ class _Worker:
     def _run(self) -> None:
         spins = 0
         while not self._stop:
-            progressed = _lib.ucp_worker_progress(self.handle)
+            progressed = _lib.tt_progress_burst(self.handle, _IDLE_ROUNDS)
             if self._pending:
                 self._finish_completed()
             if progressed:

@@ -1,0 +1,178 @@
+"""The reference lines of ``bench micro``: UCX's own ucx_perftest and a single-process memcpy."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import reference
+from bench.reference import (
+    ReferenceUnavailable,
+    memcpy_records,
+    parse_perftest_output,
+    ucx_perftest_records,
+)
+from bench.results import REQUIRED_COLUMNS
+
+SIZES = [4096, 65536]
+RECORD_KEYS = {*REQUIRED_COLUMNS["micro"], "fabric", "dtype", "warmup", "min_us", "max_us"}
+
+# A client's output from ucx 1.22 with two progress rows: "average" is per interval, "overall" the whole run.
+CLIENT_OUTPUT = """\
++--------------+--------------+------------------------------+---------------------+-----------------------+
+|              |              |       overhead (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+|    Stage     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+[thread 0]            109913      5.488     9.118     9.118     6854.40    6854.40      109670      109670
+[thread 0]            201005      5.528    11.022     9.981     5670.52    6261.93       90728      100191
+Final:                300000      5.528    11.284    10.195     5539.03    6130.27       88624       98084
+"""
+
+
+def _iters(size: int) -> int:
+    return 50
+
+
+def _no_perftest_left() -> bool:
+    ps = subprocess.run(["ps", "-eo", "ppid=,comm="], capture_output=True, text=True, check=True).stdout
+    return not any(line.split()[0] == str(os.getpid()) and "ucx_perftest" in line for line in ps.splitlines())
+
+
+def test_memcpy_records_have_the_micro_columns_for_every_size():
+    records = memcpy_records(SIZES, _iters)
+    assert [r["size_bytes"] for r in records] == SIZES
+    for record in records:
+        assert set(record) >= RECORD_KEYS
+        assert record["transport"] == "memcpy"
+        assert record["fabric"] == "none"
+        assert record["iters"] == 50
+        assert record["copied_bytes_per_transfer"] == record["size_bytes"]
+        assert record["receiver_cpu_s"] == 0
+        assert record["sender_cpu_s"] >= 0
+        assert 0 < record["min_us"] <= record["p50_us"] <= record["p99_us"] <= record["max_us"]
+        assert record["throughput_MBps"] == pytest.approx(record["size_bytes"] / 2**20 / (record["mean_us"] / 1e6))
+
+
+def test_memcpy_records_reject_a_bad_iteration_count():
+    with pytest.raises(ValueError, match="iters_for"):
+        memcpy_records([4096], lambda size: 0)
+
+
+@pytest.mark.parametrize("fabric_transport", ["shm", "tcp"])
+def test_ucx_perftest_records_over_a_fabric_transport(fabric_transport):
+    records = ucx_perftest_records(SIZES, fabric_transport, _iters, timeout_s=30)
+    assert [r["size_bytes"] for r in records] == SIZES
+    for record in records:
+        assert set(record) >= RECORD_KEYS
+        assert record["transport"] == "ucx_perftest"
+        assert record["fabric"] == f"ucx:{fabric_transport}"
+        assert record["iters"] == 50
+        assert record["copied_bytes_per_transfer"] == 0
+        assert record["throughput_MBps"] > 0
+        assert record["p50_us"] == record["p99_us"] == record["mean_us"] > 0
+        # ucx_perftest's MB/s and per-put time agree with MB = 2**20 bytes
+        implied = record["size_bytes"] / 2**20 / (record["mean_us"] / 1e6)
+        assert record["throughput_MBps"] == pytest.approx(implied, rel=0.02)
+        assert math.isnan(record["sender_cpu_s"])
+    assert _no_perftest_left()
+
+
+def test_ucx_perftest_records_go_into_the_same_csv_as_the_transports(tmp_path):
+    from bench.results import RunWriter, load_run
+
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    for record in memcpy_records([4096], _iters) + ucx_perftest_records([4096], "shm", _iters, timeout_s=30):
+        writer.add(record)
+    writer.finish()
+    assert sorted(load_run(tmp_path / "run").records["transport"]) == ["memcpy", "ucx_perftest"]
+
+
+def test_perftest_environment_maps_fabric_transports_to_ucx_tls(monkeypatch):
+    monkeypatch.delenv("UCX_TLS", raising=False)
+    assert reference.perftest_environment("shm")["UCX_TLS"] == "shm"
+    assert reference.perftest_environment("tcp")["UCX_TLS"] == "tcp"
+    auto = reference.perftest_environment("auto")
+    assert "UCX_TLS" not in auto
+    assert reference.fabric_label(auto) == "ucx:auto"
+    # the wheel's binary finds its libraries only through LD_LIBRARY_PATH
+    assert auto["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(reference.perftest_binary().parent.parent / "lib")
+    with pytest.raises(ValueError, match="unknown fabric transport"):
+        reference.perftest_environment("verbs")
+
+
+def test_missing_binary_says_where_it_looked_and_how_to_fix_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(reference, "perftest_binary", lambda: tmp_path / "bin" / "ucx_perftest")
+    with pytest.raises(ReferenceUnavailable) as caught:
+        ucx_perftest_records([4096], "shm", _iters)
+    message = str(caught.value)
+    assert str(tmp_path / "bin" / "ucx_perftest") in message
+    assert "libucx-cu12" in message
+    assert "pip install" in message
+
+
+def test_failing_binary_gives_its_exit_code_and_output(monkeypatch, tmp_path):
+    fake = tmp_path / "bin" / "ucx_perftest"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'UCX  ERROR something broke' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    assert reference.perftest_binary() == fake
+    with pytest.raises(ReferenceUnavailable, match=r"exit code 3(.|\n)*something broke"):
+        ucx_perftest_records([4096], "tcp", _iters, timeout_s=10)
+
+
+def test_hung_perftest_is_killed_at_the_timeout(monkeypatch, tmp_path):
+    fake = tmp_path / "bin" / "ucx_perftest"
+    fake.parent.mkdir()
+    # the server exits at once, the client (any call with a -t) never does
+    fake.write_text('#!/bin/sh\ncase "$*" in *-t*) exec sleep 73;; esac\nexit 0\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    with pytest.raises(ReferenceUnavailable, match="did not finish within 1 s"):
+        ucx_perftest_records([4096], "tcp", _iters, timeout_s=1)
+    ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    assert str(fake) not in ps and "sleep 73" not in ps
+
+
+def test_parse_takes_the_whole_run_columns_of_the_final_row():
+    result = parse_perftest_output(CLIENT_OUTPUT, size=65536)
+    assert result.iters == 300000
+    assert result.overhead_us == 10.195
+    assert result.bandwidth_MBps == 6130.27
+    assert result.message_rate == 98084
+    assert result.median_overhead_us == 5.528
+
+
+def test_parse_rejects_a_bandwidth_that_is_not_in_mebibytes():
+    in_megabytes = CLIENT_OUTPUT.replace("6130.27", f"{65536 / 10.195e-6 / 1e6:.2f}")
+    with pytest.raises(ReferenceUnavailable, match="2\\^20"):
+        parse_perftest_output(in_megabytes, size=65536)
+
+
+def test_parse_rejects_output_without_results():
+    with pytest.raises(ReferenceUnavailable, match="no results table"):
+        parse_perftest_output("[1] UCX  ERROR client failed. connect() failed: Connection refused\n")
+
+
+def test_perftest_binary_is_the_wheels(monkeypatch):
+    monkeypatch.delenv(reference.UCX_HOME_VARIABLE, raising=False)
+    import libucx
+
+    assert reference.perftest_binary() == Path(libucx.__file__).parent / "bin" / "ucx_perftest"
+
+
+def test_parse_takes_sub_microsecond_put_times_from_the_message_rate():
+    fast = CLIENT_OUTPUT.replace(
+        "Final:                300000      5.528    11.284    10.195     5539.03    6130.27       88624       98084",
+        "Final:                300000      0.020     0.022     0.022    44043.00   44043.00    45100000    45100000",
+    )
+    result = parse_perftest_output(fast, size=1024)
+    assert result.overhead_us == 0.022
+    assert result.time_per_put_us == pytest.approx(1e6 / 45100000)
