@@ -65,7 +65,8 @@ def _subtitle(run: Run) -> str:
     host = run.meta.get("host", "?")
     cpu = run.meta.get("cpu", "?")
     when = (run.meta.get("start_time") or "")[:16].replace("T", " ")
-    return f"{host} · {cpu} · {when} UTC"
+    fabric = run.meta.get("settings", {}).get("fabric_transport")
+    return f"{host} · {cpu} · {when} UTC" + (f" · fabric transport: {fabric}" if fabric else "")
 
 
 def _save(fig, run: Run, stem: str) -> list[Path]:
