@@ -29,35 +29,25 @@ receiver burns no core; while waiting it checks that the peer is alive.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from transports.base import (
-    DEFAULT_TIMEOUT_S,
-    Availability,
-    Cluster,
     Key,
     PeerError,
     TensorSpec,
-    Transport,
-    TransportClosed,
     TransportError,
-    TransportTimeout,
     contiguous,
 )
-from transports.control import ControlClient, ControlServer
 from transports.fabric.base import Channel, FabricError, RemoteRegion
-from transports.fabric.pool import Block, RegisteredPool, aligned
-from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
+from transports.fabric.pool import Block, aligned
+from transports.on_fabric import FabricTransport
 
 MAX_DIMS = 8
 MAX_RKEY = 1024
@@ -76,9 +66,6 @@ TRAILER = 9  # int64 step, then the flag byte
 #: a receiver's control block per tensor and peer: the meta-data record (dynamic mode), then the trailer
 TRAILER_AT = aligned(META.itemsize)
 CONTROL_BYTES = TRAILER_AT + TRAILER
-SPIN_S = 0.002
-MAX_BACKOFF_S = 0.001
-LIVENESS_EVERY_S = 1.0
 
 
 def tag(seq: int) -> int:
@@ -131,94 +118,21 @@ class _Incoming:
     grant_lock: threading.Lock = field(default_factory=threading.Lock)  # connection and credits
 
 
-class ZeroCopyTransport(Transport):
+class ZeroCopyTransport(FabricTransport):
     """RDMA.zerocp over the fabric (UCX); see the module docstring for the protocol."""
 
     name = "zerocopy"
-    uses_fabric = True
     #: whether the sender copies every tensor into registered memory first (rdma_cp)
     stages_sends = False
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fabric_transport: str = "auto",
-                 progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
-        super().__init__(timeout_s=timeout_s)
-        if fabric_transport not in FABRIC_TRANSPORTS:
-            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
-        self.fabric_transport = fabric_transport
-        self.progress_threads = progress_threads
-        self.lanes_per_peer = lanes_per_peer
-        self._closed = threading.Event()
-        self._active = 0
-        self._idle = threading.Condition()
-        self._lock = threading.Lock()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: set[Key] = set()
         self._incoming: dict[tuple[str, int], _Incoming] = {}
-        self._peers: dict[int, ControlClient] = {}
-        self._peer_devices: dict[int, list[bytes]] = {}
-        self.device: UcxDevice | None = None
 
-    @classmethod
-    def availability(cls) -> Availability:
-        try:
-            load()
-        except FabricError as exc:
-            return Availability(False, str(exc))
-        return Availability(True)
-
-    @classmethod
-    def variants(cls) -> dict[str, dict[str, Any]]:
-        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}}
-
-    # lifecycle -------------------------------------------------------------
-
-    def start(self, cluster: Cluster, rank: int) -> None:
-        if not 0 <= rank < cluster.size:
-            raise ValueError(f"{self.name}: rank {rank} is not in a cluster of {cluster.size}")
-        self.cluster, self.rank = cluster, rank
-        self.device = UcxDevice(self.fabric_transport, self.progress_threads, self.lanes_per_peer)
-        self.pool = RegisteredPool(self.device)
-        self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
-        try:
-            self._control = ControlServer(
-                cluster.addresses[rank],
-                {"ping": lambda request: {}, "hello": self._on_hello, "connect": self._on_connect},
-                f"{self.name} rank {rank}",
-            )
-        except BaseException:
-            self.device.close()
-            raise
-
-    def close(self) -> None:
-        if self._closed.is_set() or self.device is None:
-            self._closed.set()
-            return
-        self._closed.set()
-        self._control.stop()
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        with self._idle:  # waiting operations notice the close within one back-off period
-            self._idle.wait_for(lambda: self._active == 0, timeout=10)
-        for client in self._peers.values():
-            client.close()
-        self.device.close()
-
-    def describe(self) -> dict[str, Any]:
-        """The fabric actually used (for ``meta.json``)."""
-        return self.device.describe() if self.device else {"fabric": "ucx"}
-
-    @contextmanager
-    def _operation(self) -> Iterator[None]:
-        """Brackets a send or recv so that close() waits for it before tearing the device down."""
-        with self._idle:
-            if self._closed.is_set():
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed")
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
+    def control_handlers(self) -> dict[str, Any]:
+        return {"connect": self._on_connect}
 
     # planning and allocation -------------------------------------------------
 
@@ -241,23 +155,7 @@ class ZeroCopyTransport(Transport):
             return super().allocate(spec)
         return self.pool.alloc(spec.nbytes).view(spec.dtype, spec.shape)
 
-    # control path ----------------------------------------------------------
-
-    def _peer(self, rank: int) -> ControlClient:
-        with self._lock:
-            if rank not in self._peers:
-                self._peers[rank] = ControlClient(self.cluster.addresses[rank], self.peer_name(rank))
-            return self._peers[rank]
-
-    def _peer_device(self, rank: int) -> list[bytes]:
-        if rank not in self._peer_devices:
-            reply = self._peer(rank).call("hello", timeout=self.timeout_s)
-            self._peer_devices[rank] = [bytes.fromhex(a) for a in reply["device"]]
-            self.ledger.add(control_messages=1)
-        return self._peer_devices[rank]
-
-    def _on_hello(self, request: dict[str, Any]) -> dict[str, Any]:
-        return {"device": [a.hex() for a in self.device.address]}
+    # setup over the control path ---------------------------------------------
 
     def _incoming_slot(self, name: str, src: int) -> _Incoming:
         """The receive slot for ``name`` from ``src``: static when the plan knows its shape."""
@@ -313,43 +211,6 @@ class ZeroCopyTransport(Transport):
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
 
-    # waiting ---------------------------------------------------------------
-
-    def _wait_until(self, ready: Callable[[], bool], what: str, peer: int, deadline: float,
-                    channel: Channel | None = None) -> None:
-        spin_until = time.perf_counter() + SPIN_S
-        backoff = 20e-6
-        next_check = time.monotonic() + LIVENESS_EVERY_S
-        while not ready():
-            if self._closed.is_set():
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what}")
-            if time.perf_counter() < spin_until:
-                os.sched_yield()  # releases the GIL for the progress threads, without a timer's slack
-                continue
-            now = time.monotonic()
-            if now > deadline:
-                raise TransportTimeout(
-                    f"{self.name}: {what} did not complete within {self.timeout_s:g} s (peer {self.peer_name(peer)})"
-                )
-            if now > next_check:
-                next_check = now + LIVENESS_EVERY_S
-                self._check_peer(peer, what, channel)
-            self.device.wait_for_activity(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
-
-    def _check_peer(self, peer: int, what: str, channel: Channel | None) -> None:
-        reason = channel.failed() if channel is not None else None
-        if reason is None and not self._peer(peer).alive():
-            reason = "it does not answer on the control path (the process is gone?)"
-        if reason is not None:
-            raise PeerError(f"{self.name}: {what}: peer {self.peer_name(peer)} failed: {reason}")
-
-    def _fabric(self, channel: Channel, future: Future, what: str, peer: int):
-        try:
-            return channel.wait(future, self.timeout_s)
-        except FabricError as exc:
-            raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
-
     # sending ---------------------------------------------------------------
 
     def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
@@ -391,7 +252,7 @@ class ZeroCopyTransport(Transport):
     def send_async(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         self._claim(key)  # now, so that a duplicate fails even before this send runs
-        return self._executor.submit(self._send_claimed, key, array)
+        return self._submit(self._send_claimed, key, array)
 
     def _source(self, outgoing: _Outgoing, array: np.ndarray) -> tuple[np.ndarray, RemoteRegion]:
         """Registered memory holding ``array``'s bytes, and its descriptor for a peer's read."""
@@ -495,7 +356,7 @@ class ZeroCopyTransport(Transport):
 
     def recv_async(self, key: Key) -> Future:
         self._check_key(key, "recv")
-        return self._executor.submit(self.recv, key)
+        return self._submit(self.recv, key)
 
     def _grant(self, incoming: _Incoming, counter: int = 0, value: int | None = None) -> None:
         """Write ``value`` (default: receives posted) into the sender's counter ``counter``.

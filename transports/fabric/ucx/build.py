@@ -36,7 +36,7 @@ typedef struct ucp_address ucp_address_t;
 const char *ucs_status_string(ucs_status_t status);
 const char *ucp_get_version_string(void);
 
-ucs_status_t tt_init(const char *tls, ucp_context_h *context);
+ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
@@ -77,20 +77,25 @@ SHIM = r"""
 #include <string.h>
 #include <ucp/api/ucp.h>
 
-static ucs_status_t tt_init(const char *tls, ucp_context_h *context)
+/* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
+static ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context)
 {
     ucp_config_t *config;
     ucp_params_t params;
+    int i;
     ucs_status_t status = ucp_config_read(NULL, NULL, &config);
     if (status != UCS_OK) {
         return status;
     }
     if (tls != NULL && tls[0] != '\0') {
         status = ucp_config_modify(config, "TLS", tls);
-        if (status != UCS_OK) {
-            ucp_config_release(config);
-            return status;
-        }
+    }
+    for (i = 0; status == UCS_OK && i < count; i++) {
+        status = ucp_config_modify(config, names[i], values[i]);
+    }
+    if (status != UCS_OK) {
+        ucp_config_release(config);
+        return status;
     }
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;

@@ -280,7 +280,8 @@ class UcxChannel(Channel):
 class UcxDevice(Device):
     """A UCP context with ``progress_threads`` workers; see the module docstring."""
 
-    def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
+    def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
+                 config: dict[str, str] | None = None) -> None:
         load()
         if fabric_transport not in FABRIC_TRANSPORTS:
             raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
@@ -288,9 +289,13 @@ class UcxDevice(Device):
             raise ValueError("progress_threads and lanes_per_peer must be at least 1")
         self.fabric_transport = fabric_transport
         self.lanes_per_peer = lanes_per_peer
+        self.config = dict(config or {})
+        names = [_ffi.new("char[]", name.encode()) for name in self.config]
+        values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
-        _check(_lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), context),
-               f"initialising UCX with transports '{fabric_transport}'")
+        _check(_lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), _ffi.new("char *[]", names),
+                            _ffi.new("char *[]", values), len(names), context),
+               f"initialising UCX with transports '{fabric_transport}' and settings {self.config}")
         self.context = context[0]
         self._activity = threading.Condition()
         self._lock = threading.Lock()
@@ -395,6 +400,7 @@ class UcxDevice(Device):
             "ucx_transports_used": sorted(used),
             "progress_threads": len(self._workers),
             "lanes_per_peer": self.lanes_per_peer,
+            "ucx_config": self.config,
         }
 
     def close(self) -> None:

@@ -1,0 +1,192 @@
+"""What every transport running on the RDMA fabric shares, written once.
+
+A fabric transport owns a device (UCX), a registered memory pool, a control
+server (gRPC, setup only) and a client per peer; it waits for flags and
+counters by spinning briefly, then backing off, checking that the peer lives;
+and ``close()`` waits for operations in flight before tearing the device down.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from transports.base import (
+    DEFAULT_TIMEOUT_S,
+    Availability,
+    Cluster,
+    PeerError,
+    Transport,
+    TransportClosed,
+    TransportTimeout,
+)
+from transports.control import ControlClient, ControlServer
+from transports.fabric.base import Channel, FabricError
+from transports.fabric.pool import RegisteredPool
+from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
+
+#: spin this long before backing off, when waiting for a flag or a counter
+SPIN_S = 0.002
+MAX_BACKOFF_S = 0.001
+LIVENESS_EVERY_S = 1.0
+
+
+class FabricTransport(Transport):
+    """Base of the transports that move tensors with one-sided operations on the fabric."""
+
+    uses_fabric = True
+
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fabric_transport: str = "auto",
+                 progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
+        super().__init__(timeout_s=timeout_s)
+        if fabric_transport not in FABRIC_TRANSPORTS:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
+        self.fabric_transport = fabric_transport
+        self.progress_threads = progress_threads
+        self.lanes_per_peer = lanes_per_peer
+        self._closed = threading.Event()
+        self._active = 0
+        self._idle = threading.Condition()
+        self._lock = threading.Lock()
+        self._peers: dict[int, ControlClient] = {}
+        self._peer_devices: dict[int, list[bytes]] = {}
+        self.device: UcxDevice | None = None
+
+    @classmethod
+    def availability(cls) -> Availability:
+        try:
+            load()
+        except FabricError as exc:
+            return Availability(False, str(exc))
+        return Availability(True)
+
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, Any]]:
+        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}}
+
+    def control_handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        """The control-path operations this transport serves, besides ``ping`` and ``hello``."""
+        return {}
+
+    def device_config(self) -> dict[str, str]:
+        """UCX configuration (name without ``UCX_`` -> value) to apply when creating the device."""
+        return {}
+
+    # lifecycle -------------------------------------------------------------
+
+    def start(self, cluster: Cluster, rank: int) -> None:
+        if not 0 <= rank < cluster.size:
+            raise ValueError(f"{self.name}: rank {rank} is not in a cluster of {cluster.size}")
+        self.cluster, self.rank = cluster, rank
+        self.device = UcxDevice(self.fabric_transport, self.progress_threads, self.lanes_per_peer,
+                                config=self.device_config())
+        self.pool = RegisteredPool(self.device)
+        self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
+        handlers = {"ping": lambda request: {}, "hello": self._on_hello, **self.control_handlers()}
+        try:
+            self._control = ControlServer(cluster.addresses[rank], handlers, f"{self.name} rank {rank}")
+        except BaseException:
+            self.device.close()
+            raise
+
+    def close(self) -> None:
+        if self._closed.is_set() or self.device is None:
+            self._closed.set()
+            return
+        self._closed.set()
+        self._control.stop()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._idle:  # waiting operations notice the close within one back-off period
+            self._idle.wait_for(lambda: self._active == 0, timeout=10)
+        self._before_device_close()
+        for client in self._peers.values():
+            client.close()
+        self.device.close()
+
+    def _before_device_close(self) -> None:
+        """Hook: stop anything that still uses the device (pollers)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The fabric actually used (for ``meta.json``)."""
+        return self.device.describe() if self.device else {"fabric": "ucx"}
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Brackets a send or recv so that close() waits for it before tearing the device down."""
+        with self._idle:
+            if self._closed.is_set():
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._closed.is_set():
+            raise TransportClosed(f"{self.name} rank {self.rank} was closed")
+        return self._executor.submit(fn, *args)
+
+    # control path ----------------------------------------------------------
+
+    def _peer(self, rank: int) -> ControlClient:
+        with self._lock:
+            if rank not in self._peers:
+                self._peers[rank] = ControlClient(self.cluster.addresses[rank], self.peer_name(rank))
+            return self._peers[rank]
+
+    def _peer_device(self, rank: int) -> list[bytes]:
+        if rank not in self._peer_devices:
+            reply = self._peer(rank).call("hello", timeout=self.timeout_s)
+            self._peer_devices[rank] = [bytes.fromhex(a) for a in reply["device"]]
+            self.ledger.add(control_messages=1)
+        return self._peer_devices[rank]
+
+    def _on_hello(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"device": [a.hex() for a in self.device.address]}
+
+    # waiting ---------------------------------------------------------------
+
+    def _wait_until(self, ready: Callable[[], bool], what: str, peer: int, deadline: float,
+                    channel: Channel | None = None) -> None:
+        """Return once ``ready()``; spin briefly, then back off, checking the peer now and then."""
+        spin_until = time.perf_counter() + SPIN_S
+        backoff = 20e-6
+        next_check = time.monotonic() + LIVENESS_EVERY_S
+        while not ready():
+            if self._closed.is_set():
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what}")
+            if time.perf_counter() < spin_until:
+                os.sched_yield()  # releases the GIL for the progress threads, without a timer's slack
+                continue
+            now = time.monotonic()
+            if now > deadline:
+                raise TransportTimeout(
+                    f"{self.name}: {what} did not complete within {self.timeout_s:g} s (peer {self.peer_name(peer)})"
+                )
+            if now > next_check:
+                next_check = now + LIVENESS_EVERY_S
+                self._check_peer(peer, what, channel)
+            self.device.wait_for_activity(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _check_peer(self, peer: int, what: str, channel: Channel | None) -> None:
+        reason = channel.failed() if channel is not None else None
+        if reason is None and not self._peer(peer).alive():
+            reason = "it does not answer on the control path (the process is gone?)"
+        if reason is not None:
+            raise PeerError(f"{self.name}: {what}: peer {self.peer_name(peer)} failed: {reason}")
+
+    def _fabric(self, channel: Channel, future: Future, what: str, peer: int) -> Any:
+        """Wait for a fabric operation; a failure becomes a PeerError naming the peer."""
+        try:
+            return channel.wait(future, self.timeout_s)
+        except FabricError as exc:
+            raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
