@@ -24,6 +24,7 @@ from transports.base import (
 #: name -> module defining ``TRANSPORT``; the order is the order of figures and tables.
 REGISTRY: dict[str, str] = {
     "grpc_tcp": "transports.grpc_tcp",
+    "grpc_rdma": "transports.grpc_rdma",
     "rdma_cp": "transports.rdma_cp",
     "zerocopy": "transports.zerocopy",
     "local": "transports.local",

@@ -37,6 +37,7 @@ const char *ucs_status_string(ucs_status_t status);
 const char *ucp_get_version_string(void);
 
 ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context);
+ucs_status_t tt_config_accepts(const char *name, const char *value);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
@@ -119,6 +120,19 @@ static unsigned long tt_progress_burst(ucp_worker_h worker, unsigned idle_rounds
         idle = events ? 0 : idle + 1;
     }
     return total;
+}
+
+/* Whether this UCX knows setting UCX_<name> and accepts `value` (IB settings need IB transports). */
+static ucs_status_t tt_config_accepts(const char *name, const char *value)
+{
+    ucp_config_t *config;
+    ucs_status_t status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        return status;
+    }
+    status = ucp_config_modify(config, name, value);
+    ucp_config_release(config);
+    return status;
 }
 
 static ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker)

@@ -62,6 +62,12 @@ def load() -> tuple[Any, Any]:
     return ffi, lib
 
 
+def accepts_setting(name: str, value: str) -> bool:
+    """Whether this UCX build knows the setting ``UCX_<name>`` and takes ``value`` for it."""
+    load()
+    return _lib.tt_config_accepts(name.encode(), str(value).encode()) == _lib.UCS_OK
+
+
 def _reason(status: int) -> str:
     return _ffi.string(_lib.ucs_status_string(status)).decode()
 

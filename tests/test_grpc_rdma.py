@@ -1,0 +1,290 @@
+"""grpc_rdma: the protocol messages, the RDMA_* configuration, and the request/response protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import transports
+from transports import Key, PeerError
+from transports.grpc_rdma.config import ConfigError, read_config
+from transports.grpc_rdma.protocol import (
+    MAX_DIMS,
+    MAX_TENSOR_BYTES,
+    MESSAGE,
+    Message,
+    MessageType,
+    ProtocolError,
+    TensorMeta,
+    encode,
+    parse,
+)
+
+from .conftest import start_pair
+
+if not transports.availability("grpc_rdma").ok:  # pragma: no cover
+    pytest.skip(f"grpc_rdma not available: {transports.availability('grpc_rdma').reason}", allow_module_level=True)
+
+# -- protocol ----------------------------------------------------------------------
+
+metas = st.builds(
+    TensorMeta,
+    st.sampled_from([np.dtype(t) for t in ("<f2", "<f4", "<f8", "|i1", "<i4", "<i8", "|b1", "<c16")]),
+    st.lists(st.integers(0, 1000), max_size=MAX_DIMS).map(tuple),
+    st.booleans(),
+)
+messages = st.builds(
+    Message,
+    st.sampled_from(list(MessageType)),
+    st.integers(0, 2**64 - 1),
+    name=st.text(max_size=100),
+    step_id=st.integers(-(2**63), 2**63 - 1),
+    remote_addr=st.integers(0, 2**64 - 1),
+    rkey=st.binary(max_size=1024),
+    meta=metas,
+    checksum=st.integers(0, 2**32 - 1),
+    error=st.text(max_size=100),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages)
+def test_encode_then_parse_is_the_identity(message):
+    assume(message.meta.nbytes <= MAX_TENSOR_BYTES)
+    buffer = np.zeros(MESSAGE.itemsize, np.uint8)
+    encode(message, buffer)
+    assert parse(buffer) == message
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(min_size=MESSAGE.itemsize, max_size=MESSAGE.itemsize))
+def test_random_bytes_are_a_message_or_a_protocol_error(data):
+    try:
+        message = parse(data)
+    except ProtocolError:
+        return
+    assert len(message.rkey) <= 1024 and len(message.name.encode()) <= 512
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages, st.integers(0, MESSAGE.itemsize - 1), st.integers(0, 255))
+def test_a_corrupted_byte_never_crashes_the_parser(message, position, value):
+    assume(message.meta.nbytes <= MAX_TENSOR_BYTES)
+    buffer = np.zeros(MESSAGE.itemsize, np.uint8)
+    encode(message, buffer)
+    buffer[position] = value
+    with contextlib.suppress(ProtocolError):
+        parse(buffer)
+
+
+def _record(**fields):
+    buffer = np.zeros(MESSAGE.itemsize, np.uint8)
+    encode(Message(MessageType.TENSOR_REQUEST, 1), buffer)
+    record = buffer.view(MESSAGE)[0]
+    for name, value in fields.items():
+        record[name] = value
+    return buffer
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"type": 9}, "unknown message type 9"),
+        ({"name_size": 600}, "name_size 600 exceeds"),
+        ({"rkey_size": 5000}, "rkey_size 5000 exceeds"),
+        ({"error_size": 513}, "error_size 513 exceeds"),
+        ({"has_meta": 1, "ndim": 9}, "ndim 9 exceeds"),
+        ({"has_meta": 1, "ndim": 1, "dims": [-1] + [0] * 7, "dtype": b"<f4"}, "negative dimension"),
+        ({"has_meta": 1, "ndim": 1, "dims": [4] + [0] * 7, "dtype": b"|O", "tensor_bytes": 32},
+         "cannot be transferred"),
+        ({"has_meta": 1, "ndim": 1, "dims": [4] + [0] * 7, "dtype": b"<f4", "tensor_bytes": 15}, "does not match"),
+        ({"has_meta": 1, "ndim": 0, "dtype": b"zz"}, "unknown dtype"),
+        ({"type": 2}, "without meta-data"),
+    ],
+)
+def test_malformed_messages_are_rejected_naming_the_field(fields, fragment):
+    with pytest.raises(ProtocolError, match=fragment):
+        parse(_record(**fields))
+
+
+def test_a_short_buffer_is_rejected():
+    with pytest.raises(ProtocolError, match="needs"):
+        parse(b"\x01" * 10)
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+def test_rdma_variables_map_to_ucx_settings_where_ucx_has_them():
+    config = read_config({"RDMA_DEVICE": "lo", "RDMA_QP_SL": "3", "RDMA_QP_QUEUE_DEPTH": "64",
+                          "RDMA_QP_PKEY_INDEX": "0"}, accepts=lambda name, value: not name.startswith("IB_"))
+    assert config.ucx == {"NET_DEVICES": "lo"}
+    assert config.queue_depth == 64
+    assert "RDMA_QP_SL" in config.no_effect and "InfiniBand" in config.no_effect["RDMA_QP_SL"]
+    assert "RDMA_QP_PKEY_INDEX" in config.no_effect
+
+
+def test_a_device_with_a_port_becomes_device_colon_port():
+    assert read_config({"RDMA_DEVICE": "mlx5_0", "RDMA_DEVICE_PORT": "1"}).ucx["NET_DEVICES"] == "mlx5_0:1"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("RDMA_QP_SL", "9", "RDMA_QP_SL=9 is out of range"),
+        ("RDMA_QP_MTU", "1500", "RDMA_QP_MTU=1500 is not a verbs MTU"),
+        ("RDMA_QP_TIMEOUT", "soon", "is not a whole number"),
+        ("RDMA_QP_QUEUE_DEPTH", "0", "out of range"),
+        ("RDMA_TRAFFIC_CLASS", "256", "out of range"),
+    ],
+)
+def test_bad_values_name_the_variable(variable, value, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        read_config({variable: value})
+
+
+def test_a_bad_variable_stops_the_transport_from_being_built(monkeypatch):
+    monkeypatch.setenv("RDMA_QP_RETRY_COUNT", "12")
+    with pytest.raises(ValueError, match="RDMA_QP_RETRY_COUNT=12"):
+        transports.create("grpc_rdma")
+
+
+# -- the protocol at work --------------------------------------------------------------
+
+
+@pytest.fixture(params=["buffered", "direct"])
+def mode(request):
+    return request.param
+
+
+def pair_in(mode, fabric="shm", **options):
+    return start_pair("grpc_rdma", mode=mode, fabric_transport=fabric, **options)
+
+
+def close(pair):
+    for transport in pair:
+        transport.close()
+
+
+def transfer(pair, key, array):
+    sending = pair[0].send_async(key, array)
+    received = pair[1].recv(key)
+    sending.result(timeout=10)
+    return received
+
+
+def test_a_shape_change_triggers_meta_data_response_and_re_request(mode):
+    pair = pair_in(mode)
+    try:
+        def sent(before):
+            return {side: pair[i].messages_sent - before[i] for i, side in enumerate(("sender", "receiver"))}
+
+        before = [pair[0].messages_sent.copy(), pair[1].messages_sent.copy()]
+        transfer(pair, Key("w", 0, 0, 1), np.ones((2, 3)))
+        first = sent(before)
+        assert first["receiver"]["TENSOR_REQUEST"] == 1 and first["receiver"]["TENSOR_RE_REQUEST"] == 1
+        assert first["sender"]["META_DATA_RESPONSE"] == 1
+
+        before = [pair[0].messages_sent.copy(), pair[1].messages_sent.copy()]
+        transfer(pair, Key("w", 1, 0, 1), np.ones((2, 3)))
+        same = sent(before)
+        assert same["receiver"]["TENSOR_REQUEST"] == 1 and same["receiver"]["TENSOR_RE_REQUEST"] == 0
+        assert same["sender"]["META_DATA_RESPONSE"] == 0  # the cached meta-data was right
+
+        before = [pair[0].messages_sent.copy(), pair[1].messages_sent.copy()]
+        np.testing.assert_array_equal(transfer(pair, Key("w", 2, 0, 1), np.ones((4, 3))), np.ones((4, 3)))
+        changed = sent(before)
+        assert changed["sender"]["META_DATA_RESPONSE"] == 1 and changed["receiver"]["TENSOR_RE_REQUEST"] == 1
+    finally:
+        close(pair)
+
+
+def test_copies_per_mode_in_steady_state(mode):
+    pair = pair_in(mode)
+    try:
+        array = np.arange(10_000, dtype=np.float64)
+        transfer(pair, Key("w", 0, 0, 1), array)  # first time: meta-data and a clone
+        before = [t.stats() for t in pair]
+        for step in range(1, 6):
+            transfer(pair, Key("w", step, 0, 1), array)
+        sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+        expected = 5 * array.nbytes if mode == "buffered" else 0
+        assert sender.copied_bytes == expected and receiver.copied_bytes == expected
+    finally:
+        close(pair)
+
+
+def test_many_tensors_queue_behind_a_busy_message_buffer(mode):
+    pair = pair_in(mode)
+    try:
+        receiving = {i: pair[1].recv_async(Key(f"t{i}", 0, 0, 1)) for i in range(60)}
+        sends = [pair[0].send_async(Key(f"t{i}", 0, 0, 1), np.full(100, i)) for i in range(60)]
+        for i, future in receiving.items():
+            np.testing.assert_array_equal(future.result(timeout=20), np.full(100, i))
+        for future in sends:
+            future.result(timeout=10)
+        assert pair[1].messages_queued > 0  # requests waited for the buffer to become idle
+        assert pair[1].messages_sent["TENSOR_REQUEST"] == 60
+    finally:
+        close(pair)
+
+
+def test_an_error_on_the_sender_reaches_the_receiver(mode):
+    pair = pair_in(mode)
+    try:
+        receiving = pair[1].recv_async(Key("deep", 0, 0, 1))
+        pair[0].send_async(Key("deep", 0, 0, 1), np.zeros((1,) * 9))  # more dimensions than the protocol carries
+        with pytest.raises(PeerError, match=r"rank 0 .* failed to send .*dimensions"):
+            receiving.result(timeout=10)
+    finally:
+        close(pair)
+
+
+def test_a_sender_closing_with_a_request_pending_fails_it_on_the_receiver():
+    pair = pair_in("buffered")
+    try:
+        receiving = pair[1].recv_async(Key("never", 0, 0, 1))
+        time.sleep(0.3)
+        pair[0].close()
+        with pytest.raises(PeerError, match="rank 0"):
+            receiving.result(timeout=15)
+    finally:
+        pair[1].close()
+
+
+def test_validation_mode_checks_every_tensor():
+    pair = pair_in("buffered", validate=True)
+    try:
+        for step in range(3):
+            np.testing.assert_array_equal(transfer(pair, Key("w", step, 0, 1), np.arange(50) + step),
+                                          np.arange(50) + step)
+        assert pair[0].messages_sent["META_DATA_RESPONSE"] == 3  # each carries the checksum
+    finally:
+        close(pair)
+
+
+def test_a_checksum_mismatch_is_reported():
+    pair = pair_in("buffered")
+    try:
+        pair[1].validate = True  # the receiver checks, but the sender sends no checksum
+        receiving = pair[1].recv_async(Key("w", 0, 0, 1))
+        pair[0].send_async(Key("w", 0, 0, 1), np.arange(50))
+        with pytest.raises(PeerError, match="checksum mismatch"):
+            receiving.result(timeout=10)
+    finally:
+        close(pair)
+
+
+def test_tcp_fabric_also_works(mode):
+    pair = pair_in(mode, fabric="tcp")
+    try:
+        for step in range(3):
+            np.testing.assert_array_equal(transfer(pair, Key("w", step, 0, 1), np.arange(1000) * step),
+                                          np.arange(1000) * step)
+    finally:
+        close(pair)

@@ -1,0 +1,526 @@
+"""TensorFlow's gRPC+verbs transport (the paper's gRPC.RDMA), on the fabric.
+
+gRPC (the control path) only sets up: it exchanges fabric endpoints and the
+descriptors of each side's message buffer and immediate ring. Protocol messages
+and tensors then go over the fabric, following the design note in
+``shared/seeds/tensorflow-grpc-verbs-design.txt``:
+
+* Receive initiates: ``recv`` sends TENSOR_REQUEST with the receiver's cached
+  meta-data and where to write. The sender, once the tensor is there (tag
+  matching in a local rendezvous table), compares: when the meta-data is new or
+  changed it keeps a clone of the tensor and answers META_DATA_RESPONSE; the
+  receiver reallocates and sends TENSOR_RE_REQUEST; then the content is written.
+  Failures on the sender come back as ERROR_STATUS.
+* Per peer and direction one message is in flight: the writer marks the remote
+  buffer busy; the reader parses the message and answers with an ACK, which
+  marks it idle again. Further messages wait in a queue.
+* ``buffered`` mode (the default, the paper's gRPC.RDMA): the sender copies the
+  tensor into a registered send buffer, writes it into the receiver's registered
+  proxy buffer, and the receiver copies it into the result tensor: one copy on
+  each side. ``direct`` mode (the note's zero-copy): the receiver's result tensor
+  is registered memory and the sender writes from the tensor itself.
+
+*Immediate values.* Verbs delivers a 32-bit immediate with a write into the
+receiver's completion queue; UCX has no write-with-immediate. We emulate the
+completion queue with an *immediate ring* per peer in the receiver's registered
+memory: after a write (and a flush, so the data is complete) the writer puts a
+9-byte entry into the next slot, the immediate value and then a lap byte, which
+the receiver polls like a flag. The values are those of the note: 0xFFFFFFFF for
+a protocol message in the message buffer, 0xFFFFFFFE for an ACK (no data), and
+the request index for tensor content. Entries per peer are bounded by one
+message, one ACK and the receiver's outstanding requests, which ``recv`` caps
+below the ring size (RDMA_QP_QUEUE_DEPTH), so a slot is never overwritten before
+it is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+import zlib
+from collections import Counter, deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transports.base import Key, PeerError, TransportClosed, TransportError, contiguous, settle
+from transports.fabric.base import Channel, FabricError, RemoteRegion
+from transports.fabric.pool import Block
+from transports.fabric.ucx.device import accepts_setting
+from transports.grpc_rdma.config import ConfigError, read_config
+from transports.grpc_rdma.protocol import MESSAGE, Message, MessageType, ProtocolError, TensorMeta, encode, parse
+from transports.on_fabric import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
+from transports.rendezvous import Rendezvous
+
+IMM_MESSAGE = 0xFFFFFFFF
+IMM_ACK = 0xFFFFFFFE
+RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
+MODES = ("buffered", "direct")
+
+
+def lap(count: int, slots: int) -> int:
+    """The lap byte of the ``count``-th ring entry: never 0 (an empty slot)."""
+    return 1 + (count // slots) % 255
+
+
+@dataclass(eq=False)
+class _Link:
+    """Everything about one peer: message buffers, immediate rings, pending requests."""
+
+    peer: int
+    rx_message: Block  # the peer writes its messages here
+    tx_message: Block  # we build our messages here
+    ring: Block  # the peer writes immediates here
+    tx_entry: Block  # we build our ring entries here
+    slots: int
+    channel: Channel | None = None
+    peer_message: RemoteRegion | None = None
+    peer_ring: RemoteRegion | None = None
+    written: int = 0  # entries we wrote into the peer's ring
+    read: int = 0  # entries we consumed from our ring
+    remote_busy: bool = False  # our message in the peer's buffer is not ACKed yet
+    queue: deque[Message] = field(default_factory=deque)
+    ready: threading.Event = field(default_factory=threading.Event)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+@dataclass(eq=False)
+class _Request:
+    """Receiver side of one tensor request (RdmaTensorRequest)."""
+
+    index: int
+    key: Key
+    future: Future
+    meta: TensorMeta | None
+    buffer: Block | None = None  # proxy (buffered) or result (direct) tensor in registered memory
+    checksum: int | None = None
+
+
+@dataclass(eq=False)
+class _Response:
+    """Sender side of a request waiting for its re-request (RdmaTensorResponse): the clone."""
+
+    index: int
+    key: Key
+    clone: Block
+    meta: TensorMeta
+
+
+class GrpcRdmaTransport(FabricTransport):
+    """gRPC for setup, RDMA message buffers for the protocol; see the module docstring."""
+
+    name = "grpc_rdma"
+
+    def __init__(self, *, mode: str = "buffered", validate: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        if mode not in MODES:
+            raise ValueError(f"grpc_rdma: unknown mode '{mode}' (known: {', '.join(MODES)})")
+        self.mode = mode
+        self.validate = validate
+        try:
+            self.config = read_config(accepts=accepts_setting)
+        except ConfigError as exc:
+            raise ValueError(f"grpc_rdma: {exc}") from None
+        self._links: dict[int, _Link] = {}
+        self._requests: dict[tuple[int, int], _Request] = {}  # (peer, index)
+        self._responses: dict[tuple[int, int], _Response] = {}
+        self._meta_cache: dict[tuple[str, int], TensorMeta] = {}
+        self._lent: dict[tuple[str, int], Block] = {}  # direct mode: results handed out
+        self._indices = itertools.count(1)
+        self._outstanding: dict[int, threading.Semaphore] = {}
+        #: protocol messages written, by type, and how many had to wait behind a busy buffer
+        self.messages_sent: Counter[str] = Counter()
+        self.messages_queued = 0
+
+    @classmethod
+    def variants(cls) -> dict[str, dict[str, Any]]:
+        return {
+            f"{mode}-{fabric}": {"mode": mode, "fabric_transport": fabric}
+            for mode in MODES
+            for fabric in ("shm", "tcp")
+        }
+
+    @classmethod
+    def modes(cls) -> dict[str, dict[str, Any]]:
+        """Named option sets a user can pick as ``grpc_rdma:<mode>``."""
+        return {mode: {"mode": mode} for mode in MODES}
+
+    def device_config(self) -> dict[str, str]:
+        return self.config.ucx
+
+    def control_handlers(self) -> dict[str, Any]:
+        return {"link": self._on_link}
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described.update(mode=self.mode, validate=self.validate, queue_depth=self.config.queue_depth,
+                         rdma_settings_without_effect=self.config.no_effect)
+        return described
+
+    def start(self, cluster, rank) -> None:
+        super().start(cluster, rank)
+        self._outbox = Rendezvous(f"grpc_rdma rank {rank}")
+        self._poller = threading.Thread(target=self._poll, name=f"grpc_rdma-poller-{rank}", daemon=True)
+        self._poller.start()
+
+    def _before_device_close(self) -> None:
+        closed = TransportClosed(f"grpc_rdma rank {self.rank} was closed")
+        for _array, sent in self._outbox.close():
+            settle(sent, error=closed)
+        with self._lock:
+            requests, self._requests = list(self._requests.values()), {}
+        for request in requests:
+            settle(request.future, error=closed)
+        self._poller.join(timeout=5)
+
+    # links: setup over gRPC ------------------------------------------------
+
+    def _link(self, peer: int) -> _Link:
+        with self._lock:
+            if peer not in self._links:
+                slots = self.config.queue_depth
+                self._links[peer] = _Link(
+                    peer,
+                    rx_message=self.pool.alloc(MESSAGE.itemsize),
+                    tx_message=self.pool.alloc(MESSAGE.itemsize),
+                    ring=self.pool.alloc(slots * RING_ENTRY),
+                    tx_entry=self.pool.alloc(RING_ENTRY),
+                    slots=slots,
+                )
+                self._links[peer].ring.array[:] = 0
+                # the ring holds a message, an ACK and the requests in flight
+                self._outstanding[peer] = threading.Semaphore(slots - 4)
+            return self._links[peer]
+
+    def _describe_link(self, link: _Link) -> dict[str, Any]:
+        return {
+            "device": [a.hex() for a in self.device.address],
+            "message": link.rx_message.remote().to_json(),
+            "ring": link.ring.remote().to_json(),
+            "slots": link.slots,
+        }
+
+    def _attach(self, link: _Link, peer_device: list[bytes], reply: dict[str, Any]) -> None:
+        with link.lock:
+            if link.ready.is_set():
+                return
+            if int(reply["slots"]) != link.slots:
+                raise TransportError(
+                    f"grpc_rdma: {self.peer_name(link.peer)} uses RDMA_QP_QUEUE_DEPTH={reply['slots']}, "
+                    f"this rank {link.slots}; set the same on every rank"
+                )
+            link.channel = self.device.channel(peer_device)
+            link.peer_message = RemoteRegion.from_json(reply["message"])
+            link.peer_ring = RemoteRegion.from_json(reply["ring"])
+            link.ready.set()
+
+    def _on_link(self, request: dict[str, Any]) -> dict[str, Any]:
+        peer = int(request["rank"])
+        link = self._link(peer)
+        self._peer_devices[peer] = [bytes.fromhex(a) for a in request["device"]]
+        self._attach(link, self._peer_devices[peer], request)
+        return self._describe_link(link)
+
+    def _connected(self, peer: int) -> _Link:
+        link = self._link(peer)
+        if not link.ready.is_set():
+            reply = self._peer(peer).call("link", timeout=self.timeout_s, rank=self.rank, **self._describe_link(link))
+            self.ledger.add(control_messages=1)
+            self._attach(link, [bytes.fromhex(a) for a in reply["device"]], reply)
+        return link
+
+    # writing to a peer -----------------------------------------------------
+
+    def _write_entry(self, link: _Link, imm: int) -> None:
+        """Put the next immediate-ring entry into the peer's ring (the caller holds link.lock)."""
+        slot = link.written % link.slots
+        entry = link.tx_entry.array
+        entry[:4].view(np.uint32)[0] = imm
+        entry[8] = lap(link.written, link.slots)
+        channel = link.channel
+        self._fabric(channel, channel.write(entry[:9], link.peer_ring.at(slot * RING_ENTRY, 9)),
+                     "writing an immediate", link.peer)
+        self._fabric(channel, channel.flush(), "writing an immediate", link.peer)
+        link.written += 1
+
+    def _post(self, link: _Link, message: Message) -> None:
+        """Send a protocol message now if the peer's buffer is idle, else queue it behind the others."""
+        with link.lock:
+            if link.remote_busy:
+                self.messages_queued += 1
+            link.queue.append(message)
+            if not link.remote_busy:
+                self._send_next(link)
+
+    def _send_next(self, link: _Link) -> None:
+        with link.lock:
+            if link.remote_busy or not link.queue:
+                return
+            message = link.queue.popleft()
+            encode(message, link.tx_message.array)
+            channel = link.channel
+            self._fabric(channel, channel.write(link.tx_message.array, link.peer_message), "writing a message",
+                         link.peer)
+            self._fabric(channel, channel.flush(), "writing a message", link.peer)
+            link.remote_busy = True
+            self._write_entry(link, IMM_MESSAGE)
+            self.messages_sent[message.type.name] += 1
+            self.ledger.add(control_messages=1)
+
+    def _write_content(self, link: _Link, index: int, source: np.ndarray, addr: int, rkey: bytes) -> None:
+        """Write tensor content to where a request asked, then its immediate (the request index)."""
+        with link.lock:
+            if source.nbytes:
+                channel = link.channel
+                target = RemoteRegion(addr, source.nbytes, rkey)
+                self._fabric(channel, channel.write(source, target), "writing tensor content", link.peer)
+                self._fabric(channel, channel.flush(), "writing tensor content", link.peer)
+            self._write_entry(link, index)
+
+    # sending: passive --------------------------------------------------------
+
+    def send_async(self, key: Key, array: np.ndarray) -> Future:
+        self._check_key(key, "send")
+        sent: Future = Future()
+        self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))
+        return sent
+
+    def _on_request(self, link: _Link, message: Message) -> None:
+        key = Key(message.name, message.step_id, self.rank, link.peer)
+        try:
+            waiting = self._outbox.take(key)
+        except (ValueError, TransportClosed) as exc:
+            self._post(link, Message(MessageType.ERROR_STATUS, message.request_index, name=key.name,
+                                     step_id=key.step, error=str(exc)))
+            return
+        waiting.add_done_callback(lambda done: self._respond(link, message, key, done))
+
+    def _respond(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
+        """The tensor for a request is here (or failed): answer with meta-data or write it."""
+        index = request.request_index
+        if taken.exception() is not None:
+            self._send_error(link, request, key, taken.exception())
+            return
+        array, sent = taken.result()
+        try:
+            meta = TensorMeta.of(array)
+            if self.validate or request.meta != meta:
+                # keep a clone in registered memory until the re-request says where to write
+                clone = self.pool.alloc(array.nbytes)
+                if array.nbytes:
+                    clone.array[:] = array.reshape(-1).view(np.uint8)
+                self.ledger.add(copied_bytes=array.nbytes)
+                with self._lock:
+                    self._responses[(link.peer, index)] = _Response(index, key, clone, meta)
+                settle(sent)
+                checksum = zlib.crc32(clone.array) if self.validate else 0
+                self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
+                                         meta=meta, checksum=checksum))
+                return
+            self._write_tensor(link, index, array, request.remote_addr, request.rkey)
+            self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
+            settle(sent)
+        except (TransportError, FabricError, ProtocolError, ValueError) as exc:
+            settle(sent, error=exc)
+            self._send_error(link, request, key, exc)
+
+    def _write_tensor(self, link: _Link, index: int, array: np.ndarray, addr: int, rkey: bytes) -> None:
+        """Write ``array`` from registered memory: a staging copy (buffered) or the tensor itself (direct)."""
+        flat = array.reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
+        if self.mode == "direct":
+            if self.pool.segment_of(flat) is None:
+                if not self.device.is_registered(flat):
+                    self.ledger.add(registrations=1)
+                self.device.register(flat)
+            self._write_content(link, index, flat, addr, rkey)
+            return
+        staging = self.pool.alloc(array.nbytes)
+        try:
+            staging.array[:] = flat
+            self.ledger.add(copied_bytes=array.nbytes)
+            self._write_content(link, index, staging.array, addr, rkey)
+        finally:
+            self.pool.free(staging)
+
+    def _on_re_request(self, link: _Link, message: Message) -> None:
+        with self._lock:
+            response = self._responses.pop((link.peer, message.request_index), None)
+        if response is None:
+            raise ProtocolError(f"TENSOR_RE_REQUEST for unknown request {message.request_index}")
+        try:
+            self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
+            self.ledger.add(tensors_sent=1, payload_bytes_sent=response.meta.nbytes)
+        finally:
+            self.pool.free(response.clone)
+
+    def _send_error(self, link: _Link, request: Message, key: Key, error: BaseException) -> None:
+        # if the peer is gone too, its own liveness checks will tell it
+        with contextlib.suppress(TransportError, FabricError):
+            self._post(link, Message(MessageType.ERROR_STATUS, request.request_index, name=key.name,
+                                     step_id=key.step, error=f"{type(error).__name__}: {error}"))
+
+    # receiving: initiates ----------------------------------------------------
+
+    def recv_async(self, key: Key) -> Future:
+        self._check_key(key, "recv")
+        if self._closed.is_set():
+            raise TransportClosed(f"grpc_rdma rank {self.rank} was closed")
+        future: Future = Future()
+        self._start_request(key, future)
+        return future
+
+    def _start_request(self, key: Key, future: Future) -> None:
+        try:
+            link = self._connected(key.src)
+            if not self._outstanding[key.src].acquire(timeout=self.timeout_s):
+                raise TransportError(f"grpc_rdma: too many requests in flight to {self.peer_name(key.src)}")
+            with self._lock:
+                lent = self._lent.pop((key.name, key.src), None)
+            if lent is not None:  # direct mode: the previous result of this tensor is consumed
+                self.pool.free(lent)
+            meta = self._meta_cache.get((key.name, key.src))
+            request = _Request(next(self._indices), key, future, meta)
+            if meta is not None:
+                request.buffer = self.pool.alloc(meta.nbytes)
+            with self._lock:
+                self._requests[(key.src, request.index)] = request
+            region = request.buffer.remote(0, max(meta.nbytes, 1)) if request.buffer else None
+            self._post(link, Message(MessageType.TENSOR_REQUEST, request.index, name=key.name, step_id=key.step,
+                                     remote_addr=region.addr if region else 0, rkey=region.rkey if region else b"",
+                                     meta=meta))
+        except BaseException as exc:
+            settle(future, error=exc)
+
+    def _on_meta(self, link: _Link, message: Message) -> None:
+        request = self._pending(link, message)
+        if request is None:
+            return
+        meta = message.meta
+        self._meta_cache[(request.key.name, link.peer)] = meta
+        if request.buffer is not None:
+            self.pool.free(request.buffer)
+        request.buffer = self.pool.alloc(meta.nbytes)
+        request.meta = meta
+        request.checksum = message.checksum if self.validate else None
+        region = request.buffer.remote(0, max(meta.nbytes, 1))
+        self._post(link, Message(MessageType.TENSOR_RE_REQUEST, request.index, name=request.key.name,
+                                 step_id=request.key.step, remote_addr=region.addr, rkey=region.rkey))
+
+    def _on_content(self, link: _Link, index: int) -> None:
+        with self._lock:
+            request = self._requests.pop((link.peer, index), None)
+        if request is None:
+            return
+        self._outstanding[link.peer].release()
+        meta = request.meta
+        raw = request.buffer.array[: meta.nbytes]
+        if request.checksum is not None and zlib.crc32(raw) != request.checksum:
+            self.pool.free(request.buffer)
+            settle(request.future, error=PeerError(
+                f"grpc_rdma: {request.key} from {self.peer_name(link.peer)} failed validation: checksum mismatch"))
+            return
+        if self.mode == "direct":
+            result = request.buffer.view(meta.dtype, meta.shape)
+            with self._lock:
+                self._lent[(request.key.name, link.peer)] = request.buffer
+        else:
+            result = np.empty(meta.shape, dtype=meta.dtype)
+            result.reshape(-1).view(np.uint8)[:] = raw
+            self.ledger.add(copied_bytes=meta.nbytes)
+            self.pool.free(request.buffer)
+        self.ledger.add(tensors_received=1, payload_bytes_received=meta.nbytes)
+        settle(request.future, result)
+
+    def _on_error(self, link: _Link, message: Message) -> None:
+        request = self._pending(link, message, remove=True)
+        if request is not None:
+            if request.buffer is not None:
+                self.pool.free(request.buffer)
+            settle(request.future, error=PeerError(
+                f"grpc_rdma: {self.peer_name(link.peer)} failed to send {request.key}: {message.error}"))
+
+    def _pending(self, link: _Link, message: Message, remove: bool = False) -> _Request | None:
+        with self._lock:
+            key = (link.peer, message.request_index)
+            request = self._requests.pop(key, None) if remove else self._requests.get(key)
+        if remove and request is not None:
+            self._outstanding[link.peer].release()
+        return request
+
+    # the poller: the emulated completion queue --------------------------------
+
+    def _poll(self) -> None:
+        idle_since = time.perf_counter()
+        backoff = 20e-6
+        next_check = time.monotonic() + LIVENESS_EVERY_S
+        while not self._closed.is_set():
+            with self._lock:
+                links = [link for link in self._links.values() if link.ready.is_set()]
+            handled = 0
+            for link in links:
+                handled += self._drain(link)
+            if handled:
+                idle_since, backoff = time.perf_counter(), 20e-6
+                continue
+            if time.perf_counter() - idle_since < SPIN_S:
+                continue
+            if time.monotonic() > next_check:
+                next_check = time.monotonic() + LIVENESS_EVERY_S
+                self._check_waiting_peers()
+            self.device.wait_for_activity(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def _drain(self, link: _Link) -> int:
+        handled = 0
+        ring = link.ring.array
+        while True:
+            slot = (link.read % link.slots) * RING_ENTRY
+            if ring[slot + 8] != lap(link.read, link.slots):
+                return handled
+            imm = int(ring[slot : slot + 4].view(np.uint32)[0])
+            link.read += 1
+            handled += 1
+            try:
+                self._dispatch(link, imm)
+            except (ProtocolError, TransportError, FabricError) as exc:
+                self._fail_peer(link.peer, PeerError(f"grpc_rdma: protocol failure with "
+                                                     f"{self.peer_name(link.peer)}: {exc}"))
+
+    def _dispatch(self, link: _Link, imm: int) -> None:
+        if imm == IMM_ACK:
+            with link.lock:
+                link.remote_busy = False
+                self._send_next(link)
+        elif imm == IMM_MESSAGE:
+            message = parse(link.rx_message.array)
+            with link.lock:  # the buffer is free for the peer's next message
+                self._write_entry(link, IMM_ACK)
+                self.messages_sent["ACK"] += 1
+            handler = {
+                MessageType.TENSOR_REQUEST: self._on_request,
+                MessageType.META_DATA_RESPONSE: self._on_meta,
+                MessageType.TENSOR_RE_REQUEST: self._on_re_request,
+                MessageType.ERROR_STATUS: self._on_error,
+            }[message.type]
+            handler(link, message)
+        else:
+            self._on_content(link, imm)
+
+    def _check_waiting_peers(self) -> None:
+        with self._lock:
+            peers = {peer for peer, _ in self._requests}
+        for peer in peers:
+            if not self._peer(peer).alive():
+                self._fail_peer(peer, PeerError(
+                    f"grpc_rdma: {self.peer_name(peer)} does not answer on the control path (the process is gone?)"))
+
+    def _fail_peer(self, peer: int, error: PeerError) -> None:
+        with self._lock:
+            failed = [key for key in self._requests if key[0] == peer]
+            requests = [self._requests.pop(key) for key in failed]
+        for request in requests:
+            settle(request.future, error=error)
