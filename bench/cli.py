@@ -58,12 +58,17 @@ def _transport_list(text: str) -> list[str]:
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     if not chosen:
         raise argparse.ArgumentTypeError("expected a comma list of transport names")
-    for name in chosen:
+    for label in chosen:
+        name = label.partition(":")[0]
         if name not in transports.REGISTRY:
             raise argparse.ArgumentTypeError(f"unknown transport '{name}' (known: {', '.join(transports.names())})")
         status = transports.availability(name)
         if not status.ok:
             raise argparse.ArgumentTypeError(f"transport '{name}' is not available here: {status.reason}")
+        try:
+            transports.resolve(label)
+        except transports.UnknownTransport as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return list(dict.fromkeys(chosen))
 
 
@@ -102,7 +107,8 @@ def build_parser() -> Parser:
         "--transports",
         type=_transport_list,
         default=None,
-        help=f"comma list of transports (known: {', '.join(transports.names())}); default: every one available here",
+        help=f"comma list of transports (known: {', '.join(transports.names())}); a mode as name:mode, "
+        "e.g. grpc_rdma:direct; default: every one available here (grpc_rdma in both modes)",
     )
     micro.add_argument("--iters", type=_positive_int, default=None,
                        help="timed transfers per size (default: about 2 GiB of traffic per size, 5 to 1000)")
@@ -146,7 +152,7 @@ def cmd_micro(args: argparse.Namespace) -> int:
     from bench.results import RunWriter, default_run_dir
     from bench.sizes import format_size
 
-    chosen = args.transports or transports.available_names()
+    chosen = args.transports or default_transports()
     points = plan_points(args.sizes, args.iters, args.warmup)
     out = args.out or default_run_dir("micro")
     settings = {
@@ -222,9 +228,19 @@ def _measure_references(points, args: argparse.Namespace, writer, fabrics: dict[
             print(f"bench micro: warning: no {name} line: {exc}", file=sys.stderr)
 
 
-def transport_options(name: str, args: argparse.Namespace) -> dict[str, object]:
-    """Constructor options for transport ``name`` from the command line."""
-    options: dict[str, object] = {"timeout_s": args.timeout}
+def default_transports() -> list[str]:
+    """Every transport available here, each of its modes as a line of its own."""
+    labels = []
+    for name in transports.available_names():
+        modes = transports.transport_class(name).modes()
+        labels += [name] if not modes else [name if i == 0 else f"{name}:{mode}" for i, mode in enumerate(modes)]
+    return labels
+
+
+def transport_options(label: str, args: argparse.Namespace) -> dict[str, object]:
+    """Constructor options for transport ``label`` (``name`` or ``name:mode``) from the command line."""
+    name, options = transports.resolve(label)
+    options["timeout_s"] = args.timeout
     if transports.transport_class(name).uses_fabric:
         options["fabric_transport"] = args.fabric_transport
     return options

@@ -152,7 +152,7 @@ def _role_process(role: int, name: str, options: dict, cluster: Cluster, points:
                   ctrl: Connection, results: mp.Queue) -> None:
     """Entry point of a sender or receiver process."""
     try:
-        with transports.create(name, **options) as transport:
+        with transports.create(transports.resolve(name)[0], **options) as transport:
             transport.start(cluster, role)
             transport.plan([p.spec for p in points])
             loop = sender_loop if role == SENDER else receiver_loop
@@ -174,7 +174,7 @@ def _pair_process(name: str, options: dict, cluster: Cluster, points: list[Point
             failures.append(exc)
             results.put(("error", "sender" if loop is sender_loop else "receiver", _describe(exc)))
 
-    pair = [transports.create(name, **options) for _ in range(2)]
+    pair = [transports.create(transports.resolve(name)[0], **options) for _ in range(2)]
     try:
         for rank, transport in enumerate(pair):
             transport.start(cluster, rank)
@@ -223,7 +223,8 @@ def run_transport(name: str, points: list[Point], options: dict[str, Any],
     results: mp.Queue = ctx.Queue()
     timeout_s = options.get("timeout_s", 120.0)
     cluster = Cluster.on_loopback(2)
-    if transports.transport_class(name).same_process_only:
+    base, _ = transports.resolve(name)
+    if transports.transport_class(base).same_process_only:
         procs = [ctx.Process(target=_pair_process, args=(name, options, cluster, points, results), daemon=True)]
     else:
         ctrl_send, ctrl_recv = ctx.Pipe()

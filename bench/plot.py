@@ -19,6 +19,7 @@ STYLE = {
     "local": {"color": "#444444", "marker": "s", "linestyle": "--"},
     "grpc_tcp": {"color": "#d62728", "marker": "o"},
     "grpc_rdma": {"color": "#ff7f0e", "marker": "v"},
+    "grpc_rdma:direct": {"color": "#bcbd22", "marker": "<"},
     "rdma_cp": {"color": "#2ca02c", "marker": "^"},
     "zerocopy": {"color": "#1f77b4", "marker": "D"},
     # reference lines: the fabric library's own limit, and a copy within one process
@@ -28,7 +29,8 @@ STYLE = {
 LABELS = {
     "local": "Local (no transfer)",
     "grpc_tcp": "gRPC.TCP",
-    "grpc_rdma": "gRPC.RDMA",
+    "grpc_rdma": "gRPC.RDMA (buffered)",
+    "grpc_rdma:direct": "gRPC.RDMA direct (0-copy)",
     "rdma_cp": "RDMA.cp",
     "zerocopy": "RDMA.zerocp",
     "ucx_perftest": "ucx_perftest put_bw (library limit)",

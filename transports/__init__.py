@@ -7,6 +7,7 @@ missing reports itself unavailable instead of breaking every import.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from transports.base import (
     Availability,
@@ -65,6 +66,19 @@ def available_names() -> list[str]:
     return [name for name in REGISTRY if availability(name).ok]
 
 
+def resolve(label: str) -> tuple[str, dict[str, Any]]:
+    """``grpc_rdma:direct`` -> (``grpc_rdma``, its options for mode ``direct``); a plain name has none."""
+    name, _, mode = label.partition(":")
+    cls = transport_class(name)
+    if not mode:
+        return name, {}
+    modes = cls.modes()
+    if mode not in modes:
+        known = ", ".join(f"{name}:{m}" for m in modes) or "none"
+        raise UnknownTransport(f"transport '{name}' has no mode '{mode}' (known: {known})")
+    return name, dict(modes[mode])
+
+
 def create(name: str, **options: object) -> Transport:
     """A new, not yet started transport ``name``; raises if it is unknown or cannot run here."""
     status = availability(name)
@@ -91,5 +105,6 @@ __all__ = [
     "available_names",
     "create",
     "names",
+    "resolve",
     "transport_class",
 ]

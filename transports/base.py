@@ -199,6 +199,11 @@ class Transport(ABC):
         return Availability(True)
 
     @classmethod
+    def modes(cls) -> dict[str, dict[str, Any]]:
+        """Named option sets a user can pick as ``<name>:<mode>`` (e.g. ``grpc_rdma:direct``)."""
+        return {}
+
+    @classmethod
     def variants(cls) -> dict[str, dict[str, Any]]:
         """Option sets worth testing separately (label -> constructor options), e.g. per fabric."""
         return {"": {}}

@@ -30,8 +30,12 @@ from transports.fabric.base import Channel, FabricError
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
 
-#: spin this long before backing off, when waiting for a flag or a counter
+#: waiting for a flag or a counter: spin this long, then sleep in growing steps, short ones
+#: (at most SHORT_BACKOFF_S) for the first PATIENT_S, then up to MAX_BACKOFF_S; a one-sided
+#: write raises no event at the target, so a sleeper finds out only when it looks again
 SPIN_S = 0.002
+SHORT_BACKOFF_S = 100e-6
+PATIENT_S = 0.02
 MAX_BACKOFF_S = 0.001
 LIVENESS_EVERY_S = 1.0
 
@@ -157,13 +161,14 @@ class FabricTransport(Transport):
     def _wait_until(self, ready: Callable[[], bool], what: str, peer: int, deadline: float,
                     channel: Channel | None = None) -> None:
         """Return once ``ready()``; spin briefly, then back off, checking the peer now and then."""
-        spin_until = time.perf_counter() + SPIN_S
+        started = time.perf_counter()
         backoff = 20e-6
         next_check = time.monotonic() + LIVENESS_EVERY_S
         while not ready():
             if self._closed.is_set():
                 raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what}")
-            if time.perf_counter() < spin_until:
+            waited = time.perf_counter() - started
+            if waited < SPIN_S:
                 os.sched_yield()  # releases the GIL for the progress threads, without a timer's slack
                 continue
             now = time.monotonic()
@@ -175,7 +180,7 @@ class FabricTransport(Transport):
                 next_check = now + LIVENESS_EVERY_S
                 self._check_peer(peer, what, channel)
             self.device.wait_for_activity(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            backoff = min(backoff * 2, SHORT_BACKOFF_S if waited < PATIENT_S else MAX_BACKOFF_S)
 
     def _check_peer(self, peer: int, what: str, channel: Channel | None) -> None:
         reason = channel.failed() if channel is not None else None

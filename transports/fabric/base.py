@@ -88,6 +88,14 @@ class Channel(ABC):
     def flush(self) -> Future:
         """Done when every write issued before it is complete at the peer."""
 
+    @abstractmethod
+    def notify(self) -> Future:
+        """Wake the peer's progress threads (and whoever waits on them) with an empty message.
+
+        One-sided writes into mapped memory raise no event at the target; a verbs write with
+        immediate would. Writers that a sleeping peer must notice ring this doorbell after them.
+        """
+
     def wait(self, future: Future, timeout: float | None = None):
         """The result of an operation's future; backends may progress from the caller meanwhile."""
         return future.result(timeout)

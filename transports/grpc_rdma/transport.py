@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 import time
 import zlib
@@ -245,6 +246,7 @@ class GrpcRdmaTransport(FabricTransport):
         self._fabric(channel, channel.write(entry[:9], link.peer_ring.at(slot * RING_ENTRY, 9)),
                      "writing an immediate", link.peer)
         self._fabric(channel, channel.flush(), "writing an immediate", link.peer)
+        self._fabric(channel, channel.notify(), "waking the peer", link.peer)  # its "completion event"
         link.written += 1
 
     def _post(self, link: _Link, message: Message) -> None:
@@ -321,8 +323,9 @@ class GrpcRdmaTransport(FabricTransport):
                 self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
                                          meta=meta, checksum=checksum))
                 return
-            self._write_tensor(link, index, array, request.remote_addr, request.rkey)
+            # counted first: once the immediate is written, the receiver may look at our ledger
             self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
+            self._write_tensor(link, index, array, request.remote_addr, request.rkey)
             settle(sent)
         except (TransportError, FabricError, ProtocolError, ValueError) as exc:
             settle(sent, error=exc)
@@ -352,8 +355,8 @@ class GrpcRdmaTransport(FabricTransport):
         if response is None:
             raise ProtocolError(f"TENSOR_RE_REQUEST for unknown request {message.request_index}")
         try:
-            self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
             self.ledger.add(tensors_sent=1, payload_bytes_sent=response.meta.nbytes)
+            self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
         finally:
             self.pool.free(response.clone)
 
@@ -467,6 +470,7 @@ class GrpcRdmaTransport(FabricTransport):
                 idle_since, backoff = time.perf_counter(), 20e-6
                 continue
             if time.perf_counter() - idle_since < SPIN_S:
+                os.sched_yield()  # let the other threads have the GIL while we spin
                 continue
             if time.monotonic() > next_check:
                 next_check = time.monotonic() + LIVENESS_EVERY_S

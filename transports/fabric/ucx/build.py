@@ -41,6 +41,7 @@ ucs_status_t tt_config_accepts(const char *name, const char *value);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
+ucs_status_ptr_t tt_doorbell(ucp_ep_h ep);
 void ucp_worker_destroy(ucp_worker_h worker);
 ucs_status_t ucp_worker_get_address(ucp_worker_h worker, ucp_address_t **address, size_t *length);
 void ucp_worker_release_address(ucp_worker_h worker, ucp_address_t *address);
@@ -100,7 +101,7 @@ static ucs_status_t tt_init(const char *tls, char **names, char **values, int co
     }
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
     status = ucp_init(&params, config, context);
     ucp_config_release(config);
@@ -135,13 +136,46 @@ static ucs_status_t tt_config_accepts(const char *name, const char *value)
     return status;
 }
 
+#define TT_DOORBELL_AM 1
+
+/* A doorbell carries nothing: its arrival wakes the target's progress thread, which is all
+   it is for (the role a completion event of a verbs write-with-immediate plays). */
+static ucs_status_t tt_on_doorbell(void *arg, const void *header, size_t header_length, void *data,
+                                   size_t length, const ucp_am_recv_param_t *param)
+{
+    return UCS_OK;
+}
+
 static ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker)
 {
     ucp_worker_params_t params;
+    ucp_am_handler_param_t handler;
+    ucs_status_t status;
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     params.thread_mode = UCS_THREAD_MODE_MULTI;
-    return ucp_worker_create(context, &params, worker);
+    status = ucp_worker_create(context, &params, worker);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&handler, 0, sizeof(handler));
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    handler.id = TT_DOORBELL_AM;
+    handler.cb = tt_on_doorbell;
+    status = ucp_worker_set_am_recv_handler(*worker, &handler);
+    if (status != UCS_OK) {
+        ucp_worker_destroy(*worker);
+    }
+    return status;
+}
+
+static ucs_status_ptr_t tt_doorbell(ucp_ep_h ep)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    return ucp_am_send_nbx(ep, TT_DOORBELL_AM, NULL, 0, NULL, 0, &param);
 }
 
 static void tt_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)

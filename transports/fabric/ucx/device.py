@@ -259,6 +259,9 @@ class UcxChannel(Channel):
     def flush(self) -> Future:
         return self.worker.complete(_lib.tt_ep_flush(self.ep), "flush")
 
+    def notify(self) -> Future:
+        return self.worker.complete(_lib.tt_doorbell(self.ep), "ringing the doorbell")
+
     def wait(self, future: Future, timeout: float | None = None):
         return self.worker.wait(future, timeout)
 
