@@ -253,3 +253,25 @@ def test_a_receiver_that_vanishes_fails_the_waiting_sender():
             sending.result(timeout=15)
     finally:
         pair[0].close()
+
+
+@pytest.mark.parametrize("name", ["zerocopy", "grpc_rdma"])
+def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
+    from tests.test_ucx import _held_resources
+
+    def cycle():
+        pair = start_pair(name, fabric_transport="shm")
+        try:
+            sending = pair[0].send_async(Key("w", 0, 0, 1), np.ones(1 << 16))
+            pair[1].recv(Key("w", 0, 0, 1))
+            sending.result(timeout=10)
+            devices = [t.device for t in pair]
+        finally:
+            close(pair)
+        assert all(device.registrations() == 0 for device in devices)
+
+    cycle()
+    before = _held_resources()
+    for _ in range(100):
+        cycle()
+    assert _held_resources() == before
