@@ -113,4 +113,6 @@ def test_registrations_and_shared_segments_are_released_on_close(fabric):
     before = _held_resources()
     for _ in range(100):
         cycle()
-    assert _held_resources() == before
+    after = _held_resources()
+    # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
+    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)

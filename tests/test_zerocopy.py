@@ -274,4 +274,6 @@ def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
     before = _held_resources()
     for _ in range(100):
         cycle()
-    assert _held_resources() == before
+    after = _held_resources()
+    # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
+    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
