@@ -191,7 +191,8 @@ class Transport(ABC):
         self.ledger = Ledger()
         self.cluster: Cluster | None = None
         self.rank = -1
-        self.specs: dict[str, TensorSpec] = {}
+        #: the planned transfers, by (name, src, dst): one name may go between several pairs
+        self.specs: dict[tuple[str, int, int], TensorSpec] = {}
 
     @classmethod
     def availability(cls) -> Availability:
@@ -219,7 +220,7 @@ class Transport(ABC):
     def plan(self, specs: Iterable[TensorSpec]) -> None:
         """Learn the statically known transfers; transports that can, preallocate for them."""
         for spec in specs:
-            self.specs[spec.name] = spec
+            self.specs[(spec.name, spec.src, spec.dst)] = spec
 
     def allocate(self, spec: TensorSpec) -> np.ndarray:
         """Memory where a producer should build a tensor it will send (plain memory by default)."""

@@ -162,10 +162,10 @@ class ZeroCopyTransport(FabricTransport):
         with self._lock:
             key = (name, src)
             if key not in self._incoming:
-                spec = self.specs.get(name)
+                spec = self.specs.get((name, src, self.rank))
                 control = self.pool.alloc(CONTROL_BYTES)
                 control.array[TRAILER_AT:] = 0
-                if spec is not None and spec.shape is not None and spec.src == src and spec.dst == self.rank:
+                if spec is not None and spec.shape is not None:
                     incoming = _Incoming(name, src, "static", control, self.pool.alloc(spec.nbytes), spec.shape,
                                          spec.dtype)
                 else:

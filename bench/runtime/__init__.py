@@ -1,0 +1,1 @@
+"""The training runtime: parameter-server data parallelism over any transport, and its graph analyzer."""

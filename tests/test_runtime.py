@@ -1,0 +1,90 @@
+"""The parameter-server runtime: the same weights as local training over every transport."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import transports
+from bench.runtime.analyzer import Layout, Variable, transfer_plan
+from bench.runtime.ps import TrainConfig, apply_sgd, summarize, train, train_locally
+
+pytest.importorskip("tensorflow")
+
+TINY = "tests.tiny_models:TINY"
+TRANSPORTS = [
+    ("grpc_tcp", {}),
+    ("zerocopy", {"fabric_transport": "shm"}),
+    ("rdma_cp", {"fabric_transport": "shm"}),
+    ("grpc_rdma", {"fabric_transport": "shm", "mode": "buffered"}),
+    ("grpc_rdma", {"fabric_transport": "shm", "mode": "direct"}),
+]
+
+
+def config(transport="zerocopy", options=None, servers=1, steps=3):
+    return TrainConfig(model=TINY, transport=transport, transport_options=options or {}, batch_size=4,
+                       servers=servers, steps=steps, warmup=1, learning_rate=0.1, timeout_s=120)
+
+
+def final_weights(result):
+    weights = {}
+    for role, times in result["outcome"].values():
+        if role == "ps":
+            weights.update(times.extra["final_weights"])
+    return weights
+
+
+@pytest.mark.parametrize(("transport", "options"), TRANSPORTS,
+                         ids=[f"{t}-{o.get('mode', '')}".rstrip("-") for t, o in TRANSPORTS])
+def test_training_over_a_transport_ends_with_the_local_weights(transport, options):
+    if not transports.availability(transport).ok:
+        pytest.skip(transports.availability(transport).reason)
+    run = config(transport, options)
+    _, local = train_locally(run)
+    distributed = final_weights(train(run))
+    assert sorted(distributed) == sorted(local)
+    for index, weight in local.items():
+        np.testing.assert_allclose(distributed[index], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_two_servers_average_their_gradients_like_local_training():
+    run = config("zerocopy", {"fabric_transport": "shm"}, servers=2)
+    _, local = train_locally(run)
+    distributed = final_weights(train(run))
+    for index, weight in local.items():
+        np.testing.assert_allclose(distributed[index], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_zerocopy_training_copies_no_payload():
+    run = config("zerocopy", {"fabric_transport": "shm"})
+    result = train(run)
+    record = summarize(run, result["outcome"])
+    assert record["copied_bytes_per_step"] == 0
+    assert record["runtime_copied_bytes_per_step"] == 0  # weights enter TensorFlow through DLPack in place
+
+
+def test_grpc_tcp_training_shows_where_copies_remain():
+    run = config("grpc_tcp")
+    record = summarize(run, train(run)["outcome"])
+    model_bytes = (8 * 16 + 16 + 16 * 3 + 3) * 4
+    # read-only message views cannot enter TensorFlow in place: one runtime copy of the weights
+    assert record["runtime_copied_bytes_per_step"] == model_bytes
+    # 3 copies per transfer, weights one way and gradients the other
+    assert record["copied_bytes_per_step"] == 3 * 2 * model_bytes + model_bytes
+
+
+def test_the_ps_rejects_a_gradient_of_the_wrong_shape_naming_the_tensor():
+    variable = Variable(3, "dense/kernel", (4, 2), np.dtype(np.float32))
+    weight = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match=r"gradient for 'dense/kernel' \(variable 3\) has float32 \(2, 4\)"):
+        apply_sgd(variable, weight, [np.zeros((2, 4), np.float32)], 0.1)
+    assert not weight.any()
+
+
+def test_variables_are_placed_round_robin_and_planned_both_ways():
+    layout = Layout(2)
+    variables = [Variable(i, f"v{i}", (3,), np.dtype(np.float32)) for i in range(4)]
+    assert [layout.ps_of(v) for v in variables] == [2, 3, 2, 3]
+    plan = transfer_plan(variables, layout)
+    assert len(plan) == 4 * 2 * 2  # weights and gradients, to and from each worker
+    assert {(s.name, s.src, s.dst) for s in plan if s.name == "w1"} == {("w1", 3, 0), ("w1", 3, 1)}
