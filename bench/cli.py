@@ -72,6 +72,30 @@ def _transport_list(text: str) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
+MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5")
+REFERENCE_RUNS = ("local", "tf_grpc")
+
+
+def _model_list(text: str) -> list[str]:
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    for name in chosen:
+        if name not in MODEL_NAMES and ":" not in name:
+            raise argparse.ArgumentTypeError(f"unknown model '{name}' (known: {', '.join(MODEL_NAMES)})")
+    return chosen
+
+
+def _model_transport_list(text: str) -> list[str]:
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    others = [t for t in chosen if t not in REFERENCE_RUNS]
+    if others:
+        _transport_list(",".join(others))
+    return list(dict.fromkeys(chosen))
+
+
+def _int_list(text: str) -> list[int]:
+    return [_positive_int(part) for part in text.split(",") if part.strip()]
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="bench",
@@ -125,6 +149,33 @@ def build_parser() -> Parser:
                        "(the library's limit) and memcpy in one process")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     micro.set_defaults(func=cmd_micro)
+
+    model = commands.add_parser(
+        "model",
+        help="parameter-server training of the paper's models over transports (its Figures 9 and 12)",
+        description="Train MODEL with synthetic data: SERVERS servers, each a worker and a parameter server, "
+        "variables placed round-robin, synchronous SGD; every transfer goes through the transport. 'local' "
+        "trains in one process without communication; 'tf_grpc' is TensorFlow's own ParameterServerStrategy "
+        "over its C++ gRPC runtime. Records mini-batches per second per worker and a step-time breakdown.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    model.add_argument("models", type=_model_list, metavar="MODEL",
+                       help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
+    model.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
+                       default=["zerocopy"],
+                       help="comma list of transports (name or name:mode), plus 'local' and 'tf_grpc'")
+    model.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
+                       help="per-worker mini-batch sizes, comma list")
+    model.add_argument("--servers", type=_positive_int, default=1, help="servers, each a worker and a PS")
+    model.add_argument("--steps", type=_positive_int, default=20, help="timed steps")
+    model.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
+    model.add_argument("--learning-rate", type=float, default=0.01)
+    model.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
+                       help="UCX transports for the fabric transports")
+    model.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
+    model.add_argument("--out", type=Path, default=None, help="results directory (default: results/model-<time>/)")
+    model.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    model.set_defaults(func=cmd_model)
 
     plot = commands.add_parser("plot", help="draw the figures of a results directory beside its records")
     plot.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
@@ -259,6 +310,88 @@ def _print_micro_summary(out: Path) -> None:
         print(f"{row.transport:10} {format_size(row.size_bytes):>6} {row.iters:>5} {row.p50_us:>11.1f} "
               f"{row.p99_us:>11.1f} {row.throughput_MBps:>9.1f} {format_size(int(row.copied_bytes_per_transfer)):>12}")
     print(f"\nresults: {out}")
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from bench.plot import plot_run
+    from bench.results import RunWriter, default_run_dir
+    from bench.runtime.ps import TrainConfig, TrainingError, summarize, train, train_locally
+
+    out = args.out or default_run_dir("model")
+    runs = [(m, t, b) for m in args.models for t in args.transports for b in args.batch_sizes]
+    settings = {"models": args.models, "transports": args.transports, "batch_sizes": args.batch_sizes,
+                "servers": args.servers, "steps": args.steps, "warmup": args.warmup,
+                "learning_rate": args.learning_rate, "fabric_transport": args.fabric_transport}
+    try:
+        writer = RunWriter(out, "model", settings)
+    except FileExistsError:
+        print(f"bench model: error: {out} already exists; choose another --out", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"bench model: {len(runs)} runs ({', '.join(args.models)} over {', '.join(args.transports)}, "
+          f"batch {','.join(map(str, args.batch_sizes))}, {args.servers} server(s)) -> {out}")
+    failures: list[str] = []
+    try:
+        with tqdm(total=len(runs), unit="run", dynamic_ncols=True, disable=None) as bar:
+            for model, label, batch in runs:
+                bar.set_postfix_str(f"{model} {label} b{batch}")
+                config = TrainConfig(model=model, transport=label.partition(":")[0], transport_options={},
+                                     batch_size=batch, servers=args.servers, steps=args.steps, warmup=args.warmup,
+                                     learning_rate=args.learning_rate, timeout_s=args.timeout, label=label)
+                try:
+                    if label == "local":
+                        record = _local_record(config, train_locally)
+                    elif label == "tf_grpc":
+                        record = _tf_grpc_record(config)
+                    else:
+                        config.transport_options = transport_options(label, args)
+                        config.transport_options.pop("timeout_s")
+                        record = summarize(config, train(config)["outcome"])
+                except (TrainingError, RuntimeError, ValueError) as exc:
+                    failures.append(f"{model} {label} b{batch}: {exc}")
+                    bar.write(f"bench model: error: {model} over {label}, batch {batch}: {exc}")
+                else:
+                    writer.add(record)
+                    bar.write(f"{model:12} {label:18} batch {batch:3}: {record['throughput_batches_per_s']:7.3f} "
+                              f"batches/s, step {record['step_time_s']:.3f} s (compute {record['compute_s']:.3f}, "
+                              f"comm {record['comm_s']:.3f})")
+                bar.update(1)
+    except KeyboardInterrupt:
+        writer.finish("interrupted", failures=failures)
+        print(f"\nbench model: interrupted; the runs finished so far are in {out}", file=sys.stderr)
+        return 130
+    writer.finish("failed" if failures else "complete", failures=failures)
+    print(f"results: {out}")
+    if not args.no_plot and (out / "records.csv").exists():
+        for path in plot_run(out):
+            if path.suffix == ".png":
+                print(f"figure: {path}")
+    return 1 if failures else 0
+
+
+def _local_record(config, train_locally) -> dict[str, object]:
+    times, _ = train_locally(config)
+    step = times.total / config.steps
+    return {"transport": "local", "model": config.model, "batch_size": config.batch_size,
+            "servers": config.servers, "steps": config.steps, "step_time_s": step,
+            "throughput_batches_per_s": 1.0 / step, "compute_s": times.compute / config.steps, "comm_s": 0.0,
+            "apply_s": times.apply / config.steps, "worker_peak_rss_mb": times.extra["peak_rss_mb"],
+            "copied_bytes_per_step": 0, "runtime_copied_bytes_per_step": 0, "fabric": "none"}
+
+
+def _tf_grpc_record(config) -> dict[str, object]:
+    from bench.runtime.ps import resolve_model
+    from bench.tf_grpc import run_tf_grpc
+
+    definition = resolve_model(config.model)
+    record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
+                         servers=config.servers, steps=config.steps, warmup=config.warmup,
+                         learning_rate=config.learning_rate, timeout_s=config.timeout_s)
+    record.update(transport="tf_grpc", model=config.model)
+    from bench.results import COLUMNS
+
+    return {k: v for k, v in record.items() if k in COLUMNS["model"]}
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ STYLE = {
     # reference lines: the fabric library's own limit, and a copy within one process
     "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
     "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
+    "tf_grpc": {"color": "#7f7f7f", "marker": "*", "linestyle": "-."},
 }
 LABELS = {
     "local": "Local (no transfer)",
@@ -35,6 +36,7 @@ LABELS = {
     "zerocopy": "RDMA.zerocp",
     "ucx_perftest": "ucx_perftest put_bw (library limit)",
     "memcpy": "memcpy in one process",
+    "tf_grpc": "TensorFlow PS over gRPC (today)",
 }
 
 
@@ -49,6 +51,8 @@ def plot_run(path: Path) -> list[Path]:
         raise PlotError(f"{path}: the run has no records to draw")
     if run.experiment == "micro":
         return plot_micro(run)
+    if run.experiment == "model":
+        return plot_model(run)
     raise PlotError(f"{path}: no figures are defined for experiment '{run.experiment}'")
 
 
@@ -117,4 +121,54 @@ def plot_micro(run: Run) -> list[Path]:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
     written += _save(fig, run, "micro_throughput")
+    return written
+
+
+def plot_model(run: Run) -> list[Path]:
+    """Figure 9 of the paper (throughput against batch size, per model) and Figure 12 (mini-batch time)."""
+    records = run.records.sort_values("batch_size")
+    models = list(dict.fromkeys(records["model"]))
+    written = []
+
+    columns = min(3, len(models))
+    rows = -(-len(models) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4 * rows), squeeze=False)
+    for ax, model in zip(axes.flat, models, strict=False):
+        subset = records[records["model"] == model]
+        for name in _transports_in_order(subset):
+            line = subset[subset["transport"] == name]
+            ax.plot(line["batch_size"], line["throughput_batches_per_s"], label=LABELS.get(name, name),
+                    **STYLE.get(name, {}))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(sorted(set(subset["batch_size"]))))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{int(v)}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("mini-batch size per worker")
+        ax.set_ylabel("mini-batches per second per worker")
+        ax.set_title(model)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    servers = ", ".join(str(s) for s in sorted(set(records["servers"])))
+    fig.suptitle(f"Training throughput ({servers} server(s))\n" + _subtitle(run), fontsize=10)
+    fig.tight_layout()
+    written += _save(fig, run, "model_throughput")
+
+    # Figure 12: mini-batch time per model for each transport, at the smallest batch size run
+    smallest = records[records["batch_size"] == records["batch_size"].min()]
+    names = _transports_in_order(smallest)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(models) * max(1, len(names)) / 2), 4.5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        times = [smallest[(smallest["model"] == m) & (smallest["transport"] == name)]["step_time_s"].mean()
+                 for m in models]
+        ax.bar([j + i * width for j in range(len(models))], times, width, label=LABELS.get(name, name),
+               color=STYLE.get(name, {}).get("color"))
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(models))], models)
+    ax.set_ylabel("mini-batch time (s)")
+    ax.set_title(f"Mini-batch time, batch size {int(smallest['batch_size'].min())}\n" + _subtitle(run), fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    written += _save(fig, run, "model_step_time")
     return written

@@ -63,6 +63,11 @@ COLUMNS: dict[str, list[str]] = {
         "receiver_cpu_us_per_transfer", "copied_bytes_per_transfer", "serialisations_per_transfer",
         "deserialisations_per_transfer", "control_messages_per_transfer", "registrations", "fabric",
     ],
+    "model": [
+        "transport", "model", "batch_size", "servers", "steps", "step_time_s", "throughput_batches_per_s",
+        "compute_s", "comm_s", "apply_s", "ps_wait_s", "worker_peak_rss_mb", "ps_peak_rss_mb",
+        "copied_bytes_per_step", "runtime_copied_bytes_per_step", "model_mb", "fabric", "isolated_network",
+    ],
 }
 
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "tensor-transport-bench")

@@ -37,9 +37,22 @@ def test_a_run_without_records_cannot_be_drawn(tmp_path):
         plot_run(tmp_path / "run")
 
 
-def test_an_experiment_without_figures_is_named(tmp_path):
+def test_model_figures_are_drawn(tmp_path):
     writer = RunWriter(tmp_path / "run", "model", {})
-    writer.add({"transport": "local", "model": "fcn5", "batch_size": 1, "servers": 1, "steps": 5,
-                "step_time_s": 0.1, "throughput_batches_per_s": 10.0, "compute_s": 0.1, "comm_s": 0.0})
-    with pytest.raises(PlotError, match="model"):
+    for model in ("fcn5", "vgg16"):
+        for transport, speed in (("zerocopy", 3.0), ("rdma_cp", 2.0), ("grpc_tcp", 0.5)):
+            for batch in (1, 2, 4):
+                writer.add({"transport": transport, "model": model, "batch_size": batch, "servers": 1, "steps": 5,
+                            "step_time_s": 1 / speed, "throughput_batches_per_s": speed, "compute_s": 0.1,
+                            "comm_s": 0.0})
+    writer.finish()
+    names = sorted(p.name for p in plot_run(tmp_path / "run"))
+    assert names == ["model_step_time.png", "model_step_time.svg", "model_throughput.png", "model_throughput.svg"]
+    assert (tmp_path / "run" / "model_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_experiment_without_figures_is_named(tmp_path):
+    writer = RunWriter(tmp_path / "run", "converge", {})
+    writer.add({"transport": "local", "loss": 1.0})
+    with pytest.raises(PlotError, match="converge"):
         plot_run(tmp_path / "run")
