@@ -348,7 +348,7 @@ def cmd_model(args: argparse.Namespace) -> int:
                         config.transport_options = transport_options(label, args)
                         config.transport_options.pop("timeout_s")
                         record = summarize(config, train(config)["outcome"])
-                except (TrainingError, RuntimeError, ValueError) as exc:
+                except (TrainingError, RuntimeError, ValueError, ImportError) as exc:
                     failures.append(f"{model} {label} b{batch}: {exc}")
                     bar.write(f"bench model: error: {model} over {label}, batch {batch}: {exc}")
                 else:

@@ -76,3 +76,30 @@ def test_micro_refuses_to_overwrite_a_run(tmp_path):
     (tmp_path / "run").mkdir()
     result = bench("micro", "--sizes", "1KB", "--transports", "local", "--out", str(tmp_path / "run"))
     assert result.returncode == 2 and "already exists" in result.stderr
+
+
+def test_model_end_to_end_with_a_tiny_model(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "run"
+    result = bench("model", "tests.tiny_models:TINY", "--transport", "zerocopy,local", "--batch-size", "1,2",
+                   "--steps", "2", "--warmup", "1", "--fabric-transport", "shm", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = load_run(out)
+    assert sorted(zip(run.records["transport"], run.records["batch_size"], strict=True)) == [
+        ("local", 1), ("local", 2), ("zerocopy", 1), ("zerocopy", 2)]
+    assert (run.records["throughput_batches_per_s"] > 0).all()
+    assert (out / "model_throughput.png").is_file() and (out / "model_step_time.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["model", "resnet"], "unknown model 'resnet' (known: alexnet"),
+        (["model", "vgg16", "--transport", "zercopy"], "unknown transport 'zercopy'"),
+        (["model", "vgg16", "--batch-size", "0"], "at least 1"),
+    ],
+)
+def test_bad_model_input_is_one_line_exit_2(args, fragment):
+    result = bench(*args)
+    assert result.returncode == 2 and fragment in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
