@@ -15,6 +15,7 @@ import re
 import select
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
@@ -310,6 +311,7 @@ class UcxDevice(Device):
         self._lock = threading.Lock()
         self._regions: set[UcxRegion] = set()
         self._registered: OrderedDict[tuple[int, int], UcxRegion] = OrderedDict()
+        self._expired: list[UcxRegion] = []  # registrations whose arrays were garbage-collected
         self._channels: dict[tuple[bytes, int], UcxChannel] = {}
         self._closed = False
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
@@ -338,6 +340,13 @@ class UcxDevice(Device):
         return region
 
     def register(self, array: np.ndarray) -> MemRegion:
+        """Register ``array``'s memory, cached for as long as ``array`` lives.
+
+        The cache does not keep the array alive: its owner (TensorFlow, for a gradient) must be
+        free to reuse the memory, and a registration must not outlive the memory it covers. So
+        an entry is dropped when the array is garbage-collected.
+        """
+        self._release_expired()
         start = array.__array_interface__["data"][0]
         end = start + array.nbytes
         with self._lock:
@@ -346,7 +355,8 @@ class UcxDevice(Device):
                     self._registered.move_to_end((lo, hi))
                     return region
         view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(array.nbytes, 1)), dtype=np.uint8)
-        region = UcxRegion(self, view, array)
+        region = UcxRegion(self, view, None)
+        weakref.finalize(array, self._expired.append, region)
         with self._lock:
             self._regions.add(region)
             self._registered[(start, end)] = region
@@ -356,6 +366,11 @@ class UcxDevice(Device):
         for old in evicted:
             old.release()
         return region
+
+    def _release_expired(self) -> None:
+        """Deregister the regions whose arrays died (deferred: a finalizer may run in any thread)."""
+        while self._expired:
+            self._expired.pop().release()
 
     def is_registered(self, array: np.ndarray) -> bool:
         start = array.__array_interface__["data"][0]
