@@ -177,6 +177,15 @@ def build_parser() -> Parser:
     model.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     model.set_defaults(func=cmd_model)
 
+    models = commands.add_parser(
+        "models", help="the paper's Table 2 measured here: model size, variables, local compute time per sample",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    models.add_argument("models", nargs="?", type=_model_list, default=None, metavar="MODEL[,MODEL]",
+                        help="which models (default: all six)")
+    models.add_argument("--batch-size", type=_positive_int, default=1, help="batch size for the compute time")
+    models.add_argument("--steps", type=_positive_int, default=3, help="timed forward+backward steps per model")
+    models.set_defaults(func=_cmd_models)
+
     plot = commands.add_parser("plot", help="draw the figures of a results directory beside its records")
     plot.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
     plot.set_defaults(func=cmd_plot)
@@ -392,6 +401,12 @@ def _tf_grpc_record(config) -> dict[str, object]:
     from bench.results import COLUMNS
 
     return {k: v for k, v in record.items() if k in COLUMNS["model"]}
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from bench.models import cmd_models
+
+    return cmd_models(args)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

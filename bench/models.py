@@ -1,0 +1,432 @@
+"""The six benchmark models of Xue et al., *Fast Distributed Deep Learning over RDMA* (EuroSys '19), Table 2.
+
+AlexNet, Inception-v3, VGGNet-16 (CNN), LSTM, GRU (RNN) and FCN-5 (fully connected), in Keras 3 on
+TensorFlow, with synthetic data generated on the fly (the paper's section 5.2 does the same, to keep data
+loading out of the measurement). No weights are ever downloaded.
+
+Layouts are chosen so that the sum of the trainable variable tensors (what a worker pulls from and pushes
+to the parameter servers every mini-batch) matches the paper's "model size" column. Working back from
+those sizes (MB = 2**20 bytes of float32) shows the paper's CNN and FCN models had **10 output classes**
+(synthetic CIFAR/MNIST-like labels), not ImageNet's 1000:
+
+=============  ===========================================  ==========  =========  =================
+model          layout                                       ours (MB)   paper MB   variable tensors
+=============  ===========================================  ==========  =========  =================
+alexnet        tf_cnn_benchmarks AlexNet at 224x224 (conv   176.42      176.42     16 (paper 16)
+               64-192-384-384-256, 5x5x256 -> 4096 -> 4096
+               -> 10)
+inception_v3   keras.applications.InceptionV3, 10 classes   83.12       92.90      190 (paper 196)
+vgg16          keras.applications.VGG16, 10 classes         512.32      512.32     32 (paper 32)
+lstm           (80, 1024) inputs, LSTM(1024), dense 1000    35.93       35.93      5 (paper 14)
+gru            (80, 1024) inputs, GRU(1024), dense 1000     27.93       27.92      5 (paper 11)
+fcn5           784 -> 4096 -> 4096 -> 4096 -> 4096 -> 10    204.47      204.47     10 (paper 10)
+=============  ===========================================  ==========  =========  =================
+
+Inception-v3: the paper's 196 tensors / 92.90 MB are exactly Keras' InceptionV3 (190 tensors: 94 conv
+kernels, 94 batch-norm betas, dense kernel and bias) plus the auxiliary classifier of the Inception-v3
+paper (6 tensors, 2,564,490 parameters, 9.78 MB). That head is a second output, and the runtime trains
+single-output models, so it is left out here. The RNNs' variable counts differ (TensorFlow 1's cells
+split their variables differently); their sizes match, up to Keras' second GRU bias (see ``_gru``).
+
+For an ImageNet-sized head use ``get_model(name, num_classes=1000)`` (VGG16 is then 138,357,544 parameters,
+527.79 MB).
+
+Every model returns **logits**; ``loss_fn()`` is sparse categorical cross-entropy with
+``from_logits=True``. TensorFlow is only imported inside functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+if TYPE_CHECKING:
+    import keras
+
+MB = 2**20
+#: the paper's RNNs: hidden vector size and number of time steps (Table 2's note)
+RNN_HIDDEN = 1024
+RNN_STEPS = 80
+#: per-step input features of the RNNs; 1024 is what makes Table 2's sizes come out (35.93 / 27.92 MB)
+RNN_FEATURES = 1024
+#: output classes of the RNNs (a 1024 -> 1000 dense layer), again from Table 2's sizes
+RNN_CLASSES = 1000
+#: output classes of the CNNs and FCN-5 in the paper (from Table 2's sizes, see the module docstring)
+PAPER_CLASSES = 10
+FCN_HIDDEN = 4096
+#: FCN-5's input features (28x28, MNIST-like): the value that gives Table 2's 204.47 MB
+FCN_INPUTS = 784
+
+
+def _keras():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    return keras
+
+
+def _tf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    return tf
+
+
+# -- builders: (input_shape, num_classes) -> uncompiled keras.Model producing logits ------------------
+
+
+def _alexnet(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """AlexNet as in tf_cnn_benchmarks (one tower, no LRN), at 224x224: 5 conv + 3 dense, 16 tensors."""
+    keras = _keras()
+    layers = keras.layers
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            layers.Conv2D(64, 11, strides=4, padding="valid", activation="relu", name="conv1"),
+            layers.MaxPooling2D(3, strides=2, name="pool1"),
+            layers.Conv2D(192, 5, padding="same", activation="relu", name="conv2"),
+            layers.MaxPooling2D(3, strides=2, name="pool2"),
+            layers.Conv2D(384, 3, padding="same", activation="relu", name="conv3"),
+            layers.Conv2D(384, 3, padding="same", activation="relu", name="conv4"),
+            layers.Conv2D(256, 3, padding="same", activation="relu", name="conv5"),
+            layers.MaxPooling2D(3, strides=2, name="pool5"),
+            layers.Flatten(name="flatten"),
+            layers.Dense(4096, activation="relu", name="fc6"),
+            layers.Dropout(0.5, name="drop6"),
+            layers.Dense(4096, activation="relu", name="fc7"),
+            layers.Dropout(0.5, name="drop7"),
+            layers.Dense(num_classes, name="logits"),
+        ],
+        name="alexnet",
+    )
+
+
+def _inception_v3(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """Keras' InceptionV3, random weights, logits (no auxiliary classifier)."""
+    keras = _keras()
+    return keras.applications.InceptionV3(
+        weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None
+    )
+
+
+def _vgg16(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """Keras' VGG16, random weights, logits: 13 conv + 3 dense, 32 tensors."""
+    keras = _keras()
+    return keras.applications.VGG16(
+        weights=None, input_shape=input_shape, classes=num_classes, classifier_activation=None
+    )
+
+
+def _lstm(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """One LSTM layer of 1024 over 80 steps; the last hidden state goes through a dense layer to the classes."""
+    keras = _keras()
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.LSTM(RNN_HIDDEN, name="lstm"),
+            keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="lstm",
+    )
+
+
+def _gru(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """One GRU layer of 1024 over 80 steps, then a dense layer to the classes.
+
+    Keras' default ``reset_after=True`` keeps a second recurrent bias (3072 parameters more: 27.93 MB
+    against the paper's 27.92, whose TensorFlow 1 ``GRUCell`` had one bias per gate, as
+    ``reset_after=False`` would). ``reset_after=False`` matches the size exactly but runs 2-3x slower on
+    CPU here (slower than the LSTM, where the paper has it faster), so the default is kept.
+    """
+    keras = _keras()
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.GRU(RNN_HIDDEN, name="gru"),
+            keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="gru",
+    )
+
+
+def _fcn5(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """FCN-5: five dense layers, an input layer and 3 hidden layers of 4096, then the output layer.
+
+    Table 2's note ("3 hidden layers with dimension of 4096 and two layers of input and output") with its
+    10 variable tensors and 204.47 MB means five weight layers: the input layer is itself a 4096-unit dense
+    layer (784 -> 4096), followed by three 4096 -> 4096 hidden layers and the 4096 -> classes output.
+    """
+    keras = _keras()
+    layers = [keras.Input(input_shape)]
+    layers += [keras.layers.Dense(FCN_HIDDEN, activation="relu", name=f"fc{i}") for i in range(1, 5)]
+    layers.append(keras.layers.Dense(num_classes, name="logits"))
+    return keras.Sequential(layers, name="fcn5")
+
+
+# -- the registry ----------------------------------------------------------------------------------------
+
+
+def loss_fn() -> Any:
+    """The loss of every model: sparse categorical cross-entropy on logits (integer labels)."""
+    keras = _keras()
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    """One benchmark model: how to build it, its synthetic data, and the paper's Table 2 figures.
+
+    ``dataclasses.replace(defn, num_classes=1000)`` (or ``get_model(name, num_classes=1000)``) gives a
+    variant with another output layer.
+    """
+
+    name: str
+    paper_name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    #: Table 2 of the paper: model size (MB), number of variable tensors, local computation time per sample
+    #: (ms, on a Tesla P100 GPU, single server)
+    paper_model_mb: float | None
+    paper_variables: int | None
+    paper_compute_ms_per_sample: float | None
+    builder: Callable[[tuple[int, ...], int], Any] = field(repr=False, compare=False)
+
+    def build(self) -> keras.Model:
+        """A fresh, uncompiled model with random weights (deterministic after ``keras.utils.set_random_seed``)."""
+        return self.builder(self.input_shape, self.num_classes)
+
+    def make_batch(self, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """A synthetic mini-batch: float32 standard-normal inputs ``(batch_size, *input_shape)`` and int32 labels."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((batch_size, *self.input_shape), dtype=np.float32)
+        y = rng.integers(0, self.num_classes, size=batch_size).astype(np.int32)
+        return x, y
+
+    def loss_fn(self) -> Any:
+        """Sparse categorical cross-entropy from logits (the same for every model)."""
+        return loss_fn()
+
+
+# Table 2 of Xue et al. (EuroSys '19): model size (MB), variable tensors, computation time (ms) per sample,
+# as given in ../shared/seeds/xue-eurosys19-fast-distributed-dl-over-rdma.md.
+MODELS: dict[str, ModelDef] = {
+    defn.name: defn
+    for defn in (
+        ModelDef("alexnet", "AlexNet", (224, 224, 3), PAPER_CLASSES, 176.42, 16, 7.61, _alexnet),
+        ModelDef("inception_v3", "Inception-v3", (299, 299, 3), PAPER_CLASSES, 92.90, 196, 68.32, _inception_v3),
+        ModelDef("vgg16", "VGGNet-16", (224, 224, 3), PAPER_CLASSES, 512.32, 32, 30.92, _vgg16),
+        ModelDef("lstm", "LSTM", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, 35.93, 14, 33.33, _lstm),
+        ModelDef("gru", "GRU", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, 27.92, 11, 30.44, _gru),
+        ModelDef("fcn5", "FCN-5", (FCN_INPUTS,), PAPER_CLASSES, 204.47, 10, 4.88, _fcn5),
+    )
+}
+
+
+def get_model(name: str, *, num_classes: int | None = None) -> ModelDef:
+    """The model definition called ``name`` (``vgg16``; case and ``-`` vs ``_`` do not matter).
+
+    ``num_classes`` replaces the output layer's size (e.g. 1000 for ImageNet-sized CNN heads).
+    Raises ``ValueError`` naming the known models for an unknown name.
+    """
+    key = name.strip().lower().replace("-", "_")
+    if key not in MODELS:
+        raise ValueError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
+    defn = MODELS[key]
+    if num_classes is not None:
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        defn = replace(defn, num_classes=num_classes)
+    return defn
+
+
+# -- describing and measuring ----------------------------------------------------------------------------
+
+
+def _variable_bytes(variable: Any) -> int:
+    return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(str(variable.dtype)).itemsize
+
+
+def describe_model(model: keras.Model, largest: int = 5) -> dict[str, Any]:
+    """Sizes of a model's variable tensors (what parameter-server training transfers every step).
+
+    Returns ``variables`` (number of trainable tensors), ``parameters``, ``model_mb`` (their total size,
+    MB = 2**20 bytes), ``largest`` (the ``largest`` biggest tensors as dicts with ``name``, ``shape``,
+    ``mb``, biggest first), and ``non_trainable_variables`` / ``non_trainable_mb`` (e.g. batch-norm
+    statistics, which the paper's counts leave out).
+    """
+    trainable = list(model.trainable_variables)
+    sizes = [(v.path, tuple(int(d) for d in v.shape), _variable_bytes(v)) for v in trainable]
+    biggest = sorted(sizes, key=lambda item: item[2], reverse=True)[:largest]
+    return {
+        "variables": len(trainable),
+        "parameters": sum(int(np.prod(v.shape, dtype=np.int64)) for v in trainable),
+        "model_mb": sum(nbytes for _, _, nbytes in sizes) / MB,
+        "largest": [{"name": path, "shape": shape, "mb": nbytes / MB} for path, shape, nbytes in biggest],
+        "non_trainable_variables": len(model.non_trainable_variables),
+        "non_trainable_mb": sum(_variable_bytes(v) for v in model.non_trainable_variables) / MB,
+    }
+
+
+def train_step_function(model: keras.Model, loss: Any | None = None) -> Callable[[Any, Any], tuple[Any, list[Any]]]:
+    """A ``tf.function`` ``(x, y) -> (loss, gradients)``: one forward and backward pass, no update."""
+    tf = _tf()
+    loss = loss if loss is not None else loss_fn()
+    variables = list(model.trainable_variables)
+
+    @tf.function
+    def step(x: Any, y: Any) -> tuple[Any, list[Any]]:
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            value = loss(y, logits)
+        return value, tape.gradient(value, variables)
+
+    return step
+
+
+def measure_compute(
+    defn: ModelDef, batch_size: int = 1, steps: int = 3, *, model: keras.Model | None = None, seed: int = 0
+) -> float:
+    """Seconds per sample of one forward + backward pass, measured here.
+
+    Builds the model (unless ``model`` is given), traces a ``tf.function`` with a ``tf.GradientTape``, runs
+    one untimed warm-up step, then times ``steps`` steps on a synthetic batch and divides by
+    ``steps * batch_size``. Gradients are computed, not applied (the paper's local computation time).
+    """
+    if batch_size < 1 or steps < 1:
+        raise ValueError(f"batch_size and steps must be at least 1, got {batch_size} and {steps}")
+    tf = _tf()
+    if model is None:
+        _keras().utils.set_random_seed(seed)
+        model = defn.build()
+    step = train_step_function(model, defn.loss_fn())
+    x, y = defn.make_batch(batch_size, seed)
+    x, y = tf.constant(x), tf.constant(y)
+    value, _ = step(x, y)  # trace and warm up
+    float(value)
+    started = time.perf_counter()
+    for _ in range(steps):
+        value, grads = step(x, y)
+        float(value)  # the outputs are materialised when the call returns; this makes sure
+    elapsed = time.perf_counter() - started
+    del grads
+    return elapsed / (steps * batch_size)
+
+
+def models_table(
+    names: Iterable[str] | None = None,
+    batch_size: int = 1,
+    *,
+    steps: int = 3,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Build and measure each model (default: all six); one row per model, in order.
+
+    Rows carry ``model, variables, paper_variables, model_mb, paper_model_mb, compute_ms_per_sample,
+    paper_compute_ms_per_sample`` (and ``parameters``, ``batch_size``). ``on_row`` is called with each row
+    as soon as it is measured (the big models take a while).
+    """
+    keras = _keras()
+    definitions = [get_model(name) for name in (list(names) if names else list(MODELS))]
+    rows = []
+    for defn in definitions:
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        model = defn.build()
+        info = describe_model(model)
+        seconds = measure_compute(defn, batch_size=batch_size, steps=steps, model=model)
+        del model
+        gc.collect()
+        row = {
+            "model": defn.name,
+            "variables": info["variables"],
+            "paper_variables": defn.paper_variables,
+            "parameters": info["parameters"],
+            "model_mb": info["model_mb"],
+            "paper_model_mb": defn.paper_model_mb,
+            "batch_size": batch_size,
+            "compute_ms_per_sample": seconds * 1e3,
+            "paper_compute_ms_per_sample": defn.paper_compute_ms_per_sample,
+        }
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    keras.backend.clear_session()
+    return rows
+
+
+# (key, header, format); None prints as "-"
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("model", "model", "s"),
+    ("variables", "variables", "d"),
+    ("paper_variables", "paper", "d"),
+    ("model_mb", "model MB", ".2f"),
+    ("paper_model_mb", "paper MB", ".2f"),
+    ("compute_ms_per_sample", "compute ms/sample", ".2f"),
+    ("paper_compute_ms_per_sample", "paper ms/sample", ".2f"),
+)
+_MIN_WIDTHS = {"model": len("inception_v3")}
+
+
+def _cell(row: dict[str, Any], key: str, spec: str) -> str:
+    value = row.get(key)
+    return "-" if value is None else format(value, spec)
+
+
+def _widths(rows: list[dict[str, Any]]) -> list[int]:
+    return [
+        max([len(header), _MIN_WIDTHS.get(key, 0)] + [len(_cell(row, key, spec)) for row in rows])
+        for key, header, spec in _COLUMNS
+    ]
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    first, *rest = cells
+    return "  ".join([first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))])
+
+
+def _header(widths: list[int]) -> list[str]:
+    return [_line([header for _, header, _ in _COLUMNS], widths), "  ".join("-" * w for w in widths)]
+
+
+def _row_line(row: dict[str, Any], widths: list[int]) -> str:
+    return _line([_cell(row, key, spec) for key, _, spec in _COLUMNS], widths)
+
+
+def format_models_table(rows: list[dict[str, Any]]) -> str:
+    """The rows of ``models_table`` as an aligned text table (MB = 2**20 bytes; ``-`` where unknown)."""
+    widths = _widths(rows)
+    return "\n".join([*_header(widths), *(_row_line(row, widths) for row in rows)])
+
+
+def cmd_models(args: Any) -> int:
+    """``bench models``: print each model's size and local compute time beside the paper's Table 2.
+
+    Reads ``args.models`` (names; empty or missing: all six), ``args.batch_size`` (default 1) and
+    ``args.steps`` (default 3). Prints the header, then one line per model as it finishes. Returns 0, or 2
+    for an unknown model name (one line on stderr).
+    """
+    names = list(getattr(args, "models", None) or MODELS)
+    batch_size = getattr(args, "batch_size", None) or 1
+    steps = getattr(args, "steps", None) or 3
+    try:
+        names = [get_model(name).name for name in names]
+    except ValueError as exc:
+        print(f"bench models: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"forward+backward at batch size {batch_size}, {steps} timed steps after one warm-up, on this machine; "
+          "paper: Table 2 of Xue et al. (EuroSys '19), on a Tesla P100 GPU", flush=True)
+    widths = _widths([])
+    print("\n".join(_header(widths)), flush=True)
+    models_table(names, batch_size, steps=steps, on_row=lambda row: print(_row_line(row, widths), flush=True))
+    return 0
