@@ -35,6 +35,7 @@ from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan
 from transports import Cluster, Key
 
 ALIGNMENT = 64
+_SLICE = 1 << 20  # elements per slice of an SGD update
 
 
 @dataclass
@@ -222,8 +223,15 @@ def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray
                 f"gradient for '{variable.path}' (variable {variable.index}) has {gradient.dtype} {gradient.shape}, "
                 f"expected {weight.dtype} {weight.shape}"
             )
-    total = gradients[0] if len(gradients) == 1 else np.sum(gradients, axis=0)
-    weight -= (learning_rate / len(gradients)) * total
+    # in slices: a whole-tensor temporary of hundreds of MB would be fresh memory every step
+    scale = learning_rate / len(gradients)
+    flat = weight.reshape(-1)
+    for start in range(0, flat.size, _SLICE):
+        stop = start + _SLICE
+        update = np.multiply(gradients[0].reshape(-1)[start:stop], scale)
+        for gradient in gradients[1:]:
+            update += scale * gradient.reshape(-1)[start:stop]
+        flat[start:stop] -= update
 
 
 def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]]:
