@@ -357,7 +357,7 @@ def cmd_model(args: argparse.Namespace) -> int:
                         config.transport_options = transport_options(label, args)
                         config.transport_options.pop("timeout_s")
                         record = summarize(config, train(config)["outcome"])
-                except (TrainingError, RuntimeError, ValueError, ImportError) as exc:
+                except (TrainingError, RuntimeError, ValueError, ImportError, TimeoutError) as exc:
                     failures.append(f"{model} {label} b{batch}: {exc}")
                     bar.write(f"bench model: error: {model} over {label}, batch {batch}: {exc}")
                 else:
@@ -391,16 +391,14 @@ def _local_record(config, train_locally) -> dict[str, object]:
 
 def _tf_grpc_record(config) -> dict[str, object]:
     from bench.runtime.ps import resolve_model
-    from bench.tf_grpc import run_tf_grpc
+    from bench.tf_grpc import record_row, run_tf_grpc
 
     definition = resolve_model(config.model)
     record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
                          servers=config.servers, steps=config.steps, warmup=config.warmup,
                          learning_rate=config.learning_rate, timeout_s=config.timeout_s)
     record.update(transport="tf_grpc", model=config.model)
-    from bench.results import COLUMNS
-
-    return {k: v for k, v in record.items() if k in COLUMNS["model"]}
+    return record_row(record)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
