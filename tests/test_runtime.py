@@ -88,3 +88,11 @@ def test_variables_are_placed_round_robin_and_planned_both_ways():
     plan = transfer_plan(variables, layout)
     assert len(plan) == 4 * 2 * 2  # weights and gradients, to and from each worker
     assert {(s.name, s.src, s.dst) for s in plan if s.name == "w1"} == {("w1", 3, 0), ("w1", 3, 1)}
+
+
+def test_buffered_grpc_rdma_results_enter_tensorflow_without_a_runtime_copy():
+    run = config("grpc_rdma", {"fabric_transport": "shm", "mode": "buffered"})
+    record = summarize(run, train(run)["outcome"])
+    model_bytes = (8 * 16 + 16 + 16 * 3 + 3) * 4
+    assert record["runtime_copied_bytes_per_step"] == 0  # results are 64-byte aligned and writable
+    assert record["copied_bytes_per_step"] == 2 * 2 * model_bytes  # one copy on each side, both directions

@@ -135,6 +135,14 @@ def _step_function(model, loss):
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB). VmHWM, since ru_maxrss carries a forking parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

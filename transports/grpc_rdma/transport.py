@@ -63,6 +63,12 @@ RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
 MODES = ("buffered", "direct")
 
 
+def _aligned_empty(meta: TensorMeta) -> np.ndarray:
+    backing = np.empty(meta.nbytes + 64, dtype=np.uint8)
+    start = -backing.ctypes.data % 64
+    return backing[start : start + meta.nbytes].view(meta.dtype).reshape(meta.shape)
+
+
 def lap(count: int, slots: int) -> int:
     """The lap byte of the ``count``-th ring entry: never 0 (an empty slot)."""
     return 1 + (count // slots) % 255
@@ -431,7 +437,7 @@ class GrpcRdmaTransport(FabricTransport):
             with self._lock:
                 self._lent[(request.key.name, link.peer)] = request.buffer
         else:
-            result = np.empty(meta.shape, dtype=meta.dtype)
+            result = _aligned_empty(meta)  # 64-byte aligned, so TensorFlow can adopt it without a copy
             result.reshape(-1).view(np.uint8)[:] = raw
             self.ledger.add(copied_bytes=meta.nbytes)
             self.pool.free(request.buffer)
