@@ -170,6 +170,8 @@ def build_parser() -> Parser:
     model.add_argument("--steps", type=_positive_int, default=20, help="timed steps")
     model.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
     model.add_argument("--learning-rate", type=float, default=0.01)
+    model.add_argument("--async", dest="asynchronous", action="store_true",
+                       help="asynchronous SGD: each PS applies every worker's gradients as they arrive")
     model.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
                        help="UCX transports for the fabric transports")
     model.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
@@ -332,7 +334,8 @@ def cmd_model(args: argparse.Namespace) -> int:
     runs = [(m, t, b) for m in args.models for t in args.transports for b in args.batch_sizes]
     settings = {"models": args.models, "transports": args.transports, "batch_sizes": args.batch_sizes,
                 "servers": args.servers, "steps": args.steps, "warmup": args.warmup,
-                "learning_rate": args.learning_rate, "fabric_transport": args.fabric_transport}
+                "learning_rate": args.learning_rate, "fabric_transport": args.fabric_transport,
+                "asynchronous": args.asynchronous}
     try:
         writer = RunWriter(out, "model", settings)
     except FileExistsError:
@@ -347,7 +350,8 @@ def cmd_model(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(f"{model} {label} b{batch}")
                 config = TrainConfig(model=model, transport=label.partition(":")[0], transport_options={},
                                      batch_size=batch, servers=args.servers, steps=args.steps, warmup=args.warmup,
-                                     learning_rate=args.learning_rate, timeout_s=args.timeout, label=label)
+                                     learning_rate=args.learning_rate, timeout_s=args.timeout, label=label,
+                                     asynchronous=args.asynchronous)
                 try:
                     if label == "local":
                         record = _local_record(config, train_locally)

@@ -96,3 +96,24 @@ def test_buffered_grpc_rdma_results_enter_tensorflow_without_a_runtime_copy():
     model_bytes = (8 * 16 + 16 + 16 * 3 + 3) * 4
     assert record["runtime_copied_bytes_per_step"] == 0  # results are 64-byte aligned and writable
     assert record["copied_bytes_per_step"] == 2 * 2 * model_bytes  # one copy on each side, both directions
+
+
+def test_asynchronous_sgd_with_one_worker_is_plain_sgd():
+    run = config("zerocopy", {"fabric_transport": "shm"})
+    run.asynchronous = True
+    _, local = train_locally(run)
+    distributed = final_weights(train(run))
+    for index, weight in local.items():
+        np.testing.assert_allclose(distributed[index], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_asynchronous_sgd_with_two_workers_applies_every_gradient():
+    run = config("zerocopy", {"fabric_transport": "shm"}, servers=2, steps=4)
+    run.asynchronous = True
+    result = train(run)
+    record = summarize(run, result["outcome"])
+    assert record["steps"] == 4 and record["throughput_batches_per_s"] > 0
+    applied = [t.extra["gradients_applied"] for role, t in result["outcome"].values() if role == "ps"]
+    # each of the 4 variables got one gradient per worker per timed step
+    assert sum(applied) == 4 * 2 * 4
+    assert all(np.isfinite(w).all() for w in final_weights(result).values())

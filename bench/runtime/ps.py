@@ -7,7 +7,9 @@ Trainable variables are placed round-robin over the PS processes. Every step:
 * each worker receives them, computes gradients on its own synthetic batch,
   and sends each gradient to the variable's PS;
 * each PS sums the gradients of all workers and applies SGD
-  (``w -= lr * mean(g)``): synchronous training.
+  (``w -= lr * mean(g)``): synchronous training. With ``asynchronous`` the PS
+  serves each worker on its own, applying every gradient as it arrives, so
+  workers never wait for each other.
 
 Zero copy through TensorFlow: received weights enter the model through DLPack
 (``keras.Model.stateless_call`` takes tensors instead of variables), so a
@@ -23,8 +25,10 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +58,8 @@ class TrainConfig:
     timeout_s: float = 600.0
     #: how records name the transport (``grpc_rdma:direct``); defaults to ``transport``
     label: str = ""
+    #: asynchronous SGD: each PS applies every worker's gradients as they come, workers never wait for each other
+    asynchronous: bool = False
 
 
 @dataclass
@@ -197,6 +203,26 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int) -> StepT
         weights[variable.index][...] = np.asarray(model.trainable_variables[variable.index].value)
     del model
     workers = [layout.worker(s) for s in range(layout.servers)]
+    update = threading.Lock()
+    if config.asynchronous:  # one loop per worker, each applying its own gradients at once
+        before = transport.stats()
+        with ThreadPoolExecutor(len(workers)) as pool:
+            loops = [pool.submit(_serve, config, transport, rank, mine, weights, [w], update) for w in workers]
+            times = _merge([loop.result() for loop in loops])
+        # the loops overlap, so the ledger is taken over the whole run and scaled to the timed steps
+        whole = (transport.stats() - before).as_dict()
+        share = config.steps / (config.steps + config.warmup)
+        times.extra["stats"] = {name: value * share for name, value in whole.items()}
+    else:
+        times = _serve(config, transport, rank, mine, weights, workers, update)
+    times.extra["peak_rss_mb"] = peak_rss_mb()
+    times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
+    return times
+
+
+def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weights: dict[int, np.ndarray],
+           workers: list[int], update: threading.Lock) -> StepTimes:
+    """Every step: send the weights to ``workers``, gather their gradients, apply SGD (under ``update``)."""
     times = StepTimes()
     stats0 = transport.stats()
     for step in range(config.warmup + config.steps):
@@ -204,6 +230,9 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int) -> StepT
             times = StepTimes()
             stats0 = transport.stats()
         started = time.perf_counter()
+        # no lock around the sends: asynchronous SGD reads weights while other workers' updates land
+        # (as TensorFlow's PS does by default); holding it while a send waits for its receiver could
+        # deadlock across parameter servers
         sends = [transport.send_async(Key(weight_key(v), step, rank, worker), weights[v.index])
                  for v in mine for worker in workers]
         for sending in sends:
@@ -211,16 +240,27 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int) -> StepT
         gradients = {v.index: [transport.recv(Key(gradient_key(v), step, worker, rank)) for worker in workers]
                      for v in mine}
         received = time.perf_counter()
-        for variable in mine:
-            apply_sgd(variable, weights[variable.index], gradients[variable.index], config.learning_rate)
+        with update:
+            for variable in mine:
+                apply_sgd(variable, weights[variable.index], gradients[variable.index], config.learning_rate)
         done = time.perf_counter()
+        times.extra["gradients_applied"] = times.extra.get("gradients_applied", 0) + len(mine) * len(workers)
         times.total += done - started
         times.comm += received - started
         times.apply += done - received
-    times.extra["peak_rss_mb"] = peak_rss_mb()
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
-    times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
     return times
+
+
+def _merge(loops: list[StepTimes]) -> StepTimes:
+    """The per-worker loops of an asynchronous PS, as one: times averaged, gradients applied summed."""
+    merged = StepTimes()
+    for part in loops:
+        merged.total += part.total / len(loops)
+        merged.comm += part.comm / len(loops)
+        merged.apply += part.apply / len(loops)
+    merged.extra["gradients_applied"] = sum(part.extra["gradients_applied"] for part in loops)
+    return merged
 
 
 def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray], learning_rate: float) -> None:
