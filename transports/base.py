@@ -285,6 +285,15 @@ class Transport(ABC):
         self.close()
 
 
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts on an ``alignment``-byte boundary (TensorFlow wants 64)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    backing = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = -backing.ctypes.data % alignment
+    return backing[start : start + nbytes].view(dtype).reshape(shape)
+
+
 def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:
     """``array`` as a C-contiguous array, counting the copy when its layout forces one."""
     if array.flags.c_contiguous:

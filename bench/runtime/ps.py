@@ -37,6 +37,7 @@ import numpy as np
 import transports
 from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan, variables_of, weight_key
 from transports import Cluster, Key
+from transports.base import aligned_empty
 
 ALIGNMENT = 64
 _SLICE = 1 << 20  # elements per slice of an SGD update
@@ -97,9 +98,7 @@ class RuntimeCopies:
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """A writable, C-contiguous, 64-byte aligned copy of ``array``."""
-    backing = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -backing.ctypes.data % ALIGNMENT
-    out = backing[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = aligned_empty(array.shape, array.dtype, ALIGNMENT)
     out[...] = array
     return out
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import Key, PeerError, TransportClosed, TransportError, contiguous, settle
+from transports.base import Key, PeerError, TransportClosed, TransportError, aligned_empty, contiguous, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
 from transports.fabric.ucx.device import accepts_setting
@@ -61,12 +61,6 @@ IMM_MESSAGE = 0xFFFFFFFF
 IMM_ACK = 0xFFFFFFFE
 RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
 MODES = ("buffered", "direct")
-
-
-def _aligned_empty(meta: TensorMeta) -> np.ndarray:
-    backing = np.empty(meta.nbytes + 64, dtype=np.uint8)
-    start = -backing.ctypes.data % 64
-    return backing[start : start + meta.nbytes].view(meta.dtype).reshape(meta.shape)
 
 
 def lap(count: int, slots: int) -> int:
@@ -437,7 +431,7 @@ class GrpcRdmaTransport(FabricTransport):
             with self._lock:
                 self._lent[(request.key.name, link.peer)] = request.buffer
         else:
-            result = _aligned_empty(meta)  # 64-byte aligned, so TensorFlow can adopt it without a copy
+            result = aligned_empty(meta.shape, meta.dtype)  # 64-byte aligned, so TensorFlow can adopt it without a copy
             result.reshape(-1).view(np.uint8)[:] = raw
             self.ledger.add(copied_bytes=meta.nbytes)
             self.pool.free(request.buffer)

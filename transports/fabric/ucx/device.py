@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import done_future, settle
+from transports.base import aligned_empty, done_future, settle
 from transports.fabric.base import Channel, Device, FabricError, MemRegion, RemoteRegion
 
 ALIGNMENT = 64
@@ -329,9 +329,8 @@ class UcxDevice(Device):
         else:
             # numpy backs large arrays with transparent huge pages, which single-copy (cma)
             # transfers move markedly faster than the 4 KiB pages of a shared segment
-            backing = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-            start = -backing.ctypes.data % ALIGNMENT
-            region = UcxRegion(self, backing[start : start + nbytes], backing)
+            array = aligned_empty((nbytes,), np.uint8, ALIGNMENT)
+            region = UcxRegion(self, array, array)
         if region.address % ALIGNMENT:
             region.release()
             raise FabricError(f"ucx: allocated memory at {region.address:#x} is not {ALIGNMENT}-byte aligned")
