@@ -203,7 +203,43 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name in transports.names():
         status = transports.availability(name)
         print(f"  {name:10} {'available' if status.ok else 'not available: ' + status.reason}")
+    print("\nfabric:")
+    for line in _fabric_info():
+        print(f"  {line}")
     return 0
+
+
+def _fabric_info() -> list[str]:
+    """The UCX in use, and the transports and devices it offers here (``ucx_info -d``)."""
+    import subprocess
+
+    from bench.reference import ReferenceUnavailable, perftest_binary, perftest_environment
+    from transports.fabric.base import FabricError
+    from transports.fabric.ucx.device import UcxDevice
+
+    try:
+        device = UcxDevice("auto")
+    except FabricError as exc:
+        return [f"ucx: not available: {exc}"]
+    version = device.describe()["ucx_version"]
+    device.close()
+    lines = [f"ucx {version} (--fabric-transport auto|shm|tcp selects among what it offers)"]
+    try:
+        info = subprocess.run([str(perftest_binary().parent / "ucx_info"), "-d"], capture_output=True, text=True,
+                              timeout=30, env=perftest_environment("auto"))
+    except (OSError, subprocess.SubprocessError, ReferenceUnavailable) as exc:
+        return [*lines, f"ucx_info could not run: {exc}"]
+    offered: dict[str, list[str]] = {}
+    transport = None
+    for line in info.stdout.splitlines():
+        words = line.strip("# ").split(":", 1)
+        if len(words) == 2 and words[0].strip() == "Transport":
+            transport = words[1].strip()
+        elif len(words) == 2 and words[0].strip() == "Device" and transport:
+            offered.setdefault(transport, []).append(words[1].strip())
+    lines += [f"ucx transport {name:8} devices: {', '.join(devices)}" for name, devices in offered.items()]
+    lines.append("verbs (pyverbs) backend: not implemented yet (DESIGN.md plans it for machines with an RDMA NIC)")
+    return lines
 
 
 def cmd_micro(args: argparse.Namespace) -> int:
