@@ -36,6 +36,14 @@ def close(pair):
         transport.close()
 
 
+def send_steps(pair, name, array, steps, check=lambda received: None):
+    """Send ``array`` as ``name`` from rank 0 to rank 1 at each of ``steps``; ``check`` sees each arrival."""
+    for step in steps:
+        sending = pair[0].send_async(Key(name, step, 0, 1), array)
+        check(pair[1].recv(Key(name, step, 0, 1)))
+        sending.result(timeout=10)
+
+
 def ledger_delta(pair, action):
     before = [t.stats() for t in pair]
     action()
@@ -52,14 +60,10 @@ def test_static_tensors_from_allocate_are_sent_with_zero_copies(fabric):
         pair[1].recv(Key("w", 0, 0, 1))  # connects and warms up
         warmup.result(timeout=10)
 
-        def transfers():
-            for step in range(1, 11):
-                sending = pair[0].send_async(Key("w", step, 0, 1), tensor)
-                received = pair[1].recv(Key("w", step, 0, 1))
-                assert (received == 3.0).all()
-                sending.result(timeout=10)
+        def arrived_whole(received):
+            assert (received == 3.0).all()
 
-        sender, receiver = ledger_delta(pair, transfers)
+        sender, receiver = ledger_delta(pair, lambda: send_steps(pair, "w", tensor, range(1, 11), arrived_whole))
         assert sender.copied_bytes == 0 and receiver.copied_bytes == 0
         assert sender.registrations == 0 and receiver.registrations == 0
         assert sender.serialisations == 0 and receiver.deserialisations == 0
@@ -90,13 +94,7 @@ def test_rdma_cp_copies_each_tensor_once_on_the_sender(fabric):
         tensor = pair[0].allocate(spec)
         tensor[:] = 1.0
 
-        def transfers():
-            for step in range(5):
-                sending = pair[0].send_async(Key("w", step, 0, 1), tensor)
-                pair[1].recv(Key("w", step, 0, 1))
-                sending.result(timeout=10)
-
-        sender, receiver = ledger_delta(pair, transfers)
+        sender, receiver = ledger_delta(pair, lambda: send_steps(pair, "w", tensor, range(5)))
         assert sender.copied_bytes == 5 * spec.nbytes
         assert receiver.copied_bytes == 0
     finally:
@@ -108,13 +106,7 @@ def test_foreign_memory_is_registered_once_then_cached(fabric):
     try:
         gradient = np.ones(10_000, dtype=np.float32)  # not from allocate()
 
-        def transfers():
-            for step in range(5):
-                sending = pair[0].send_async(Key("g", step, 0, 1), gradient)
-                pair[1].recv(Key("g", step, 0, 1))
-                sending.result(timeout=10)
-
-        sender, _ = ledger_delta(pair, transfers)
+        sender, _ = ledger_delta(pair, lambda: send_steps(pair, "g", gradient, range(5)))
         assert sender.registrations == 1 and sender.copied_bytes == 0
     finally:
         close(pair)
@@ -175,13 +167,7 @@ def test_dynamic_allocation_copies_nothing(fabric):
     try:
         array = np.ones((300, 5))
 
-        def transfers():
-            for step in range(3):
-                sending = pair[0].send_async(Key("var", step, 0, 1), array)
-                pair[1].recv(Key("var", step, 0, 1))
-                sending.result(timeout=10)
-
-        sender, receiver = ledger_delta(pair, transfers)
+        sender, receiver = ledger_delta(pair, lambda: send_steps(pair, "var", array, range(3)))
         assert sender.copied_bytes == 0 and receiver.copied_bytes == 0
     finally:
         close(pair)
