@@ -9,13 +9,14 @@ it copies in user space, so that experiments report copies, not just time.
 
 from __future__ import annotations
 
+import secrets
 import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -73,20 +74,43 @@ class TensorSpec:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+def new_token() -> str:
+    """A fresh random secret for one run (128 bits, hex)."""
+    return secrets.token_hex(16)
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """The address (``host:port``) of every rank; rank ``i`` listens on ``addresses[i]``."""
+    """The address (``host:port``) of every rank and the run's secret ``token``.
+
+    Rank ``i`` listens on ``addresses[i]`` and refuses every call that does not
+    carry ``token`` (``transports/auth.py``), so all ranks of a run must be given
+    the same Cluster. The token is random unless given; it is left out of
+    ``repr`` so that it never lands in logs or results.
+    """
 
     addresses: tuple[str, ...]
+    token: str = field(default_factory=new_token, repr=False)
+
+    def __post_init__(self) -> None:
+        # the token travels as gRPC metadata; the errors never show it
+        if not isinstance(self.token, str) or not self.token:
+            raise ValueError("Cluster token must be a non-empty string; leave it out to get a random one")
+        if not all("!" <= c <= "~" for c in self.token):
+            raise ValueError(
+                f"Cluster token ({len(self.token)} characters) must be printable ASCII without spaces, "
+                "since it travels as gRPC metadata; use e.g. secrets.token_hex(16)"
+            )
 
     @property
     def size(self) -> int:
         return len(self.addresses)
 
     @classmethod
-    def on_loopback(cls, n: int, host: str = "127.0.0.1") -> Cluster:
-        """A cluster of ``n`` ranks on this machine, each with a port the kernel had free."""
-        return cls(tuple(f"{host}:{free_port(host)}" for _ in range(n)))
+    def on_loopback(cls, n: int, host: str = "127.0.0.1", *, token: str | None = None) -> Cluster:
+        """``n`` ranks on this machine, each on a port the kernel had free; a fresh token unless one is given."""
+        addresses = tuple(f"{host}:{free_port(host)}" for _ in range(n))
+        return cls(addresses) if token is None else cls(addresses, token)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -2,7 +2,9 @@
 
 The paper distributes remote memory addresses "over a vanilla RPC"; so do we.
 Each rank serves named operations that take and return JSON objects. Only
-descriptors (addresses, lengths, remote keys, shapes) travel here.
+descriptors (addresses, lengths, remote keys, shapes) travel here, and only
+between ranks of one run: the server refuses a call without the run's token
+(``transports/auth.py``) before it parses the request.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from transports.auth import TokenCheck, call_metadata
 from transports.base import PeerError, TransportError
 
 METHOD = "/tensor_transport.Control/Call"
@@ -23,13 +26,13 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class ControlServer:
-    """Serves ``handlers[op](request) -> reply`` at ``address`` (loopback unless the cluster says otherwise)."""
+    """Serves ``handlers[op](request) -> reply`` at ``address`` to callers that present ``token``."""
 
-    def __init__(self, address: str, handlers: dict[str, Handler], owner: str) -> None:
+    def __init__(self, address: str, handlers: dict[str, Handler], owner: str, token: str) -> None:
         self._handlers = handlers
         self._owner = owner
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="control"),
-                                   options=_OPTIONS)
+                                   interceptors=(TokenCheck(token, owner),), options=_OPTIONS)
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(
                 "tensor_transport.Control", {"Call": grpc.unary_unary_rpc_method_handler(self._call)}),)
@@ -58,17 +61,18 @@ class ControlServer:
 
 
 class ControlClient:
-    """Calls a peer's :class:`ControlServer`; failures name the peer."""
+    """Calls a peer's :class:`ControlServer` with the run's ``token``; failures name the peer."""
 
-    def __init__(self, address: str, peer: str) -> None:
+    def __init__(self, address: str, peer: str, token: str) -> None:
         self.peer = peer
+        self._metadata = call_metadata(token)
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._call = self._channel.unary_unary(METHOD)
 
     def call(self, op: str, timeout: float, wait_for_ready: bool = True, **request: Any) -> dict[str, Any]:
         try:
             reply = self._call(json.dumps({"op": op, **request}).encode(), timeout=timeout,
-                               wait_for_ready=wait_for_ready)
+                               metadata=self._metadata, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             raise PeerError(f"{self.peer}: control call '{op}' failed: {exc.code().name}: {exc.details()}") from None
         return json.loads(reply)

@@ -1,9 +1,10 @@
 """What every transport running on the RDMA fabric shares, written once.
 
 A fabric transport owns a device (UCX), a registered memory pool, a control
-server (gRPC, setup only) and a client per peer; it waits for flags and
-counters by spinning briefly, then backing off, checking that the peer lives;
-and ``close()`` waits for operations in flight before tearing the device down.
+server (gRPC, setup only, refusing callers without the run's token) and a
+client per peer; it waits for flags and counters by spinning briefly, then
+backing off, checking that the peer lives; and ``close()`` waits for
+operations in flight before tearing the device down.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class FabricTransport(Transport):
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
         handlers = {"ping": lambda request: {}, "hello": self._on_hello, **self.control_handlers()}
         try:
-            self._control = ControlServer(cluster.addresses[rank], handlers, f"{self.name} rank {rank}")
+            self._control = ControlServer(cluster.addresses[rank], handlers, f"{self.name} rank {rank}",
+                                          cluster.token)
         except BaseException:
             self.device.close()
             raise
@@ -143,7 +145,8 @@ class FabricTransport(Transport):
     def _peer(self, rank: int) -> ControlClient:
         with self._lock:
             if rank not in self._peers:
-                self._peers[rank] = ControlClient(self.cluster.addresses[rank], self.peer_name(rank))
+                self._peers[rank] = ControlClient(self.cluster.addresses[rank], self.peer_name(rank),
+                                                  self.cluster.token)
             return self._peers[rank]
 
     def _peer_device(self, rank: int) -> list[bytes]:

@@ -3,7 +3,9 @@
 Send is passive: the tensor is parked in a local rendezvous table under its
 key. Receive initiates: it calls ``RecvTensor`` on the sender, whose handler
 waits for the tensor if the request came first (tag matching) and streams
-it back as ``TensorChunk`` messages (see ``wire.py``).
+it back as ``TensorChunk`` messages (see ``wire.py``). Every call carries the
+run's token; the server refuses one without it before parsing the request or
+touching the rendezvous table (``transports/auth.py``).
 
 Configured as a careful engineer would: message size limits lifted, no
 compression, keepalive so a vanished peer is noticed, tensors over 16 MiB
@@ -30,6 +32,7 @@ from concurrent.futures import Future
 import grpc
 import numpy as np
 
+from transports.auth import AioTokenCheck, call_metadata
 from transports.base import (
     DEFAULT_TIMEOUT_S,
     Cluster,
@@ -89,18 +92,20 @@ class GrpcTcpTransport(Transport):
         if not 0 <= rank < cluster.size:
             raise ValueError(f"grpc_tcp: rank {rank} is not in a cluster of {cluster.size}")
         self.cluster, self.rank = cluster, rank
+        self._metadata = call_metadata(cluster.token)
         self._outbox = Rendezvous(f"grpc_tcp rank {rank}")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"grpc_tcp-{rank}", daemon=True)
         self._thread.start()
         try:
-            self._run(self._start_server(cluster.addresses[rank]))
+            self._run(self._start_server(cluster.addresses[rank], cluster.token))
         except BaseException:
             self.close()
             raise
 
-    async def _start_server(self, address: str) -> None:
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+    async def _start_server(self, address: str, token: str) -> None:
+        check = AioTokenCheck(token, f"grpc_tcp rank {self.rank}")
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=(check,))
         server.add_generic_rpc_handlers(
             (
                 grpc.method_handlers_generic_handler(
@@ -229,6 +234,7 @@ class GrpcTcpTransport(Transport):
         )(
             RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
             timeout=self.timeout_s,
+            metadata=self._metadata,
             wait_for_ready=True,
         )
         assembler = TensorAssembler(self.ledger)
