@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
 
 import transports
-from bench.results import ResultsError, package_versions
+from bench.results import ResultsError, RunWriter, package_versions
 
 EXIT_USAGE = 2
 DEFAULT_SIZES = "1KB-1GB"
@@ -96,6 +98,27 @@ def _int_list(text: str) -> list[int]:
     return [_positive_int(part) for part in text.split(",") if part.strip()]
 
 
+def _add_launch_options(parser: argparse.ArgumentParser) -> None:
+    from bench.launch import LAUNCHERS
+
+    parser.add_argument("--launcher", choices=list(LAUNCHERS), default="local",
+                        help="how ranks start: " + "; ".join(f"{name}: {what}" for name, what in LAUNCHERS.items())
+                        + ". Under mpi every rank runs this same command (mpirun -np N bench ... --launcher mpi)")
+    parser.add_argument("--bind", default=None, metavar="ADDRESS|INTERFACE",
+                        help="where ranks listen (local, mpi): an address or an interface (default: loopback; under "
+                        "mpi, the host's address when ranks span hosts)")
+    parser.add_argument("--link-rate", default=None, metavar="RATE",
+                        help="netns: shape every link to RATE with tc, e.g. 10gbit, 500mbit (default: unshaped)")
+
+
+def _add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:
+    from bench.training import COMPUTE_MODES
+
+    parser.add_argument("--compute", choices=list(COMPUTE_MODES), default=default,
+                        help="; ".join(f"{name}: {what}" for name, what in COMPUTE_MODES.items())
+                        + ". Replayed records are labelled in the 'compute' column and the figures")
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="bench",
@@ -148,6 +171,7 @@ def build_parser() -> Parser:
                        help="skip the reference lines: ucx_perftest put bandwidth on the same UCX transports "
                        "(the library's limit) and memcpy in one process")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    _add_launch_options(micro)
     micro.set_defaults(func=cmd_micro)
 
     model = commands.add_parser(
@@ -166,7 +190,8 @@ def build_parser() -> Parser:
                        help="comma list of transports (name or name:mode), plus 'local' and 'tf_grpc'")
     model.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
                        help="per-worker mini-batch sizes, comma list")
-    model.add_argument("--servers", type=_positive_int, default=1, help="servers, each a worker and a PS")
+    model.add_argument("--servers", type=_positive_int, default=None,
+                       help="servers, each a worker and a PS (default 1; under --launcher mpi, half the ranks)")
     model.add_argument("--steps", type=_positive_int, default=20, help="timed steps")
     model.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
     model.add_argument("--learning-rate", type=float, default=0.01)
@@ -177,7 +202,41 @@ def build_parser() -> Parser:
     model.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
     model.add_argument("--out", type=Path, default=None, help="results directory (default: results/model-<time>/)")
     model.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    _add_compute_option(model, "real")
+    _add_launch_options(model)
     model.set_defaults(func=cmd_model)
+
+    scale = commands.add_parser(
+        "scale",
+        help="throughput against the number of servers, per transport, with the Local line (the paper's Figure 11)",
+        description="Train MODEL on 1, 2, 4, ... servers (each a worker and a parameter server) over each transport "
+        "and record the total mini-batches per second and the scaling efficiency (throughput / (servers x the "
+        "1-server throughput of the same transport)). The Local line is one process without communication, "
+        "times the number of servers. On a machine with few cores, real compute competes with communication "
+        "for the CPU: --compute replay (the default here) waits each worker's measured compute time instead.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    scale.add_argument("models", type=_model_list, metavar="MODEL",
+                       help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
+    scale.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
+                       default=["zerocopy", "grpc_tcp"],
+                       help="comma list of transports (name or name:mode); 'local' adds the Local line, which is "
+                       "drawn anyway")
+    scale.add_argument("--servers", dest="server_counts", type=_int_list, default=[1, 2, 4],
+                       help="comma list of server counts")
+    scale.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
+                       help="per-worker mini-batch sizes, comma list")
+    scale.add_argument("--steps", type=_positive_int, default=10, help="timed steps")
+    scale.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
+    scale.add_argument("--learning-rate", type=float, default=0.01)
+    scale.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
+                       help="UCX transports for the fabric transports (netns: always tcp)")
+    scale.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
+    scale.add_argument("--out", type=Path, default=None, help="results directory (default: results/scale-<time>/)")
+    scale.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    _add_compute_option(scale, "replay")
+    _add_launch_options(scale)
+    scale.set_defaults(func=cmd_scale, asynchronous=False)
 
     models = commands.add_parser(
         "models", help="the paper's Table 2 measured here: model size, variables, local compute time per sample",
@@ -242,12 +301,26 @@ def _fabric_info() -> list[str]:
     return lines
 
 
-def cmd_micro(args: argparse.Namespace) -> int:
+def _open_run(out: Path, experiment: str, settings: dict, launcher) -> RunWriter | None:
+    """The run's results directory (its logs beside it), or None with an error line when it exists."""
+    from bench.results import RunWriter
+
+    settings = {**settings, "launcher": launcher.describe()}
+    try:
+        writer = RunWriter(out, experiment, settings)
+    except FileExistsError:
+        print(f"bench {experiment}: error: {out} already exists; choose another --out", file=sys.stderr)
+        return None
+    launcher.log_dir = out / "logs"
+    return writer
+
+
+def cmd_micro(args: argparse.Namespace, launcher) -> int:
     from tqdm import tqdm
 
     from bench.micro import MicroError, plan_points, run_transport
     from bench.plot import plot_run
-    from bench.results import RunWriter, default_run_dir
+    from bench.results import default_run_dir
     from bench.sizes import format_size
 
     chosen = args.transports or default_transports()
@@ -259,15 +332,13 @@ def cmd_micro(args: argparse.Namespace) -> int:
         "iters": {str(p.size_bytes): p.iters for p in points},
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "timeout_s": args.timeout,
-        "fabric_transport": args.fabric_transport,
+        "fabric_transport": launcher.fabric_transport(args.fabric_transport),
     }
-    try:
-        writer = RunWriter(out, "micro", settings)
-    except FileExistsError:
-        print(f"bench micro: error: {out} already exists; choose another --out", file=sys.stderr)
+    writer = _open_run(out, "micro", settings, launcher)
+    if writer is None:
         return EXIT_USAGE
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
-    print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(chosen)} -> {out}")
+    print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(chosen)}, launcher {launcher.name} -> {out}")
     failures: list[str] = []
     fabrics: dict[str, str] = {}
     started = time.monotonic()
@@ -282,21 +353,23 @@ def cmd_micro(args: argparse.Namespace) -> int:
                     bar.set_postfix_str(format_size(size))
                     bar.update(done_before[size] + n - bar.n)
 
+                def record(row: dict, name=name) -> None:
+                    writer.add(row)
+                    fabrics[name] = row["fabric"]
+
                 try:
-                    for record in run_transport(name, points, transport_options(name, args), progress):
-                        writer.add(record)
-                        fabrics[name] = record["fabric"]
+                    run_transport(name, points, transport_options(name, args, launcher), launcher, record, progress)
                 except MicroError as exc:
                     failures.append(str(exc))
                     bar.write(f"bench micro: error: {exc}")
-        if not args.no_references:
+        if not args.no_references and launcher.name == "local":
             _measure_references(points, args, writer, fabrics)
     except KeyboardInterrupt:
-        writer.finish("interrupted", failures=failures, fabric=fabrics)
+        writer.finish("interrupted", failures=failures, fabric=fabrics, launcher=launcher.describe())
         print(f"\nbench micro: interrupted; the points finished so far are in {out}", file=sys.stderr)
         return 130
     writer.finish("failed" if failures else "complete", failures=failures, fabric=fabrics,
-                  elapsed_s=round(time.monotonic() - started, 1))
+                  elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
     _print_micro_summary(out)
     if not args.no_plot and (out / "records.csv").exists():
         for path in plot_run(out):
@@ -335,12 +408,12 @@ def default_transports() -> list[str]:
     return labels
 
 
-def transport_options(label: str, args: argparse.Namespace) -> dict[str, object]:
+def transport_options(label: str, args: argparse.Namespace, launcher) -> dict[str, object]:
     """Constructor options for transport ``label`` (``name`` or ``name:mode``) from the command line."""
     name, options = transports.resolve(label)
     options["timeout_s"] = args.timeout
     if transports.transport_class(name).uses_fabric:
-        options["fabric_transport"] = args.fabric_transport
+        options["fabric_transport"] = launcher.fabric_transport(args.fabric_transport)
     return options
 
 
@@ -359,58 +432,81 @@ def _print_micro_summary(out: Path) -> None:
     print(f"\nresults: {out}")
 
 
-def cmd_model(args: argparse.Namespace) -> int:
+def cmd_model(args: argparse.Namespace, launcher) -> int:
+    servers = args.servers or (launcher.world // 2 if launcher.name == "mpi" else 1)
+    return _train_runs(args, launcher, "model", [max(1, servers)])
+
+
+def cmd_scale(args: argparse.Namespace, launcher) -> int:
+    return _train_runs(args, launcher, "scale", sorted(set(args.server_counts)))
+
+
+def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_counts: list[int]) -> int:
+    """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each."""
     from tqdm import tqdm
 
+    from bench.launch import LaunchError
     from bench.plot import plot_run
-    from bench.results import RunWriter, default_run_dir
-    from bench.runtime.ps import TrainConfig, summarize, train, train_locally
+    from bench.results import default_run_dir
+    from bench.runtime.ps import TrainConfig
+    from bench.training import TrainingError, efficiency, prepare
 
-    out = args.out or default_run_dir("model")
-    runs = [(m, t, b) for m in args.models for t in args.transports for b in args.batch_sizes]
-    settings = {"models": args.models, "transports": args.transports, "batch_sizes": args.batch_sizes,
-                "servers": args.servers, "steps": args.steps, "warmup": args.warmup,
-                "learning_rate": args.learning_rate, "fabric_transport": args.fabric_transport,
-                "asynchronous": args.asynchronous}
-    try:
-        writer = RunWriter(out, "model", settings)
-    except FileExistsError:
-        print(f"bench model: error: {out} already exists; choose another --out", file=sys.stderr)
+    out = args.out or default_run_dir(experiment)
+    labels = list(args.transports)
+    if experiment == "scale" and "local" not in labels:
+        labels.insert(0, "local")  # the Local line of the figure
+    runs = [(m, b, t, n) for m in args.models for b in args.batch_sizes for t in labels for n in server_counts]
+    if experiment == "scale":  # the Local line is one process, drawn times the number of servers
+        runs = list(dict.fromkeys((m, b, t, 1 if t == "local" else n) for m, b, t, n in runs))
+    settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
+                "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
+                "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
+                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+    writer = _open_run(out, experiment, settings, launcher)
+    if writer is None:
         return EXIT_USAGE
-    print(f"bench model: {len(runs)} runs ({', '.join(args.models)} over {', '.join(args.transports)}, "
-          f"batch {','.join(map(str, args.batch_sizes))}, {args.servers} server(s)) -> {out}")
+    print(f"bench {experiment}: {len(runs)} runs ({', '.join(args.models)} over {', '.join(labels)}, batch "
+          f"{','.join(map(str, args.batch_sizes))}, {','.join(map(str, server_counts))} server(s), {args.compute} "
+          f"compute, launcher {launcher.name}) -> {out}")
     failures: list[str] = []
+    prepared: dict[tuple[str, int], TrainConfig] = {}
+    singles: dict[tuple, float] = {}
     try:
         with tqdm(total=len(runs), unit="run", dynamic_ncols=True, disable=None) as bar:
-            for model, label, batch in runs:
-                bar.set_postfix_str(f"{model} {label} b{batch}")
+            for model, batch, label, servers in runs:
+                what = f"{model} {label} b{batch} x{servers}"
+                bar.set_postfix_str(what)
                 config = TrainConfig(model=model, transport=label.partition(":")[0], transport_options={},
-                                     batch_size=batch, servers=args.servers, steps=args.steps, warmup=args.warmup,
+                                     batch_size=batch, servers=servers, steps=args.steps, warmup=args.warmup,
                                      learning_rate=args.learning_rate, timeout_s=args.timeout, label=label,
-                                     asynchronous=args.asynchronous)
+                                     asynchronous=args.asynchronous, compute=args.compute)
                 try:
-                    if label == "local":
-                        record = _local_record(config, train_locally)
-                    elif label == "tf_grpc":
-                        record = _tf_grpc_record(config)
-                    else:
-                        config.transport_options = transport_options(label, args)
-                        config.transport_options.pop("timeout_s")
-                        record = summarize(config, train(config)["outcome"])
-                except Exception as exc:  # one failed run is reported; the others still run
-                    failures.append(f"{model} {label} b{batch}: {exc}")
-                    bar.write(f"bench model: error: {model} over {label}, batch {batch}: {exc}")
+                    if (model, batch) not in prepared:
+                        prepared[(model, batch)] = prepare(config, launcher)
+                    ready = prepared[(model, batch)]
+                    config = dataclasses.replace(config, variables=ready.variables, compute_s=ready.compute_s)
+                    record = _train_record(config, label, args, launcher,
+                                           lambda server, step, what=what: bar.set_postfix_str(f"{what} step {step}"))
+                except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
+                    failures.append(f"{what}: {exc}")
+                    bar.write(f"bench {experiment}: error: {model} over {label}, batch {batch}, "
+                              f"{servers} server(s): {exc}")
                 else:
+                    record.update(launcher=launcher.name, link_rate=args.link_rate or "")
+                    if experiment == "scale":
+                        efficiency(record, singles)
                     writer.add(record)
-                    bar.write(f"{model:12} {label:18} batch {batch:3}: {record['throughput_batches_per_s']:7.3f} "
-                              f"batches/s, step {record['step_time_s']:.3f} s (compute {record['compute_s']:.3f}, "
+                    bar.write(f"{model:12} {label:18} batch {batch:3} x{servers}: "
+                              f"{record['throughput_batches_per_s']:7.3f} batches/s, "
+                              f"step {record['step_time_s']:.3f} s (compute {record['compute_s']:.3f}, "
                               f"comm {record['comm_s']:.3f})")
                 bar.update(1)
     except KeyboardInterrupt:
-        writer.finish("interrupted", failures=failures)
-        print(f"\nbench model: interrupted; the runs finished so far are in {out}", file=sys.stderr)
+        writer.finish("interrupted", failures=failures, launcher=launcher.describe())
+        print(f"\nbench {experiment}: interrupted; the runs finished so far are in {out}", file=sys.stderr)
         return 130
-    writer.finish("failed" if failures else "complete", failures=failures)
+    writer.finish("failed" if failures else "complete", failures=failures, launcher=launcher.describe(),
+                  compute_s={f"{m}-b{b}": c.compute_s for (m, b), c in prepared.items() if c.replayed})
     print(f"results: {out}")
     if not args.no_plot and (out / "records.csv").exists():
         for path in plot_run(out):
@@ -419,25 +515,30 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _local_record(config, train_locally) -> dict[str, object]:
-    times, _ = train_locally(config)
-    step = times.total / config.steps
-    return {"transport": "local", "model": config.model, "batch_size": config.batch_size,
-            "servers": config.servers, "steps": config.steps, "step_time_s": step,
-            "throughput_batches_per_s": 1.0 / step, "compute_s": times.compute / config.steps, "comm_s": 0.0,
-            "apply_s": times.apply / config.steps, "worker_peak_rss_mb": times.extra["peak_rss_mb"],
-            "copied_bytes_per_step": 0, "runtime_copied_bytes_per_step": 0, "fabric": "none"}
+def _train_record(config, label: str, args: argparse.Namespace, launcher, on_step) -> dict[str, object]:
+    """One training run over ``label`` (a transport, ``local`` or ``tf_grpc``) and its record."""
+    from bench.training import local_record, model_record, train, train_local
+
+    if label == "local":
+        return local_record(config, train_local(config, launcher))
+    if label == "tf_grpc":
+        return _tf_grpc_record(config)
+    config.transport_options = transport_options(label, args, launcher)
+    config.transport_options.pop("timeout_s")
+    return model_record(config, train(config, launcher, on_step)["outcome"])
 
 
 def _tf_grpc_record(config) -> dict[str, object]:
     from bench.runtime.ps import resolve_model
     from bench.tf_grpc import record_row, run_tf_grpc
 
+    if config.replayed:
+        raise ValueError("tf_grpc runs TensorFlow's own training: it cannot replay compute (use --compute real)")
     definition = resolve_model(config.model)
     record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
                          servers=config.servers, steps=config.steps, warmup=config.warmup,
                          learning_rate=config.learning_rate, timeout_s=config.timeout_s)
-    record.update(transport="tf_grpc", model=config.model)
+    record.update(transport="tf_grpc", model=config.model, compute="real")
     return record_row(record)
 
 
@@ -461,8 +562,24 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # models given as package.module:ATTRIBUTE are found from the current directory, as with python -m; under
+    # MPI every process needs that before the coordinator's first assignment arrives
+    sys.path.insert(0, os.getcwd())
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if not hasattr(args, "launcher"):
+        return args.func(args)
+    from bench.launch import LaunchError, create
+
+    try:
+        launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
+    except LaunchError as exc:
+        print(f"bench {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with launcher:
+        if not launcher.is_coordinator:  # under MPI: serve the runs the coordinator (rank 0) starts
+            return launcher.serve()
+        return args.func(args, launcher)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ A sender and a receiver run in separate processes (the paper's two servers;
 the ``local`` reference runs both in one process, as it must). For every
 size, after warm-up transfers, each timed transfer goes like this:
 
-1. the receiver tells the sender, over a pipe outside the transport, that it
-   is ready for transfer ``i`` and calls ``recv``;
+1. the receiver tells the sender, outside the transport (through the
+   launcher's coordinator), that it is ready for transfer ``i`` and calls ``recv``;
 2. the sender reads the clock (``t_send``) and calls ``send``;
 3. the receiver gets the tensor, consumes it with a reduce-max (as in the
    paper), checks the result, and reads the clock (``t_done``).
@@ -15,7 +15,7 @@ tensor over to the receiver having consumed it. The receiver also reads the
 clock when ``recv`` returns, which splits each transfer into moving the
 tensor (``transfer_p50_us``) and consuming it (``consume_p50_us``). Both ends read
 ``CLOCK_MONOTONIC``, which Linux keeps system-wide, so the difference is
-exact for processes on one host. The ready signal keeps transfers from
+exact for processes on one host (every launcher here, and ``mpi`` on one node). The ready signal keeps transfers from
 overlapping, so the time is a latency, not a pipelined rate. Throughput is
 ``size / mean time per transfer`` in MB/s with MB = 2**20 bytes. CPU seconds
 are those of each side's process (all its threads) over the timed transfers.
@@ -24,20 +24,19 @@ Copied bytes come from the transports' ledgers (both sides, per transfer).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
-import queue
 import resource
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 import transports
+from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.sizes import format_size
 from transports import Cluster, Key, TensorSpec, TransportStats
 
@@ -94,7 +93,40 @@ def _cpu_seconds(per_thread: bool) -> float:
 # -- the two roles -------------------------------------------------------------
 
 
-def sender_loop(transport, points: list[Point], ctrl: Connection, report: Callable, per_thread_cpu: bool) -> None:
+@dataclass(frozen=True)
+class Progress:
+    """receiver -> coordinator: ``done`` transfers of ``size_bytes`` so far."""
+
+    size_bytes: int
+    done: int
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's measurements of one size: clock readings, CPU seconds, ledger, fabric description."""
+
+    role: str
+    size_bytes: int
+    times: list
+    cpu_s: float
+    stats: TransportStats
+    fabric: dict[str, Any] | None
+
+
+class PeerSignals:
+    """The ready signals between sender and receiver, outside the transport (through the coordinator)."""
+
+    def __init__(self, ctx: RankContext, peer: int) -> None:
+        self.ctx, self.peer = ctx, peer
+
+    def send(self, value: Any) -> None:
+        self.ctx.send_to(self.peer, value)
+
+    def recv(self) -> Any:
+        return self.ctx.receive()
+
+
+def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None], per_thread_cpu: bool) -> None:
     rng = np.random.default_rng(0)
     for point in points:
         spec = point.spec
@@ -115,12 +147,12 @@ def sender_loop(transport, points: list[Point], ctrl: Connection, report: Callab
             starts.append(t_send)
         if ctrl.recv() != "done":
             raise RuntimeError("receiver did not finish the point")
-        report("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
-               transport.stats() - stats0, transport.describe())
+        report(Side("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
+                    transport.stats() - stats0, transport.describe()))
         del tensor
 
 
-def receiver_loop(transport, points: list[Point], ctrl: Connection, report: Callable, per_thread_cpu: bool) -> None:
+def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None], per_thread_cpu: bool) -> None:
     for point in points:
         spec = point.spec
         dones = []
@@ -141,144 +173,93 @@ def receiver_loop(transport, points: list[Point], ctrl: Connection, report: Call
                 )
             del tensor
             if (i + 1) % max(1, total // 20) == 0 or i + 1 == total:
-                report("progress", point.size_bytes, i + 1)
+                report(Progress(point.size_bytes, i + 1))
         cpu = _cpu_seconds(per_thread_cpu) - cpu0
         stats = transport.stats() - stats0
         ctrl.send("done")
-        report("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None)
+        report(Side("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None))
 
 
-def _role_process(role: int, name: str, options: dict, cluster: Cluster, points: list[Point],
-                  ctrl: Connection, results: mp.Queue) -> None:
-    """Entry point of a sender or receiver process."""
-    try:
-        with transports.create(transports.resolve(name)[0], **options) as transport:
-            transport.start(cluster, role)
-            transport.plan([p.spec for p in points])
-            loop = sender_loop if role == SENDER else receiver_loop
-            loop(transport, points, ctrl, lambda *msg: results.put(msg), False)
-    except BaseException as exc:  # report anything, the parent decides
-        results.put(("error", "sender" if role == SENDER else "receiver", _describe(exc)))
-        raise SystemExit(1) from None
+def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
+    """A rank of the benchmark: rank 0 sends, rank 1 receives."""
+    with transports.create(transports.resolve(label)[0], **options) as transport:
+        transport.start(ctx.cluster, ctx.rank)
+        transport.plan([p.spec for p in points])
+        loop = sender_loop if ctx.rank == SENDER else receiver_loop
+        loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, False)
 
 
-def _pair_process(name: str, options: dict, cluster: Cluster, points: list[Point], results: mp.Queue) -> None:
-    """Entry point for transports that need both roles in one process (``local``): two threads."""
+def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
+    """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
     ctrl_send, ctrl_recv = mp.Pipe()
     failures: list[BaseException] = []
+    pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
+    cluster = Cluster.on_loopback(2, token=ctx.cluster.token)
 
     def role(loop, transport, ctrl) -> None:
         try:
-            loop(transport, points, ctrl, lambda *msg: results.put(msg), True)
+            loop(transport, points, ctrl, ctx.report, True)
         except BaseException as exc:
             failures.append(exc)
-            results.put(("error", "sender" if loop is sender_loop else "receiver", _describe(exc)))
+            ctrl.close()  # the other side must not wait for a signal that will never come
 
-    pair = [transports.create(transports.resolve(name)[0], **options) for _ in range(2)]
     try:
         for rank, transport in enumerate(pair):
             transport.start(cluster, rank)
             transport.plan([p.spec for p in points])
-        threads = [
-            threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
-            threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True),
-        ]
+        threads = [threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
+                   threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-    except BaseException as exc:
-        results.put(("error", "pair", _describe(exc)))
-        raise SystemExit(1) from None
+        if failures:
+            raise failures[0]
     finally:
         for transport in pair:
             transport.close()
 
 
-def _describe(exc: BaseException) -> str:
-    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
-    return f"{type(exc).__name__}: {exc}{where}"
-
-
-# -- the parent ----------------------------------------------------------------
+# -- the coordinator -----------------------------------------------------------
 
 
 class MicroError(RuntimeError):
     """A transport's run failed; the message names the transport and the side."""
 
 
-@dataclass
-class _Side:
-    times: list[int]
-    cpu_s: float
-    stats: TransportStats
-    fabric: dict[str, Any] | None
+def ranks_of(label: str, options: dict[str, Any], points: list[Point]) -> list[RankSpec]:
+    """The run's ranks: a sender and a receiver on two hosts, or one rank for a same-process transport."""
+    if transports.transport_class(transports.resolve(label)[0]).same_process_only:
+        return [RankSpec(functools.partial(pair_job, label, options, points), "sender+receiver")]
+    job = functools.partial(role_job, label, options, points)
+    return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
 
 
-def run_transport(name: str, points: list[Point], options: dict[str, Any],
-                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> list[dict[str, Any]]:
-    """Measure every point over transport ``name`` built with ``options``; one record per point."""
-    ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
+def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
+                  on_record: Callable[[dict[str, Any]], None],
+                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
+    """Measure every point over transport ``label`` built with ``options``; each record as soon as it is measured."""
     timeout_s = options.get("timeout_s", 120.0)
-    cluster = Cluster.on_loopback(2)
-    base, _ = transports.resolve(name)
-    if transports.transport_class(base).same_process_only:
-        procs = [ctx.Process(target=_pair_process, args=(name, options, cluster, points, results), daemon=True)]
-    else:
-        ctrl_send, ctrl_recv = ctx.Pipe()
-        procs = [
-            ctx.Process(target=_role_process, args=(role, name, options, cluster, points, ctrl, results), daemon=True)
-            for role, ctrl in ((SENDER, ctrl_send), (RECEIVER, ctrl_recv))
-        ]
-    for proc in procs:
-        proc.start()
-    sides: dict[tuple[str, int], _Side] = {}
-    records = []
+    sides: dict[tuple[str, int], Side] = {}
+    by_size = {p.size_bytes: p for p in points}
+
+    def on_report(rank: int, payload: Any) -> None:
+        if isinstance(payload, Progress):
+            on_progress(payload.size_bytes, payload.done)
+            return
+        sides[(payload.role, payload.size_bytes)] = payload
+        size = payload.size_bytes
+        if ("sender", size) in sides and ("receiver", size) in sides:
+            on_record(make_record(label, by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size))))
+
     try:
-        while len(records) < len(points):
-            msg = _next_message(results, procs, name, timeout_s)
-            kind = msg[0]
-            if kind == "error":
-                raise MicroError(f"{name}: the {msg[1]} failed: {msg[2]}")
-            if kind == "progress":
-                on_progress(msg[1], msg[2])
-                continue
-            size = msg[1]
-            sides[(kind, size)] = _Side(*msg[2:])
-            if ("sender", size) in sides and ("receiver", size) in sides:
-                point = next(p for p in points if p.size_bytes == size)
-                records.append(make_record(name, point, sides.pop(("sender", size)), sides.pop(("receiver", size))))
-        for proc in procs:
-            proc.join(timeout=30)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-    return records
+        # a transfer may take up to timeout_s; the receiver reports about every 20th
+        launcher.run(ranks_of(label, options, points), timeout_s + 60, on_report, label=label)
+    except LaunchError as exc:
+        raise MicroError(f"{label}: {exc}") from None
 
 
-def _next_message(results: mp.Queue, procs: list, name: str, timeout_s: float) -> tuple:
-    """The next report from the children; an error instead of a hang when one dies or stalls."""
-    deadline = time.monotonic() + timeout_s + 60
-    while True:
-        try:
-            return results.get(timeout=1.0)
-        except queue.Empty:
-            pass
-        dead = [p for p in procs if p.exitcode not in (None, 0)]
-        if dead:
-            try:  # its error report may still be in the queue
-                return results.get(timeout=2.0)
-            except queue.Empty:
-                raise MicroError(f"{name}: a benchmark process died (exit code {dead[0].exitcode})") from None
-        if time.monotonic() > deadline:
-            raise MicroError(f"{name}: no progress for {timeout_s + 60:.0f} s; giving up")
-
-
-def make_record(name: str, point: Point, sender: _Side, receiver: _Side) -> dict[str, Any]:
+def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[str, Any]:
     """One row of ``records.csv`` from both sides' measurements."""
     starts = np.array(sender.times, dtype=np.int64)
     received, done = np.array(receiver.times, dtype=np.int64).T

@@ -53,6 +53,7 @@ REQUIRED_COLUMNS: dict[str, list[str]] = {
         "comm_s",
     ],
 }
+REQUIRED_COLUMNS["scale"] = [*REQUIRED_COLUMNS["model"], "launcher", "compute", "link_rate", "scaling_efficiency"]
 
 #: every column an experiment's records may carry, in the order of records.csv
 COLUMNS: dict[str, list[str]] = {
@@ -67,8 +68,11 @@ COLUMNS: dict[str, list[str]] = {
         "transport", "model", "batch_size", "servers", "steps", "step_time_s", "throughput_batches_per_s",
         "compute_s", "comm_s", "apply_s", "ps_wait_s", "worker_peak_rss_mb", "ps_peak_rss_mb",
         "copied_bytes_per_step", "runtime_copied_bytes_per_step", "model_mb", "fabric", "isolated_network",
+        "compute", "launcher", "link_rate", "link_peak_MBps",
     ],
 }
+# bench scale: the model columns, and how throughput grows with the servers
+COLUMNS["scale"] = [*COLUMNS["model"], "total_batches_per_s", "scaling_efficiency"]
 
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "tensor-transport-bench")
 

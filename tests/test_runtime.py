@@ -7,7 +7,8 @@ import pytest
 
 import transports
 from bench.runtime.analyzer import Layout, Variable, transfer_plan
-from bench.runtime.ps import TrainConfig, apply_sgd, summarize, train, train_locally
+from bench.runtime.ps import TrainConfig, apply_sgd, summarize, train_locally
+from bench.training import train
 
 pytest.importorskip("tensorflow")
 

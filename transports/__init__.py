@@ -6,6 +6,7 @@ missing reports itself unavailable instead of breaking every import.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any
 
@@ -79,6 +80,19 @@ def resolve(label: str) -> tuple[str, dict[str, Any]]:
     return name, dict(modes[mode])
 
 
+def load_fabric() -> None:
+    """Load the fabric's native libraries now, if they are here.
+
+    Call it before starting another library that brings its own copy of them: MPI (Open MPI's
+    wheel bundles an older UCX) must find ours already loaded, or UCX's symbols clash.
+    """
+    from transports.fabric.base import FabricError
+    from transports.fabric.ucx.device import load
+
+    with contextlib.suppress(FabricError):
+        load()
+
+
 def create(name: str, **options: object) -> Transport:
     """A new, not yet started transport ``name``; raises if it is unknown or cannot run here."""
     status = availability(name)
@@ -104,6 +118,7 @@ __all__ = [
     "availability",
     "available_names",
     "create",
+    "load_fabric",
     "names",
     "resolve",
     "transport_class",

@@ -187,7 +187,9 @@ class FabricTransport(Transport):
 
     def _check_peer(self, peer: int, what: str, channel: Channel | None) -> None:
         reason = channel.failed() if channel is not None else None
-        if reason is None and not self._peer(peer).alive():
+        # a peer we have never heard from may still be starting (importing TensorFlow, building its model):
+        # only one that answered before and answers no more is gone; the others get until the deadline
+        if reason is None and peer in self._peer_devices and not self._peer(peer).alive():
             reason = "it does not answer on the control path (the process is gone?)"
         if reason is not None:
             raise PeerError(f"{self.name}: {what}: peer {self.peer_name(peer)} failed: {reason}")

@@ -17,17 +17,23 @@ weight written by the transport into registered memory is used in place.
 Gradients leave from TensorFlow's own buffers through DLPack. Where a tensor
 cannot cross without a copy (read-only or misaligned memory: TensorFlow needs
 64-byte alignment), the runtime copies it and counts the bytes.
+
+Replayed compute (``compute`` ``replay`` or ``paper``): a worker waits
+``compute_s`` per step instead of running the model, then sends
+gradient-shaped tensors (built once in memory from ``Transport.allocate``);
+the parameter servers start from seeded random weights of the variables'
+shapes. Nobody builds the model: the variables come from the analyzer, run
+once beforehand (:func:`profile`), which also measures the compute time that
+``replay`` waits. Every transfer, ledger entry and runtime copy is the same as
+with real compute; only the CPU the model would take is left out.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
-import resource
 import threading
 import time
-import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +42,7 @@ import numpy as np
 
 import transports
 from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan, variables_of, weight_key
-from transports import Cluster, Key
+from transports import Key
 from transports.base import aligned_empty
 
 ALIGNMENT = 64
@@ -61,6 +67,15 @@ class TrainConfig:
     label: str = ""
     #: asynchronous SGD: each PS applies every worker's gradients as they come, workers never wait for each other
     asynchronous: bool = False
+    #: ``real`` runs the model; ``replay`` and ``paper`` wait ``compute_s`` per step instead (see the module)
+    compute: str = "real"
+    compute_s: float = 0.0
+    #: the trainable variables (from :func:`profile`); None: each process reads them off the model it builds
+    variables: tuple[Variable, ...] | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.compute != "real"
 
 
 @dataclass
@@ -81,14 +96,18 @@ class RuntimeCopies:
     def __init__(self) -> None:
         self.bytes = 0
 
+    def adoptable(self, array: np.ndarray) -> np.ndarray:
+        """``array``, or an aligned copy when TensorFlow could not adopt its memory (read-only, misaligned)."""
+        if not array.flags.writeable or not array.flags.c_contiguous or array.ctypes.data % ALIGNMENT:
+            array = aligned_copy(array)
+            self.bytes += array.nbytes
+        return array
+
     def tensor(self, array: np.ndarray):
         """A TensorFlow tensor over ``array``'s memory (DLPack), or over an aligned copy when it must be."""
         import tensorflow as tf
 
-        if not array.flags.writeable or not array.flags.c_contiguous or array.ctypes.data % ALIGNMENT:
-            array = aligned_copy(array)
-            self.bytes += array.nbytes
-        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        return tf.experimental.dlpack.from_dlpack(self.adoptable(array).__dlpack__())
 
     @staticmethod
     def array(tensor) -> np.ndarray:
@@ -139,42 +158,33 @@ def _step_function(model, loss):
     return step
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (MB). VmHWM, since ru_maxrss carries a forking parent's peak."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 # -- the roles -----------------------------------------------------------------
 
 
-def run_worker(config: TrainConfig, transport, layout: Layout, server: int) -> StepTimes:
-    """A worker's training loop; returns the timings of the timed steps."""
-    definition, model = _build(config)
-    variables = variables_of(model)
-    step_fn = _step_function(model, definition.loss_fn())
-    non_trainable = [v.value for v in model.non_trainable_variables]
-    copies = RuntimeCopies()
+def run_worker(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable],
+               on_step: Callable[[int], None] = lambda step: None) -> StepTimes:
+    """A worker's training loop; returns the timings of the timed steps.
+
+    ``on_step(step)`` is called as each step begins, and with ``warmup + steps`` at the end.
+    """
     rank = layout.worker(server)
+    copies = RuntimeCopies()
+    if config.replayed:
+        compute = _replayed_compute(config, transport, layout, rank, variables)
+    else:
+        compute = _model_compute(config, server)
     times = StepTimes()
     stats0 = transport.stats()
     for step in range(config.warmup + config.steps):
+        on_step(step)
         if step == config.warmup:
             times = StepTimes()
             copies.bytes = 0
             stats0 = transport.stats()
         started = time.perf_counter()
-        weights = [copies.tensor(transport.recv(Key(weight_key(v), step, layout.ps_of(v), rank))) for v in variables]
+        weights = [transport.recv(Key(weight_key(v), step, layout.ps_of(v), rank)) for v in variables]
         received = time.perf_counter()
-        x, y = definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
-        _, grads = step_fn(weights, non_trainable, x, y)
-        grads = [RuntimeCopies.array(g) for g in grads]
+        grads = compute(step, weights, copies)
         computed = time.perf_counter()
         sends = [transport.send_async(Key(gradient_key(v), step, rank, layout.ps_of(v)), g)
                  for v, g in zip(variables, grads, strict=True)]
@@ -184,23 +194,55 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int) -> S
         times.total += done - started
         times.compute += computed - received
         times.comm += (received - started) + (done - computed)
+    on_step(config.warmup + config.steps)
     times.copied_bytes = copies.bytes
-    times.extra["peak_rss_mb"] = peak_rss_mb()
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
     return times
 
 
-def run_ps(config: TrainConfig, transport, layout: Layout, server: int) -> StepTimes:
+def _model_compute(config: TrainConfig, server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], list]:
+    """One forward and backward pass of the real model on the weights received (entering TF through DLPack)."""
+    definition, model = _build(config)
+    step_fn = _step_function(model, definition.loss_fn())
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> list[np.ndarray]:
+        x, y = definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
+        _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
+        return [RuntimeCopies.array(g) for g in grads]
+
+    return compute
+
+
+def _replayed_compute(config: TrainConfig, transport, layout: Layout, rank: int,
+                      variables: list[Variable]) -> Callable[[int, list[np.ndarray], RuntimeCopies], list]:
+    """Wait the compute time instead of computing; the gradients are tensors built once where they are sent from."""
+    specs = {(s.name, s.src): s for s in transfer_plan(variables, layout) if s.src == rank}
+    gradients = []
+    for variable in variables:
+        gradient = transport.allocate(specs[(gradient_key(variable), rank)])
+        gradient[...] = 1e-3
+        gradients.append(gradient)
+
+    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> list[np.ndarray]:
+        for weight in weights:  # what entering TensorFlow would copy, it copies here too
+            copies.adoptable(weight)
+        time.sleep(config.compute_s)
+        return gradients
+
+    return compute
+
+
+def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable]) -> StepTimes:
     """A parameter server's loop: serve its variables, gather gradients, apply SGD."""
-    _, model = _build(config)
     rank = layout.ps(server)
-    mine = [v for v in variables_of(model) if layout.ps_of(v) == rank]
+    mine = [v for v in variables if layout.ps_of(v) == rank]
+    initial = initial_weights(config, mine)
     weights: dict[int, np.ndarray] = {}
     for variable in mine:  # the initial values, in memory the transport can send from without copies
         spec = next(s for s in transfer_plan([variable], layout) if s.src == rank)
         weights[variable.index] = transport.allocate(spec)
-        weights[variable.index][...] = np.asarray(model.trainable_variables[variable.index].value)
-    del model
+        weights[variable.index][...] = initial.pop(variable.index)
     workers = [layout.worker(s) for s in range(layout.servers)]
     update = threading.Lock()
     if config.asynchronous:  # one loop per worker, each applying its own gradients at once
@@ -214,7 +256,6 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int) -> StepT
         times.extra["stats"] = {name: value * share for name, value in whole.items()}
     else:
         times = _serve(config, transport, rank, mine, weights, workers, update)
-    times.extra["peak_rss_mb"] = peak_rss_mb()
     times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
     return times
 
@@ -281,25 +322,42 @@ def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray
         flat[start:stop] -= update
 
 
+def initial_weights(config: TrainConfig, variables: list[Variable]) -> dict[int, np.ndarray]:
+    """The starting values of ``variables``: the model's (seeded), or seeded random ones when compute is replayed."""
+    if config.replayed:
+        return {v.index: (np.random.default_rng(config.seed + v.index).standard_normal(v.shape) * 0.05).astype(v.dtype)
+                for v in variables}
+    _, model = _build(config)
+    return {v.index: np.asarray(model.trainable_variables[v.index].value) for v in variables}
+
+
 def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]]:
     """The "local" line: one process, no communication, the same SGD on the same batches."""
-    definition, model = _build(config)
-    step_fn = _step_function(model, definition.loss_fn())
-    non_trainable = [v.value for v in model.non_trainable_variables]
-    variables = variables_of(model)
-    weights = [aligned_copy(np.asarray(v.value)) for v in model.trainable_variables]
-    copies = RuntimeCopies()
+    variables = list(config.variables) if config.variables is not None else model_variables(config)
+    weights = [aligned_copy(w) for w in initial_weights(config, variables).values()]
+    if config.replayed:
+        gradients = [np.full(v.shape, 1e-3, v.dtype) for v in variables]
+
+        def compute(server: int, step: int) -> list[np.ndarray]:
+            time.sleep(config.compute_s)
+            return gradients
+    else:
+        definition, model = _build(config)
+        step_fn = _step_function(model, definition.loss_fn())
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        copies = RuntimeCopies()
+
+        def compute(server: int, step: int) -> list[np.ndarray]:
+            x, y = definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
+            _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
+            return [RuntimeCopies.array(g) for g in grads]
+
     times = StepTimes()
     for step in range(config.warmup + config.steps):
         if step == config.warmup:
             times = StepTimes()
         started = time.perf_counter()
-        batches = [definition.make_batch(config.batch_size, seed=config.seed + 1000 * s + step)
-                   for s in range(config.servers)]
-        grads_per_server = []
-        for x, y in batches:
-            _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
-            grads_per_server.append([RuntimeCopies.array(g) for g in grads])
+        grads_per_server = [compute(server, step) for server in range(config.servers)]
         computed = time.perf_counter()
         for variable, weight in zip(variables, weights, strict=True):
             apply_sgd(variable, weight, [g[variable.index] for g in grads_per_server], config.learning_rate)
@@ -307,86 +365,81 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         times.total += done - started
         times.compute += computed - started
         times.apply += done - computed
-    times.extra["peak_rss_mb"] = peak_rss_mb()
     return times, dict(enumerate(weights))
 
 
-# -- launching -----------------------------------------------------------------
+# -- the processes -------------------------------------------------------------
 
 
-def _role(config: TrainConfig, cluster: Cluster, rank: int, results: mp.Queue) -> None:
+def model_variables(config: TrainConfig) -> list[Variable]:
+    """The model's trainable variables, read off a model built for the purpose (the analyzer)."""
+    _, model = _build(config)
+    return variables_of(model)
+
+
+def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
+    """One process of a training run: rank ``r < servers`` is worker ``r``, the others parameter servers.
+
+    ``ctx`` is the launcher's view of the run (rank, cluster, ``report``, ``link_bytes``); each worker
+    reports ``("step", server, step)`` as its steps begin, and measures the traffic on its host's link
+    over the timed steps when it has one of its own (netns).
+    """
     layout = Layout(config.servers)
-    try:
-        # the plan needs the variables' shapes: the analyzer reads them off the model
-        _, model = _build(config)
-        plan = [s for s in transfer_plan(variables_of(model), layout) if rank in (s.src, s.dst)]
-        del model
-        options = {**config.transport_options, "timeout_s": config.timeout_s}
-        with transports.create(config.transport, **options) as transport:
-            transport.start(cluster, rank)
-            transport.plan(plan)
-            if rank < layout.servers:
-                times = run_worker(config, transport, layout, rank)
-                role = "worker"
-            else:
-                times = run_ps(config, transport, layout, rank - layout.servers)
-                role = "ps"
-            times.extra["fabric"] = transport.describe()
-        results.put(("done", rank, role, times))
-    except BaseException as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-        at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
-        results.put(("error", rank, f"{type(exc).__name__}: {exc}{at}"))
-        raise SystemExit(1) from None
+    variables = list(config.variables) if config.variables is not None else model_variables(config)
+    plan = [s for s in transfer_plan(variables, layout) if ctx.rank in (s.src, s.dst)]
+    options = {**config.transport_options, "timeout_s": config.timeout_s}
+    with transports.create(config.transport, **options) as transport:
+        transport.start(ctx.cluster, ctx.rank)
+        transport.plan(plan)
+        if ctx.rank < layout.servers:
+            server = ctx.rank
+            link: dict[str, Any] = {}
+
+            def on_step(step: int) -> None:
+                if step in (config.warmup, config.warmup + config.steps):
+                    link[step] = (time.perf_counter(), ctx.link_bytes())
+                ctx.report(("step", server, step))
+
+            times = run_worker(config, transport, layout, server, variables, on_step)
+            (t0, bytes0), (t1, bytes1) = link[config.warmup], link[config.warmup + config.steps]
+            if bytes0 is not None:
+                times.extra["link_bytes"] = (bytes1[0] - bytes0[0], bytes1[1] - bytes0[1])
+                times.extra["link_seconds"] = t1 - t0
+            role = "worker"
+        else:
+            times = run_ps(config, transport, layout, ctx.rank - layout.servers, variables)
+            role = "ps"
+        times.extra["fabric"] = transport.describe()
+    return role, times
 
 
-class TrainingError(RuntimeError):
-    """A training process failed; the message names its rank and role."""
+def local_job(config: TrainConfig, ctx) -> StepTimes:
+    """The "local" line as a process of its own: its peak memory is its own."""
+    times, _ = train_locally(config)
+    return times
 
 
-def train(config: TrainConfig) -> dict[str, Any]:
-    """Run one distributed training job; returns per-role timings, ledgers and the PS's final weights."""
-    layout = Layout(config.servers)
-    ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
-    cluster = Cluster.on_loopback(layout.size)
-    procs = [ctx.Process(target=_role, args=(config, cluster, rank, results), daemon=True)
-             for rank in range(layout.size)]
-    for proc in procs:
-        proc.start()
-    outcome: dict[int, tuple[str, StepTimes]] = {}
-    deadline = time.monotonic() + config.timeout_s + 120
-    try:
-        while len(outcome) < layout.size:
-            try:
-                message = results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    try:
-                        message = results.get(timeout=2.0)
-                    except queue.Empty:
-                        raise TrainingError(f"a training process died (exit code {dead[0].exitcode})") from None
-                elif time.monotonic() > deadline:
-                    raise TrainingError(f"training made no progress within {config.timeout_s + 120:.0f} s") from None
-                else:
-                    continue
-            if message[0] == "error":
-                role = "worker" if message[1] < layout.servers else "ps"
-                raise TrainingError(f"{config.transport}: {role} rank {message[1]} failed: {message[2]}")
-            _, rank, role, times = message
-            outcome[rank] = (role, times)
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-    return {"layout": layout, "outcome": outcome}
+def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[tuple[Variable, ...], float]:
+    """The analyzer's variables and one worker's compute seconds per step (median of ``steps``), in one process."""
+    import tensorflow as tf
+
+    definition, model = _build(config)
+    step_fn = _step_function(model, definition.loss_fn())
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    weights = [tf.constant(v.value) for v in model.trainable_variables]
+    seconds = []
+    for step in range(2 + steps):  # two warm-up steps: tracing, then first-run allocations
+        x, y = definition.make_batch(config.batch_size, seed=config.seed + step)
+        started = time.perf_counter()
+        value, grads = step_fn(weights, non_trainable, x, y)
+        float(value)
+        seconds.append(time.perf_counter() - started)
+        del grads
+    return tuple(variables_of(model)), float(np.median(seconds[2:]))
 
 
 def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> dict[str, Any]:
-    """One ``model`` record from the per-process timings (workers averaged)."""
+    """One ``model`` record from the per-process timings (workers averaged; peak memory in ``extra``)."""
     workers = [t for role, t in outcome.values() if role == "worker"]
     servers = [t for role, t in outcome.values() if role == "ps"]
     steps = config.steps

@@ -1,0 +1,575 @@
+"""The ranks of a run, how they reach the coordinator, and what they tell it.
+
+A *run* is a list of :class:`RankSpec`: what each rank runs (a picklable callable
+``job(ctx) -> result``), a name for messages (``sender``, ``ps 1``), the server (host) it
+belongs to, and whether it is a service that runs until it is stopped (a
+``tf.distribute.Server``). A :class:`Launcher` starts the ranks its own way (processes here,
+in network namespaces, under ``mpirun``) and hands every rank the run's :class:`Cluster`: one
+address per rank and the run's token.
+
+Every launcher then uses the same *hub*: the coordinator listens on one socket (a Unix socket in
+a private directory when every rank runs on this machine, TCP on the bind address under MPI).
+A rank connects, both sides prove they know the run's token (an HMAC challenge each way, before
+anything is unpickled; a stranger is logged with its address and dropped), the rank says which
+rank it is and receives its :class:`Assignment`. From then on they exchange typed messages:
+reports (progress, measurements), relayed messages between ranks, and at the end the rank's
+result and its peak memory, or its error. The connection is also how each side learns that the
+other is gone: a rank whose coordinator vanished exits at once, and a rank whose connection ends
+before its result is reported as dead, by name. A run also ends, naming the ranks that have not
+finished, when no rank has said anything for ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import resource
+import secrets
+import socket
+import struct
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from typing import Any, ClassVar
+
+from transports import Cluster
+
+log = logging.getLogger(__name__)
+
+#: overrides the token a run generates (every rank of a run must use the same one)
+TOKEN_VARIABLE = "TENSOR_BENCH_TOKEN"
+#: seconds a connecting peer gets to prove it knows the token and say who it is
+HANDSHAKE_S = 20.0
+#: how often the coordinator looks at its ranks' processes while nothing is said
+_POLL_S = 0.2
+#: seconds services get to report their peak memory once the others are done
+_STOP_GRACE_S = 30.0
+
+
+class LaunchError(RuntimeError):
+    """A run could not start or did not end well; the message names the rank and what to do."""
+
+
+class RankFailed(LaunchError):
+    """A rank failed (its job raised), died (its process ended first) or the run fell silent."""
+
+    def __init__(self, rank: int, name: str, message: str, kind: str = "failed") -> None:
+        super().__init__(f"rank {rank} ({name}) {message}")
+        self.rank = rank
+        self.name = name
+        self.kind = kind
+
+    def with_log(self, tail: str) -> RankFailed:
+        """The same failure, ending with the end of the rank's log."""
+        if not tail:
+            return self
+        failed = RankFailed(self.rank, self.name, "", self.kind)
+        failed.args = (f"{self}\n--- the end of rank {self.rank}'s log ---\n{tail}",)
+        return failed
+
+
+def run_token() -> str:
+    """The run's token: ``TENSOR_BENCH_TOKEN`` when set, else a fresh random one."""
+    return os.environ.get(TOKEN_VARIABLE) or secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What one rank runs: ``job(ctx)`` in the rank's process; its result goes to the coordinator."""
+
+    job: Callable[[RankContext], Any]
+    name: str
+    #: the server this rank belongs to: ranks of one server share an emulated host (netns)
+    host: int = 0
+    #: runs until stopped; the run ends when every other rank has finished
+    service: bool = False
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """What one rank returned, and its process's peak resident memory over the run."""
+
+    rank: int
+    name: str
+    result: Any
+    peak_rss_mb: float
+
+
+# -- messages on the hub --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """rank -> coordinator, first: who is calling."""
+
+    rank: int
+    pid: int
+    hostname: str
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """coordinator -> rank: what to run, and the cluster it runs in."""
+
+    rank: int
+    spec: RankSpec
+    cluster: Cluster
+    #: the rank's network interface whose byte counters tell the traffic on its link (netns), if any
+    link_interface: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """rank -> coordinator: a typed payload of the experiment's (progress, a measurement)."""
+
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Relay:
+    """rank -> coordinator -> rank ``dst``: a payload for another rank (a ready signal)."""
+
+    src: int
+    dst: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Finished:
+    """rank -> coordinator, last: the job's result and the process's peak memory."""
+
+    result: Any
+    peak_rss_mb: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    """rank -> coordinator, last: the job raised."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """coordinator -> service rank: report your peak memory and exit."""
+
+
+# -- process helpers --------------------------------------------------------------------------
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB) since :func:`reset_peak_rss`, or since it started."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    """Start this process's peak memory afresh (a process that runs several ranks in turn, under MPI)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` of the innermost frame."""
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _timeouts(sock: socket.socket, seconds: float) -> None:
+    """Kernel send/receive timeouts on a blocking socket (0: none); a Connection over it then cannot hang."""
+    value = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
+# -- the rank's side ----------------------------------------------------------------------------
+
+
+def connect(address: str | tuple[str, int], token: str) -> Connection:
+    """A connection to the coordinator's hub, authenticated both ways with ``token``."""
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(address)
+            _timeouts(sock, HANDSHAKE_S)
+            conn = Connection(os.dup(sock.fileno()))  # socket options belong to the socket, shared by the dup
+            answer_challenge(conn, token.encode())
+            deliver_challenge(conn, token.encode())
+            _timeouts(sock, 0)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            raise LaunchError(f"cannot join the run's coordinator at {address}: {exc}; is it running, "
+                              f"and do both use the same {TOKEN_VARIABLE}?") from None
+    return conn
+
+
+class RankContext:
+    """What a rank's job sees of the run: who it is, the cluster, and its line to the coordinator."""
+
+    def __init__(self, conn: Connection, assignment: Assignment) -> None:
+        self.rank = assignment.rank
+        self.name = assignment.spec.name
+        self.host = assignment.spec.host
+        self.cluster = assignment.cluster
+        self.size = assignment.cluster.size
+        self.link_interface = assignment.link_interface
+        self._conn = conn
+        self._send_lock = threading.Lock()
+        self._inbox: queue.Queue = queue.Queue()
+
+    def report(self, payload: Any) -> None:
+        """Send a typed payload to the coordinator (it reaches the experiment's ``on_report``)."""
+        self._send(Report(payload))
+
+    def send_to(self, rank: int, payload: Any) -> None:
+        """Send a payload to another rank of the run (through the coordinator)."""
+        self._send(Relay(self.rank, rank, payload))
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next payload another rank sent here."""
+        try:
+            item = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            raise LaunchError(f"rank {self.rank} ({self.name}) heard nothing from the other ranks "
+                              f"within {timeout:g} s") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def link_bytes(self) -> tuple[int, int] | None:
+        """(tx, rx) bytes so far on this rank's link to the other hosts; None when it has no link of its own."""
+        if self.link_interface is None:
+            return None
+        stats = f"/sys/class/net/{self.link_interface}/statistics"
+        with open(f"{stats}/tx_bytes") as tx, open(f"{stats}/rx_bytes") as rx:
+            return int(tx.read()), int(rx.read())
+
+    def _send(self, message: Any) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+
+def serve_rank(conn: Connection, rank: int, in_own_process: bool) -> None:
+    """A rank's life: say hello, take the assignment, run the job, report how it ended.
+
+    ``in_own_process``: the process exists for this rank alone (local, netns), so it exits as soon
+    as the coordinator is gone or asks a service to stop. Under MPI one process serves a rank of
+    every run in turn, and the job runs in the calling thread.
+    """
+    conn.send(Hello(rank, os.getpid(), socket.gethostname()))
+    assignment: Assignment = conn.recv()
+    ctx = RankContext(conn, assignment)
+    done = threading.Event()
+
+    def listen() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                if not done.is_set():
+                    if in_own_process:
+                        os._exit(3)  # the coordinator is gone: nobody is left to report to
+                    ctx._inbox.put(LaunchError(f"rank {rank}: the coordinator closed the run"))
+                return
+            if isinstance(message, Relay):
+                ctx._inbox.put(message.payload)
+            elif isinstance(message, Stop):
+                done.set()
+                with contextlib.suppress(OSError):
+                    ctx._send(Finished(None, peak_rss_mb()))
+                if in_own_process:
+                    os._exit(0)
+                return
+
+    threading.Thread(target=listen, name=f"rank-{rank}-hub", daemon=True).start()
+    reset_peak_rss()
+    try:
+        result = assignment.spec.job(ctx)
+    except BaseException as exc:  # the coordinator decides what a failure means
+        done.set()
+        with contextlib.suppress(OSError):
+            ctx._send(Failed(describe_error(exc)))
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        return
+    done.set()
+    ctx._send(Finished(result, peak_rss_mb()))
+
+
+# -- the coordinator's side ---------------------------------------------------------------------
+
+
+class Hub:
+    """The coordinator's listener: authenticates callers and hands over one connection per rank."""
+
+    def __init__(self, address: str | tuple[str, int], token: str, ranks: int) -> None:
+        self._token = token.encode()
+        self._ranks = ranks
+        family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(address)
+            self._listener.listen(max(16, ranks))
+        except OSError as exc:
+            self._listener.close()
+            raise LaunchError(f"the coordinator cannot listen on {address}: {exc}") from None
+        self.address = self._listener.getsockname()
+        self.arrivals: queue.Queue[tuple[int, Connection, Hello]] = queue.Queue()
+        self._wake_reader, self._wake_writer = _wake_pipe()
+        self._closed = False
+        self._accepting = threading.Thread(target=self._accept, name="hub-accept", daemon=True)
+        self._accepting.start()
+
+    @property
+    def wake(self) -> Connection:
+        """Readable whenever a rank has arrived (for ``multiprocessing.connection.wait``)."""
+        return self._wake_reader
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._greet, args=(sock, peer), name="hub-greet", daemon=True).start()
+
+    def _greet(self, sock: socket.socket, peer: Any) -> None:
+        who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a local process"
+        try:
+            _timeouts(sock, HANDSHAKE_S)
+            conn = Connection(os.dup(sock.fileno()))
+            try:
+                deliver_challenge(conn, self._token)
+                answer_challenge(conn, self._token)
+            except (AuthenticationError, EOFError, OSError) as exc:
+                log.warning("refused a connection to the run's coordinator from %s: it did not prove it knows "
+                            "the run's token (%s)", who, type(exc).__name__)
+                conn.close()
+                return
+            hello = conn.recv()
+            if not isinstance(hello, Hello) or not 0 <= hello.rank < self._ranks:
+                log.warning("dropped a connection from %s: it did not introduce itself as a rank of the run", who)
+                conn.close()
+                return
+            _timeouts(sock, 0)
+        except (OSError, EOFError):
+            return
+        finally:
+            sock.close()  # the Connection holds its own descriptor
+        self.arrivals.put((hello.rank, conn, hello))
+        with contextlib.suppress(OSError):
+            self._wake_writer.send_bytes(b"!")
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        if isinstance(self.address, str):
+            with contextlib.suppress(OSError):
+                os.unlink(self.address)
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+
+def _wake_pipe() -> tuple[Connection, Connection]:
+    from multiprocessing import Pipe
+
+    return Pipe(duplex=False)
+
+
+@dataclass
+class _RankState:
+    spec: RankSpec
+    conn: Connection | None = None
+    result: RankResult | None = None
+    pending: list[Relay] = field(default_factory=list)  # relayed before the rank connected
+
+
+def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: float,
+               on_report: Callable[[int, Any], None], exited: Callable[[], dict[int, str]],
+               link_interface: Callable[[RankSpec], str | None] = lambda spec: None) -> list[RankResult]:
+    """Serve the run's ranks until every non-service rank has finished; returns every rank's result.
+
+    ``exited()`` names the ranks whose process has ended (rank -> how, e.g. "exit code 1"), as far as
+    the launcher can tell. Raises :class:`RankFailed` naming the rank when one fails, dies before its
+    result, or when no rank has said anything for ``timeout_s``.
+    """
+    states = [_RankState(spec) for spec in ranks]
+    by_conn: dict[Connection, int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not all(s.result for s in states if not s.spec.service):
+            for conn in wait([hub.wake, *by_conn], timeout=_POLL_S):
+                if conn is hub.wake:
+                    _admit(hub, states, by_conn, cluster, link_interface)
+                    continue
+                rank = by_conn[conn]
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    del by_conn[conn]
+                    if states[rank].result is None:
+                        how = _await_exit(exited, rank)
+                        raise RankFailed(rank, states[rank].spec.name, f"died ({how})", "died") from None
+                    continue
+                deadline = time.monotonic() + timeout_s
+                try:
+                    _handle(rank, message, states, on_report)
+                except RankFailed as failed:
+                    raise _root_cause(failed, states, exited) from None
+            for rank, how in exited().items():
+                if states[rank].result is None and not _has_unread(states[rank]):
+                    raise RankFailed(rank, states[rank].spec.name, f"died ({how})", "died")
+            if time.monotonic() > deadline:
+                silent = [f"rank {i} ({s.spec.name})" for i, s in enumerate(states)
+                          if s.result is None and not s.spec.service]
+                first = next(i for i, s in enumerate(states) if s.result is None and not s.spec.service)
+                raise RankFailed(first, states[first].spec.name,
+                                 f"did not finish: no rank said anything for {timeout_s:g} s "
+                                 f"(still running: {', '.join(silent)})", "silent")
+        _stop_services(hub, states, by_conn, cluster, on_report, link_interface)
+    finally:
+        for conn in list(by_conn):
+            conn.close()
+    return [s.result for s in states]
+
+
+def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[], dict[int, str]]) -> RankFailed:
+    """A rank that died is the cause of the others' failures (they fail when their peer is gone): name it."""
+    for rank, how in exited().items():
+        if rank != failed.rank and states[rank].result is None:
+            return RankFailed(rank, states[rank].spec.name, f"died ({how}); then {failed}", "died")
+    return failed
+
+
+def _has_unread(state: _RankState) -> bool:
+    return state.conn is not None and not state.conn.closed and state.conn.poll()
+
+
+def _await_exit(exited: Callable[[], dict[int, str]], rank: int, patience_s: float = 5.0) -> str:
+    """How the rank's process ended, once the launcher can tell (its connection closed first)."""
+    end = time.monotonic() + patience_s
+    while time.monotonic() < end:
+        how = exited().get(rank)
+        if how:
+            return how
+        time.sleep(0.05)
+    return "its connection to the coordinator closed"
+
+
+def _admit(hub: Hub, states: list[_RankState], by_conn: dict[Connection, int], cluster: Cluster,
+           link_interface: Callable[[RankSpec], str | None]) -> None:
+    with contextlib.suppress(OSError):
+        while hub.wake.poll():
+            hub.wake.recv_bytes()
+    while True:
+        try:
+            rank, conn, _hello = hub.arrivals.get_nowait()
+        except queue.Empty:
+            return
+        state = states[rank]
+        if state.conn is not None:
+            log.warning("dropped a second connection claiming to be rank %d", rank)
+            conn.close()
+            continue
+        state.conn = conn
+        by_conn[conn] = rank
+        conn.send(Assignment(rank, state.spec, cluster, link_interface(state.spec)))
+        for relay in state.pending:
+            conn.send(relay)
+        state.pending.clear()
+
+
+def _handle(rank: int, message: Any, states: list[_RankState], on_report: Callable[[int, Any], None]) -> None:
+    state = states[rank]
+    if isinstance(message, Report):
+        on_report(rank, message.payload)
+    elif isinstance(message, Relay):
+        target = states[message.dst]
+        if target.conn is None:
+            target.pending.append(message)
+        else:
+            target.conn.send(message)
+    elif isinstance(message, Finished):
+        state.result = RankResult(rank, state.spec.name, message.result, message.peak_rss_mb)
+    elif isinstance(message, Failed):
+        raise RankFailed(rank, state.spec.name, f"failed: {message.error}")
+
+
+def _stop_services(hub: Hub, states: list[_RankState], by_conn: dict[Connection, int], cluster: Cluster,
+                   on_report: Callable[[int, Any], None], link_interface: Callable[[RankSpec], str | None]) -> None:
+    """Ask every service to report its peak memory and exit (also one that connects only now)."""
+    services = [i for i, s in enumerate(states) if s.spec.service and s.result is None]
+    stopped: set[int] = set()
+    end = time.monotonic() + _STOP_GRACE_S
+    while any(states[r].result is None for r in services) and time.monotonic() < end:
+        for rank in services:
+            if states[rank].conn is not None and rank not in stopped:
+                stopped.add(rank)
+                with contextlib.suppress(OSError):
+                    states[rank].conn.send(Stop())
+        waiting = [states[r].conn for r in services if states[r].conn is not None and states[r].result is None]
+        for conn in wait([hub.wake, *waiting], timeout=_POLL_S):
+            if conn is hub.wake:
+                _admit(hub, states, by_conn, cluster, link_interface)
+                continue
+            rank = by_conn[conn]
+            try:
+                _handle(rank, conn.recv(), states, on_report)
+            except (EOFError, OSError):  # gone without a word: its peak memory is unknown
+                states[rank].result = RankResult(rank, states[rank].spec.name, None, float("nan"))
+    for rank in services:
+        if states[rank].result is None:
+            states[rank].result = RankResult(rank, states[rank].spec.name, None, float("nan"))
+
+
+# -- launchers ------------------------------------------------------------------------------------
+
+
+class Launcher(ABC):
+    """Starts the ranks of runs, one run at a time, and tells how it went."""
+
+    name: ClassVar[str]
+    #: whether this process coordinates (writes results); under MPI only rank 0 does
+    is_coordinator: ClassVar[bool] = True
+
+    @abstractmethod
+    def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
+            label: str = "run") -> list[RankResult]:
+        """Run ``ranks`` to the end: every rank's result (in rank order) on the coordinator, [] elsewhere.
+
+        ``timeout_s``: the longest the ranks may all stay silent. ``label`` names the run's logs.
+        Raises :class:`RankFailed` naming the rank when one fails or dies; no process of the run is
+        left behind either way.
+        """
+
+    def fabric_transport(self, requested: str) -> str:
+        """The UCX transports the fabric must use under this launcher (netns: tcp, whatever was asked)."""
+        return requested
+
+    def describe(self) -> dict[str, Any]:
+        """How ranks run, for ``meta.json``."""
+        return {"launcher": self.name}
+
+    def close(self) -> None:  # noqa: B027 (most launchers hold nothing across runs)
+        """Release what the launcher holds across runs."""
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,201 @@
+"""``--launcher local``: every rank a process on this machine, listening on the bind address (loopback).
+
+Each rank is ``python -m bench.launch.rank`` in a session of its own, its output in a log file.
+Whatever happens (a failed rank, a timeout, Ctrl-C), every rank's process group is ended before
+``run`` returns: SIGTERM first, so transports release registered and shared memory, then SIGKILL.
+A rank whose coordinator is killed outright exits by itself (its hub connection closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
+from transports import Cluster
+from transports.base import free_port
+
+#: seconds ranks get to exit by themselves after their result, and after SIGTERM
+_EXIT_GRACE_S = 30.0
+_TERM_GRACE_S = 5.0
+#: characters of a rank's log an error quotes
+_LOG_TAIL_CHARS = 2500
+#: lines TensorFlow logs at start-up whatever TF_CPP_MIN_LOG_LEVEL says: left out of error messages
+_START_UP_NOISE = (
+    "All log messages before absl::InitializeLog() is called",
+    "oneDNN custom operations are on",
+    "Could not find cuda drivers on your machine",
+    "failed call to cuInit",
+    "TF-TRT Warning",
+    "Unable to register cu",
+)
+
+
+def describe_exit(returncode: int) -> str:
+    """``exit code 1`` or ``killed by SIGKILL``."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+def log_tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
+    """The end of a rank's log without TensorFlow's start-up lines."""
+    try:
+        text = path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.splitlines() if not any(noise in line for noise in _START_UP_NOISE)]
+    return "\n".join(lines)[-chars:].strip()
+
+
+def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a rank's process: ours, our import path, quiet TensorFlow, and ``extra``."""
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    # jobs are imported by name in the rank, so it needs our import path (tests, user modules)
+    path = [p for p in sys.path if p] + [str(Path(__file__).resolve().parents[2])]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
+    env.update(extra or {})
+    return env
+
+
+class LocalLauncher(Launcher):
+    """Ranks as processes on this machine; :class:`bench.launch.netns.NetnsLauncher` puts them in namespaces."""
+
+    name = "local"
+
+    def __init__(self, bind: str = "127.0.0.1", log_dir: Path | None = None) -> None:
+        self.bind = bind
+        self.log_dir = log_dir
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": self.name, "bind": self.bind}
+
+    # what a subclass changes: where ranks run and listen ------------------------------------
+
+    def _open_hosts(self, ranks: list[RankSpec]) -> None:
+        """Prepare the hosts the ranks run on (netns: the namespaces and links)."""
+
+    def _close_hosts(self) -> None:
+        """Tear down what ``_open_hosts`` made."""
+
+    def _addresses(self, ranks: list[RankSpec]) -> list[str]:
+        return [f"{self.bind}:{free_port(self.bind)}" for _ in ranks]
+
+    def _command(self, spec: RankSpec, argv: list[str]) -> list[str]:
+        return argv
+
+    def _environment(self) -> dict[str, str]:
+        # UCX over tcp listens where the ranks do: on loopback unless told otherwise
+        loopback = self.bind.startswith("127.") or self.bind in ("localhost", "::1")
+        return {"UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo" if loopback else "all")}
+
+    def _link_interface(self, spec: RankSpec) -> str | None:
+        return None
+
+    # one run ------------------------------------------------------------------------------------
+
+    def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
+            label: str = "run") -> list[RankResult]:
+        workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
+        logs = self._log_paths(workdir, label, len(ranks))
+        procs: list[subprocess.Popen] = []
+        hub = None
+        try:
+            self._open_hosts(ranks)
+            token = run_token()
+            cluster = Cluster(tuple(self._addresses(ranks)), token)
+            hub = Hub(str(workdir / "hub"), token, len(ranks))
+            env = rank_environment(self._environment())
+            for rank, spec in enumerate(ranks):
+                procs.append(self._start(spec, rank, hub.address, token, logs[rank], env))
+
+            def exited() -> dict[int, str]:
+                codes = {rank: exit_status(proc) for rank, proc in enumerate(procs)}
+                return {rank: describe_exit(code) for rank, code in codes.items() if code is not None}
+
+            try:
+                results = coordinate(hub, ranks, cluster, timeout_s, on_report or (lambda rank, payload: None),
+                                     exited, self._link_interface)
+            except RankFailed as exc:
+                raise exc.with_log(log_tail(logs[exc.rank]) if exc.kind != "failed" else "") from None
+            _wait_all(procs, _EXIT_GRACE_S)
+            return results
+        finally:
+            _end_all(procs)
+            if hub is not None:
+                hub.close()
+            self._close_hosts()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _log_paths(self, workdir: Path, label: str, count: int) -> list[Path]:
+        folder = workdir
+        if self.log_dir is not None:
+            folder = Path(self.log_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+        return [folder / f"{safe}-rank{rank}.log" for rank in range(count)]
+
+    def _start(self, spec: RankSpec, rank: int, hub_address: str, token: str, log: Path,
+               env: dict[str, str]) -> subprocess.Popen:
+        argv = self._command(spec, [sys.executable, "-m", "bench.launch.rank", hub_address, str(rank)])
+        with open(log, "wb") as out:
+            # a session of its own: Ctrl-C reaches the coordinator only, which ends the ranks in order
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        proc.stdin.write(f"{token}\n".encode())
+        proc.stdin.close()
+        return proc
+
+
+def exit_status(proc: subprocess.Popen) -> int | None:
+    """The rank's exit status (negative: the signal) once it has ended, else None.
+
+    It does not reap the process: while the ended leader is not reaped, its pid still names its
+    process group, so the group can be killed without hitting a stranger that got the pid since.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.returncode
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _wait_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(exit_status(proc) is None for proc in procs):
+        time.sleep(0.05)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    if proc.returncode is None:  # not reaped: the pid is still ours
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+
+def _end_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every rank still running (transports close), then SIGKILL its whole process group; reap all."""
+    running = [proc for proc in procs if exit_status(proc) is None]
+    for proc in running:
+        _signal_group(proc, signal.SIGTERM)
+    _wait_all(running, _TERM_GRACE_S)
+    for proc in procs:
+        # also when the leader has ended: a rank's own children stay in its group
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+

@@ -1,0 +1,50 @@
+"""Jobs for the launcher tests, importable by name in the ranks' processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def hello(ctx):
+    return {"rank": ctx.rank, "size": ctx.size, "name": ctx.name, "pid": os.getpid(),
+            "address": ctx.cluster.addresses[ctx.rank]}
+
+
+def ping_pong(ctx, rounds=20):
+    """Ranks 0 and 1 pass a counter back and forth through the coordinator; each reports progress."""
+    peer = 1 - ctx.rank
+    if ctx.rank == 0:
+        ctx.send_to(peer, 0)
+    last = None
+    for _ in range(rounds):
+        last = ctx.receive(timeout=60)
+        ctx.report(("progress", ctx.rank, last))
+        ctx.send_to(peer, last + 1)
+    return last
+
+
+def fail(ctx, wait_for_go=False):
+    if wait_for_go:
+        ctx.receive()
+    raise ValueError(f"rank {ctx.rank} was told to fail")
+
+
+def die(ctx, wait_for_go=False):
+    if wait_for_go:
+        ctx.receive()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wait_forever(ctx, go_to=None):
+    """Report this process's pid, tell rank ``go_to`` (if any) to go on, then wait to be ended."""
+    ctx.report(("pid", os.getpid()))
+    if go_to is not None:
+        ctx.send_to(go_to, "go")
+    while True:
+        time.sleep(1)
+
+
+def silent(ctx, seconds=600):
+    time.sleep(seconds)

@@ -1,0 +1,143 @@
+"""The launcher layer: ranks start, talk to the coordinator, and end, whatever happens to them."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.launch import LaunchError, RankFailed, RankSpec, create
+from bench.launch.base import Hub, connect
+from tests import launch_jobs as jobs
+
+#: generous: the machine running the tests may be busy
+BOUND_S = 60
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def local():
+    with create("local") as launcher:
+        yield launcher
+
+
+def test_every_rank_runs_its_job_and_reports_its_peak_memory(local):
+    results = local.run([RankSpec(jobs.hello, "first"), RankSpec(jobs.hello, "second", host=1)], BOUND_S)
+    assert [r.rank for r in results] == [0, 1]
+    assert [r.result["name"] for r in results] == ["first", "second"]
+    assert all(r.result["size"] == 2 for r in results)
+    assert all(r.peak_rss_mb > 10 for r in results)
+    addresses = [r.result["address"] for r in results]
+    assert all(a.startswith("127.0.0.1:") for a in addresses) and len(set(addresses)) == 2
+    assert not any(alive(r.result["pid"]) for r in results)
+
+
+def test_ranks_pass_messages_through_the_coordinator_and_report_to_it(local):
+    reports = []
+    results = local.run([RankSpec(jobs.ping_pong, "ping"), RankSpec(jobs.ping_pong, "pong")], BOUND_S,
+                        on_report=lambda rank, payload: reports.append((rank, payload)))
+    # 20 rounds each way: rank 1 sees 0, 2, ..., 38 and rank 0 sees 1, 3, ..., 39
+    assert [r.result for r in results] == [39, 38]
+    assert len(reports) == 40
+    assert {rank for rank, _ in reports} == {0, 1}
+
+
+def test_a_rank_that_raises_ends_the_run_naming_it_and_nobody_is_left(local):
+    pids = []
+    with pytest.raises(RankFailed, match=r"rank 1 \(bad\) failed: ValueError: rank 1 was told to fail") as failed:
+        local.run([RankSpec(functools.partial(jobs.wait_forever, go_to=1), "waiter"),
+                   RankSpec(functools.partial(jobs.fail, wait_for_go=True), "bad")], BOUND_S,
+                  on_report=lambda rank, payload: pids.append(payload[1]))
+    assert failed.value.rank == 1 and failed.value.kind == "failed"
+    assert pids and not any(alive(pid) for pid in pids)
+
+
+def test_a_rank_killed_mid_run_is_named_and_the_others_are_ended(local):
+    pids = []
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 \(victim\) died \(killed by SIGKILL\)") as failed:
+        local.run([RankSpec(functools.partial(jobs.wait_forever, go_to=1), "waiter"),
+                   RankSpec(functools.partial(jobs.die, wait_for_go=True), "victim")],
+                  BOUND_S * 10, on_report=lambda rank, payload: pids.append(payload[1]))
+    assert time.monotonic() - started < BOUND_S  # the death, not the run's timeout, ended it
+    assert failed.value.kind == "died"
+    assert pids and not any(alive(pid) for pid in pids)
+
+
+def test_a_silent_run_ends_after_its_timeout_naming_the_ranks(local):
+    with pytest.raises(RankFailed, match=r"no rank said anything for 3 s \(still running: rank 0 \(quiet\)\)"):
+        local.run([RankSpec(jobs.silent, "quiet")], 3)
+
+
+def test_a_rank_that_cannot_start_is_named_with_its_log():
+    with create("local") as launcher:
+        with pytest.raises(RankFailed, match=r"rank 0 \(broken\) (failed|died)") as failed:
+            launcher.run([RankSpec(functools.partial(jobs.hello, missing=1), "broken")], BOUND_S)
+    assert "unexpected keyword argument 'missing'" in str(failed.value)
+
+
+def test_a_stranger_without_the_token_is_refused_and_logged(caplog):
+    hub = Hub(("127.0.0.1", 0), "the-runs-token", ranks=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="bench.launch.base"):
+            with pytest.raises(LaunchError, match="do both use the same TENSOR_BENCH_TOKEN"):
+                connect(hub.address, "a-wrong-token")
+            deadline = time.monotonic() + BOUND_S
+            while "refused" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert "refused a connection to the run's coordinator from 127.0.0.1:" in caplog.text
+        assert "the-runs-token" not in caplog.text and "a-wrong-token" not in caplog.text
+        assert hub.arrivals.empty()
+    finally:
+        hub.close()
+
+
+def test_ranks_exit_when_their_coordinator_is_killed(tmp_path):
+    """A coordinator killed outright (no cleanup at all) leaves no rank behind: they see their hub close."""
+    script = (
+        "import sys; from bench.launch import create, RankSpec; from tests import launch_jobs as jobs\n"
+        "create('local').run([RankSpec(jobs.wait_forever, 'a'), RankSpec(jobs.wait_forever, 'b')], 600,\n"
+        "    on_report=lambda rank, payload: print(payload[1], flush=True))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    coordinator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
+                                   cwd=os.path.dirname(os.path.dirname(__file__)))
+    pids = [int(coordinator.stdout.readline()) for _ in range(2)]
+    assert all(alive(pid) for pid in pids)
+    coordinator.send_signal(signal.SIGKILL)
+    coordinator.wait()
+    deadline = time.monotonic() + BOUND_S
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_services_run_until_the_others_finish_then_report_their_memory(local):
+    results = local.run([RankSpec(jobs.hello, "client"), RankSpec(jobs.wait_forever, "server", service=True)],
+                        BOUND_S)
+    assert results[0].result["name"] == "client"
+    assert results[1].result is None and results[1].peak_rss_mb > 10
+
+
+@pytest.mark.parametrize(("name", "options", "fragment"), [
+    ("local", {"link_rate": "1gbit"}, "--link-rate shapes the links between emulated hosts"),
+    ("nowhere", {}, "unknown launcher 'nowhere' (known: local, netns, mpi)"),
+])
+def test_bad_launcher_options_are_named(name, options, fragment):
+    with pytest.raises(LaunchError) as failed:
+        create(name, **options)
+    assert fragment in str(failed.value)
