@@ -454,7 +454,7 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
     out = args.out or default_run_dir(experiment)
     labels = list(args.transports)
     if experiment == "scale" and "local" not in labels:
-        labels.insert(0, "local")  # the Local line of the figure
+        labels.append("local")  # the Local line of the figure
     runs = [(m, b, t, n) for m in args.models for b in args.batch_sizes for t in labels for n in server_counts]
     if experiment == "scale":  # the Local line is one process, drawn times the number of servers
         runs = list(dict.fromkeys((m, b, t, 1 if t == "local" else n) for m, b, t, n in runs))

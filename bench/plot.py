@@ -53,6 +53,8 @@ def plot_run(path: Path) -> list[Path]:
         return plot_micro(run)
     if run.experiment == "model":
         return plot_model(run)
+    if run.experiment == "scale":
+        return plot_scale(run)
     raise PlotError(f"{path}: no figures are defined for experiment '{run.experiment}'")
 
 
@@ -83,6 +85,23 @@ def _save(fig, run: Run, stem: str) -> list[Path]:
         written.append(out)
     plt.close(fig)
     return written
+
+
+def _compute_note(records) -> str:
+    """How the workers computed, when not for real: replayed records are never to be mistaken for real ones."""
+    modes = sorted(set(records["compute"].dropna())) if "compute" in records else []
+    notes = {"replay": "compute REPLAYED (workers wait the time measured here)",
+             "paper": "compute REPLAYED at the paper's P100 times (Table 2)"}
+    return " · ".join(notes[m] for m in modes if m in notes)
+
+
+def _launch_note(records) -> str:
+    parts = []
+    if "launcher" in records and records["launcher"].notna().any():
+        parts.append("launcher " + ", ".join(sorted(set(records["launcher"].dropna().astype(str)))))
+    if "link_rate" in records and records["link_rate"].notna().any():
+        parts.append("links " + ", ".join(sorted(set(records["link_rate"].dropna().astype(str)))))
+    return " · ".join(parts)
 
 
 def _transports_in_order(records) -> list[str]:
@@ -151,7 +170,9 @@ def plot_model(run: Run) -> list[Path]:
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
     servers = ", ".join(str(s) for s in sorted(set(records["servers"])))
-    fig.suptitle(f"Training throughput ({servers} server(s))\n" + _subtitle(run), fontsize=10)
+    notes = " · ".join(n for n in (_compute_note(records), _launch_note(records)) if n)
+    fig.suptitle(f"Training throughput ({servers} server(s))" + (f"\n{notes}" if notes else "") + "\n"
+                 + _subtitle(run), fontsize=10)
     fig.tight_layout()
     written += _save(fig, run, "model_throughput")
 
@@ -171,4 +192,51 @@ def plot_model(run: Run) -> list[Path]:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     written += _save(fig, run, "model_step_time")
+    return written
+
+
+def plot_scale(run: Run) -> list[Path]:
+    """Figure 11 of the paper: total mini-batches per second against servers, per transport, and the Local line.
+
+    The Local line is one process without communication, times the number of servers: what perfect
+    scaling of local training would give. A second figure draws the scaling efficiency.
+    """
+    records = run.records.sort_values("servers")
+    panels = list(dict.fromkeys(zip(records["model"], records["batch_size"], strict=True)))
+    notes = " · ".join(n for n in (_compute_note(records), _launch_note(records)) if n)
+    written = []
+    for stem, column, label in (("scale_throughput", "total_batches_per_s", "total mini-batches per second"),
+                                ("scale_efficiency", "scaling_efficiency",
+                                 "scaling efficiency (throughput / servers x 1-server)")):
+        columns = min(3, len(panels))
+        rows = -(-len(panels) // columns)
+        fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 4.2 * rows), squeeze=False)
+        for ax, (model, batch) in zip(axes.flat, panels, strict=False):
+            subset = records[(records["model"] == model) & (records["batch_size"] == batch)]
+            servers = sorted(set(subset["servers"]))
+            for name in _transports_in_order(subset):
+                line = subset[subset["transport"] == name]
+                if name == "local":  # one process: perfect scaling of it is the reference
+                    single = line["total_batches_per_s"].mean()
+                    values = [single * n for n in servers] if column == "total_batches_per_s" else [1.0] * len(servers)
+                    ax.plot(servers, values, label=LABELS["local"] + " x servers", **STYLE["local"])
+                    continue
+                ax.plot(line["servers"], line[column], label=LABELS.get(name, name), **STYLE.get(name, {}))
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(servers))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{int(v)}"))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlabel("servers (each a worker and a parameter server)")
+            ax.set_ylabel(label)
+            if column == "scaling_efficiency":
+                ax.set_ylim(bottom=0)
+            ax.set_title(f"{model}, batch {batch} per worker")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        title = "Scalability: throughput against servers" if column != "scaling_efficiency" else "Scaling efficiency"
+        fig.suptitle(title + (f"\n{notes}" if notes else "") + "\n" + _subtitle(run), fontsize=10)
+        fig.tight_layout()
+        written += _save(fig, run, stem)
     return written

@@ -47,7 +47,8 @@ def prepare(config: TrainConfig, launcher: Launcher | None = None) -> TrainConfi
             raise TrainingError(f"the paper gives no compute time for model '{config.model}'; "
                                 "use --compute replay or real")
     results = (launcher or LocalLauncher()).run(
-        [RankSpec(functools.partial(profile, config), "profiler")], config.timeout_s + _SLACK_S,
+        [RankSpec(functools.partial(profile, config, steps=5 if config.compute == "replay" else 0), "profiler")],
+        config.timeout_s + _SLACK_S,
         label=f"profile-{config.model}-b{config.batch_size}")
     if not results:  # not the coordinator (MPI): the coordinator assigns the prepared config
         return config

@@ -48,3 +48,39 @@ def wait_forever(ctx, go_to=None):
 
 def silent(ctx, seconds=600):
     time.sleep(seconds)
+
+
+LINK_PAYLOAD = 1 << 20
+
+
+def link_traffic(ctx):
+    """Ranks 0 and 1 on two hosts: each sends the other LINK_PAYLOAD bytes over TCP; returns what its link counted."""
+    import socket
+    import threading
+
+    host, port = ctx.cluster.addresses[ctx.rank].rsplit(":", 1)
+    before = ctx.link_bytes()
+    with socket.create_server((host, int(port))) as server:
+        got = []
+
+        def serve():
+            conn, _ = server.accept()
+            with conn:
+                total = 0
+                while chunk := conn.recv(1 << 16):
+                    total += len(chunk)
+                got.append(total)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        peer_host, peer_port = ctx.cluster.addresses[1 - ctx.rank].rsplit(":", 1)
+        for _ in range(600):  # the peer may not listen yet
+            try:
+                with socket.create_connection((peer_host, int(peer_port)), timeout=10) as out:
+                    out.sendall(b"x" * LINK_PAYLOAD)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.1)
+        thread.join()
+    after = ctx.link_bytes()
+    return {"address": ctx.cluster.addresses[ctx.rank], "received": after[1] - before[1], "got": got[0]}

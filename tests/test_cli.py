@@ -103,3 +103,36 @@ def test_bad_model_input_is_one_line_exit_2(args, fragment):
     result = bench(*args)
     assert result.returncode == 2 and fragment in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_scale_end_to_end_labels_replayed_records_and_draws_figure_11(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "run"
+    result = bench("scale", "tests.tiny_models:TINY", "--transport", "zerocopy", "--servers", "1,2", "--steps", "2",
+                   "--warmup", "1", "--fabric-transport", "shm", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = load_run(out)
+    records = run.records.set_index(["transport", "servers"])
+    assert sorted(records.index) == [("local", 1), ("zerocopy", 1), ("zerocopy", 2)]
+    assert (run.records["compute"] == "replay").all() and (run.records["launcher"] == "local").all()
+    assert records.loc[("zerocopy", 1), "scaling_efficiency"] == 1.0
+    assert records.loc[("zerocopy", 2), "total_batches_per_s"] == pytest.approx(
+        2 * records.loc[("zerocopy", 2), "throughput_batches_per_s"])
+    assert run.meta["compute_s"]["tests.tiny_models:TINY-b1"] > 0
+    assert (out / "scale_throughput.png").is_file() and (out / "scale_efficiency.svg").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["scale", "vgg16", "--servers", "0"], "at least 1"),
+        (["scale", "vgg16", "--compute", "guess"], "invalid choice: 'guess'"),
+        (["scale", "vgg16", "--link-rate", "10gbit"], "--link-rate shapes the links between emulated hosts"),
+        (["micro", "--launcher", "smoke-signals"], "invalid choice: 'smoke-signals'"),
+        (["micro", "--launcher", "mpi", "--bind", "nowhere0"], "--bind nowhere0: no such address or network interface"),
+    ],
+)
+def test_bad_scale_and_launcher_input_is_one_line_exit_2(args, fragment):
+    result = bench(*args)
+    assert result.returncode == 2 and fragment in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

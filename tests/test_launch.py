@@ -84,9 +84,8 @@ def test_a_silent_run_ends_after_its_timeout_naming_the_ranks(local):
 
 
 def test_a_rank_that_cannot_start_is_named_with_its_log():
-    with create("local") as launcher:
-        with pytest.raises(RankFailed, match=r"rank 0 \(broken\) (failed|died)") as failed:
-            launcher.run([RankSpec(functools.partial(jobs.hello, missing=1), "broken")], BOUND_S)
+    with create("local") as launcher, pytest.raises(RankFailed, match=r"rank 0 \(broken\) (failed|died)") as failed:
+        launcher.run([RankSpec(functools.partial(jobs.hello, missing=1), "broken")], BOUND_S)
     assert "unexpected keyword argument 'missing'" in str(failed.value)
 
 
@@ -141,3 +140,42 @@ def test_bad_launcher_options_are_named(name, options, fragment):
     with pytest.raises(LaunchError) as failed:
         create(name, **options)
     assert fragment in str(failed.value)
+
+
+# -- emulated hosts (netns) -----------------------------------------------------------------------
+
+
+def _netns_or_skip():
+    from bench.launch import LauncherUnavailable
+
+    try:
+        return create("netns", link_rate="1gbit")
+    except LauncherUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _our_namespaces() -> list[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in listing.splitlines() if line.startswith(f"tbench-{os.getpid()}-")]
+
+
+def test_netns_ranks_run_on_their_own_hosts_and_the_hosts_are_removed():
+    launcher = _netns_or_skip()
+    with launcher:
+        results = launcher.run([RankSpec(jobs.link_traffic, "server 0", host=0),
+                                RankSpec(jobs.link_traffic, "server 1", host=1)], BOUND_S)
+    hosts = [r.result["address"].rsplit(":", 1)[0] for r in results]
+    assert hosts[0] != hosts[1] and all(h.startswith("198.18.") for h in hosts)
+    # each rank sees its own link, and the bytes the other sent it crossed that link
+    assert all(r.result["received"] >= jobs.LINK_PAYLOAD for r in results)
+    assert launcher.fabric_transport("shm") == "tcp"
+    assert launcher.describe()["link_rate"] == "1gbit"
+    assert _our_namespaces() == []
+
+
+def test_netns_hosts_are_removed_when_a_rank_is_killed():
+    launcher = _netns_or_skip()
+    with launcher, pytest.raises(RankFailed, match=r"rank 1 \(victim\) died \(killed by SIGKILL\)"):
+        launcher.run([RankSpec(functools.partial(jobs.wait_forever, go_to=1), "waiter", host=0),
+                      RankSpec(functools.partial(jobs.die, wait_for_go=True), "victim", host=1)], BOUND_S * 10)
+    assert _our_namespaces() == []

@@ -51,6 +51,24 @@ def test_model_figures_are_drawn(tmp_path):
     assert (tmp_path / "run" / "model_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_scale_figures_draw_the_local_line_and_name_replayed_compute(tmp_path):
+    writer = RunWriter(tmp_path / "run", "scale", {})
+    for transport, per_worker in (("zerocopy", 3.0), ("grpc_tcp", 1.0)):
+        for servers in (1, 2, 4):
+            writer.add({"transport": transport, "model": "vgg16", "batch_size": 1, "servers": servers, "steps": 5,
+                        "step_time_s": 1 / per_worker, "throughput_batches_per_s": per_worker / servers ** 0.5,
+                        "compute_s": 0.1, "comm_s": 0.0, "launcher": "local", "compute": "replay", "link_rate": "",
+                        "total_batches_per_s": per_worker * servers ** 0.5, "scaling_efficiency": servers ** -0.5})
+    writer.add({"transport": "local", "model": "vgg16", "batch_size": 1, "servers": 1, "steps": 5, "step_time_s": 0.2,
+                "throughput_batches_per_s": 5.0, "compute_s": 0.2, "comm_s": 0.0, "launcher": "local",
+                "compute": "replay", "link_rate": "", "total_batches_per_s": 5.0, "scaling_efficiency": 1.0})
+    writer.finish()
+    names = sorted(p.name for p in plot_run(tmp_path / "run"))
+    assert names == ["scale_efficiency.png", "scale_efficiency.svg", "scale_throughput.png", "scale_throughput.svg"]
+    svg = (tmp_path / "run" / "scale_throughput.svg").read_text()
+    assert "REPLAYED" in svg and "Local (no transfer) x servers" in svg
+
+
 def test_an_experiment_without_figures_is_named(tmp_path):
     writer = RunWriter(tmp_path / "run", "converge", {})
     writer.add({"transport": "local", "loss": 1.0})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -118,3 +120,43 @@ def test_asynchronous_sgd_with_two_workers_applies_every_gradient():
     # each of the 4 variables got one gradient per worker per timed step
     assert sum(applied) == 4 * 2 * 4
     assert all(np.isfinite(w).all() for w in final_weights(result).values())
+
+
+LEDGER = ("tensors_sent", "tensors_received", "payload_bytes_sent", "payload_bytes_received", "copied_bytes")
+
+
+@pytest.mark.parametrize(("transport", "options"), [("grpc_tcp", {}), ("zerocopy", {"fabric_transport": "shm"})])
+def test_replayed_compute_moves_the_same_tensors_as_real_compute(transport, options):
+    from bench.training import prepare
+
+    real = config(transport, options, servers=2)
+    replay = prepare(dataclasses.replace(real, compute="replay"))
+    assert replay.compute_s > 0 and [v.shape for v in replay.variables] == [(8, 16), (16,), (16, 3), (3,)]
+    outcomes = [train(run)["outcome"] for run in (real, replay)]
+    for rank in range(4):
+        (role, real_times), (same_role, replayed_times) = outcomes[0][rank], outcomes[1][rank]
+        assert role == same_role
+        ledgers = [{k: times.extra["stats"][k] for k in LEDGER} for times in (real_times, replayed_times)]
+        assert ledgers[0] == ledgers[1]
+        assert real_times.copied_bytes == replayed_times.copied_bytes  # the runtime's own copies too
+    records = [summarize(run, outcome) for run, outcome in zip((real, replay), outcomes, strict=True)]
+    assert records[0]["copied_bytes_per_step"] == records[1]["copied_bytes_per_step"]
+
+
+def test_replayed_processes_build_no_model():
+    from bench.training import prepare
+
+    replay = prepare(config("zerocopy", {"fabric_transport": "shm"}, servers=1))
+    replay = prepare(dataclasses.replace(replay, compute="replay"))
+    outcome = train(replay)["outcome"]
+    # TensorFlow alone takes hundreds of MB; the replaying ranks never import it
+    assert all(times.extra["peak_rss_mb"] < 200 for _, times in outcome.values())
+
+
+def test_paper_compute_is_the_papers_time_per_sample_times_the_batch():
+    from bench.training import TrainingError, prepare
+
+    fcn5 = TrainConfig(model="fcn5", transport="zerocopy", transport_options={}, batch_size=4, compute="paper")
+    assert prepare(fcn5).compute_s == pytest.approx(4 * 4.88e-3)
+    with pytest.raises(TrainingError, match=r"the paper gives no compute time for model 'tests\.tiny_models:TINY'"):
+        prepare(dataclasses.replace(config(), compute="paper"))

@@ -55,7 +55,8 @@ class NetnsLauncher(LocalLauncher):
 
     def _open_hosts(self, ranks: list[RankSpec]) -> None:
         self._hosts = EmulatedHosts(max(spec.host for spec in ranks) + 1, self.link_rate_bps).create()
-        self._described = {k: v for k, v in self._hosts.describe().items() if k not in ("addresses", "namespace_prefix")}
+        described = self._hosts.describe()
+        self._described = {k: v for k, v in described.items() if k not in ("addresses", "namespace_prefix")}
         self._host_counts.add(self._hosts.hosts)
 
     def _close_hosts(self) -> None:

@@ -420,10 +420,12 @@ def local_job(config: TrainConfig, ctx) -> StepTimes:
 
 
 def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[tuple[Variable, ...], float]:
-    """The analyzer's variables and one worker's compute seconds per step (median of ``steps``), in one process."""
+    """The analyzer's variables and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
     import tensorflow as tf
 
     definition, model = _build(config)
+    if not steps:
+        return tuple(variables_of(model)), float("nan")
     step_fn = _step_function(model, definition.loss_fn())
     non_trainable = [v.value for v in model.non_trainable_variables]
     weights = [tf.constant(v.value) for v in model.trainable_variables]
