@@ -119,6 +119,30 @@ def _add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:
                         + ". Replayed records are labelled in the 'compute' column and the figures")
 
 
+def _add_training_options(parser: argparse.ArgumentParser, experiment: str, transports: list[str], steps: int,
+                          compute: str) -> None:
+    """What ``bench model`` and ``bench scale`` share: models, transports, batches, steps, compute, launch."""
+    parser.add_argument("models", type=_model_list, metavar="MODEL",
+                        help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
+    parser.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
+                        default=transports,
+                        help="comma list of transports (name or name:mode), plus 'local' (one process, no "
+                        "communication) and 'tf_grpc' (TensorFlow's own parameter-server training)")
+    parser.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
+                        help="per-worker mini-batch sizes, comma list")
+    parser.add_argument("--steps", type=_positive_int, default=steps, help="timed steps")
+    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
+    parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
+                        help="UCX transports for the fabric transports (netns: always tcp)")
+    parser.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results directory (default: results/{experiment}-<time>/)")
+    parser.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    _add_compute_option(parser, compute)
+    _add_launch_options(parser)
+
+
 def build_parser() -> Parser:
     parser = Parser(
         prog="bench",
@@ -183,27 +207,11 @@ def build_parser() -> Parser:
         "over its C++ gRPC runtime. Records mini-batches per second per worker and a step-time breakdown.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    model.add_argument("models", type=_model_list, metavar="MODEL",
-                       help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
-    model.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
-                       default=["zerocopy"],
-                       help="comma list of transports (name or name:mode), plus 'local' and 'tf_grpc'")
-    model.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
-                       help="per-worker mini-batch sizes, comma list")
+    _add_training_options(model, "model", transports=["zerocopy"], steps=20, compute="real")
     model.add_argument("--servers", type=_positive_int, default=None,
                        help="servers, each a worker and a PS (default 1; under --launcher mpi, half the ranks)")
-    model.add_argument("--steps", type=_positive_int, default=20, help="timed steps")
-    model.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
-    model.add_argument("--learning-rate", type=float, default=0.01)
     model.add_argument("--async", dest="asynchronous", action="store_true",
                        help="asynchronous SGD: each PS applies every worker's gradients as they arrive")
-    model.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
-                       help="UCX transports for the fabric transports")
-    model.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
-    model.add_argument("--out", type=Path, default=None, help="results directory (default: results/model-<time>/)")
-    model.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
-    _add_compute_option(model, "real")
-    _add_launch_options(model)
     model.set_defaults(func=cmd_model)
 
     scale = commands.add_parser(
@@ -216,26 +224,9 @@ def build_parser() -> Parser:
         "for the CPU: --compute replay (the default here) waits each worker's measured compute time instead.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    scale.add_argument("models", type=_model_list, metavar="MODEL",
-                       help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
-    scale.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
-                       default=["zerocopy", "grpc_tcp"],
-                       help="comma list of transports (name or name:mode); 'local' adds the Local line, which is "
-                       "drawn anyway")
+    _add_training_options(scale, "scale", transports=["zerocopy", "grpc_tcp"], steps=10, compute="replay")
     scale.add_argument("--servers", dest="server_counts", type=_int_list, default=[1, 2, 4],
                        help="comma list of server counts")
-    scale.add_argument("--batch-size", dest="batch_sizes", type=_int_list, default=[1],
-                       help="per-worker mini-batch sizes, comma list")
-    scale.add_argument("--steps", type=_positive_int, default=10, help="timed steps")
-    scale.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
-    scale.add_argument("--learning-rate", type=float, default=0.01)
-    scale.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
-                       help="UCX transports for the fabric transports (netns: always tcp)")
-    scale.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
-    scale.add_argument("--out", type=Path, default=None, help="results directory (default: results/scale-<time>/)")
-    scale.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
-    _add_compute_option(scale, "replay")
-    _add_launch_options(scale)
     scale.set_defaults(func=cmd_scale, asynchronous=False)
 
     models = commands.add_parser(
