@@ -179,3 +179,11 @@ def test_netns_hosts_are_removed_when_a_rank_is_killed():
         launcher.run([RankSpec(functools.partial(jobs.wait_forever, go_to=1), "waiter", host=0),
                       RankSpec(functools.partial(jobs.die, wait_for_go=True), "victim", host=1)], BOUND_S * 10)
     assert _our_namespaces() == []
+
+
+def test_bind_takes_an_interface_and_ranks_listen_on_its_address():
+    with create("local", bind="lo") as launcher:
+        results = launcher.run([RankSpec(jobs.hello, "only")], BOUND_S)
+    assert results[0].result["address"].startswith("127.0.0.1:")
+    with pytest.raises(LaunchError, match="--bind nowhere0: no such address or network interface here"):
+        create("local", bind="nowhere0")

@@ -38,7 +38,7 @@ def create(name: str, *, bind: str | None = None, link_rate: str | None = None,
 
         if link_rate:
             raise LaunchError("--link-rate shapes the links between emulated hosts: use it with --launcher netns")
-        return LocalLauncher(bind=bind or "127.0.0.1", log_dir=log_dir)
+        return LocalLauncher(bind=bind, log_dir=log_dir)
     if name == "netns":
         from bench.launch.netns import NetnsLauncher
 

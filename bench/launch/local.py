@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
 from transports import Cluster
 from transports.base import free_port
@@ -75,8 +77,8 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
-    def __init__(self, bind: str = "127.0.0.1", log_dir: Path | None = None) -> None:
-        self.bind = bind
+    def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
+        self.bind = resolve_bind(bind, [socket.gethostname()])
         self.log_dir = log_dir
 
     def describe(self) -> dict[str, Any]:
@@ -97,9 +99,7 @@ class LocalLauncher(Launcher):
         return argv
 
     def _environment(self) -> dict[str, str]:
-        # UCX over tcp listens where the ranks do: on loopback unless told otherwise
-        loopback = self.bind.startswith("127.") or self.bind in ("localhost", "::1")
-        return {"UCX_NET_DEVICES": os.environ.get("UCX_NET_DEVICES", "lo" if loopback else "all")}
+        return ucx_devices(self.bind)  # UCX over tcp listens where the ranks do: on loopback unless told otherwise
 
     def _link_interface(self, spec: RankSpec) -> str | None:
         return None

@@ -19,17 +19,15 @@ UCX over tcp is pointed at the same interface.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import ipaddress
 import os
 import socket
-import struct
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import (
     Hub,
     Launcher,
@@ -44,45 +42,6 @@ from bench.launch.base import (
 )
 from transports import Cluster, load_fabric
 from transports.base import free_port
-
-_SIOCGIFADDR = 0x8915
-
-
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of network interface ``name``, or None when there is no such interface."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def interface_of(address: str) -> str | None:
-    """The name of the interface that has ``address``, or None."""
-    for _, name in socket.if_nameindex():
-        if interface_address(name) == address:
-            return name
-    return None
-
-
-def resolve_bind(bind: str | None, hostnames: list[str]) -> str:
-    """The address to listen on: ``bind`` (an address, or an interface), or the default for these hosts."""
-    if bind:
-        with contextlib.suppress(ValueError):
-            return str(ipaddress.ip_address(bind))
-        address = interface_address(bind)
-        if address is None:
-            raise LaunchError(f"--bind {bind}: no such address or network interface here "
-                              f"(interfaces: {', '.join(name for _, name in socket.if_nameindex())})")
-        return address
-    if len(set(hostnames)) == 1:
-        return "127.0.0.1"
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError as exc:
-        raise LaunchError(f"the ranks span hosts, and this host's name does not resolve ({exc}); "
-                          "choose where ranks listen with --bind ADDRESS|INTERFACE") from None
 
 
 class MpiLauncher(Launcher):
@@ -107,10 +66,7 @@ class MpiLauncher(Launcher):
         self.bind = resolve_bind(bind, hostnames)
         self._broken = ""
         self._ended = False
-        if "UCX_NET_DEVICES" not in os.environ:
-            device = "lo" if self.bind.startswith("127.") else interface_of(self.bind)
-            if device:
-                os.environ["UCX_NET_DEVICES"] = device
+        os.environ.update(ucx_devices(self.bind))
 
     @property
     def is_coordinator(self) -> bool:  # type: ignore[override]

@@ -38,7 +38,8 @@ class NetnsLauncher(LocalLauncher):
             self.link_rate_bps = parse_rate(link_rate) if link_rate else None
         except ValueError as exc:
             raise LaunchError(f"--link-rate: {exc}") from None
-        super().__init__(bind="", log_dir=log_dir)
+        super().__init__(log_dir=log_dir)
+        self.bind = ""  # every host has an address of its own
         self.link_rate = link_rate
         self._hosts: EmulatedHosts | None = None
         self._described: dict[str, Any] = {}

@@ -1,0 +1,59 @@
+"""Where ranks listen: an address or an interface (``--bind``), and the UCX devices that go with it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+
+from bench.launch.base import LaunchError
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface ``name``, or None when there is no such interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that has ``address``, or None."""
+    for _, name in socket.if_nameindex():
+        if interface_address(name) == address:
+            return name
+    return None
+
+
+def resolve_bind(bind: str | None, hostnames: list[str]) -> str:
+    """The address to listen on: ``bind`` (an address, or an interface), or the default for ranks on these hosts."""
+    if bind:
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(bind))
+        address = interface_address(bind)
+        if address is None:
+            raise LaunchError(f"--bind {bind}: no such address or network interface here "
+                              f"(interfaces: {', '.join(name for _, name in socket.if_nameindex())})")
+        return address
+    if len(set(hostnames)) == 1:
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError as exc:
+        raise LaunchError(f"the ranks span hosts, and this host's name does not resolve ({exc}); "
+                          "choose where ranks listen with --bind ADDRESS|INTERFACE") from None
+
+
+def ucx_devices(address: str) -> dict[str, str]:
+    """``UCX_NET_DEVICES`` for ranks listening on ``address``: UCX over tcp listens there too (unless set already)."""
+    if "UCX_NET_DEVICES" in os.environ:
+        return {"UCX_NET_DEVICES": os.environ["UCX_NET_DEVICES"]}
+    device = "lo" if ipaddress.ip_address(address).is_loopback else interface_of(address)
+    return {"UCX_NET_DEVICES": device} if device else {}
