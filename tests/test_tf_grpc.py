@@ -1,103 +1,103 @@
-"""The tf_grpc reference run: TensorFlow's ParameterServerStrategy over its gRPC runtime, in separate processes."""
+"""The tf_grpc reference run: TensorFlow's ParameterServerStrategy over its gRPC runtime, ranks of a launcher run."""
 
 from __future__ import annotations
 
 import math
 import os
-import time
+import signal
+import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from bench import tf_grpc
+from bench.launch import LaunchError, LauncherUnavailable, RankSpec
+from bench.launch.hosts import NetnsUnavailable
+from bench.launch.local import LocalLauncher
+from bench.launch.mpi import MpiLauncher
+from bench.launch.netns import NetnsLauncher
 from bench.results import REQUIRED_COLUMNS
-from bench.tf_grpc import TfGrpcError, TfGrpcTimeout, network_isolation, record_row, run_tf_grpc
+from bench.tf_grpc import TfGrpcError, TfGrpcTimeout, record_row, run_tf_grpc
+from tests.tf_grpc_models import build_failing, build_hanging
+from tests.tiny_models import TINY
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
-#: seconds a run may take here before the test stops waiting; start-up imports TensorFlow in every process
+#: seconds of silence a run may keep here; start-up imports TensorFlow in every process of a busy machine
 RUN_TIMEOUT_S = 150.0
 
 
-# The callables a run gets: module level, so the chief process imports them by name.
+def _netns_available() -> tuple[bool, str]:
+    try:
+        NetnsLauncher()
+    except LauncherUnavailable as exc:
+        return False, str(exc)
+    return True, ""
 
 
-def build_mlp():
-    """A 2-layer MLP: 8 inputs, 16 hidden, 3 classes."""
-    import keras
-
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+NETNS, WHY_NOT_NETNS = _netns_available()
+needs_netns = pytest.mark.skipif(not NETNS, reason=f"no network namespaces here: {WHY_NOT_NETNS}")
 
 
-def make_batch(batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((batch_size, 8)).astype(np.float32), rng.integers(0, 3, batch_size).astype(np.int32)
-
-
-def loss_fn():
-    import keras
-
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def build_failing():
-    raise RuntimeError("no model today: build_failing was asked to fail")
-
-
-def build_hanging():
-    time.sleep(3600)
-
-
-def _processes_in_group(group: int) -> list[str]:
-    """Command lines of the live processes in process group ``group`` (zombies count as gone)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        # after the command: state, ppid, pgrp
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(f"{stat.parent.name}: {cmdline}")
-    return found
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _children_of_this_process() -> set[str]:
     """Live children of the test process (other tests may have left long-lived ones, e.g. a resource tracker)."""
-    pid = os.getpid()
     children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
             children += (task / "children").read_text().split()
         except OSError:
             continue
-    alive = set()
-    for child in children:
-        try:
-            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                alive.add(child)
-        except OSError:
-            continue
-    return alive
+    return {child for child in children if _alive(int(child))}
 
 
-@pytest.mark.parametrize(
-    ("servers", "isolate"),
-    [(1, True), (2, True), (1, False)],
-    ids=["1-server", "2-servers", "1-server-loopback-fallback"],
-)
-def test_trains_with_the_variables_on_the_ps_tasks(servers, isolate, monkeypatch):
-    if isolate and not network_isolation()[0]:
-        pytest.skip(f"no private network namespace here: {network_isolation()[1]}")
-    if not isolate:  # as where unshare is not permitted
-        monkeypatch.setattr(tf_grpc, "_ISOLATION", (False, "isolation turned off by the test"))
-    children_before = _children_of_this_process()
-    steps = 4
-    record = run_tf_grpc(build_mlp, make_batch, loss_fn, batch_size=8, servers=servers, steps=steps, warmup=1,
-                         timeout_s=RUN_TIMEOUT_S)
+def _our_namespaces() -> list[str]:
+    """The network namespaces this test process's emulated hosts have left (named ``tbench-<pid>-...``)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [name for name in listed if name.startswith(f"tbench-{os.getpid()}-")]
 
+
+@pytest.fixture
+def nothing_left_behind():
+    """Asserts after the test that no process the test started, nor a namespace of its, is left."""
+    before = _children_of_this_process()
+    yield
+    assert _children_of_this_process() <= before
+    assert _our_namespaces() == []
+
+
+class WatchedNetns(NetnsLauncher):
+    """``--launcher netns`` that keeps the pids the ranks report, and kills rank ``victim`` after step 1."""
+
+    def __init__(self, victim: str | None = None) -> None:
+        super().__init__()
+        self.victim = victim
+        self.pids: dict[str, int] = {}
+
+    def run(self, ranks, timeout_s, on_report=None, label="run"):
+        def watch(rank, payload):
+            if payload[0] == "serving":
+                self.pids[payload[1]] = payload[2]
+            elif payload[0] == "started":
+                self.pids["chief"] = payload[1]
+            elif payload[:2] == ("step", 1) and self.victim:
+                os.kill(self.pids[self.victim], signal.SIGKILL)
+
+        return super().run(ranks, timeout_s, watch, label)
+
+
+def _train(servers: int, steps: int = 4, launcher=None) -> dict:
+    return run_tf_grpc(TINY.build, TINY.make_batch, TINY.loss_fn, batch_size=8, servers=servers, steps=steps,
+                       warmup=1, timeout_s=RUN_TIMEOUT_S, launcher=launcher)
+
+
+def _check_record(record: dict, servers: int, steps: int = 4) -> None:
     assert set(record) >= {*REQUIRED_COLUMNS["model"], "isolated_network", "worker_peak_rss_mb", "ps_peak_rss_mb"}
     assert record["transport"] == "tf_grpc"
     assert (record["batch_size"], record["servers"], record["steps"]) == (8, servers, steps)
@@ -105,64 +105,123 @@ def test_trains_with_the_variables_on_the_ps_tasks(servers, isolate, monkeypatch
     assert record["min_step_time_s"] <= record["step_time_s"] <= record["max_step_time_s"]
     assert record["throughput_batches_per_s"] == pytest.approx(1 / record["step_time_s"])
     assert math.isnan(record["compute_s"]) and math.isnan(record["comm_s"])
-    assert record["isolated_network"] is isolate
     assert record["isolation_note"]
-    assert record["worker_peak_rss_mb"] > 0 and record["ps_peak_rss_mb"] > 0
-    assert set(record["peak_rss_mb_per_process"]) == {f"{kind}-{i}" for kind in ("ps", "worker")
-                                                      for i in range(servers)}
+    processes = {"chief"} | {f"{kind} {i}" for kind in ("ps", "worker") for i in range(servers)}
+    assert set(record["peak_rss_mb_per_process"]) == processes
+    assert all(mb > 10 for mb in record["peak_rss_mb_per_process"].values())
+    assert record["worker_peak_rss_mb"] > 10 and record["ps_peak_rss_mb"] > 10 and record["chief_peak_rss_mb"] > 10
     assert math.isfinite(record["first_loss"]) and math.isfinite(record["last_loss"])
-    assert len(record["worker_batches_last_step"]) == servers
+    # every step gave each worker one batch
+    assert record["worker_batches_last_step"] == [1 + steps] * servers
+    assert [len(record["cluster"][job]) for job in ("chief", "ps", "worker")] == [1, servers, servers]
 
     # every variable lived on a PS task, round-robin over all of them
     devices = record["variable_devices"]
     assert len(devices) == 4
     assert all(d.startswith("/job:ps/") for d in devices.values()), devices
     assert {d.split("/task:")[1].split("/")[0] for d in devices.values()} == {str(i) for i in range(servers)}
-
     assert set(record_row(record)) >= set(REQUIRED_COLUMNS["model"])
-    assert _processes_in_group(record["process_group"]) == []
-    assert _children_of_this_process() <= children_before
 
 
-def test_a_failing_build_raises_with_its_message_and_leaves_no_process():
-    children_before = _children_of_this_process()
-    started = time.monotonic()
-    with pytest.raises(TfGrpcError, match="no model today") as raised:
-        run_tf_grpc(build_failing, make_batch, loss_fn, batch_size=4, servers=1, steps=2, timeout_s=RUN_TIMEOUT_S)
-    assert time.monotonic() - started < RUN_TIMEOUT_S
+@needs_netns
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("given", [None, "local"])
+def test_under_local_it_trains_in_a_private_emulated_host(servers, given, nothing_left_behind):
+    record = _train(servers, launcher=LocalLauncher() if given else None)
+    _check_record(record, servers)
+    assert record["isolated_network"] is True
+    assert "private emulated host" in record["isolation_note"]
+    # every rank on the one host, none on the host's loopback
+    addresses = [a for job in record["cluster"].values() for a in job]
+    assert len({a.rsplit(":", 1)[0] for a in addresses}) == 1
+    assert not any(a.startswith("127.") for a in addresses)
+
+
+def test_without_namespaces_it_falls_back_to_loopback_and_says_so(monkeypatch, nothing_left_behind):
+    def refuse() -> None:
+        raise NetnsUnavailable("namespaces refused by the test")
+
+    monkeypatch.setattr("bench.launch.netns.check_support", refuse)
+    record = _train(1)
+    _check_record(record, 1)
+    assert record["isolated_network"] is False
+    assert "namespaces refused by the test" in record["isolation_note"]
+    assert "every interface" in record["isolation_note"]
+    assert all(a.startswith("127.0.0.1:") for job in record["cluster"].values() for a in job)
+
+
+@needs_netns
+def test_under_netns_each_server_runs_on_its_own_host(nothing_left_behind):
+    launcher = WatchedNetns()
+    record = _train(2, launcher=launcher)
+    _check_record(record, 2)
+    assert record["isolated_network"] is True
+    host = {job: [a.rsplit(":", 1)[0] for a in addresses] for job, addresses in record["cluster"].items()}
+    assert host["ps"] == host["worker"] and len(set(host["ps"])) == 2
+    assert host["chief"] == host["ps"][:1]
+    assert set(launcher.pids) == set(record["peak_rss_mb_per_process"])
+    assert not any(_alive(pid) for pid in launcher.pids.values())
+
+
+@needs_netns
+@pytest.mark.parametrize(("victim", "rank"), [("ps 1", 2), ("worker 0", 3)])
+def test_a_server_killed_mid_run_is_named_and_nothing_is_left(victim, rank, nothing_left_behind):
+    launcher = WatchedNetns(victim)
+    with pytest.raises(TfGrpcError, match=rf"rank {rank} \({victim}\) died \(killed by SIGKILL\)") as raised:
+        _train(2, steps=100_000, launcher=launcher)
     assert not isinstance(raised.value, TfGrpcTimeout)
-    assert "RuntimeError" in str(raised.value)
-    assert _processes_in_group(raised.value.process_group) == []
-    assert _children_of_this_process() <= children_before
+    assert str(raised.value).startswith(f"tf_grpc: rank {rank} ({victim}) died")
+    assert len(launcher.pids) == 5 and not any(_alive(pid) for pid in launcher.pids.values())
 
 
-def test_a_hanging_run_is_killed_at_its_timeout_and_leaves_no_process():
-    children_before = _children_of_this_process()
-    started = time.monotonic()
-    with pytest.raises(TfGrpcTimeout, match="timeout_s=5") as raised:
-        run_tf_grpc(build_hanging, make_batch, loss_fn, batch_size=4, servers=1, steps=2, timeout_s=5)
-    assert time.monotonic() - started < 60
-    assert "where the chief's main thread was" in str(raised.value)
-    assert _processes_in_group(raised.value.process_group) == []
-    assert _children_of_this_process() <= children_before
+def test_a_failing_build_raises_naming_the_chief(nothing_left_behind):
+    with pytest.raises(TfGrpcError, match=r"rank 0 \(chief\) failed: RuntimeError: no model today") as raised:
+        run_tf_grpc(build_failing, TINY.make_batch, TINY.loss_fn, batch_size=4, servers=1, steps=2,
+                    timeout_s=RUN_TIMEOUT_S)
+    assert not isinstance(raised.value, TfGrpcTimeout)
 
 
-def test_callables_that_cannot_be_pickled_are_refused_before_anything_starts():
-    children_before = _children_of_this_process()
+def test_a_silent_run_ends_at_its_timeout_saying_where_the_chief_hung(nothing_left_behind):
+    # long enough for every process to import TensorFlow on a busy machine; the chief then hangs in build_model
+    with pytest.raises(TfGrpcTimeout, match=r"rank 0 \(chief\) did not finish: no rank said anything for 40 s") \
+            as raised:
+        run_tf_grpc(build_hanging, TINY.make_batch, TINY.loss_fn, batch_size=4, servers=1, steps=2, timeout_s=40)
+    assert "in build_hanging" in str(raised.value)  # the chief's stacks, dumped into its log before the end
+
+
+def test_mpi_refuses_the_servers_and_its_error_comes_through(nothing_left_behind):
+    # the coordinator's checks of MpiLauncher.run, without initialising MPI in the test process
+    launcher = object.__new__(MpiLauncher)
+    launcher.process, launcher.world, launcher._broken = 0, 16, ""
+    with pytest.raises(LaunchError, match="cannot run under --launcher mpi; use --launcher local or netns") as raised:
+        _train(2, launcher=launcher)
+    assert not isinstance(raised.value, TfGrpcError)
+
+
+def test_the_ranks_are_the_chief_then_the_ps_tasks_then_the_workers_on_their_servers():
+    seen: list[RankSpec] = []
+
+    class Recording(LocalLauncher):
+        name = "recording"
+
+        def run(self, ranks, timeout_s, on_report=None, label="run"):
+            seen.extend(ranks)
+            raise LaunchError("recorded")
+
+    with pytest.raises(LaunchError, match="recorded"):
+        _train(2, launcher=Recording())
+    assert [(s.name, s.host, s.service) for s in seen] == [
+        ("chief", 0, False), ("ps 0", 0, True), ("ps 1", 1, True), ("worker 0", 0, True), ("worker 1", 1, True)]
+
+
+def test_callables_that_cannot_be_pickled_are_refused_before_anything_starts(nothing_left_behind):
     with pytest.raises(TfGrpcError, match="picklable"):
-        run_tf_grpc(lambda: None, make_batch, loss_fn, batch_size=4, servers=1, steps=2)
-    assert _children_of_this_process() <= children_before
+        run_tf_grpc(lambda: None, TINY.make_batch, TINY.loss_fn, batch_size=4, servers=1, steps=2)
 
 
-def test_without_unshare_the_run_says_it_is_not_isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    isolated, note = tf_grpc._probe_isolation()
-    assert not isolated
-    assert "no unshare" in note and "every interface" in note
-
-
-@pytest.mark.parametrize("bad", [{"servers": 0}, {"steps": 0}, {"batch_size": 1.5}, {"warmup": -1}])
+@pytest.mark.parametrize("bad", [{"servers": 0}, {"steps": 0}, {"batch_size": 1.5}, {"warmup": -1},
+                                 {"timeout_s": 0}])
 def test_bad_arguments_are_refused(bad):
     arguments = {"batch_size": 4, "servers": 1, "steps": 2, **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
-        run_tf_grpc(build_mlp, make_batch, loss_fn, **arguments)
+        run_tf_grpc(TINY.build, TINY.make_batch, TINY.loss_fn, **arguments)
