@@ -135,7 +135,8 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
     parser.add_argument("--learning-rate", type=float, default=0.01)
     parser.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
                         help="UCX transports for the fabric transports (netns: always tcp)")
-    parser.add_argument("--timeout", type=_seconds, default=600.0, help="seconds a run may take before it fails")
+    parser.add_argument("--timeout", type=_seconds, default=600.0,
+                        help="seconds one transfer, or one step of a rank, may take before the run fails naming it")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"results directory (default: results/{experiment}-<time>/)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
@@ -513,13 +514,13 @@ def _train_record(config, label: str, args: argparse.Namespace, launcher, on_ste
     if label == "local":
         return local_record(config, train_local(config, launcher))
     if label == "tf_grpc":
-        return _tf_grpc_record(config)
+        return _tf_grpc_record(config, launcher)
     config.transport_options = transport_options(label, args, launcher)
     config.transport_options.pop("timeout_s")
     return model_record(config, train(config, launcher, on_step)["outcome"])
 
 
-def _tf_grpc_record(config) -> dict[str, object]:
+def _tf_grpc_record(config, launcher) -> dict[str, object]:
     from bench.runtime.ps import resolve_model
     from bench.tf_grpc import record_row, run_tf_grpc
 
@@ -528,7 +529,7 @@ def _tf_grpc_record(config) -> dict[str, object]:
     definition = resolve_model(config.model)
     record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
                          servers=config.servers, steps=config.steps, warmup=config.warmup,
-                         learning_rate=config.learning_rate, timeout_s=config.timeout_s)
+                         learning_rate=config.learning_rate, timeout_s=config.timeout_s, launcher=launcher)
     record.update(transport="tf_grpc", model=config.model, compute="real")
     return record_row(record)
 

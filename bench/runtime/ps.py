@@ -196,6 +196,7 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
         times.comm += (received - started) + (done - computed)
     on_step(config.warmup + config.steps)
     times.copied_bytes = copies.bytes
+    times.extra["model_mb"] = sum(v.nbytes for v in variables) / 2**20
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
     return times
 
@@ -466,5 +467,6 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
         "ps_peak_rss_mb": max(t.extra["peak_rss_mb"] for t in servers),
         "copied_bytes_per_step": (transport_copied + runtime_copied) / steps,
         "runtime_copied_bytes_per_step": runtime_copied / steps,
+        "model_mb": workers[0].extra.get("model_mb"),
         "fabric": fabric.get("fabric", "none"),
     }
