@@ -414,8 +414,9 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
     try:
         while not all(s.result for s in states if not s.spec.service):
             for conn in wait([hub.wake, *by_conn], timeout=_POLL_S):
-                if conn is hub.wake:
+                if conn is hub.wake:  # a rank that joins has said something too
                     _admit(hub, states, by_conn, cluster, link_interface)
+                    deadline = time.monotonic() + timeout_s
                     continue
                 rank = by_conn[conn]
                 try:

@@ -1,0 +1,22 @@
+"""The control path's liveness check: a dead peer is gone at once, a slow one is not declared dead."""
+
+from __future__ import annotations
+
+import threading
+
+from transports.base import free_port
+from transports.control import ControlClient, ControlServer
+
+
+def test_a_slow_peer_is_alive_and_a_vanished_one_is_not():
+    release = threading.Event()
+    address = f"127.0.0.1:{free_port()}"
+    server = ControlServer(address, {"ping": lambda request: release.wait(60) and {}}, "slow peer", "token")
+    client = ControlClient(address, "slow peer", "token")
+    try:
+        assert client.alive(timeout=0.5)  # it does not answer in time, but it is there
+    finally:
+        release.set()
+        server.stop()
+    assert not client.alive(timeout=0.5)  # nothing listens any more: refused at once
+    client.close()
