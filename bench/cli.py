@@ -257,7 +257,32 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("\nfabric:")
     for line in _fabric_info():
         print(f"  {line}")
+    print("\nlaunchers (--launcher):")
+    for name, status in _launcher_info().items():
+        print(f"  {name:6} {status}")
     return 0
+
+
+def _launcher_info() -> dict[str, str]:
+    """Whether each launcher can run here, without starting anything (MPI is not initialised)."""
+    import importlib.util
+    import shutil
+
+    from bench.launch import LAUNCHERS
+    from bench.launch.hosts import NetnsUnavailable, check_support
+
+    status = dict.fromkeys(LAUNCHERS, "available")
+    try:
+        check_support()
+    except NetnsUnavailable as exc:
+        status["netns"] = f"not available: {exc}"
+    if importlib.util.find_spec("mpi4py") is None:
+        status["mpi"] = "not available: mpi4py is not installed (pip install -e '.[mpi]')"
+    else:
+        mpirun = shutil.which("mpirun", path=os.pathsep.join([os.path.dirname(sys.executable),
+                                                              os.environ.get("PATH", "")]))
+        status["mpi"] = f"available (mpirun: {mpirun or 'not on PATH; srun or a system mpirun will do'})"
+    return status
 
 
 def _fabric_info() -> list[str]:

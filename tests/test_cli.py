@@ -45,7 +45,8 @@ def test_plot_of_a_directory_that_is_not_a_run(tmp_path):
 def test_info_lists_every_transport_and_versions():
     result = bench("info")
     assert result.returncode == 0
-    for word in ("grpc_tcp", "zerocopy", "local", "grpcio", "numpy", "ucx 1.", "ucx transport tcp"):
+    for word in ("grpc_tcp", "zerocopy", "local", "grpcio", "numpy", "ucx 1.", "ucx transport tcp",
+                 "launchers (--launcher):", "netns", "mpi"):
         assert word in result.stdout
 
 
