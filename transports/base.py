@@ -113,11 +113,38 @@ class Cluster:
         return cls(addresses) if token is None else cls(addresses, token)
 
 
+#: free_port() picks among this many ports just below the kernel's ephemeral range
+_PORTS_BELOW_EPHEMERAL = 8000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the listener binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that was free on ``host`` a moment ago (the listener binds it a little later).
+
+    It comes from below the kernel's ephemeral range: a port from inside it could be handed to
+    another process's ``bind(port 0)`` or outgoing connection (UCX's tcp listeners, for one)
+    between this check and the listener's bind.
+    """
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = low - 1 - secrets.randbelow(min(_PORTS_BELOW_EPHEMERAL, low - 1025))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: any free port
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return low if low > 2048 else 32768
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,10 @@ class FabricTransport(Transport):
         try:
             self._control = ControlServer(cluster.addresses[rank], handlers, f"{self.name} rank {rank}",
                                           cluster.token)
-        except BaseException:
+        except BaseException:  # nothing of this start may outlive it, and close() must find nothing to do
+            self._executor.shutdown(wait=False)
             self.device.close()
+            self.device = None
             raise
 
     def close(self) -> None:

@@ -18,8 +18,9 @@ from bench.launch.base import LaunchError, RankSpec
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
 from bench.launch.local import LocalLauncher
 
-#: rank r listens on this port plus r of its host's address (every host is a fresh namespace)
-BASE_PORT = 41000
+#: rank r listens on this port plus r of its host's address (every host is a fresh namespace); below the
+#: ephemeral range, so that no listener UCX opens on port 0 can have taken it first
+BASE_PORT = 29000
 
 
 class NetnsLauncher(LocalLauncher):
