@@ -68,25 +68,19 @@ def kill_rank_mid_run(args: list[str], victim: int, ranks: int, settle_s: float)
     return subprocess.CompletedProcess(bench.args, bench.returncode, output, ""), pids
 
 
-def test_micro_names_a_killed_receiver_and_keeps_nothing_running(tmp_path):
+@pytest.mark.parametrize(("args", "victim", "named"), [
+    (["micro", "--sizes", "1KB", "--iters", "1000000", "--transports", "zerocopy", "--fabric-transport", "shm",
+      "--no-references"], 1, "rank 1 (receiver) died (killed by SIGKILL)"),
+    (["model", "tests.tiny_models:TINY", "--transport", "zerocopy", "--steps", "1000000", "--fabric-transport",
+      "shm"], 1, "rank 1 (ps 0) died (killed by SIGKILL)"),
+], ids=["micro", "model"])
+def test_a_killed_rank_is_named_and_nothing_keeps_running(tmp_path, args, victim, named):
+    if args[0] == "model":
+        pytest.importorskip("tensorflow")
     out = tmp_path / "run"
-    done, pids = kill_rank_mid_run(["micro", "--sizes", "1KB", "--iters", "1000000", "--transports", "zerocopy",
-                                    "--fabric-transport", "shm", "--no-references", "--no-plot", "--out", str(out)],
-                                   victim=1, ranks=2, settle_s=3)
+    done, pids = kill_rank_mid_run([*args, "--no-plot", "--out", str(out)], victim=victim, ranks=2, settle_s=4)
     assert done.returncode == 1, done.stdout
-    assert "rank 1 (receiver) died (killed by SIGKILL)" in done.stdout
-    assert all(gone(pid) for pid in pids)
-    assert load_run_meta(out)["status"] == "failed"
-
-
-def test_model_names_a_killed_parameter_server_and_keeps_nothing_running(tmp_path):
-    pytest.importorskip("tensorflow")
-    out = tmp_path / "run"
-    done, pids = kill_rank_mid_run(["model", "tests.tiny_models:TINY", "--transport", "zerocopy", "--steps",
-                                    "1000000", "--fabric-transport", "shm", "--no-plot", "--out", str(out)],
-                                   victim=1, ranks=2, settle_s=5)
-    assert done.returncode == 1, done.stdout
-    assert "rank 1 (ps 0) died (killed by SIGKILL)" in done.stdout
+    assert named in done.stdout
     assert all(gone(pid) for pid in pids)
     assert load_run_meta(out)["status"] == "failed"
 
