@@ -15,7 +15,6 @@ from bench.launch.base import (
     RankFailed,
     RankResult,
     RankSpec,
-    peak_rss_mb,
 )
 
 #: name -> what it does, for --help and errors; the order is the order of --help
@@ -64,5 +63,4 @@ __all__ = [
     "RankResult",
     "RankSpec",
     "create",
-    "peak_rss_mb",
 ]

@@ -35,7 +35,7 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing import AuthenticationError
+from multiprocessing import AuthenticationError, Pipe
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any, ClassVar
 
@@ -107,11 +107,9 @@ class RankResult:
 
 @dataclass(frozen=True)
 class Hello:
-    """rank -> coordinator, first: who is calling."""
+    """rank -> coordinator, first: which rank is calling."""
 
     rank: int
-    pid: int
-    hostname: str
 
 
 @dataclass(frozen=True)
@@ -269,7 +267,7 @@ def serve_rank(conn: Connection, rank: int, in_own_process: bool) -> None:
     as the coordinator is gone or asks a service to stop. Under MPI one process serves a rank of
     every run in turn, and the job runs in the calling thread.
     """
-    conn.send(Hello(rank, os.getpid(), socket.gethostname()))
+    conn.send(Hello(rank))
     assignment: Assignment = conn.recv()
     ctx = RankContext(conn, assignment)
     done = threading.Event()
@@ -327,8 +325,8 @@ class Hub:
             self._listener.close()
             raise LaunchError(f"the coordinator cannot listen on {address}: {exc}") from None
         self.address = self._listener.getsockname()
-        self.arrivals: queue.Queue[tuple[int, Connection, Hello]] = queue.Queue()
-        self._wake_reader, self._wake_writer = _wake_pipe()
+        self.arrivals: queue.Queue[tuple[int, Connection]] = queue.Queue()
+        self._wake_reader, self._wake_writer = Pipe(duplex=False)
         self._closed = False
         self._accepting = threading.Thread(target=self._accept, name="hub-accept", daemon=True)
         self._accepting.start()
@@ -369,7 +367,7 @@ class Hub:
             return
         finally:
             sock.close()  # the Connection holds its own descriptor
-        self.arrivals.put((hello.rank, conn, hello))
+        self.arrivals.put((hello.rank, conn))
         with contextlib.suppress(OSError):
             self._wake_writer.send_bytes(b"!")
 
@@ -383,12 +381,6 @@ class Hub:
                 os.unlink(self.address)
         self._wake_reader.close()
         self._wake_writer.close()
-
-
-def _wake_pipe() -> tuple[Connection, Connection]:
-    from multiprocessing import Pipe
-
-    return Pipe(duplex=False)
 
 
 @dataclass
@@ -479,7 +471,7 @@ def _admit(hub: Hub, states: list[_RankState], by_conn: dict[Connection, int], c
             hub.wake.recv_bytes()
     while True:
         try:
-            rank, conn, _hello = hub.arrivals.get_nowait()
+            rank, conn = hub.arrivals.get_nowait()
         except queue.Empty:
             return
         state = states[rank]
