@@ -22,6 +22,10 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 DEFAULT_TIMEOUT_S = 120.0
+#: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
+MAX_NAME_BYTES = 512
+#: steps are signed 64-bit on the wire (protobuf int64, the grpc_rdma record): 0 <= step <= MAX_STEP
+MAX_STEP = 2**63 - 1
 
 
 class TransportError(RuntimeError):
@@ -319,8 +323,17 @@ class Transport(ABC):
             ) from None
 
     def _check_key(self, key: Key, role: str) -> None:
+        """Refuse, on the calling side and before anything goes on the wire, a key no peer could match.
+
+        A ValueError names the key and the problem: a name that is not a str, not encodable as UTF-8
+        (a lone surrogate) or longer than :data:`MAX_NAME_BYTES`; a step that is not an integer in
+        ``0..MAX_STEP`` (int64 on the wire); a src or dst that is not this rank or not in the cluster.
+        """
         if self.cluster is None:
             raise TransportError(f"{self.name}: start() the transport before {role}")
+        problem = key_problem(key)
+        if problem is not None:
+            raise ValueError(f"{self.name}: cannot {role} {_show(key)}: {problem}")
         mine = key.src if role == "send" else key.dst
         peer = key.dst if role == "send" else key.src
         if mine != self.rank:
@@ -329,11 +342,104 @@ class Transport(ABC):
         if not 0 <= peer < self.cluster.size:
             raise ValueError(f"{self.name}: cannot {role} {key}: no rank {peer} in a cluster of {self.cluster.size}")
 
+    def _check_array(self, key: Key, array: Any) -> None:
+        """Refuse an array whose dtype cannot travel as raw bytes (see :func:`dtype_problem`)."""
+        try:
+            dtype = np.asarray(array).dtype
+        except Exception as exc:  # whatever the object, the answer is a clear ValueError
+            raise ValueError(f"{self.name}: cannot send {_show(key)}: not an array ({type(exc).__name__}: {exc})") \
+                from None
+        problem = dtype_problem(dtype)
+        if problem is not None:
+            raise ValueError(f"{self.name}: cannot send {_show(key)}: {problem}")
+
+    def _refused(self, key: Key, error: BaseException) -> None:
+        """Hook: a send of ``key`` was refused on this side; tell a receiver that waits for it, if the protocol can."""
+        return None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # every send path checks the array once, here, whatever the subclass does itself
+        super().__init_subclass__(**kwargs)
+        for method in ("send", "send_async"):
+            impl = cls.__dict__.get(method)
+            if impl is not None and not getattr(impl, "_checks_array", False):
+                setattr(cls, method, _checking_array(impl))
+
     def __enter__(self) -> Transport:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def key_problem(key: Any) -> str | None:
+    """What makes ``key`` unusable (None if nothing): the name, the step or the ranks' types and ranges."""
+    if not isinstance(key, tuple) or len(key) != 4:
+        return f"a key is Key(name, step, src, dst), got {type(key).__name__}"
+    name, step, src, dst = key
+    if not isinstance(name, str):
+        return f"the name must be a str, got {type(name).__name__}"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return f"the name is not encodable as UTF-8 ({exc.reason} at character {exc.start})"
+    if size > MAX_NAME_BYTES:
+        return f"the name is {size} bytes of UTF-8, more than the {MAX_NAME_BYTES} allowed"
+    if not _is_int(step) or not 0 <= step <= MAX_STEP:
+        return f"the step must be an integer in 0..2**63-1 (int64), got {step!r}"
+    for side, rank in (("src", src), ("dst", dst)):
+        if not _is_int(rank) or rank < 0:
+            return f"its {side} must be a non-negative integer rank, got {rank!r}"
+    return None
+
+
+def dtype_problem(dtype: np.dtype) -> str | None:
+    """Why ``dtype`` cannot travel as raw bytes (None if it can).
+
+    Object dtypes hold pointers into this process. Structured dtypes are refused rather than sent as
+    anonymous ``|V<n>`` records that arrive without their fields (the wire carries ``dtype.str``);
+    send ``array.view(np.uint8)`` or each field on its own instead.
+    """
+    if dtype.hasobject:
+        return f"dtype {dtype} holds Python objects, which cannot be sent; convert to a numeric or string dtype"
+    if dtype.names is not None or dtype.subdtype is not None:
+        return (f"structured dtype {dtype} is not supported (its fields would not survive the wire); "
+                "send array.view(np.uint8) or each field separately")
+    if dtype.itemsize == 0:
+        return f"dtype {dtype.str} has no size; give it one (e.g. 'S8', 'U4')"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _show(key: Any) -> str:
+    """``key`` for an error message, even when it is malformed."""
+    try:
+        text = str(key) if isinstance(key, Key) else repr(key)
+        text.encode("utf-8")
+    except Exception:  # a lone surrogate, a broken __str__
+        text = ascii(key)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _checking_array(impl: Any) -> Any:
+    def send(self: Transport, key: Key, array: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._check_array(key, array)
+        except ValueError as exc:
+            try:
+                self._check_key(key, "send")
+            except (ValueError, TransportError):
+                raise exc from None
+            self._refused(key, exc)  # a receiver may be waiting for this key already
+            raise
+        return impl(self, key, array, *args, **kwargs)
+
+    send._checks_array = True  # type: ignore[attr-defined]
+    send.__name__, send.__qualname__, send.__doc__ = impl.__name__, impl.__qualname__, impl.__doc__
+    return send
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:

@@ -14,6 +14,13 @@ from typing import Any
 from transports.base import Key, TransportClosed, done_future, settle
 
 
+class _Failed:
+    """Parked in place of an item: the sender failed this key; a request for it gets ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class Rendezvous:
     """Thread-safe: ``put`` and ``take`` may be called from any thread."""
 
@@ -28,7 +35,7 @@ class Rendezvous:
         """Hand ``item`` to the waiting request for ``key``, or park it until one comes."""
         with self._lock:
             self._raise_if_closed()
-            if key in self._parked:
+            if key in self._parked and not isinstance(self._parked[key], _Failed):  # a retry replaces a failure
                 raise ValueError(f"{self._owner}: {key} was already sent and has not been received yet")
             waiter = self._waiting.pop(key, None)
             if waiter is None:
@@ -41,12 +48,28 @@ class Rendezvous:
         with self._lock:
             self._raise_if_closed()
             if key in self._parked:
-                return done_future(self._parked.pop(key))
+                item = self._parked.pop(key)
+                if isinstance(item, _Failed):
+                    failed: Future = Future()
+                    failed.set_exception(item.error)
+                    return failed
+                return done_future(item)
             if key in self._waiting:
                 raise ValueError(f"{self._owner}: {key} is already being received")
             future: Future = Future()
             self._waiting[key] = future
             return future
+
+    def fail(self, key: Key, error: BaseException) -> None:
+        """The sender of ``key`` failed: the request waiting for it (or the next one) gets ``error``."""
+        with self._lock:
+            if self._closed is not None or (key in self._parked and not isinstance(self._parked[key], _Failed)):
+                return
+            waiter = self._waiting.pop(key, None)
+            if waiter is None:
+                self._parked[key] = _Failed(error)
+                return
+        settle(waiter, error=error)
 
     def forget(self, key: Key, future: Future) -> None:
         """Withdraw a request that nobody waits for any more (its caller went away)."""
@@ -64,7 +87,8 @@ class Rendezvous:
         with self._lock:
             self._closed = TransportClosed(f"{self._owner} was closed")
             waiting, self._waiting = list(self._waiting.values()), {}
-            parked, self._parked = list(self._parked.values()), {}
+            parked = [item for item in self._parked.values() if not isinstance(item, _Failed)]
+            self._parked = {}
         for future in waiting:
             settle(future, error=self._closed)
         return parked

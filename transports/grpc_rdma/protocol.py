@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
+
+from transports.fabric.base import RemoteRegion
 
 MAX_NAME = 512
 MAX_DIMS = 8
@@ -53,7 +56,11 @@ class MessageType(IntEnum):
     TENSOR_REQUEST = 1  # receiver -> sender: the request, with the receiver's cached meta-data
     META_DATA_RESPONSE = 2  # sender -> receiver: new or changed meta-data (and checksum)
     TENSOR_RE_REQUEST = 3  # receiver -> sender: after reallocating, where to write
-    ERROR_STATUS = 4  # sender -> receiver: the request failed on the sender
+    ERROR_STATUS = 4  # sender -> receiver: the request failed on the sender (or was cancelled)
+    # not in the note: a receiver that gave up on a request (its recv timed out) withdraws it; the
+    # sender answers with ERROR_STATUS once it will write no more for it, and only then does the
+    # receiver reuse the request's buffer and slot
+    CANCEL = 5
 
 
 class ProtocolError(ValueError):
@@ -188,3 +195,87 @@ def _meta(record) -> TensorMeta:
     if nbytes > MAX_TENSOR_BYTES or nbytes != int(record["tensor_bytes"]):
         raise ProtocolError(f"tensor_bytes {int(record['tensor_bytes'])} does not match {dtype} {shape}")
     return TensorMeta(dtype, shape, bool(record["is_dead"]))
+
+
+# setup over gRPC: the ``link`` control call ------------------------------------------
+
+#: bounds on a peer's fabric address: how many workers, how long each (UCX's are a few hundred bytes)
+MAX_DEVICE_ADDRESSES = 64
+MAX_DEVICE_ADDRESS_BYTES = 16 << 10
+
+
+@dataclass(frozen=True)
+class LinkRequest:
+    """A peer's ``link`` call (or the reply to ours), validated: who it is and where to write."""
+
+    rank: int
+    device: tuple[bytes, ...]
+    message: RemoteRegion
+    ring: RemoteRegion
+    slots: int
+
+
+def parse_link(request: Any, *, cluster_size: int, own_rank: int | None, slots: int, ring_entry: int,
+               want_rank: bool = True) -> LinkRequest:
+    """Validate a ``link`` request (a JSON object from a peer) before anything is allocated for it.
+
+    ProtocolError names the field: ``rank`` must be another rank of the cluster, ``device`` a short
+    list of hex-encoded fabric addresses, ``message`` and ``ring`` region descriptors whose lengths
+    are exactly a message record and ``slots`` ring entries, ``slots`` the queue depth this rank uses.
+    """
+    if not isinstance(request, dict):
+        raise ProtocolError(f"a link request is a JSON object, got {type(request).__name__}")
+    rank = -1
+    if want_rank:
+        rank = request.get("rank")
+        if not _is_int(rank) or not 0 <= rank < cluster_size:
+            raise ProtocolError(f"rank {_short(rank)} is not a rank of this cluster of {cluster_size}")
+        if rank == own_rank:
+            raise ProtocolError(f"rank {rank} is this rank's own")
+    got_slots = request.get("slots")
+    if not _is_int(got_slots):
+        raise ProtocolError(f"slots {_short(got_slots)} is not an integer")
+    if got_slots != slots:
+        raise ProtocolError(f"the peer uses RDMA_QP_QUEUE_DEPTH={got_slots}, this rank {slots}; "
+                            "set the same on every rank")
+    device = request.get("device")
+    if not isinstance(device, list) or not 1 <= len(device) <= MAX_DEVICE_ADDRESSES:
+        raise ProtocolError(f"device must be a list of 1 to {MAX_DEVICE_ADDRESSES} addresses")
+    addresses = tuple(_hex(address, "device", MAX_DEVICE_ADDRESS_BYTES) for address in device)
+    if any(not address for address in addresses):
+        raise ProtocolError("device holds an empty address")
+    message = _region(request.get("message"), "message", MESSAGE.itemsize)
+    ring = _region(request.get("ring"), "ring", slots * ring_entry)
+    return LinkRequest(rank, addresses, message, ring, slots)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _hex(value: Any, field: str, limit: int) -> bytes:
+    if not isinstance(value, str) or len(value) > 2 * limit:
+        raise ProtocolError(f"{field} must hold hex strings of at most {limit} bytes")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ProtocolError(f"{field} is not hex") from None
+
+
+def _region(value: Any, field: str, length: int) -> RemoteRegion:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{field} must be a region descriptor (addr, length, rkey)")
+    addr, got = value.get("addr"), value.get("length")
+    if not _is_int(addr) or not 0 < addr < 2**64 or not _is_int(got):
+        raise ProtocolError(f"{field} has a malformed address or length")
+    if got != length or addr + length > 2**64:
+        raise ProtocolError(f"{field} is {_short(got)} bytes long, expected {length}")
+    rkey = _hex(value.get("rkey"), f"{field}.rkey", MAX_RKEY)
+    if not rkey:
+        raise ProtocolError(f"{field} has an empty remote key")
+    return RemoteRegion(addr, length, rkey)

@@ -48,12 +48,31 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import Key, PeerError, TransportClosed, TransportError, aligned_empty, contiguous, settle
+from transports.base import (
+    Key,
+    PeerError,
+    TransportClosed,
+    TransportError,
+    TransportTimeout,
+    aligned_empty,
+    contiguous,
+    settle,
+)
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
 from transports.fabric.ucx.device import accepts_setting
 from transports.grpc_rdma.config import ConfigError, read_config
-from transports.grpc_rdma.protocol import MESSAGE, Message, MessageType, ProtocolError, TensorMeta, encode, parse
+from transports.grpc_rdma.protocol import (
+    MESSAGE,
+    LinkRequest,
+    Message,
+    MessageType,
+    ProtocolError,
+    TensorMeta,
+    encode,
+    parse,
+    parse_link,
+)
 from transports.on_fabric import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
 from transports.rendezvous import Rendezvous
 
@@ -84,6 +103,8 @@ class _Link:
     written: int = 0  # entries we wrote into the peer's ring
     read: int = 0  # entries we consumed from our ring
     remote_busy: bool = False  # our message in the peer's buffer is not ACKed yet
+    attached: LinkRequest | None = None  # what the peer told us at setup (a second, different one is refused)
+    responses: dict[int, _Response] = field(default_factory=dict)  # clones waiting for their re-request
     queue: deque[Message] = field(default_factory=deque)
     ready: threading.Event = field(default_factory=threading.Event)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -99,6 +120,7 @@ class _Request:
     meta: TensorMeta | None
     buffer: Block | None = None  # proxy (buffered) or result (direct) tensor in registered memory
     checksum: int | None = None
+    re_requested: bool = False  # a second META_DATA_RESPONSE would move the buffer under the sender's write
 
 
 @dataclass(eq=False)
@@ -128,7 +150,11 @@ class GrpcRdmaTransport(FabricTransport):
             raise ValueError(f"grpc_rdma: {exc}") from None
         self._links: dict[int, _Link] = {}
         self._requests: dict[tuple[int, int], _Request] = {}  # (peer, index)
-        self._responses: dict[tuple[int, int], _Response] = {}
+        #: requests whose recv gave up (timed out or was cancelled): their buffer and slot are kept
+        #: until the sender confirms the CANCEL, since until then it may still write into them
+        self._abandoned: dict[tuple[int, int], _Request] = {}
+        #: sender side: requests waiting for their tensor, by (peer, index), so that a CANCEL finds them
+        self._serving: dict[tuple[int, int], tuple[Key, Future]] = {}
         self._meta_cache: dict[tuple[str, int], TensorMeta] = {}
         self._lent: dict[tuple[str, int], Block] = {}  # direct mode: results handed out
         self._indices = itertools.count(1)
@@ -174,6 +200,7 @@ class GrpcRdmaTransport(FabricTransport):
             settle(sent, error=closed)
         with self._lock:
             requests, self._requests = list(self._requests.values()), {}
+            self._abandoned = {}
         for request in requests:
             settle(request.future, error=closed)
         self._poller.join(timeout=5)
@@ -205,33 +232,65 @@ class GrpcRdmaTransport(FabricTransport):
             "slots": link.slots,
         }
 
-    def _attach(self, link: _Link, peer_device: list[bytes], reply: dict[str, Any]) -> None:
+    def _parse_link(self, request: Any, want_rank: bool) -> LinkRequest:
+        return parse_link(request, cluster_size=self.cluster.size, own_rank=self.rank,
+                          slots=self.config.queue_depth, ring_entry=RING_ENTRY, want_rank=want_rank)
+
+    def _attach(self, link: _Link, peer: LinkRequest) -> None:
+        """Connect ``link`` to what the peer described; once: a different second description is refused."""
         with link.lock:
             if link.ready.is_set():
+                if (peer.device, peer.message, peer.ring) != (link.attached.device, link.attached.message,
+                                                               link.attached.ring):
+                    raise TransportError(f"grpc_rdma: rank {link.peer} is already linked; a rank links once")
                 return
-            if int(reply["slots"]) != link.slots:
-                raise TransportError(
-                    f"grpc_rdma: {self.peer_name(link.peer)} uses RDMA_QP_QUEUE_DEPTH={reply['slots']}, "
-                    f"this rank {link.slots}; set the same on every rank"
-                )
-            link.channel = self.device.channel(peer_device)
-            link.peer_message = RemoteRegion.from_json(reply["message"])
-            link.peer_ring = RemoteRegion.from_json(reply["ring"])
+            link.channel = self.device.channel(list(peer.device))
+            link.peer_message = peer.message
+            link.peer_ring = peer.ring
+            link.attached = peer
             link.ready.set()
 
     def _on_link(self, request: dict[str, Any]) -> dict[str, Any]:
-        peer = int(request["rank"])
-        link = self._link(peer)
-        self._peer_devices[peer] = [bytes.fromhex(a) for a in request["device"]]
-        self._attach(link, self._peer_devices[peer], request)
+        # validate everything before allocating anything: a caller may not make us allocate for ranks
+        # that do not exist, nor twice for one that does
+        try:
+            peer = self._parse_link(request, want_rank=True)
+        except ProtocolError as exc:
+            raise TransportError(f"grpc_rdma rank {self.rank}: malformed link request: {exc}") from None
+        with self._lock:
+            fresh = peer.rank not in self._links
+        link = self._link(peer.rank)
+        try:
+            self._attach(link, peer)
+        except BaseException:
+            if fresh:
+                self._unlink(link)
+            raise
+        self._peer_devices.setdefault(peer.rank, list(peer.device))
         return self._describe_link(link)
+
+    def _unlink(self, link: _Link) -> None:
+        """Free a link that never became ready (its setup failed)."""
+        with self._lock:
+            if link.ready.is_set() or self._links.get(link.peer) is not link:
+                return
+            del self._links[link.peer]
+            self._outstanding.pop(link.peer, None)
+        for block in (link.rx_message, link.tx_message, link.ring, link.tx_entry):
+            self.pool.free(block)
 
     def _connected(self, peer: int) -> _Link:
         link = self._link(peer)
         if not link.ready.is_set():
             reply = self._peer(peer).call("link", timeout=self.timeout_s, rank=self.rank, **self._describe_link(link))
             self.ledger.add(control_messages=1)
-            self._attach(link, [bytes.fromhex(a) for a in reply["device"]], reply)
+            try:
+                described = self._parse_link(reply, want_rank=False)
+            except ProtocolError as exc:
+                raise PeerError(f"grpc_rdma: {self.peer_name(peer)} answered link with a malformed reply: {exc}") \
+                    from None
+            self._attach(link, LinkRequest(peer, described.device, described.message, described.ring,
+                                           described.slots))
         return link
 
     # writing to a peer -----------------------------------------------------
@@ -291,18 +350,39 @@ class GrpcRdmaTransport(FabricTransport):
         self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))
         return sent
 
+    def _refused(self, key: Key, error: BaseException) -> None:
+        # a request for the key (now or later) gets ERROR_STATUS instead of waiting out its timeout
+        self._outbox.fail(key, TransportError(str(error)))
+
     def _on_request(self, link: _Link, message: Message) -> None:
         key = Key(message.name, message.step_id, self.rank, link.peer)
+        if not 0 < message.request_index < IMM_ACK:
+            raise ProtocolError(f"TENSOR_REQUEST with request index {message.request_index} out of range")
         try:
             waiting = self._outbox.take(key)
         except (ValueError, TransportClosed) as exc:
             self._post(link, Message(MessageType.ERROR_STATUS, message.request_index, name=key.name,
                                      step_id=key.step, error=str(exc)))
             return
+        with self._lock:
+            self._serving[(link.peer, message.request_index)] = (key, waiting)
         waiting.add_done_callback(lambda done: self._respond(link, message, key, done))
 
     def _respond(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
         """The tensor for a request is here (or failed): answer with meta-data or write it."""
+        index = request.request_index
+        # under the link's lock, so that a CANCEL (handled under it too) comes wholly before or after
+        with link.lock:
+            with self._lock:
+                serving = self._serving.pop((link.peer, index), None)
+            if serving is None:  # cancelled before the tensor came: keep it for the next request
+                if taken.exception() is None:
+                    with contextlib.suppress(ValueError, TransportClosed):
+                        self._outbox.put(key, taken.result())
+                return
+            self._respond_now(link, request, key, taken)
+
+    def _respond_now(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
         index = request.request_index
         if taken.exception() is not None:
             self._send_error(link, request, key, taken.exception())
@@ -311,13 +391,14 @@ class GrpcRdmaTransport(FabricTransport):
         try:
             meta = TensorMeta.of(array)
             if self.validate or request.meta != meta:
+                if len(link.responses) >= link.slots:  # more than the peer may have in flight
+                    raise ProtocolError(f"{len(link.responses)} meta-data responses wait for a re-request")
                 # keep a clone in registered memory until the re-request says where to write
                 clone = self.pool.alloc(array.nbytes)
                 if array.nbytes:
                     clone.array[:] = array.reshape(-1).view(np.uint8)
                 self.ledger.add(copied_bytes=array.nbytes)
-                with self._lock:
-                    self._responses[(link.peer, index)] = _Response(index, key, clone, meta)
+                link.responses[index] = _Response(index, key, clone, meta)
                 settle(sent)
                 checksum = zlib.crc32(clone.array) if self.validate else 0
                 self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
@@ -327,7 +408,7 @@ class GrpcRdmaTransport(FabricTransport):
             self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
             self._write_tensor(link, index, array, request.remote_addr, request.rkey)
             settle(sent)
-        except (TransportError, FabricError, ProtocolError, ValueError) as exc:
+        except Exception as exc:  # whatever it is, both sides learn of it: nobody waits out a timeout
             settle(sent, error=exc)
             self._send_error(link, request, key, exc)
 
@@ -350,8 +431,8 @@ class GrpcRdmaTransport(FabricTransport):
             self.pool.free(staging)
 
     def _on_re_request(self, link: _Link, message: Message) -> None:
-        with self._lock:
-            response = self._responses.pop((link.peer, message.request_index), None)
+        with link.lock:
+            response = link.responses.pop(message.request_index, None)
         if response is None:
             raise ProtocolError(f"TENSOR_RE_REQUEST for unknown request {message.request_index}")
         try:
@@ -359,6 +440,20 @@ class GrpcRdmaTransport(FabricTransport):
             self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
         finally:
             self.pool.free(response.clone)
+
+    def _on_cancel(self, link: _Link, message: Message) -> None:
+        """The receiver gave up on a request: write nothing more for it, free its clone, confirm."""
+        index = message.request_index
+        with link.lock:
+            with self._lock:
+                serving = self._serving.pop((link.peer, index), None)
+            if serving is not None:
+                self._outbox.forget(*serving)  # if its tensor came meanwhile, _respond parks it again
+            response = link.responses.pop(index, None)
+            if response is not None:
+                self.pool.free(response.clone)
+            self._post(link, Message(MessageType.ERROR_STATUS, index, name=message.name, step_id=message.step_id,
+                                     error="cancelled by the receiver"))
 
     def _send_error(self, link: _Link, request: Message, key: Key, error: BaseException) -> None:
         # if the peer is gone too, its own liveness checks will tell it
@@ -369,12 +464,45 @@ class GrpcRdmaTransport(FabricTransport):
     # receiving: initiates ----------------------------------------------------
 
     def recv_async(self, key: Key) -> Future:
+        """As Transport's; cancelling the future withdraws the request (its buffer and slot are released)."""
         self._check_key(key, "recv")
         if self._closed.is_set():
             raise TransportClosed(f"grpc_rdma rank {self.rank} was closed")
         future: Future = Future()
         self._start_request(key, future)
         return future
+
+    def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
+        """As Transport's; a recv that times out withdraws its request, so nothing of it stays behind."""
+        future = self.recv_async(key)
+        try:
+            return self._wait(future, key, "recv", timeout)
+        except TransportTimeout:
+            future.cancel()
+            raise
+
+    def _abandon(self, link: _Link, request: _Request) -> None:
+        """The caller gave up on ``request``: withdraw it from the sender, release it once the sender confirms."""
+        with self._lock:
+            if self._requests.get((link.peer, request.index)) is not request:
+                return  # it completed or failed meanwhile
+            del self._requests[(link.peer, request.index)]
+            self._abandoned[(link.peer, request.index)] = request
+        try:
+            self._post(link, Message(MessageType.CANCEL, request.index, name=request.key.name,
+                                     step_id=request.key.step))
+        except (TransportError, FabricError):  # the peer is gone: nothing more will be written
+            self._release_abandoned(link.peer, request.index)
+
+    def _release_abandoned(self, peer: int, index: int) -> bool:
+        with self._lock:
+            request = self._abandoned.pop((peer, index), None)
+        if request is None:
+            return False
+        if request.buffer is not None:
+            self.pool.free(request.buffer)
+        self._outstanding[peer].release()
+        return True
 
     def _start_request(self, key: Key, future: Future) -> None:
         try:
@@ -391,6 +519,7 @@ class GrpcRdmaTransport(FabricTransport):
                 request.buffer = self.pool.alloc(meta.nbytes)
             with self._lock:
                 self._requests[(key.src, request.index)] = request
+            future.add_done_callback(lambda done: done.cancelled() and self._abandon(link, request))
             region = request.buffer.remote(0, max(meta.nbytes, 1)) if request.buffer else None
             self._post(link, Message(MessageType.TENSOR_REQUEST, request.index, name=key.name, step_id=key.step,
                                      remote_addr=region.addr if region else 0, rkey=region.rkey if region else b"",
@@ -402,11 +531,21 @@ class GrpcRdmaTransport(FabricTransport):
         request = self._pending(link, message)
         if request is None:
             return
+        if request.re_requested:
+            raise ProtocolError(f"a second META_DATA_RESPONSE for request {request.index}")
         meta = message.meta
-        self._meta_cache[(request.key.name, link.peer)] = meta
         if request.buffer is not None:
             self.pool.free(request.buffer)
-        request.buffer = self.pool.alloc(meta.nbytes)
+            request.buffer = None
+        try:
+            request.buffer = self.pool.alloc(meta.nbytes)
+        except Exception as exc:  # a size we cannot allocate fails this request, not the poller
+            self._fail_request(link, request, PeerError(
+                f"grpc_rdma: {self.peer_name(link.peer)} announced {request.key} as {meta.dtype} {meta.shape} "
+                f"({meta.nbytes} bytes), which cannot be allocated here: {type(exc).__name__}: {exc}"))
+            return
+        self._meta_cache[(request.key.name, link.peer)] = meta
+        request.re_requested = True
         request.meta = meta
         request.checksum = message.checksum if self.validate else None
         region = request.buffer.remote(0, max(meta.nbytes, 1))
@@ -415,8 +554,11 @@ class GrpcRdmaTransport(FabricTransport):
 
     def _on_content(self, link: _Link, index: int) -> None:
         with self._lock:
+            request = self._requests.get((link.peer, index))
+            if request is not None and (request.meta is None or request.buffer is None):
+                raise ProtocolError(f"content for request {index} before its meta-data")
             request = self._requests.pop((link.peer, index), None)
-        if request is None:
+        if request is None:  # unknown, or abandoned (its CANCEL's confirmation releases it)
             return
         self._outstanding[link.peer].release()
         meta = request.meta
@@ -438,7 +580,19 @@ class GrpcRdmaTransport(FabricTransport):
         self.ledger.add(tensors_received=1, payload_bytes_received=meta.nbytes)
         settle(request.future, result)
 
+    def _fail_request(self, link: _Link, request: _Request, error: PeerError) -> None:
+        with self._lock:
+            if self._requests.get((link.peer, request.index)) is not request:
+                return
+            del self._requests[(link.peer, request.index)]
+        if request.buffer is not None:
+            self.pool.free(request.buffer)
+        self._outstanding[link.peer].release()
+        settle(request.future, error=error)
+
     def _on_error(self, link: _Link, message: Message) -> None:
+        if self._release_abandoned(link.peer, message.request_index):
+            return  # the confirmation of our CANCEL
         request = self._pending(link, message, remove=True)
         if request is not None:
             if request.buffer is not None:
@@ -490,9 +644,9 @@ class GrpcRdmaTransport(FabricTransport):
             handled += 1
             try:
                 self._dispatch(link, imm)
-            except (ProtocolError, TransportError, FabricError) as exc:
+            except Exception as exc:  # nothing a peer sends may stop the poller
                 self._fail_peer(link.peer, PeerError(f"grpc_rdma: protocol failure with "
-                                                     f"{self.peer_name(link.peer)}: {exc}"))
+                                                     f"{self.peer_name(link.peer)}: {type(exc).__name__}: {exc}"))
 
     def _dispatch(self, link: _Link, imm: int) -> None:
         if imm == IMM_ACK:
@@ -509,6 +663,7 @@ class GrpcRdmaTransport(FabricTransport):
                 MessageType.META_DATA_RESPONSE: self._on_meta,
                 MessageType.TENSOR_RE_REQUEST: self._on_re_request,
                 MessageType.ERROR_STATUS: self._on_error,
+                MessageType.CANCEL: self._on_cancel,
             }[message.type]
             handler(link, message)
         else:
@@ -516,15 +671,29 @@ class GrpcRdmaTransport(FabricTransport):
 
     def _check_waiting_peers(self) -> None:
         with self._lock:
-            peers = {peer for peer, _ in self._requests}
+            peers = {peer for peer, _ in self._requests} | {peer for peer, _ in self._abandoned}
+            peers |= {link.peer for link in self._links.values() if link.responses}
         for peer in peers:
             if not self._peer(peer).alive():
                 self._fail_peer(peer, PeerError(
                     f"grpc_rdma: {self.peer_name(peer)} does not answer on the control path (the process is gone?)"))
 
     def _fail_peer(self, peer: int, error: PeerError) -> None:
+        """Fail everything waiting on ``peer``; release what was kept for it (it writes nothing more)."""
         with self._lock:
             failed = [key for key in self._requests if key[0] == peer]
             requests = [self._requests.pop(key) for key in failed]
+            abandoned = [index for p, index in self._abandoned if p == peer]
+            link = self._links.get(peer)
         for request in requests:
+            if request.buffer is not None:
+                self.pool.free(request.buffer)
+            self._outstanding[peer].release()
             settle(request.future, error=error)
+        for index in abandoned:
+            self._release_abandoned(peer, index)
+        if link is not None:
+            with link.lock:
+                responses, link.responses = list(link.responses.values()), {}
+            for response in responses:
+                self.pool.free(response.clone)

@@ -59,9 +59,13 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 ]
+#: the server receives only RecvTensorRequests (a name of at most MAX_NAME_BYTES and three integers):
+#: a limit sized to them, so that a caller cannot make it buffer a huge message; only clients,
+#: which receive tensors, lift theirs
+MAX_REQUEST_BYTES = 4096
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
     # never share a port silently with another process
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
@@ -178,20 +182,35 @@ class GrpcTcpTransport(Transport):
             raise
         except TransportClosed as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except TransportError as exc:  # the send was refused here (_refused): say why, the receiver need not wait
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         self.ledger.add(serialisations=1, tensors_sent=1, payload_bytes_sent=array.nbytes)
         # grpcio copies each yielded message into a core slice
         self.ledger.add(copied_bytes=array.nbytes)
         chunks = encode_chunks(array, self.ledger, self.chunk_bytes)
+        chunks_sent = 0
         try:
             message = next(chunks)
             for following in chunks:
                 yield message
+                chunks_sent += 1
                 message = following
             settle(sent)  # every byte of `array` has been copied into a message
             yield message
-        except BaseException as exc:
-            settle(sent, error=PeerError(f"grpc_tcp: sending {key} to {self.peer_name(key.dst)} failed: {exc!r}"))
+        except (GeneratorExit, asyncio.CancelledError):
+            # gRPC closes the stream when the receiver cancels its call or its connection drops
+            handed = min(array.nbytes, chunks_sent * self.chunk_bytes)
+            settle(sent, error=PeerError(
+                f"grpc_tcp: sending {key} to {self.peer_name(key.dst)} failed: the receiver went away (it cancelled "
+                f"the call or its connection closed) with {handed} of {array.nbytes} bytes handed to gRPC"))
             raise
+        except BaseException as exc:
+            settle(sent, error=PeerError(
+                f"grpc_tcp: sending {key} to {self.peer_name(key.dst)} failed: {type(exc).__name__}: {exc}"))
+            raise
+
+    def _refused(self, key: Key, error: BaseException) -> None:
+        self._outbox.fail(key, TransportError(f"grpc_tcp: {self.peer_name(key.src)} failed to send {key}: {error}"))
 
     # receiving: initiates the call -----------------------------------------
 

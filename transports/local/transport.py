@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from transports.base import Cluster, Key, Transport, TransportClosed, settle
+from transports.base import Cluster, Key, PeerError, Transport, TransportClosed, settle
 from transports.rendezvous import Rendezvous
 
 _inboxes: dict[tuple[tuple[str, ...], int], Rendezvous] = {}
@@ -54,6 +54,10 @@ class LocalTransport(Transport):
         _inbox(self.cluster, key.dst).put(key, (array, sent))
         self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
         return sent
+
+    def _refused(self, key: Key, error: BaseException) -> None:
+        _inbox(self.cluster, key.dst).fail(
+            key, PeerError(f"local: {self.peer_name(key.src)} failed to send {key}: {error}"))
 
     def recv_async(self, key: Key) -> Future:
         self._check_key(key, "recv")
