@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,6 +16,37 @@ from bench.results import ResultsError, RunWriter, package_versions
 
 EXIT_USAGE = 2
 DEFAULT_SIZES = "1KB-1GB"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP: the run stops, keeps what it measured, and says so."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+#: the signals that stop a run the way Ctrl-C does
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop(signum: int, frame: object) -> None:
+    # the first signal interrupts; later ones would cut short the cleanup it started (ranks get seconds to
+    # close), so they are ignored: should that cleanup hang, SIGKILL still works and the ranks die with us
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _signal_of(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """(the signal's name, the exit status it gives: 128 + its number)."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return signal.Signals(signum).name, 128 + signum
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,18 +65,26 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number of at least {least}, got {value}")
     return value
 
 
+def _positive_int(text: str) -> int:
+    return _whole_number(text, 1)
+
+
 def _non_negative_int(text: str) -> int:
-    return 0 if text.strip() == "0" else _positive_int(text)
+    return _whole_number(text, 0)
+
+
+#: the longest --timeout (a week): longer waits overflow the clocks of threads and sockets
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 def _seconds(text: str) -> float:
@@ -51,15 +92,41 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value:g}")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SECONDS:g} seconds (a week), got {value:g}")
+    return value
+
+
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def _duration(text: str) -> float:
+    """Seconds in ``600``, ``90s``, ``10m`` or ``1h``."""
+    number = text.strip().lower()
+    unit = next((u for u in sorted(_DURATION_UNITS, key=len, reverse=True) if u and number.endswith(u)), "")
+    seconds = _seconds(number[: len(number) - len(unit)] if unit else number)
+    if seconds * _DURATION_UNITS[unit] > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most a week, got '{text}'")
+    return seconds * _DURATION_UNITS[unit]
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
     return value
 
 
 def _transport_list(text: str) -> list[str]:
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     if not chosen:
-        raise argparse.ArgumentTypeError("expected a comma list of transport names")
+        raise argparse.ArgumentTypeError(f"expected a comma list of transport names (known: "
+                                         f"{', '.join(transports.names())}), got '{text}'")
     for label in chosen:
         name = label.partition(":")[0]
         if name not in transports.REGISTRY:
@@ -80,6 +147,9 @@ REFERENCE_RUNS = ("local", "tf_grpc")
 
 def _model_list(text: str) -> list[str]:
     chosen = [m.strip() for m in text.split(",") if m.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"expected a model name or a comma list of them (known: "
+                                         f"{', '.join(MODEL_NAMES)}), got '{text}'")
     for name in chosen:
         if name not in MODEL_NAMES and ":" not in name:
             raise argparse.ArgumentTypeError(f"unknown model '{name}' (known: {', '.join(MODEL_NAMES)})")
@@ -88,6 +158,9 @@ def _model_list(text: str) -> list[str]:
 
 def _model_transport_list(text: str) -> list[str]:
     chosen = [t.strip() for t in text.split(",") if t.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"expected a comma list of transport names (known: "
+                                         f"{', '.join([*transports.names(), *REFERENCE_RUNS])}), got '{text}'")
     others = [t for t in chosen if t not in REFERENCE_RUNS]
     if others:
         _transport_list(",".join(others))
@@ -95,7 +168,10 @@ def _model_transport_list(text: str) -> list[str]:
 
 
 def _int_list(text: str) -> list[int]:
-    return [_positive_int(part) for part in text.split(",") if part.strip()]
+    values = [_positive_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a whole number or a comma list of them, e.g. 1,2,4, got '{text}'")
+    return list(dict.fromkeys(values))
 
 
 def _add_launch_options(parser: argparse.ArgumentParser) -> None:
@@ -132,7 +208,7 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
                         help="per-worker mini-batch sizes, comma list")
     parser.add_argument("--steps", type=_positive_int, default=steps, help="timed steps")
     parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
-    parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--learning-rate", type=_rate, default=0.01, help="SGD learning rate")
     parser.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
                         help="UCX transports for the fabric transports (netns: always tcp)")
     parser.add_argument("--timeout", type=_seconds, default=600.0,
@@ -230,6 +306,38 @@ def build_parser() -> Parser:
                        help="comma list of server counts")
     scale.set_defaults(func=cmd_scale, asynchronous=False)
 
+    soak = commands.add_parser(
+        "soak",
+        help="a long run that checks every tensor: nothing corrupted, nothing lost, memory flat (not for CI)",
+        description="For each transport: the micro-benchmark at each of --sizes, transfers going on for a share of "
+        "--duration (the duration is split evenly over transports and sizes; 10 minutes in all by default), then "
+        "--steps steps of 'bench model MODEL' (1 server; not for 'local', which sends nothing). The content of "
+        "every tensor received is checked: the micro-benchmark's receiver compares every element with what the "
+        "sender wrote; in training each tensor's CRC-32 travels beside it (through the launcher) and is checked "
+        "on arrival. records.csv has one row per process of each point: tensors sent, received, corrupted "
+        "(must be 0), lost (must be 0), and resident memory at the start and end. Exit status 1 if any tensor "
+        "was corrupted or lost or a run failed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    soak.add_argument("--transports", type=_transport_list, default=None,
+                      help="comma list of transports (name or name:mode); default: every one available here")
+    soak.add_argument("--sizes", type=_sizes, default="1KB,4MB", help="micro-benchmark tensor sizes")
+    soak.add_argument("--duration", type=_duration, default="10m",
+                      help="seconds (or 90s, 10m, 1h) of micro-benchmark transfers in all, split evenly over the "
+                      "transports and sizes")
+    soak.add_argument("--model", type=_model_list, default="fcn5", help="the model trained after the transfers")
+    soak.add_argument("--steps", type=_non_negative_int, default=1000,
+                      help="training steps per transport (0: no training)")
+    soak.add_argument("--batch-size", type=_positive_int, default=1, help="per-worker mini-batch size")
+    soak.add_argument("--timeout", type=_seconds, default=120.0,
+                      help="seconds one transfer, or one training step, may take before the run fails naming it")
+    soak.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
+                      help="UCX transports for the fabric transports")
+    soak.add_argument("--out", type=Path, default=None, help="results directory (default: results/soak-<time>/)")
+    _add_compute_option(soak, "real")
+    _add_launch_options(soak)
+    soak.set_defaults(func=cmd_soak)
+
     models = commands.add_parser(
         "models", help="the paper's Table 2 measured here: model size, variables, local compute time per sample",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -318,29 +426,76 @@ def _fabric_info() -> list[str]:
     return lines
 
 
-def _open_run(out: Path, experiment: str, settings: dict, launcher) -> RunWriter | None:
-    """The run's results directory (its logs beside it), or None with an error line when it exists."""
+def _open_run(out: Path, experiment: str, settings: dict, launcher, given: bool) -> RunWriter | None:
+    """The run's results directory (its logs beside it), or None with an error line when it cannot be made.
+
+    ``given``: whether the user chose ``out`` (--out), which the error's fix then names.
+    """
     from bench.results import RunWriter
 
     settings = {**settings, "launcher": launcher.describe()}
+    fix = "choose another --out" if given else "run bench from a writable directory or give --out DIR"
     try:
         writer = RunWriter(out, experiment, settings)
     except FileExistsError:
         print(f"bench {experiment}: error: {out} already exists; choose another --out", file=sys.stderr)
         return None
+    except OSError as exc:
+        print(f"bench {experiment}: error: cannot create the results directory {out}: "
+              f"{exc.strerror or exc}; {fix}", file=sys.stderr)
+        return None
     launcher.log_dir = out / "logs"
     return writer
+
+
+def _interrupted(writer, experiment: str, out: Path, what: str, exc: KeyboardInterrupt, **extra) -> int:
+    """Mark the run interrupted (by which signal), say where its results are; the exit status."""
+    name, status = _signal_of(exc)
+    writer.finish("interrupted", reason=f"interrupted by {name}", **extra)
+    print(f"\nbench {experiment}: interrupted by {name}; {what} so far are in {out}", file=sys.stderr)
+    return status
+
+
+def _draw(out: Path, experiment: str) -> None:
+    """The run's figures; a figure that cannot be drawn is a warning, the records are what count."""
+    from bench.plot import plot_run
+
+    try:
+        written = plot_run(out)
+    except (ResultsError, ValueError, TypeError, KeyError, OSError) as exc:
+        print(f"bench {experiment}: warning: no figures: {_error_line(exc)}", file=sys.stderr)
+        return
+    for path in written:
+        if path.suffix == ".png":
+            print(f"figure: {path}")
+
+
+def _check_sizes(sizes: list[int]) -> str | None:
+    """An error line when a tensor cannot fit in this machine's memory (sender and receiver hold one each)."""
+    from bench.sizes import format_size
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+    if 2 * max(sizes) > memory:
+        return (f"--sizes: {format_size(max(sizes))} does not fit twice (sender and receiver) in this machine's "
+                f"{memory / 2**30:.1f} GB of memory; choose smaller sizes")
+    return None
 
 
 def cmd_micro(args: argparse.Namespace, launcher) -> int:
     from tqdm import tqdm
 
     from bench.micro import MicroError, plan_points, run_transport
-    from bench.plot import plot_run
     from bench.results import default_run_dir
     from bench.sizes import format_size
 
     chosen = args.transports or default_transports()
+    too_big = _check_sizes(args.sizes)
+    if too_big:
+        print(f"bench micro: error: {too_big}", file=sys.stderr)
+        return EXIT_USAGE
     points = plan_points(args.sizes, args.iters, args.warmup)
     out = args.out or default_run_dir("micro")
     settings = {
@@ -351,7 +506,7 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
         "timeout_s": args.timeout,
         "fabric_transport": launcher.fabric_transport(args.fabric_transport),
     }
-    writer = _open_run(out, "micro", settings, launcher)
+    writer = _open_run(out, "micro", settings, launcher, args.out is not None)
     if writer is None:
         return EXIT_USAGE
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
@@ -381,17 +536,17 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
                     bar.write(f"bench micro: error: {exc}")
         if not args.no_references and launcher.name == "local":
             _measure_references(points, args, writer, fabrics)
-    except KeyboardInterrupt:
-        writer.finish("interrupted", failures=failures, fabric=fabrics, launcher=launcher.describe())
-        print(f"\nbench micro: interrupted; the points finished so far are in {out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(writer, "micro", out, "the points finished", exc, failures=failures, fabric=fabrics,
+                            launcher=launcher.describe())
+    except BaseException as exc:
+        writer.finish("failed", failures=[*failures, _error_line(exc)], fabric=fabrics, launcher=launcher.describe())
+        raise
     writer.finish("failed" if failures else "complete", failures=failures, fabric=fabrics,
                   elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
     _print_micro_summary(out)
     if not args.no_plot and (out / "records.csv").exists():
-        for path in plot_run(out):
-            if path.suffix == ".png":
-                print(f"figure: {path}")
+        _draw(out, "micro")
     return 1 if failures else 0
 
 
@@ -449,6 +604,88 @@ def _print_micro_summary(out: Path) -> None:
     print(f"\nresults: {out}")
 
 
+def cmd_soak(args: argparse.Namespace, launcher) -> int:
+    """``bench soak``: every transport's micro-benchmark and a training run, every tensor checked."""
+    from bench.launch import LaunchError
+    from bench.micro import MicroError, Point, run_transport, soak_records
+    from bench.results import default_run_dir
+    from bench.runtime.ps import TrainConfig
+    from bench.sizes import format_size
+    from bench.training import TrainingError, prepare, train
+    from bench.training import soak_records as model_soak_records
+
+    chosen = args.transports or default_transports()
+    too_big = _check_sizes(args.sizes)
+    if too_big:
+        print(f"bench soak: error: {too_big}", file=sys.stderr)
+        return EXIT_USAGE
+    model = args.model[0]
+    share = args.duration / (len(chosen) * len(args.sizes))
+    points = [Point(size, warmup=10, iters=0, seconds=share, check=True) for size in args.sizes]
+    trained = [label for label in chosen
+               if args.steps and not transports.transport_class(transports.resolve(label)[0]).same_process_only]
+    out = args.out or default_run_dir("soak")
+    settings = {"transports": chosen, "sizes": args.sizes, "seconds_per_point": share, "model": model,
+                "steps": args.steps, "batch_size": args.batch_size, "compute": args.compute,
+                "timeout_s": args.timeout, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+    writer = _open_run(out, "soak", settings, launcher, args.out is not None)
+    if writer is None:
+        return EXIT_USAGE
+    print(f"bench soak: {', '.join(chosen)}: {', '.join(map(format_size, args.sizes))} for {share:g} s each, then "
+          f"{args.steps} steps of {model} over {', '.join(trained) or 'none'} -> {out}", flush=True)
+    failures: list[str] = []
+    rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        writer.add(row)
+        rows.append(row)
+
+    try:
+        for label in chosen:
+            print(f"soak: {label}: micro-benchmark ...", flush=True)
+            try:
+                run_transport(label, points, transport_options(label, args, launcher), launcher, record,
+                              record_of=soak_records)
+            except MicroError as exc:
+                failures.append(str(exc))
+                print(f"bench soak: error: {exc}", file=sys.stderr)
+        for label in trained:
+            print(f"soak: {label}: {args.steps} steps of {model} ...", flush=True)
+            config = TrainConfig(model=model, transport=label.partition(":")[0], transport_options={},
+                                 batch_size=args.batch_size, servers=1, steps=args.steps, warmup=2,
+                                 timeout_s=args.timeout, label=label, compute=args.compute, check=True)
+            try:
+                config = prepare(config, launcher)
+                config.transport_options = transport_options(label, args, launcher)
+                config.transport_options.pop("timeout_s")
+                for row in model_soak_records(config, train(config, launcher)["outcome"]):
+                    record(row)
+            except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
+                failures.append(f"{model} over {label}: {exc}")
+                print(f"bench soak: error: {model} over {label}: {exc}", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        return _interrupted(writer, "soak", out, "the points checked", exc, failures=failures,
+                            launcher=launcher.describe())
+    except BaseException as exc:
+        writer.finish("failed", failures=[*failures, _error_line(exc)], launcher=launcher.describe())
+        raise
+    bad = [row for row in rows if row["corrupted"] or row["lost"]]
+    totals = {key: sum(int(row[key]) for row in rows) for key in ("tensors_sent", "corrupted", "lost")}
+    writer.finish("failed" if failures or bad else "complete", failures=failures, launcher=launcher.describe(),
+                  **totals)
+    print(f"\n{'transport':18} {'phase':5} {'size/model':>10} {'process':>9} {'sent':>9} {'received':>9} "
+          f"{'corrupt':>7} {'lost':>5} {'RSS MB start':>12} {'end':>8}")
+    for row in rows:
+        what = format_size(int(row["size_bytes"])) if row["phase"] == "micro" else row["model"]
+        print(f"{row['transport']:18} {row['phase']:5} {what:>10} {row['process']:>9} {row['tensors_sent']:>9} "
+              f"{row['tensors_received']:>9} {row['corrupted']:>7} {row['lost']:>5} {row['rss_start_mb']:>12.1f} "
+              f"{row['rss_end_mb']:>8.1f}")
+    print(f"\n{totals['tensors_sent']} tensors sent, {totals['corrupted']} corrupted, {totals['lost']} lost"
+          + (f"; {len(failures)} run(s) failed" if failures else ""))
+    print(f"results: {out}")
+    return 1 if failures or bad else 0
+
+
 def cmd_model(args: argparse.Namespace, launcher) -> int:
     servers = args.servers or (launcher.world // 2 if launcher.name == "mpi" else 1)
     return _train_runs(args, launcher, "model", [max(1, servers)])
@@ -463,7 +700,6 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
     from tqdm import tqdm
 
     from bench.launch import LaunchError
-    from bench.plot import plot_run
     from bench.results import default_run_dir
     from bench.runtime.ps import TrainConfig
     from bench.training import TrainingError, efficiency, prepare
@@ -479,7 +715,7 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
                 "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
                 "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
-    writer = _open_run(out, experiment, settings, launcher)
+    writer = _open_run(out, experiment, settings, launcher, args.out is not None)
     if writer is None:
         return EXIT_USAGE
     print(f"bench {experiment}: {len(runs)} runs ({', '.join(args.models)} over {', '.join(labels)}, batch "
@@ -518,17 +754,17 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
                               f"step {record['step_time_s']:.3f} s (compute {record['compute_s']:.3f}, "
                               f"comm {record['comm_s']:.3f})")
                 bar.update(1)
-    except KeyboardInterrupt:
-        writer.finish("interrupted", failures=failures, launcher=launcher.describe())
-        print(f"\nbench {experiment}: interrupted; the runs finished so far are in {out}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(writer, experiment, out, "the runs finished", exc, failures=failures,
+                            launcher=launcher.describe())
+    except BaseException as exc:
+        writer.finish("failed", failures=[*failures, _error_line(exc)], launcher=launcher.describe())
+        raise
     writer.finish("failed" if failures else "complete", failures=failures, launcher=launcher.describe(),
                   compute_s={f"{m}-b{b}": c.compute_s for (m, b), c in prepared.items() if c.replayed})
     print(f"results: {out}")
     if not args.no_plot and (out / "records.csv").exists():
-        for path in plot_run(out):
-            if path.suffix == ".png":
-                print(f"figure: {path}")
+        _draw(out, experiment)
     return 1 if failures else 0
 
 
@@ -573,6 +809,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     except (ResultsError, PlotError) as exc:
         print(f"bench plot: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:
+        print(f"bench plot: error: cannot write the figures into {args.results_dir}: {exc.strerror or exc}; "
+              "copy the run somewhere writable and plot it there", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, TypeError, KeyError) as exc:
+        print(f"bench plot: error: the records of {args.results_dir} cannot be drawn ({_error_line(exc)}); "
+              "were they edited by hand?", file=sys.stderr)
+        return EXIT_USAGE
     for path in written:
         print(path)
     return 0
@@ -584,19 +828,26 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    if not hasattr(args, "launcher"):
-        return args.func(args)
-    from bench.launch import LaunchError, create
-
     try:
-        launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
-    except LaunchError as exc:
-        print(f"bench {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    with launcher:
-        if not launcher.is_coordinator:  # under MPI: serve the runs the coordinator (rank 0) starts
-            return launcher.serve()
-        return args.func(args, launcher)
+        if not hasattr(args, "launcher"):
+            return args.func(args)
+        from bench.launch import LaunchError, create
+
+        try:
+            launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
+        except LaunchError as exc:
+            print(f"bench {args.command}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        with launcher:
+            if not launcher.is_coordinator:  # under MPI: serve the runs the coordinator (rank 0) starts
+                return launcher.serve()
+            for signum in STOP_SIGNALS:  # SIGTERM and SIGHUP stop a run as Ctrl-C does
+                signal.signal(signum, _stop)
+            return args.func(args, launcher)
+    except KeyboardInterrupt as exc:  # outside a run (its results, if any, are marked by the command)
+        name, status = _signal_of(exc)
+        print(f"\nbench {args.command}: interrupted by {name}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

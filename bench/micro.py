@@ -47,13 +47,30 @@ MAX_ITERS = 1000
 SENDER, RECEIVER = 0, 1
 
 
+#: the receiver reports its progress at least this often (and after every transfer slower than that), so the
+#: launcher's watchdog measures liveness, not the length of a point
+PROGRESS_EVERY_S = 1.0
+#: seconds of silence allowed beyond --timeout: one progress interval and scheduling on a busy machine
+SILENCE_SLACK_S = 5.0
+#: more seconds allowed until the run's first report: ranks import, start their transport and connect
+STARTUP_S = 60.0
+
+
 @dataclass(frozen=True)
 class Point:
-    """One size to measure, with its warm-up and timed iteration counts."""
+    """One size to measure, with its warm-up and timed iteration counts.
+
+    ``seconds``: timed transfers go on for this long instead of ``iters`` of them (the soak).
+    ``check``: the receiver compares every element of every tensor with what the sender wrote and
+    counts the tensors that differ instead of failing at the first (the soak); otherwise it checks the
+    marker (the maximum) only.
+    """
 
     size_bytes: int
     warmup: int
     iters: int
+    seconds: float | None = None
+    check: bool = False
 
     @property
     def dtype(self) -> np.dtype:
@@ -85,6 +102,27 @@ def clock_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (MB)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def content(point: Point) -> np.ndarray:
+    """What the sender puts in the tensor of ``point`` (before the marker): the same on both sides."""
+    rng = np.random.default_rng(point.size_bytes)
+    shape = point.spec.shape
+    if point.dtype == np.uint8:
+        return rng.integers(0, 2, size=shape, dtype=np.uint8)
+    return rng.random(shape, dtype=np.float32)
+
+
 def _cpu_seconds(per_thread: bool) -> float:
     usage = resource.getrusage(resource.RUSAGE_THREAD if per_thread else resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -111,6 +149,12 @@ class Side:
     cpu_s: float
     stats: TransportStats
     fabric: dict[str, Any] | None
+    #: transfers this side completed (warm-up included), of which the receiver found ``corrupted`` wrong
+    transfers: int = 0
+    corrupted: int = 0
+    #: this process's resident memory (MB) before the point's first transfer and after its last
+    rss_start_mb: float = float("nan")
+    rss_end_mb: float = float("nan")
 
 
 class PeerSignals:
@@ -127,57 +171,75 @@ class PeerSignals:
 
 
 def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None], per_thread_cpu: bool) -> None:
-    rng = np.random.default_rng(0)
     for point in points:
         spec = point.spec
+        rss0 = rss_mb()
         tensor = transport.allocate(spec)
-        if point.dtype == np.uint8:
-            tensor[...] = rng.integers(0, 2, size=spec.shape, dtype=np.uint8)
-        else:
-            tensor[...] = rng.random(spec.shape, dtype=np.float32)
+        tensor[...] = content(point)
         starts = []
-        for i in range(point.warmup + point.iters):
-            if ctrl.recv() != i:  # the receiver is done with transfer i - 1
-                raise RuntimeError("sender and receiver lost step")
+        cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+        i = 0
+        while (signal := ctrl.recv()) != "done":  # the receiver says which transfer it is ready for, or done
+            if signal != i:  # the receiver is done with transfer i - 1
+                raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
+                                   f"{format_size(point.size_bytes)}, it said {signal!r}")
             tensor.flat[-1] = marker(i, point.dtype)
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             t_send = clock_ns()
             transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
             starts.append(t_send)
-        if ctrl.recv() != "done":
-            raise RuntimeError("receiver did not finish the point")
+            i += 1
         report(Side("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
-                    transport.stats() - stats0, transport.describe()))
+                    transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
+                    rss_end_mb=rss_mb()))
         del tensor
 
 
 def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None], per_thread_cpu: bool) -> None:
     for point in points:
         spec = point.spec
+        rss0 = rss_mb()
+        expected = content(point).reshape(-1)[:-1] if point.check else None
         dones = []
+        corrupted = 0
         total = point.warmup + point.iters
-        for i in range(total):
+        step = max(1, total // 20)
+        reported = time.monotonic()
+        ends = None if point.seconds is None else float("inf")
+        i = 0
+        while i < total if ends is None else (i < point.warmup or time.monotonic() < ends):
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+                if point.seconds is not None:
+                    ends = time.monotonic() + point.seconds
             ctrl.send(i)
             tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
             t_received = clock_ns()
             largest = tensor.max()
             t_done = clock_ns()
             dones.append((t_received, t_done))
-            if tensor.shape != spec.shape or largest != marker(i, point.dtype):
+            wrong = tensor.shape != spec.shape or largest != marker(i, point.dtype)
+            if expected is not None:
+                wrong = wrong or not np.array_equal(tensor.reshape(-1)[:-1], expected)
+                corrupted += bool(wrong)
+            elif wrong:
                 raise RuntimeError(
                     f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: shape {tensor.shape}, "
                     f"max {largest} (expected {spec.shape}, {marker(i, point.dtype)})"
                 )
             del tensor
-            if (i + 1) % max(1, total // 20) == 0 or i + 1 == total:
-                report(Progress(point.size_bytes, i + 1))
+            i += 1
+            now = time.monotonic()
+            # every 5% of a point, and at least every PROGRESS_EVERY_S: the watchdog wants signs of life
+            if i % step == 0 or i == total or now - reported >= PROGRESS_EVERY_S:
+                report(Progress(point.size_bytes, i))
+                reported = now
         cpu = _cpu_seconds(per_thread_cpu) - cpu0
         stats = transport.stats() - stats0
         ctrl.send("done")
-        report(Side("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None))
+        report(Side("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None, transfers=i,
+                    corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
 
 
 def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
@@ -237,9 +299,15 @@ def ranks_of(label: str, options: dict[str, Any], points: list[Point]) -> list[R
 
 def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
                   on_record: Callable[[dict[str, Any]], None],
-                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
-    """Measure every point over transport ``label`` built with ``options``; each record as soon as it is measured."""
+                  on_progress: Callable[[int, int], None] = lambda size, n: None,
+                  record_of: Callable[[str, Point, Side, Side], dict[str, Any] | list[dict[str, Any]]] | None = None,
+                  ) -> None:
+    """Measure every point over transport ``label`` built with ``options``; each record as soon as it is measured.
+
+    ``record_of(label, point, sender, receiver)`` makes the record(s) of a point (default :func:`make_record`).
+    """
     timeout_s = options.get("timeout_s", 120.0)
+    record_of = record_of or make_record
     sides: dict[tuple[str, int], Side] = {}
     by_size = {p.size_bytes: p for p in points}
 
@@ -250,11 +318,14 @@ def run_transport(label: str, points: list[Point], options: dict[str, Any], laun
         sides[(payload.role, payload.size_bytes)] = payload
         size = payload.size_bytes
         if ("sender", size) in sides and ("receiver", size) in sides:
-            on_record(make_record(label, by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size))))
+            made = record_of(label, by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
+            for record in made if isinstance(made, list) else [made]:
+                on_record(record)
 
     try:
-        # a transfer may take up to timeout_s; the receiver reports about every 20th
-        launcher.run(ranks_of(label, options, points), timeout_s + 60, on_report, label=label)
+        # a transfer may take up to timeout_s, and the receiver reports at least every PROGRESS_EVERY_S
+        launcher.run(ranks_of(label, options, points), timeout_s + SILENCE_SLACK_S, on_report, label=label,
+                     startup_s=STARTUP_S)
     except LaunchError as exc:
         raise MicroError(f"{label}: {exc}") from None
 
@@ -265,14 +336,14 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[s
     received, done = np.array(receiver.times, dtype=np.int64).T
     micros = (done - starts) / 1e3
     mean_us = float(micros.mean())
-    per = point.iters
+    per = len(starts)  # point.iters, or as many as fitted in the point's seconds
     both = sender.stats + receiver.stats
     return {
         "transport": name,
         "size_bytes": point.size_bytes,
         "dtype": point.dtype.name,
         "warmup": point.warmup,
-        "iters": point.iters,
+        "iters": per,
         "p50_us": float(np.percentile(micros, 50)),
         "p99_us": float(np.percentile(micros, 99)),
         "mean_us": mean_us,
@@ -293,6 +364,25 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[s
         "registrations": both.registrations,
         "fabric": fabric_label(sender.fabric),
     }
+
+
+def soak_records(name: str, point: Point, sender: Side, receiver: Side) -> list[dict[str, Any]]:
+    """The ``soak`` rows of a point: one per side, with tensors sent, received, corrupted and lost, and memory."""
+    measured = make_record(name, point, sender, receiver)
+    starts = np.array(sender.times, dtype=np.int64)
+    done = np.array(receiver.times, dtype=np.int64).T[1]
+    common = {"phase": "micro", "transport": name, "size_bytes": point.size_bytes,
+              "seconds": float(done[-1] - starts[0]) / 1e9, "p50_us": measured["p50_us"],
+              "throughput_MBps": measured["throughput_MBps"], "fabric": measured["fabric"]}
+    rows = []
+    for side, sent, received, corrupted, lost in (
+            (sender, sender.transfers, 0, 0, 0),
+            (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers)):
+        rows.append({**common, "process": side.role, "transfers": side.transfers, "tensors_sent": sent,
+                     "tensors_received": received, "corrupted": corrupted, "lost": lost,
+                     "rss_start_mb": side.rss_start_mb, "rss_end_mb": side.rss_end_mb,
+                     "rss_growth_mb": side.rss_end_mb - side.rss_start_mb})
+    return rows
 
 
 def fabric_label(description: dict[str, Any] | None) -> str:

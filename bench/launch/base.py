@@ -393,22 +393,25 @@ class _RankState:
 
 def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: float,
                on_report: Callable[[int, Any], None], exited: Callable[[], dict[int, str]],
-               link_interface: Callable[[RankSpec], str | None] = lambda spec: None) -> list[RankResult]:
+               link_interface: Callable[[RankSpec], str | None] = lambda spec: None,
+               startup_s: float = 0.0) -> list[RankResult]:
     """Serve the run's ranks until every non-service rank has finished; returns every rank's result.
 
     ``exited()`` names the ranks whose process has ended (rank -> how, e.g. "exit code 1"), as far as
     the launcher can tell. Raises :class:`RankFailed` naming the rank when one fails, dies before its
-    result, or when no rank has said anything for ``timeout_s``.
+    result, or when no rank has said anything for ``timeout_s`` (``timeout_s + startup_s`` until the
+    first report of the run: start-up, imports and connecting, may take longer than any later silence).
     """
     states = [_RankState(spec) for spec in ranks]
     by_conn: dict[Connection, int] = {}
-    deadline = time.monotonic() + timeout_s
+    silence_s = timeout_s + startup_s
+    deadline = time.monotonic() + silence_s
     try:
         while not all(s.result for s in states if not s.spec.service):
             for conn in wait([hub.wake, *by_conn], timeout=_POLL_S):
                 if conn is hub.wake:  # a rank that joins has said something too
                     _admit(hub, states, by_conn, cluster, link_interface)
-                    deadline = time.monotonic() + timeout_s
+                    deadline = time.monotonic() + silence_s
                     continue
                 rank = by_conn[conn]
                 try:
@@ -419,7 +422,9 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
                         how = _await_exit(exited, rank)
                         raise RankFailed(rank, states[rank].spec.name, f"died ({how})", "died") from None
                     continue
-                deadline = time.monotonic() + timeout_s
+                if isinstance(message, Report):
+                    silence_s = timeout_s  # the run is under way
+                deadline = time.monotonic() + silence_s
                 try:
                     _handle(rank, message, states, on_report)
                 except RankFailed as failed:
@@ -432,7 +437,7 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
                           if s.result is None and not s.spec.service]
                 first = next(i for i, s in enumerate(states) if s.result is None and not s.spec.service)
                 raise RankFailed(first, states[first].spec.name,
-                                 f"did not finish: no rank said anything for {timeout_s:g} s "
+                                 f"did not finish: no rank said anything for {silence_s:g} s "
                                  f"(still running: {', '.join(silent)})", "silent")
         _stop_services(hub, states, by_conn, cluster, on_report, link_interface)
     finally:
@@ -542,10 +547,11 @@ class Launcher(ABC):
 
     @abstractmethod
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
-            label: str = "run") -> list[RankResult]:
+            label: str = "run", startup_s: float = 0.0) -> list[RankResult]:
         """Run ``ranks`` to the end: every rank's result (in rank order) on the coordinator, [] elsewhere.
 
-        ``timeout_s``: the longest the ranks may all stay silent. ``label`` names the run's logs.
+        ``timeout_s``: the longest the ranks may all stay silent, ``startup_s`` more until the run's
+        first report. ``label`` names the run's logs.
         Raises :class:`RankFailed` naming the rank when one fails or dies; no process of the run is
         left behind either way.
         """

@@ -107,7 +107,7 @@ class LocalLauncher(Launcher):
     # one run ------------------------------------------------------------------------------------
 
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
-            label: str = "run") -> list[RankResult]:
+            label: str = "run", startup_s: float = 0.0) -> list[RankResult]:
         workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
         logs = self._log_paths(workdir, label, len(ranks))
         procs: list[subprocess.Popen] = []
@@ -127,7 +127,7 @@ class LocalLauncher(Launcher):
 
             try:
                 results = coordinate(hub, ranks, cluster, timeout_s, on_report or (lambda rank, payload: None),
-                                     exited, self._link_interface)
+                                     exited, self._link_interface, startup_s)
             except RankFailed as exc:
                 raise exc.with_log(log_tail(logs[exc.rank]) if exc.kind != "failed" else "") from None
             _wait_all(procs, _EXIT_GRACE_S)
@@ -149,7 +149,9 @@ class LocalLauncher(Launcher):
 
     def _start(self, spec: RankSpec, rank: int, hub_address: str, token: str, log: Path,
                env: dict[str, str]) -> subprocess.Popen:
-        argv = self._command(spec, [sys.executable, "-m", "bench.launch.rank", hub_address, str(rank)])
+        # the rank dies with this process (PR_SET_PDEATHSIG, armed in the rank, which checks its parent is us)
+        argv = self._command(spec, [sys.executable, "-m", "bench.launch.rank", hub_address, str(rank),
+                                    str(os.getpid())])
         with open(log, "wb") as out:
             # a session of its own: Ctrl-C reaches the coordinator only, which ends the ranks in order
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,

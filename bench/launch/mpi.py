@@ -81,7 +81,7 @@ class MpiLauncher(Launcher):
     # the coordinator (process 0) -------------------------------------------------------------
 
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
-            label: str = "run") -> list[RankResult]:
+            label: str = "run", startup_s: float = 0.0) -> list[RankResult]:
         if not self.is_coordinator:
             raise LaunchError("under MPI only process 0 starts runs; the others serve them (MpiLauncher.serve)")
         if self._broken:
@@ -102,7 +102,7 @@ class MpiLauncher(Launcher):
             own.start()
             try:
                 return coordinate(hub, ranks, cluster, timeout_s, on_report or (lambda rank, payload: None),
-                                  lambda: {})
+                                  lambda: {}, startup_s=startup_s)
             except RankFailed as exc:
                 # the other ranks may still be inside the failed run, and MPI can neither interrupt nor replace
                 # them: the job ends (MPI_Abort at close) once the coordinator has written what it has

@@ -30,9 +30,11 @@ with real compute; only the CPU the model would take is left out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -72,6 +74,8 @@ class TrainConfig:
     compute_s: float = 0.0
     #: the trainable variables (from :func:`profile`); None: each process reads them off the model it builds
     variables: tuple[Variable, ...] | None = None
+    #: check the content of every tensor received (the soak): see :class:`CheckedTransport`
+    check: bool = False
 
     @property
     def replayed(self) -> bool:
@@ -181,6 +185,7 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
             times = StepTimes()
             copies.bytes = 0
             stats0 = transport.stats()
+            times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
         weights = [transport.recv(Key(weight_key(v), step, layout.ps_of(v), rank)) for v in variables]
         received = time.perf_counter()
@@ -270,6 +275,7 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
         if step == config.warmup:
             times = StepTimes()
             stats0 = transport.stats()
+            times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
         # no lock around the sends: asynchronous SGD reads weights while other workers' updates land
         # (as TensorFlow's PS does by default); holding it while a send waits for its receiver could
@@ -369,6 +375,85 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
     return times, dict(enumerate(weights))
 
 
+# -- the content check (the soak) ----------------------------------------------
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MB)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def checksum(array: np.ndarray) -> int:
+    """CRC-32 of the bytes of ``array``."""
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+class CheckedTransport:
+    """A transport whose every tensor is checked on arrival.
+
+    Each send first tells the receiving rank, over the launcher (outside the transport), the tensor's
+    key and CRC-32; each ``recv`` computes the CRC-32 of what arrived and counts it as corrupted when it
+    differs. Tensors announced but never received are counted as lost (:meth:`counts`). Everything
+    else goes to the wrapped transport.
+    """
+
+    def __init__(self, transport, ctx, timeout_s: float) -> None:
+        self._transport = transport
+        self._ctx = ctx
+        self._timeout_s = timeout_s
+        self._notices: dict[tuple[str, int, int], int] = {}
+        self._lock = threading.Lock()
+        self.sent = self.received = self.corrupted = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def _announce(self, key: Key, array: np.ndarray) -> None:
+        self._ctx.send_to(key.dst, ("crc", key.name, key.step, key.src, checksum(array)))
+        with self._lock:
+            self.sent += 1
+
+    def send(self, key: Key, array: np.ndarray) -> None:
+        self._announce(key, array)
+        return self._transport.send(key, array)
+
+    def send_async(self, key: Key, array: np.ndarray):
+        self._announce(key, array)
+        return self._transport.send_async(key, array)
+
+    def recv(self, key: Key) -> np.ndarray:
+        tensor = self._transport.recv(key)
+        got = checksum(tensor)
+        with self._lock:  # one reader of the notices at a time; a notice is sent before its tensor
+            while (key.name, key.step, key.src) not in self._notices:
+                self._take(self._ctx.receive(timeout=self._timeout_s))
+            want = self._notices.pop((key.name, key.step, key.src))
+            self.received += 1
+            self.corrupted += got != want
+        return tensor
+
+    def _take(self, notice: Any) -> None:
+        if not (isinstance(notice, tuple) and len(notice) == 5 and notice[0] == "crc"):
+            raise RuntimeError(f"rank {self._ctx.rank} ({self._ctx.name}) got {notice!r} where it expected the "
+                               "checksum of a tensor")
+        self._notices[(notice[1], notice[2], notice[3])] = notice[4]
+
+    def counts(self, drain_s: float = 1.0) -> dict[str, int]:
+        """Tensors sent, received, corrupted, and lost (announced to this rank, never received)."""
+        with self._lock, contextlib.suppress(Exception):
+            while True:
+                self._take(self._ctx.receive(timeout=drain_s))
+        return {"tensors_sent": self.sent, "tensors_received": self.received, "corrupted": self.corrupted,
+                "lost": len(self._notices)}
+
+
 # -- the processes -------------------------------------------------------------
 
 
@@ -392,6 +477,9 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan(plan)
+        rss_start = rss_mb()
+        if config.check:
+            transport = CheckedTransport(transport, ctx, config.timeout_s)
         if ctx.rank < layout.servers:
             server = ctx.rank
             link: dict[str, Any] = {}
@@ -411,6 +499,11 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
             times = run_ps(config, transport, layout, ctx.rank - layout.servers, variables)
             role = "ps"
         times.extra["fabric"] = transport.describe()
+        if config.check:
+            # the ranks finish at about the same time: a notice still on its way has a second to arrive
+            # memory at the start of the timed steps (after warm-up built the model), else after the transport started
+            times.extra["check"] = {**transport.counts(), "rss_start_mb": times.extra.get("rss_start_mb", rss_start),
+                                    "rss_end_mb": rss_mb()}
     return role, times
 
 
