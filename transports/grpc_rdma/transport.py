@@ -82,6 +82,14 @@ RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
 MODES = ("buffered", "direct")
 
 
+def memory_bytes() -> int:
+    """This machine's physical memory: no peer may make a receiver allocate more for one tensor."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 40
+
+
 def lap(count: int, slots: int) -> int:
     """The lap byte of the ``count``-th ring entry: never 0 (an empty slot)."""
     return 1 + (count // slots) % 255
@@ -534,6 +542,11 @@ class GrpcRdmaTransport(FabricTransport):
         if request.re_requested:
             raise ProtocolError(f"a second META_DATA_RESPONSE for request {request.index}")
         meta = message.meta
+        if meta.nbytes > memory_bytes():
+            self._fail_request(link, request, PeerError(
+                f"grpc_rdma: {self.peer_name(link.peer)} announced {request.key} as {meta.dtype} {meta.shape} "
+                f"({meta.nbytes} bytes), more than this machine's memory ({memory_bytes()} bytes)"))
+            return
         if request.buffer is not None:
             self.pool.free(request.buffer)
             request.buffer = None

@@ -43,6 +43,7 @@ from transports.base import (
     TransportError,
     TransportTimeout,
     contiguous,
+    release_port,
     settle,
 )
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest
@@ -130,6 +131,7 @@ class GrpcTcpTransport(Transport):
             raise TransportError(f"grpc_tcp: cannot listen on {address}; is the port in use?")
         await server.start()
         self._server = server
+        release_port(address)  # our listener holds the port now
 
     def close(self) -> None:
         with self._lock:
