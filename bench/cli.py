@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import transports
@@ -159,8 +160,8 @@ def _model_list(text: str) -> list[str]:
 def _model_transport_list(text: str) -> list[str]:
     chosen = [t.strip() for t in text.split(",") if t.strip()]
     if not chosen:
-        raise argparse.ArgumentTypeError(f"expected a comma list of transport names (known: "
-                                         f"{', '.join([*transports.names(), *REFERENCE_RUNS])}), got '{text}'")
+        known = ", ".join(dict.fromkeys([*transports.names(), *REFERENCE_RUNS]))
+        raise argparse.ArgumentTypeError(f"expected a comma list of transport names (known: {known}), got '{text}'")
     others = [t for t in chosen if t not in REFERENCE_RUNS]
     if others:
         _transport_list(",".join(others))
@@ -461,7 +462,9 @@ def _draw(out: Path, experiment: str) -> None:
     from bench.plot import plot_run
 
     try:
-        written = plot_run(out)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            written = plot_run(out)
     except (ResultsError, ValueError, TypeError, KeyError, OSError) as exc:
         print(f"bench {experiment}: warning: no figures: {_error_line(exc)}", file=sys.stderr)
         return
@@ -805,7 +808,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from bench.plot import PlotError, plot_run
 
     try:
-        written = plot_run(args.results_dir)
+        with warnings.catch_warnings():  # matplotlib's complaints about odd values would break the one-line error
+            warnings.simplefilter("ignore")
+            written = plot_run(args.results_dir)
     except (ResultsError, PlotError) as exc:
         print(f"bench plot: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

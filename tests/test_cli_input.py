@@ -1,0 +1,141 @@
+"""Bad input to bench, and broken results directories: one line naming the problem and the fix, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.results import RunWriter, load_run
+
+
+def bench(*args: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)
+
+
+def one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+QUICK = ["--sizes", "1KB", "--iters", "1", "--transports", "local", "--no-references", "--no-plot"]
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    # results directories that cannot be made
+    (["micro", *QUICK, "--out", "/proc/nope"], "cannot create the results directory /proc/nope"),
+    (["micro", *QUICK, "--out", "/etc/passwd/x"], "cannot create the results directory /etc/passwd/x: Not a directory"),
+    # empty lists: an error, not an empty "complete" run
+    (["model", "fcn5", "--batch-size", ","], "--batch-size: expected a whole number or a comma list"),
+    (["model", ","], "MODEL: expected a model name or a comma list"),
+    (["model", "fcn5", "--transport", ","], "--transports: expected a comma list of transport names"),
+    (["micro", "--transports", ","], "--transports: expected a comma list of transport names"),
+    (["scale", "fcn5", "--servers", ","], "--servers: expected a whole number or a comma list"),
+    # numbers
+    (["micro", "--timeout", "nan"], "--timeout: expected a positive number of seconds, got 'nan'"),
+    (["micro", "--timeout", "inf"], "--timeout: expected a positive number of seconds, got 'inf'"),
+    (["micro", "--timeout=-inf"], "--timeout: expected a positive number of seconds"),
+    (["micro", "--timeout", "1e300"], "--timeout: expected at most 604800 seconds"),
+    (["model", "fcn5", "--timeout", "nan"], "--timeout: expected a positive number of seconds"),
+    (["micro", "--warmup", "-1"], "--warmup: expected a number of at least 0, got -1"),
+    (["model", "fcn5", "--warmup", "-1"], "--warmup: expected a number of at least 0, got -1"),
+    (["micro", "--iters", "1.5"], "--iters: expected a whole number, got '1.5'"),
+    (["model", "fcn5", "--steps", "0"], "--steps: expected a number of at least 1, got 0"),
+    (["model", "fcn5", "--servers", "-2"], "--servers: expected a number of at least 1, got -2"),
+    (["model", "fcn5", "--learning-rate", "nan"], "--learning-rate: expected a positive number, got 'nan'"),
+    (["model", "fcn5", "--learning-rate", "-0.1"], "--learning-rate: expected a positive number"),
+    (["model", "fcn5", "--learning-rate", "fast"], "--learning-rate: expected a number, got 'fast'"),
+    (["models", "--batch-size", "0"], "--batch-size: expected a number of at least 1"),
+    (["micro", "--sizes", "1TB"], "--sizes: 1TB does not fit twice"),
+    (["soak", "--duration", "0"], "--duration: expected a positive number of seconds"),
+    (["soak", "--duration", "10y"], "--duration: expected seconds, got '10y'"),
+    (["soak", "--duration", "nan"], "--duration: expected a positive number of seconds"),
+    (["soak", "--steps", "-1"], "--steps: expected a number of at least 0"),
+    (["soak", "--transports", "nope"], "unknown transport 'nope'"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment):
+    one_line_error(bench(*args), fragment)
+
+
+def test_the_default_results_directory_in_a_read_only_directory(tmp_path):
+    if os.geteuid() == 0:
+        where = Path("/proc")  # root writes anywhere else; nobody creates a directory here
+    else:
+        where = tmp_path / "read-only"
+        where.mkdir()
+        where.chmod(0o555)
+    result = bench("micro", *QUICK, cwd=where)
+    one_line_error(result, "cannot create the results directory results/micro-")
+    assert "run bench from a writable directory or give --out DIR" in result.stderr
+
+
+def test_empty_lists_start_no_run(tmp_path):
+    out = tmp_path / "run"
+    one_line_error(bench("model", "fcn5", "--batch-size", ",", "--out", str(out)), "--batch-size")
+    assert not out.exists()
+
+
+# -- bench plot on what is not a good run -------------------------------------------------------------------------
+
+
+def a_run(path: Path) -> Path:
+    writer = RunWriter(path, "micro", {})
+    writer.add({"transport": "local", "size_bytes": 1024, "iters": 2, "p50_us": 1.0, "p99_us": 2.0, "mean_us": 1.5,
+                "throughput_MBps": 600.0, "sender_cpu_s": 0.1, "receiver_cpu_s": 0.1, "copied_bytes_per_transfer": 0})
+    writer.finish()
+    return path
+
+
+BREAKAGES = {
+    "meta.json that is not JSON": ("meta.json", '{"schema', "meta.json cannot be read"),
+    "meta.json that is a list": ("meta.json", "[1, 2]", "is not a meta.json written by bench"),
+    "meta.json without an experiment": ("meta.json", '{"schema_version": 1}', "is not a meta.json written by bench"),
+    "meta.json of binary bytes": ("meta.json", b"\xff\xfe\x00", "meta.json cannot be read"),
+    "empty records.csv": ("records.csv", "", "records.csv is empty"),
+    "records.csv with a header only": ("records.csv", None, "the run has no records to draw"),
+    "records.csv with words for numbers": ("records.csv", "garbage", "cannot be drawn"),
+}
+
+
+@pytest.mark.parametrize("breakage", list(BREAKAGES))
+def test_plot_of_a_broken_run_is_one_line(tmp_path, breakage):
+    run = a_run(tmp_path / "run")
+    name, content, fragment = BREAKAGES[breakage]
+    target = run / name
+    if content is None:
+        content = target.read_text().splitlines()[0] + "\n"
+    elif content == "garbage":
+        header = target.read_text().splitlines()[0]
+        content = header + "\n" + ",".join(["local", "abc"] + ["zz"] * (header.count(",") - 1)) + "\n"
+    if isinstance(content, bytes):
+        target.write_bytes(content)
+    else:
+        target.write_text(content)
+    one_line_error(bench("plot", str(run)), fragment)
+
+
+def test_plot_of_a_good_run_still_draws(tmp_path):
+    run = a_run(tmp_path / "run")
+    result = bench("plot", str(run))
+    assert result.returncode == 0, result.stderr
+    assert (run / "micro_time.png").is_file()
+
+
+def test_a_run_left_running_by_a_dead_process_reads_as_killed(tmp_path):
+    run = a_run(tmp_path / "run")
+    meta = json.loads((run / "meta.json").read_text())
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    meta.update(status="running", end_time=None, pid=int(done.stdout))  # a process that has ended
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert load_run(run).meta["status"] == "killed"
+    meta["pid"] = os.getpid()  # alive: still running
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert load_run(run).meta["status"] == "running"
