@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,11 +87,22 @@ def test_describe_names_the_ucx_transports_in_use(devices):
 
 
 def _held_resources() -> tuple[int, int, int]:
-    shm_files = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
-    sysv = Path("/proc/sysvipc/shm")
-    sysv_segments = len(sysv.read_text().splitlines()) if sysv.exists() else 0
+    """What this process holds: mappings of shared files (/dev/shm, memfd), of SysV segments, and fds.
+
+    Only this process's own resources count (its /proc/self/maps and fds): system-wide totals of
+    /dev/shm or /proc/sysvipc change whenever another process on the machine makes some.
+    """
+    shm_maps, sysv_maps = set(), set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if path.startswith("/SYSV"):
+                sysv_maps.add((fields[4], path))  # one per attached segment, however many areas
+            elif path.startswith(("/dev/shm/", "/memfd:")):
+                shm_maps.add((fields[4], path))
     fds = len(os.listdir("/proc/self/fd"))
-    return shm_files, sysv_segments, fds
+    return len(shm_maps), len(sysv_maps), fds
 
 
 @pytest.mark.parametrize("fabric", FABRICS)

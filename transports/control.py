@@ -10,6 +10,8 @@ between ranks of one run: the server refuses a call without the run's token
 from __future__ import annotations
 
 import json
+import logging
+import socket
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -17,9 +19,13 @@ from typing import Any
 import grpc
 
 from transports.auth import TokenCheck, call_metadata
-from transports.base import PeerError, TransportError
+from transports.base import PeerError, TransportError, release_port
+
+log = logging.getLogger(__name__)
 
 METHOD = "/tensor_transport.Control/Call"
+#: threads serving control calls; a handler may call the caller's peer back once (``verify``)
+CONTROL_THREADS = 16
 _OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_reconnect_backoff_ms", 1_000)]
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -31,7 +37,8 @@ class ControlServer:
     def __init__(self, address: str, handlers: dict[str, Handler], owner: str, token: str) -> None:
         self._handlers = handlers
         self._owner = owner
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="control"),
+        self._pool = futures.ThreadPoolExecutor(max_workers=CONTROL_THREADS, thread_name_prefix="control")
+        self._server = grpc.server(self._pool,
                                    interceptors=(TokenCheck(token, owner),), options=_OPTIONS)
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(
@@ -44,20 +51,26 @@ class ControlServer:
         if port == 0:
             raise TransportError(f"{owner}: cannot listen on {address}; is the port in use?")
         self._server.start()
+        release_port(address)  # our listener holds the port now: free_port's reservation goes
 
     def _call(self, payload: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             request = json.loads(payload)
             handler = self._handlers[request.pop("op")]
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self._owner}: malformed control request")
         try:
             return json.dumps(handler(request)).encode()
         except (TransportError, ValueError, KeyError) as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self._owner}: {exc}")
+        except Exception as exc:  # a request no check foresaw: refused, never a crash or a hung caller
+            log.warning("%s: control request refused: %r", self._owner, exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{self._owner}: malformed control request ({type(exc).__name__})")
 
     def stop(self) -> None:
         self._server.stop(grace=0.2).wait(2)
+        self._pool.shutdown(wait=False, cancel_futures=True)  # gRPC leaves its threads to the caller
 
 
 class ControlClient:
@@ -65,6 +78,7 @@ class ControlClient:
 
     def __init__(self, address: str, peer: str, token: str) -> None:
         self.peer = peer
+        self.address = address
         self._metadata = call_metadata(token)
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._call = self._channel.unary_unary(METHOD)
@@ -75,20 +89,41 @@ class ControlClient:
                                metadata=self._metadata, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             raise PeerError(f"{self.peer}: control call '{op}' failed: {exc.code().name}: {exc.details()}") from None
-        return json.loads(reply)
+        try:
+            answer = json.loads(reply)
+        except (ValueError, RecursionError):
+            answer = None
+        if not isinstance(answer, dict):
+            raise PeerError(f"{self.peer}: control call '{op}' got a malformed reply")
+        return answer
 
     def alive(self, timeout: float = 1.0) -> bool:
         """Whether the peer is still there: a dead process refuses the connection at once.
 
-        A ping that runs out of time is a slow peer (a busy machine), not a dead one: it counts as
-        alive, and the deadline of whatever waits for the peer bounds how long it is waited for.
+        A ping that runs out of time is a slow peer (a busy machine, or every control thread busy),
+        not a dead one: it counts as alive, and the deadline of whatever waits for the peer bounds
+        how long it is waited for. A ping that fails otherwise (gRPC's channel may still be backing
+        off from an earlier failure) is settled by the port: a process that holds its listening port
+        is alive, however slow it answers.
         """
         try:
             self._call(json.dumps({"op": "ping"}).encode(), timeout=timeout, metadata=self._metadata,
                        wait_for_ready=False)
         except grpc.RpcError as exc:
-            return exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED or port_is_held(self.address, timeout)
         return True
 
     def close(self) -> None:
         self._channel.close()
+
+
+def port_is_held(address: str, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (a refused or unreachable one: no)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except TimeoutError:
+        return True  # the kernel of a live host that is too busy to answer in time; only a refusal is death
+    except (OSError, ValueError):
+        return False

@@ -28,6 +28,7 @@ from transports.base import (
 )
 from transports.control import ControlClient, ControlServer
 from transports.fabric.base import Channel, FabricError
+from transports.fabric.netdev import ucx_net_devices
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
 
@@ -39,6 +40,28 @@ SHORT_BACKOFF_S = 100e-6
 PATIENT_S = 0.02
 MAX_BACKOFF_S = 0.001
 LIVENESS_EVERY_S = 1.0
+#: a device address is this many worker addresses at most, each at most MAX_ADDRESS_BYTES
+MAX_WORKERS = 64
+MAX_ADDRESS_BYTES = 8192
+
+
+def parse_device(value: Any) -> list[bytes]:
+    """A peer's device address from the control path (a list of hex worker addresses); ValueError if malformed.
+
+    Only the form is checked here; whether UCX can use each address, the device checks before it
+    connects (:meth:`UcxDevice.channel`).
+    """
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_WORKERS:
+        raise ValueError(f"a device address must be a list of 1 to {MAX_WORKERS} worker addresses")
+    addresses = []
+    for item in value:
+        if not isinstance(item, str) or not 0 < len(item) <= 2 * MAX_ADDRESS_BYTES:
+            raise ValueError(f"a worker address must be a hex string of 1 to {MAX_ADDRESS_BYTES} bytes")
+        try:
+            addresses.append(bytes.fromhex(item))
+        except ValueError:
+            raise ValueError("a worker address is not hex") from None
+    return addresses
 
 
 class FabricTransport(Transport):
@@ -82,6 +105,17 @@ class FabricTransport(Transport):
         """UCX configuration (name without ``UCX_`` -> value) to apply when creating the device."""
         return {}
 
+    def network_config(self, cluster: Cluster) -> dict[str, str]:
+        """UCX settings that keep UCX's network transports on the interfaces of the cluster's addresses.
+
+        UCX otherwise opens a TCP listener on every interface (external ones too): a loopback
+        cluster's fabric listens on loopback only. ``UCX_NET_DEVICES`` set by the user wins.
+        """
+        if os.environ.get("UCX_NET_DEVICES"):
+            return {}
+        devices = ucx_net_devices([address.rpartition(":")[0] for address in cluster.addresses])
+        return {"NET_DEVICES": devices} if devices else {}
+
     # lifecycle -------------------------------------------------------------
 
     def start(self, cluster: Cluster, rank: int) -> None:
@@ -89,7 +123,7 @@ class FabricTransport(Transport):
             raise ValueError(f"{self.name}: rank {rank} is not in a cluster of {cluster.size}")
         self.cluster, self.rank = cluster, rank
         self.device = UcxDevice(self.fabric_transport, self.progress_threads, self.lanes_per_peer,
-                                config=self.device_config())
+                                config={**self.network_config(cluster), **self.device_config()})
         self.pool = RegisteredPool(self.device)
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
         handlers = {"ping": lambda request: {}, "hello": self._on_hello, **self.control_handlers()}
@@ -152,10 +186,16 @@ class FabricTransport(Transport):
             return self._peers[rank]
 
     def _peer_device(self, rank: int) -> list[bytes]:
+        """Rank ``rank``'s device address, as its own control server (at its address in the cluster) tells it."""
         if rank not in self._peer_devices:
             reply = self._peer(rank).call("hello", timeout=self.timeout_s)
-            self._peer_devices[rank] = [bytes.fromhex(a) for a in reply["device"]]
+            try:
+                device = parse_device(reply.get("device"))
+            except ValueError as exc:
+                raise PeerError(f"{self.name}: {self.peer_name(rank)} answered 'hello' with {exc}") from None
             self.ledger.add(control_messages=1)
+            with self._lock:
+                self._peer_devices.setdefault(rank, device)
         return self._peer_devices[rank]
 
     def _on_hello(self, request: dict[str, Any]) -> dict[str, Any]:

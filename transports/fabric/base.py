@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 
+#: the longest remote key a peer may send (UCX's are under 100 bytes here)
+MAX_RKEY_BYTES = 1024
+
 
 class FabricError(RuntimeError):
     """A fabric operation failed; the message names the operation and the backend's reason."""
@@ -42,8 +45,28 @@ class RemoteRegion:
         return {"addr": self.addr, "length": self.length, "rkey": self.rkey.hex()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RemoteRegion:
-        return cls(int(data["addr"]), int(data["length"]), bytes.fromhex(data["rkey"]))
+    def from_json(cls, data: Any) -> RemoteRegion:
+        """The region a peer described with :meth:`to_json`; ValueError says what is wrong with it.
+
+        It comes from another process: address and length must be integers of the fabric's 64-bit
+        range (no bool, float or string), the region must not wrap, and the remote key must be hex
+        of a plausible size. Whether the key really covers the region, the device checks.
+        """
+        if not isinstance(data, dict) or set(data) != {"addr", "length", "rkey"}:
+            raise ValueError("a region descriptor must be an object with exactly 'addr', 'length' and 'rkey'")
+        addr, length, rkey = data["addr"], data["length"], data["rkey"]
+        for field, value in (("addr", addr), ("length", length)):
+            if type(value) is not int or not 0 <= value < 2**64:
+                raise ValueError(f"a region descriptor's '{field}' must be an integer in [0, 2**64), not {value!r:.40}")
+        if addr + length > 2**64:
+            raise ValueError(f"a region of {length} bytes at {addr:#x} wraps around the address space")
+        if not isinstance(rkey, str) or not 0 < len(rkey) <= 2 * MAX_RKEY_BYTES:
+            raise ValueError(f"a region descriptor's 'rkey' must be a hex string of 1 to {MAX_RKEY_BYTES} bytes")
+        try:
+            key = bytes.fromhex(rkey)
+        except ValueError:
+            raise ValueError("a region descriptor's 'rkey' is not hex") from None
+        return cls(addr, length, key)
 
 
 class MemRegion(ABC):

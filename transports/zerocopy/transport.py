@@ -29,6 +29,7 @@ receiver burns no core; while waiting it checks that the peer is alive.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import zlib
@@ -39,15 +40,18 @@ from typing import Any
 import numpy as np
 
 from transports.base import (
+    MAX_NAME_BYTES,
     Key,
     PeerError,
     TensorSpec,
+    TransportClosed,
     TransportError,
     contiguous,
+    dtype_problem,
 )
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import FabricTransport
+from transports.on_fabric import FabricTransport, parse_device
 
 MAX_DIMS = 8
 MAX_RKEY = 1024
@@ -68,9 +72,145 @@ TRAILER_AT = aligned(META.itemsize)
 CONTROL_BYTES = TRAILER_AT + TRAILER
 
 
+#: the largest tensor a peer may announce on the dynamic path (the receiver allocates it)
+MAX_DYNAMIC_BYTES = 1 << 30  # the largest size bench micro measures
+COUNTERS_BYTES = 16
+
+
 def tag(seq: int) -> int:
     """The flag value of transfer ``seq``: never 0 (the cleared flag)."""
     return 1 + seq % 255
+
+
+def _int(value: Any, what: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"'{what}' must be an integer in [{low}, {high}], not {value!r:.40}")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("'name' must be a string")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("'name' is not encodable as UTF-8") from None
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"'name' is {size} bytes, more than {MAX_NAME_BYTES}")
+    return value
+
+
+def _dtype(value: Any) -> np.dtype:
+    if not isinstance(value, str | bytes) or len(value) > 16:
+        raise ValueError(f"'dtype' must be a short dtype string, not {value!r:.40}")
+    try:
+        dtype = np.dtype(value.decode("ascii") if isinstance(value, bytes) else value)
+    except (TypeError, ValueError, UnicodeDecodeError, SyntaxError):
+        raise ValueError(f"'dtype' {value!r:.40} is not a dtype") from None
+    if (problem := dtype_problem(dtype)) is not None:
+        raise ValueError(f"'dtype' {dtype}: {problem}")
+    return dtype
+
+
+def _shape(value: Any, dtype: np.dtype, limit: int) -> tuple[tuple[int, ...], int]:
+    """A shape from a peer and its size in bytes, which must not exceed ``limit``."""
+    if not isinstance(value, list | tuple) or len(value) > MAX_DIMS:
+        raise ValueError(f"'shape' must be a list of at most {MAX_DIMS} dimensions")
+    shape = tuple(_int(d, "shape", 0, limit) for d in value)
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= d
+        if nbytes > limit:
+            raise ValueError(f"'shape' {shape} of {dtype} exceeds {limit} bytes")
+    return shape, nbytes
+
+
+@dataclass(frozen=True)
+class ConnectRequest:
+    """A sender's ``connect``: tensor ``name`` from rank ``src``, its device, and where to write credits."""
+
+    name: str
+    src: int
+    device: list[bytes]
+    counters: RemoteRegion
+
+    @classmethod
+    def parse(cls, request: Any, cluster_size: int, own_rank: int) -> ConnectRequest:
+        """Checks every field; ValueError says what is wrong."""
+        if not isinstance(request, dict) or set(request) != {"name", "src", "device", "counters"}:
+            raise ValueError("'connect' takes exactly 'name', 'src', 'device' and 'counters'")
+        src = _int(request["src"], "src", 0, cluster_size - 1)
+        if src == own_rank:
+            raise ValueError(f"'src' {src} is this rank")
+        counters = RemoteRegion.from_json(request["counters"])
+        if counters.length != COUNTERS_BYTES:
+            raise ValueError(f"'counters' must describe {COUNTERS_BYTES} bytes, not {counters.length}")
+        return cls(_name(request["name"]), src, parse_device(request["device"]), counters)
+
+
+@dataclass(frozen=True)
+class ConnectReply:
+    """A receiver's answer to ``connect``: the mode, its control block, and (static) the slot."""
+
+    mode: str
+    control: RemoteRegion
+    slot: RemoteRegion | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+
+    @classmethod
+    def parse(cls, reply: Any) -> ConnectReply:
+        """Checks every field; ValueError says what is wrong."""
+        if not isinstance(reply, dict) or reply.get("mode") not in ("static", "dynamic"):
+            raise ValueError("a 'connect' reply must say whether the tensor is 'static' or 'dynamic'")
+        fields = {"mode", "control"} | ({"slot", "shape", "dtype"} if reply["mode"] == "static" else set())
+        if set(reply) != fields:
+            raise ValueError(f"a {reply['mode']} 'connect' reply has exactly {sorted(fields)}")
+        control = RemoteRegion.from_json(reply["control"])
+        if control.length != CONTROL_BYTES:
+            raise ValueError(f"'control' must describe {CONTROL_BYTES} bytes, not {control.length}")
+        if reply["mode"] == "dynamic":
+            return cls("dynamic", control)
+        dtype = _dtype(reply["dtype"])
+        shape, nbytes = _shape(reply["shape"], dtype, MAX_DYNAMIC_BYTES)
+        slot = RemoteRegion.from_json(reply["slot"])
+        if slot.length != nbytes:
+            raise ValueError(f"'slot' of {slot.length} bytes does not hold {dtype} {shape} ({nbytes} bytes)")
+        return cls("static", control, slot, shape, dtype)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A dynamic transfer's meta-data record, as the sender wrote it into the receiver's control block."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    source: RemoteRegion | None  # the sender's buffer (None for an empty tensor)
+
+    @classmethod
+    def parse(cls, record: np.ndarray, limit: int = MAX_DYNAMIC_BYTES) -> Meta:
+        """Reads and checks a record (``META``); ValueError says what is wrong.
+
+        The receiver allocates ``nbytes`` and reads that many bytes from ``addr``: the size must
+        agree with shape and dtype and stay under ``limit``, and the source must not wrap.
+        """
+        meta = record.view(META)[0] if record.dtype != META else record
+        ndim, nbytes, rkey_len = int(meta["ndim"]), int(meta["nbytes"]), int(meta["rkey_len"])
+        if ndim > MAX_DIMS:
+            raise ValueError(f"{ndim} dimensions, more than {MAX_DIMS}")
+        dtype = _dtype(bytes(meta["dtype"]).rstrip(b"\0"))
+        shape, size = _shape([int(d) for d in meta["dims"][:ndim]], dtype, limit)
+        if size != nbytes:
+            raise ValueError(f"{nbytes} bytes announced for {dtype} {shape} ({size} bytes)")
+        if nbytes == 0:
+            return cls(dtype, shape, 0, None)
+        addr = int(meta["addr"])
+        if not 0 < rkey_len <= MAX_RKEY:
+            raise ValueError(f"a remote key of {rkey_len} bytes")
+        if addr + nbytes > 2**64:
+            raise ValueError(f"a source of {nbytes} bytes at {addr:#x} wraps around the address space")
+        return cls(dtype, shape, nbytes, RemoteRegion(addr, nbytes, bytes(meta["rkey"][:rkey_len])))
 
 
 @dataclass(eq=False)
@@ -111,6 +251,7 @@ class _Incoming:
     seq: int = 0
     posted: int = 0
     sender_counters: RemoteRegion | None = None
+    connected_by: Any = None  # the ConnectRequest that connected it (a tensor is connected once)
     channel: Channel | None = None
     counter_staging: Block | None = None
     lent: Block | None = None  # a dynamically allocated tensor handed out, freed at the next recv
@@ -130,9 +271,13 @@ class ZeroCopyTransport(FabricTransport):
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: set[Key] = set()
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        #: connects this rank has in flight, (name, dst) -> what it sent, for the receiver's ``verify``
+        self._connecting: dict[tuple[str, int], dict[str, Any]] = {}
+        #: the largest tensor a peer may announce on the dynamic path
+        self.max_dynamic_bytes = MAX_DYNAMIC_BYTES
 
     def control_handlers(self) -> dict[str, Any]:
-        return {"connect": self._on_connect}
+        return {"connect": self._on_connect, "verify": self._on_verify}
 
     # planning and allocation -------------------------------------------------
 
@@ -175,19 +320,74 @@ class ZeroCopyTransport(FabricTransport):
             return self._incoming[key]
 
     def _on_connect(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A sender introduces itself for one tensor; answer with the slot to write into."""
-        src = int(request["src"])
-        incoming = self._incoming_slot(request["name"], src)
+        """A sender introduces itself for one tensor; answer with the slot to write into.
+
+        Nothing is allocated or changed before the request is checked: its fields, then that rank
+        ``src`` itself is connecting (asked on its own control server, at its address in the cluster:
+        every caller holds the run's token, so the claim of a rank is what needs checking), then that
+        its device is usable. A tensor is connected once: a second, different connect for the same
+        name and source is refused (the same one again is answered alike).
+        """
+        try:
+            connect = ConnectRequest.parse(request, self.cluster.size, self.rank)
+        except ValueError as exc:
+            raise ValueError(f"malformed 'connect': {exc}") from None
+        key = (connect.name, connect.src)
+        with self._lock:
+            existing = self._incoming.get(key)
+        if existing is not None and existing.connected_by is not None and existing.connected_by != connect:
+            raise ValueError(f"{key} is already connected by {self.peer_name(connect.src)}; a rank connects once")
+        if existing is None or existing.connected_by != connect:
+            self._verify_claim(connect, request)
+            try:
+                channel = self.device.channel(connect.device)
+            except FabricError as exc:
+                raise ValueError(f"cannot connect to the device of {self.peer_name(connect.src)}: {exc}") from None
+        incoming = self._incoming_slot(connect.name, connect.src)
         with incoming.grant_lock:
-            self._peer_devices[src] = [bytes.fromhex(a) for a in request["device"]]
-            incoming.channel = self.device.channel(self._peer_devices[src])
-            incoming.sender_counters = RemoteRegion.from_json(request["counters"])
-            if incoming.posted:
-                self._grant(incoming)
+            if incoming.connected_by is not None and incoming.connected_by != connect:
+                raise ValueError(f"{key} is already connected by {self.peer_name(connect.src)}; a rank connects once")
+            if incoming.connected_by is None:
+                with self._lock:  # verified: its device, and that it was heard from (its death counts)
+                    self._peer_devices.setdefault(connect.src, connect.device)
+                incoming.channel = channel
+                incoming.sender_counters = connect.counters
+                incoming.connected_by = connect
+                if incoming.posted:  # credits go out on the transport's threads, never the control path's
+                    self._submit_grant(incoming)
         reply = {"mode": incoming.mode, "control": incoming.control.remote().to_json()}
         if incoming.mode == "static":
             reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str)
         return reply
+
+    def _verify_claim(self, connect: ConnectRequest, request: dict[str, Any]) -> None:
+        """Ask rank ``connect.src`` whether it is connecting to us with exactly this request."""
+        try:
+            answer = self._peer(connect.src).call("verify", timeout=self.timeout_s, dst=self.rank,
+                                                   request=request)
+        except PeerError as exc:
+            raise ValueError(f"'connect' as {self.peer_name(connect.src)} could not be verified: {exc}") from None
+        if answer != {"connecting": True}:
+            raise ValueError(f"'connect' claims to come from {self.peer_name(connect.src)}, which denies it")
+
+    def _on_verify(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A receiver asks whether this rank sent ``request`` (a connect) to it: only if it did, exactly."""
+        if not isinstance(request, dict) or set(request) != {"dst", "request"}:
+            raise ValueError("'verify' takes exactly 'dst' and 'request'")
+        sent = request["request"]
+        key = (sent.get("name"), request["dst"]) if isinstance(sent, dict) else None
+        with self._lock:
+            mine = self._connecting.get(key) if key is not None and isinstance(key[0], str) else None
+        return {"connecting": mine is not None and mine == sent}
+
+    def _submit_grant(self, incoming: _Incoming) -> None:
+        def grant() -> None:
+            # a failure here is found by the receiver, which waits for this peer and checks it
+            with incoming.grant_lock, contextlib.suppress(TransportError):
+                self._grant(incoming)
+
+        with contextlib.suppress(TransportClosed):
+            self._submit(grant)
 
     def _connect(self, name: str, dst: int) -> _Outgoing:
         with self._lock:
@@ -196,18 +396,24 @@ class ZeroCopyTransport(FabricTransport):
             return outgoing
         # tensors are spread over the lanes (and so the progress threads) by name
         channel = self.device.channel(self._peer_device(dst), lane=zlib.crc32(name.encode()))
-        outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(16),
+        outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(COUNTERS_BYTES),
                              staging=self.pool.alloc(CONTROL_BYTES))
-        reply = self._peer(dst).call(
-            "connect", timeout=self.timeout_s, name=name, src=self.rank,
-            device=[a.hex() for a in self.device.address], counters=outgoing.counters.remote().to_json(),
-        )
+        request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],
+                   "counters": outgoing.counters.remote().to_json()}
+        with self._lock:
+            self._connecting[(name, dst)] = request
+        try:
+            reply = self._peer(dst).call("connect", timeout=self.timeout_s, **request)
+        finally:
+            with self._lock:
+                self._connecting.pop((name, dst), None)
         self.ledger.add(control_messages=1)
-        outgoing.mode = reply["mode"]
-        outgoing.control = RemoteRegion.from_json(reply["control"])
-        if outgoing.mode == "static":
-            outgoing.slot = RemoteRegion.from_json(reply["slot"])
-            outgoing.shape, outgoing.dtype = tuple(reply["shape"]), np.dtype(reply["dtype"])
+        try:
+            answer = ConnectReply.parse(reply)
+        except ValueError as exc:
+            raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}' with {exc}") from None
+        outgoing.mode, outgoing.control = answer.mode, answer.control
+        outgoing.slot, outgoing.shape, outgoing.dtype = answer.slot, answer.shape, answer.dtype
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
 
@@ -338,12 +544,21 @@ class ZeroCopyTransport(FabricTransport):
                     self._grant(incoming)
             seq = incoming.seq
             trailer = incoming.control.array[TRAILER_AT:]
-            self._wait_until(lambda: trailer[8] == tag(seq), f"recv of {key}", key.src, deadline, incoming.channel)
+
+            def arrived() -> bool:
+                flag = trailer[8]
+                if flag and flag != tag(seq):
+                    trailer[8] = 0
+                    raise PeerError(f"{self.name}: {self.peer_name(key.src)} raised flag {flag} for {key}, "
+                                    f"where transfer {seq} raises {tag(seq)}: a malformed trailer")
+                return flag == tag(seq)
+
+            self._wait_until(arrived, f"recv of {key}", key.src, deadline, incoming.channel)
             trailer[8] = 0
             incoming.seq += 1
             step = int(trailer[:8].view(np.int64)[0])
             if step != key.step:
-                raise TransportError(
+                raise PeerError(
                     f"{self.name}: asked for {key} but step {step} arrived: transfers of one tensor must be "
                     "received in the order they are sent"
                 )
@@ -372,21 +587,25 @@ class ZeroCopyTransport(FabricTransport):
         self.ledger.add(control_messages=1)
 
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
-        meta = incoming.control.array[: META.itemsize].view(META)[0]
-        ndim, nbytes = int(meta["ndim"]), int(meta["nbytes"])
         try:
-            dtype = np.dtype(meta["dtype"].decode())
-        except (TypeError, UnicodeDecodeError):
-            raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent an unknown dtype for {key}") from None
-        shape = tuple(int(d) for d in meta["dims"][:ndim])
-        if ndim > MAX_DIMS or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
-            raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent inconsistent meta-data for {key}")
-        block = self.pool.alloc(nbytes)
-        if nbytes:
-            source = RemoteRegion(int(meta["addr"]), nbytes, bytes(meta["rkey"][: int(meta["rkey_len"])]))
-            channel = incoming.channel
-            self._fabric(channel, channel.read(block.array, source), f"reading {key}", key.src)
+            meta = Meta.parse(incoming.control.array[: META.itemsize], self.max_dynamic_bytes)
+        except ValueError as exc:
+            raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a malformed meta-data record for {key}: "
+                            f"{exc}") from None
+        block = self.pool.alloc(meta.nbytes)
+        try:
+            if meta.source is not None:
+                channel = incoming.channel
+                try:
+                    future = channel.read(block.array, meta.source)
+                except (FabricError, ValueError) as exc:
+                    raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a meta-data record for {key} "
+                                    f"that cannot be read: {exc}") from None
+                self._fabric(channel, future, f"reading {key}", key.src)
+        except BaseException:
+            self.pool.free(block)
+            raise
         with incoming.grant_lock:
             self._grant(incoming, counter=1, value=seq + 1)  # the sender may reuse its buffer
         incoming.lent = block
-        return block.view(dtype, shape)
+        return block.view(meta.dtype, meta.shape)

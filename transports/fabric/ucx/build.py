@@ -64,6 +64,7 @@ ucs_status_t ucp_rkey_pack(ucp_context_h context, ucp_mem_h memh, void **rkey_bu
 void ucp_rkey_buffer_release(void *rkey_buffer);
 ucs_status_t ucp_ep_rkey_unpack(ucp_ep_h ep, const void *rkey_buffer, ucp_rkey_h *rkey);
 void ucp_rkey_destroy(ucp_rkey_h rkey);
+ucs_status_t ucp_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, void **addr_p);
 
 ucs_status_ptr_t tt_put(ucp_ep_h ep, const void *buffer, size_t length, uint64_t remote_addr, ucp_rkey_h rkey);
 ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_t remote_addr, ucp_rkey_h rkey);

@@ -10,9 +10,11 @@ land; these threads do that.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import select
+import sys
 import threading
 import time
 import weakref
@@ -26,6 +28,8 @@ from transports.base import aligned_empty, done_future, settle
 from transports.fabric.base import Channel, Device, FabricError, MemRegion, RemoteRegion
 
 ALIGNMENT = 64
+#: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
+MAX_BLOB = 8192
 #: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
 UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
@@ -197,7 +201,9 @@ class UcxRegion(MemRegion):
             length = _ffi.new("size_t *")
             address = _lib.tt_mem_address(memh[0], length)
             array = np.frombuffer(_ffi.buffer(address, allocate), dtype=np.uint8)
+            self._mapped = (int(_ffi.cast("uintptr_t", address)), int(length[0]))
         else:
+            self._mapped = None
             _check(_lib.tt_mem_map(device.context, _pointer(array), max(array.nbytes, 1), memh),
                    "registering memory")
         self.array = array
@@ -215,14 +221,82 @@ class UcxRegion(MemRegion):
         return self._exported
 
     def release(self) -> None:
+        """Unregister: the remote key is revoked (a peer's mapping of UCX's segment ends with it).
+
+        Memory UCX allocated goes with its registration; if views of it are still referenced (a
+        received tensor read after ``close()``), its bytes move to private memory at the same
+        address first, so that those views stay valid until they are dropped.
+        """
         if not self._released:
             self._released = True
+            # references: self.array and getrefcount's argument; any other one is a view
+            keep = self._mapped is not None and sys.getrefcount(self.array) > 2
+            saved = bytes(_ffi.buffer(_ffi.cast("void *", self._mapped[0]), self._mapped[1])) if keep else b""
             _lib.ucp_mem_unmap(self.device.context, self.memh)
+            if keep:
+                _keep_mapped(self.array, *self._mapped, saved)
             self.device._forget(self)
 
 
+_PROT_READ_WRITE = 0x3
+_MAP_PRIVATE_ANONYMOUS = 0x02 | 0x20
+_MAP_FIXED_NOREPLACE = 0x100000
+
+
+def _keep_mapped(array: np.ndarray, address: int, length: int, content: bytes) -> None:
+    """Map private memory holding ``content`` at ``address`` (just unmapped) while ``array`` lives.
+
+    MAP_FIXED_NOREPLACE: should another mapping have taken the range meanwhile, it is left alone
+    (the views then read whatever is there, as freed memory would, but never crash on it).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    got = libc.mmap(address, length, _PROT_READ_WRITE, _MAP_PRIVATE_ANONYMOUS | _MAP_FIXED_NOREPLACE, -1, 0)
+    if got != address:
+        if got not in (None, ctypes.c_void_p(-1).value):
+            libc.munmap(got, length)  # an old kernel that took the flag as a hint
+        return
+    ctypes.memmove(address, content, len(content))
+    weakref.finalize(array, libc.munmap, address, length)
+
+
+_SHARED_PREFIXES = ("/SYSV", "/dev/shm/", "/memfd:")
+#: unpacking remote keys one at a time, so that the segments each one maps are told apart
+_unpacking = threading.Lock()
+
+
+def _shared_mappings() -> set[tuple[int, int]]:
+    """The ``[start, end)`` of every mapping of a shared segment in this process (SysV, POSIX, memfd)."""
+    found = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) > 5 and fields[5].strip().startswith(_SHARED_PREFIXES):
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                found.add((lo, hi))
+    return found
+
+
+def _merged(ranges: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo == out[-1][1]:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
 class UcxChannel(Channel):
-    """A UCP endpoint from one of our workers to one of the peer's."""
+    """A UCP endpoint from one of our workers to one of the peer's.
+
+    The peer's address is checked by :meth:`UcxDevice.address_problem` before UCX sees it,
+    remote keys are bounded in size, and every one-sided operation on memory UCX maps into
+    this process (shared-memory transports) must lie inside that mapping: a peer's bad
+    descriptor is an error, not a crash.
+    """
 
     def __init__(self, worker: _Worker, peer_address: bytes, peer_errors: bool) -> None:
         self.worker = worker
@@ -233,22 +307,60 @@ class UcxChannel(Channel):
                "connecting to a peer")
         self.ep = ep[0]
         self._rkeys: dict[bytes, Any] = {}
+        #: per remote key: the shared segments unpacking it mapped into this process (shared-memory
+        #: transports), where every operation with that key must land; None if it mapped none
+        self._segments: dict[bytes, list[tuple[int, int]] | None] = {}
         self._lock = threading.Lock()
 
     def _rkey(self, rkey: bytes):
         with self._lock:
             if rkey not in self._rkeys:
+                if not rkey or len(rkey) > MAX_BLOB:
+                    raise FabricError(f"ucx: a remote key of {len(rkey)} bytes is malformed")
                 handle = _ffi.new("ucp_rkey_h *")
-                _check(_lib.ucp_ep_rkey_unpack(self.ep, rkey, handle), "unpacking a remote key")
+                with _unpacking:
+                    before = _shared_mappings()
+                    _check(_lib.ucp_ep_rkey_unpack(self.ep, rkey, handle), "unpacking a remote key")
+                    mapped = _shared_mappings() - before
                 self._rkeys[rkey] = handle[0]
+                self._segments[rkey] = _merged(mapped) or None
             return self._rkeys[rkey]
+
+    def _check_mapped(self, rkey: bytes, handle, remote: RemoteRegion, nbytes: int) -> None:
+        """Refuse an operation on peer memory mapped here (shared memory) that leaves the peer's segment.
+
+        With shared-memory transports UCX turns the remote address into a pointer into its
+        mapping of the peer's segment and copies, unchecked: an address outside the segment
+        would read or write this process's own memory. The segment is what unpacking the key
+        mapped; should UCX have reused an earlier mapping, the target must at least lie in one
+        shared segment and not in memory this device allocated. Other transports check in the
+        kernel (cma) or at the target (tcp).
+        """
+        if nbytes == 0:
+            return
+        local = _ffi.new("void **")
+        if _lib.ucp_rkey_ptr(handle, remote.addr, local) != _lib.UCS_OK:
+            return  # not mapped into this process
+        start = int(_ffi.cast("uintptr_t", local[0]))
+        end = start + nbytes
+        segments = self._segments.get(rkey)
+        if segments is None:
+            own = self.worker.device.own_mappings()
+            segments = [(lo, hi) for lo, hi in _merged(_shared_mappings())
+                        if not any(lo < o_hi and o_lo < hi for o_lo, o_hi in own)]
+        if not any(lo <= start and end <= hi for lo, hi in segments):
+            raise FabricError(
+                f"ucx: the peer's region [{remote.addr:#x}, +{nbytes}) lies outside the memory its remote key covers"
+            )
 
     def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
         if local.nbytes > remote.length:
             raise ValueError(f"{name} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
         if (reason := self.failed()) is not None:
             raise FabricError(f"ucx: {name} on a failed connection: {reason}")
-        request = op(self.ep, _pointer(local), local.nbytes, remote.addr, self._rkey(remote.rkey))
+        rkey = self._rkey(remote.rkey)
+        self._check_mapped(remote.rkey, rkey, remote, local.nbytes)
+        request = op(self.ep, _pointer(local), local.nbytes, remote.addr, rkey)
         return self.worker.complete(request, name, keep_alive=local)
 
     def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
@@ -319,6 +431,28 @@ class UcxDevice(Device):
     @property
     def address(self) -> list[bytes]:
         return [worker.address for worker in self._workers]
+
+    def own_mappings(self) -> list[tuple[int, int]]:
+        """``[start, end)`` of the memory UCX allocated for this device's regions."""
+        with self._lock:
+            return [region._mapped for region in self._regions if region._mapped is not None]
+
+    def address_problem(self, address: bytes) -> str | None:
+        """None when ``address`` (a peer's, from the control path) is a worker address UCX can use, else why not.
+
+        Checked in this process, before UCX sees it: the size, and the header byte, which carries the
+        address format's version and flags and so is the same for every worker of the run's UCX (an
+        address of another format, or garbage such as 0xff bytes, is what made ``ucp_ep_create``
+        abort). UCX offers no call that validates the rest of a packed address (its layout is
+        internal and carries no length): the control path only takes an address from the rank it
+        belongs to, at that rank's own control server (see ``transports.on_fabric``).
+        """
+        if not isinstance(address, bytes) or not 9 <= len(address) <= MAX_BLOB:
+            return f"a worker address of {len(address) if isinstance(address, bytes) else '?'} bytes is malformed"
+        if address[0] != self._workers[0].address[0]:
+            return (f"a worker address with header {address[0]:#04x} is malformed (this UCX writes "
+                    f"{self._workers[0].address[0]:#04x}: another UCX version or settings?)")
+        return None
 
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
         if shared:
@@ -397,6 +531,14 @@ class UcxDevice(Device):
             if self._closed:
                 raise FabricError("ucx: the device is closed")
             key = (target, lane)
+            channel = self._channels.get(key)
+        if channel is not None:
+            return channel
+        if (problem := self.address_problem(target)) is not None:
+            raise FabricError(f"ucx: {problem}")
+        with self._lock:
+            if self._closed:
+                raise FabricError("ucx: the device is closed")
             if key not in self._channels:
                 self._channels[key] = UcxChannel(worker, target, peer_errors=self.fabric_transport == "tcp")
             return self._channels[key]
