@@ -8,6 +8,7 @@ first (tag matching). Transports share this one implementation.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -76,6 +77,18 @@ class Rendezvous:
         with self._lock:
             if self._waiting.get(key) is future:
                 del self._waiting[key]
+
+    def parked_keys(self) -> list[Key]:
+        """The keys of the items parked now (sent, not yet asked for), failures excluded."""
+        with self._lock:
+            return [key for key, item in self._parked.items() if not isinstance(item, _Failed)]
+
+    def drop(self, predicate: Callable[[Key], bool]) -> list[tuple[Key, Any]]:
+        """Remove and return the parked items whose key satisfies ``predicate`` (their receiver is gone)."""
+        with self._lock:
+            keys = [key for key, item in self._parked.items()
+                    if not isinstance(item, _Failed) and predicate(key)]
+            return [(key, self._parked.pop(key)) for key in keys]
 
     def pending(self) -> tuple[int, int]:
         """How many items are parked and how many requests wait."""

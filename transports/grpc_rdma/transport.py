@@ -56,6 +56,7 @@ from transports.base import (
     TransportTimeout,
     aligned_empty,
     contiguous,
+    release_port,
     settle,
 )
 from transports.fabric.base import Channel, FabricError, RemoteRegion
@@ -270,11 +271,19 @@ class GrpcRdmaTransport(FabricTransport):
         link = self._link(peer.rank)
         try:
             self._attach(link, peer)
+        except FabricError as exc:
+            if fresh:
+                self._unlink(link)
+            # the control server prefixes its own name (this rank)
+            raise TransportError(f"cannot reach the device of rank {peer.rank}: {exc}") from None
         except BaseException:
             if fresh:
                 self._unlink(link)
             raise
         self._peer_devices.setdefault(peer.rank, list(peer.device))
+        # its control server is up (it listens before it links): a reservation of its port that this
+        # process holds (Cluster.on_loopback made in this process, the rank started in another) can go
+        release_port(self.cluster.addresses[peer.rank])
         return self._describe_link(link)
 
     def _unlink(self, link: _Link) -> None:
@@ -299,6 +308,7 @@ class GrpcRdmaTransport(FabricTransport):
                     from None
             self._attach(link, LinkRequest(peer, described.device, described.message, described.ring,
                                            described.slots))
+            release_port(self.cluster.addresses[peer])  # it answered: its listener is up (see _on_link)
         return link
 
     # writing to a peer -----------------------------------------------------
@@ -686,10 +696,16 @@ class GrpcRdmaTransport(FabricTransport):
         with self._lock:
             peers = {peer for peer, _ in self._requests} | {peer for peer, _ in self._abandoned}
             peers |= {link.peer for link in self._links.values() if link.responses}
+            linked = {link.peer for link in self._links.values() if link.ready.is_set()}
+        # sends waiting for a receiver that linked with us: it ran, so one that now refuses is gone
+        peers |= {key.dst for key in self._outbox.parked_keys()} & linked
         for peer in peers:
             if not self._peer(peer).alive():
-                self._fail_peer(peer, PeerError(
-                    f"grpc_rdma: {self.peer_name(peer)} does not answer on the control path (the process is gone?)"))
+                error = PeerError(
+                    f"grpc_rdma: {self.peer_name(peer)} does not answer on the control path (the process is gone?)")
+                self._fail_peer(peer, error)
+                for key, (_array, sent) in self._outbox.drop(lambda key, peer=peer: key.dst == peer):
+                    settle(sent, error=PeerError(f"grpc_rdma: sending {key} failed: {error}"))
 
     def _fail_peer(self, peer: int, error: PeerError) -> None:
         """Fail everything waiting on ``peer``; release what was kept for it (it writes nothing more)."""

@@ -26,11 +26,13 @@ All of them are recorded in the ledger.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from concurrent.futures import Future
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from transports.auth import AioTokenCheck, call_metadata
 from transports.base import (
@@ -43,6 +45,7 @@ from transports.base import (
     TransportError,
     TransportTimeout,
     contiguous,
+    key_problem,
     release_port,
     settle,
 )
@@ -71,6 +74,8 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
 ]
+#: how often a sender whose tensors wait for a receiver checks that the receiver still lives
+LIVENESS_EVERY_S = 1.0
 
 
 class GrpcTcpTransport(Transport):
@@ -88,6 +93,10 @@ class GrpcTcpTransport(Transport):
         self._server: grpc.aio.Server | None = None
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._receiving: set[Future] = set()
+        #: ranks that have called RecvTensor here: a sender knows they ran, so one that now refuses is dead
+        self._heard: set[int] = set()
+        self._watchdog: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -116,9 +125,8 @@ class GrpcTcpTransport(Transport):
                 grpc.method_handlers_generic_handler(
                     _SERVICE.full_name,
                     {
-                        "RecvTensor": grpc.unary_stream_rpc_method_handler(
-                            self._serve_recv_tensor, request_deserializer=RecvTensorRequest.FromString
-                        )
+                        # the request stays bytes: _serve_recv_tensor parses it and names the caller if it cannot
+                        "RecvTensor": grpc.unary_stream_rpc_method_handler(self._serve_recv_tensor)
                     },
                 ),
             )
@@ -132,6 +140,24 @@ class GrpcTcpTransport(Transport):
         await server.start()
         self._server = server
         release_port(address)  # our listener holds the port now
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_receivers())
+
+    async def _watch_receivers(self) -> None:
+        """Fail the sends waiting for a receiver that called here before and now refuses connections.
+
+        A receiver that is slow (busy machine) still holds its listening port and keeps its tensors
+        waiting until the caller's timeout; only one whose port refuses (its process is gone) is dead.
+        """
+        while True:
+            await asyncio.sleep(LIVENESS_EVERY_S)
+            waiting = {key.dst for key in self._outbox.parked_keys()} & self._heard
+            for rank in sorted(waiting):
+                if await _refuses(self.cluster.addresses[rank]):
+                    peer = self.peer_name(rank)
+                    for key, (_array, sent) in self._outbox.drop(lambda key, rank=rank: key.dst == rank):
+                        settle(sent, error=PeerError(
+                            f"grpc_tcp: sending {key} to {peer} failed: the receiver is gone (it asked for "
+                            f"tensors before and its port {self.cluster.addresses[rank]} now refuses connections)"))
 
     def close(self) -> None:
         with self._lock:
@@ -153,10 +179,20 @@ class GrpcTcpTransport(Transport):
             self._loop.close()
 
     async def _shutdown(self) -> None:
-        for channel in self._channels.values():
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
+            task.cancel()
+        # dropped, not only closed: gRPC's core (its poller, sockets and threads) lives as long as
+        # any channel or server object does, and this transport object may outlive its close()
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
             await channel.close(grace=None)
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace=0.5)
 
     def _run(self, coroutine, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
@@ -169,10 +205,22 @@ class GrpcTcpTransport(Transport):
         self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))
         return sent
 
-    async def _serve_recv_tensor(self, request: RecvTensorRequest, context: grpc.aio.ServicerContext):
+    async def _serve_recv_tensor(self, payload: bytes, context: grpc.aio.ServicerContext):
+        try:
+            request = RecvTensorRequest.FromString(payload)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"grpc_tcp rank {self.rank}: malformed RecvTensorRequest from {context.peer()}: {exc}")
         key = Key(request.name, request.step, request.src, request.dst)
-        if key.src != self.rank:
+        problem = key_problem(key)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"grpc_tcp rank {self.rank}: RecvTensor from {context.peer()}: {problem}")
+        if key.src != self.rank or not 0 <= key.dst < self.cluster.size:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{key} asked of rank {self.rank}")
+        if key.dst not in self._heard:
+            self._heard.add(key.dst)
+            release_port(self.cluster.addresses[key.dst])  # it called us, so its listener is up (see _channel)
         try:
             waiter = self._outbox.take(key)
         except (TransportClosed, ValueError) as exc:
@@ -245,8 +293,20 @@ class GrpcTcpTransport(Transport):
 
     def _channel(self, rank: int) -> grpc.aio.Channel:
         if rank not in self._channels:
-            self._channels[rank] = grpc.aio.insecure_channel(self.cluster.addresses[rank], options=CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(self.cluster.addresses[rank], options=CHANNEL_OPTIONS)
+            self._channels[rank] = channel
+            self._tasks.add(asyncio.get_running_loop().create_task(self._release_when_up(rank, channel)))
         return self._channels[rank]
+
+    async def _release_when_up(self, rank: int, channel: grpc.aio.Channel) -> None:
+        """Once connected, the peer's listener is up: drop the port reservation this process may hold for it.
+
+        ``Cluster.on_loopback`` reserves every rank's port in the process that made the cluster; a rank
+        in another process cannot release it, so whoever reaches that rank first does.
+        """
+        with contextlib.suppress(Exception):
+            await channel.channel_ready()
+            release_port(self.cluster.addresses[rank])
 
     async def _fetch(self, key: Key) -> np.ndarray:
         peer = self.peer_name(key.src)
@@ -259,19 +319,28 @@ class GrpcTcpTransport(Transport):
             wait_for_ready=True,
         )
         assembler = TensorAssembler(self.ledger)
+        error: TransportError | None = None
         try:
             async for message in call:
                 assembler.add(message)
             array = assembler.result()
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TransportTimeout(
-                    f"grpc_tcp: recv of {key} from {peer} did not complete within {self.timeout_s:g} s"
-                ) from None
-            raise PeerError(f"grpc_tcp: recv of {key} from {peer} failed: {exc.code().name}: {exc.details()}") from None
+                error = TransportTimeout(
+                    f"grpc_tcp: recv of {key} from {peer} did not complete within {self.timeout_s:g} s")
+            else:
+                error = PeerError(f"grpc_tcp: recv of {key} from {peer} failed: {exc.code().name}: {exc.details()}")
         except WireError as exc:
+            error = PeerError(f"grpc_tcp: {peer} sent a malformed message for {key}: {exc}")
+        except BaseException:
+            call.cancel()  # cancelled (the caller gave up, or close()): the sender learns at once
+            raise
+        if error is not None:
+            # raised outside the handler, with the call finished and dropped: neither the error's
+            # traceback nor its context keeps gRPC's call (and with it the connection) alive
             call.cancel()
-            raise PeerError(f"grpc_tcp: {peer} sent a malformed message for {key}: {exc}") from None
+            del call
+            raise error
         # grpcio copied the payload out of its slices into the message bytes
         self.ledger.add(
             copied_bytes=array.nbytes,
@@ -280,3 +349,18 @@ class GrpcTcpTransport(Transport):
             payload_bytes_received=array.nbytes,
         )
         return array
+
+
+async def _refuses(address: str, timeout: float = 1.0) -> bool:
+    """Whether nothing listens at ``host:port`` any more: a refused connection (a timeout is a busy host)."""
+    host, _, port = address.rpartition(":")
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+    except TimeoutError:
+        return False
+    except (OSError, ValueError):
+        return True
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False

@@ -169,6 +169,10 @@ class TensorAssembler:
 
     def add(self, message: bytes) -> None:
         chunk = decode_chunk(message)
+        if self._first is not None and self._filled == self._first.total_bytes:
+            raise WireError(f"a chunk arrived after all {self._filled} bytes of the tensor")
+        if not chunk.content and chunk.total_bytes:
+            raise WireError(f"an empty chunk at offset {chunk.offset} of a tensor of {chunk.total_bytes} bytes")
         if self._first is None:
             self._first = chunk
         elif (chunk.dtype, chunk.shape) != (self._first.dtype, self._first.shape):
