@@ -610,7 +610,7 @@ def _print_micro_summary(out: Path) -> None:
 def cmd_soak(args: argparse.Namespace, launcher) -> int:
     """``bench soak``: every transport's micro-benchmark and a training run, every tensor checked."""
     from bench.launch import LaunchError
-    from bench.micro import MicroError, Point, run_transport, soak_records
+    from bench.micro import MicroError, Point, rss_mb, run_transport, soak_records
     from bench.results import default_run_dir
     from bench.runtime.ps import TrainConfig
     from bench.sizes import format_size
@@ -638,6 +638,7 @@ def cmd_soak(args: argparse.Namespace, launcher) -> int:
           f"{args.steps} steps of {model} over {', '.join(trained) or 'none'} -> {out}", flush=True)
     failures: list[str] = []
     rows: list[dict] = []
+    own_rss = {"start": round(rss_mb(), 1)}  # this process's (the coordinator's); the ranks' are in the records
 
     def record(row: dict) -> None:
         writer.add(row)
@@ -674,8 +675,9 @@ def cmd_soak(args: argparse.Namespace, launcher) -> int:
         raise
     bad = [row for row in rows if row["corrupted"] or row["lost"]]
     totals = {key: sum(int(row[key]) for row in rows) for key in ("tensors_sent", "corrupted", "lost")}
+    own_rss["end"] = round(rss_mb(), 1)
     writer.finish("failed" if failures or bad else "complete", failures=failures, launcher=launcher.describe(),
-                  **totals)
+                  coordinator_rss_mb=own_rss, **totals)
     print(f"\n{'transport':18} {'phase':5} {'size/model':>10} {'process':>9} {'sent':>9} {'received':>9} "
           f"{'corrupt':>7} {'lost':>5} {'RSS MB start':>12} {'end':>8}")
     for row in rows:
@@ -683,6 +685,8 @@ def cmd_soak(args: argparse.Namespace, launcher) -> int:
         print(f"{row['transport']:18} {row['phase']:5} {what:>10} {row['process']:>9} {row['tensors_sent']:>9} "
               f"{row['tensors_received']:>9} {row['corrupted']:>7} {row['lost']:>5} {row['rss_start_mb']:>12.1f} "
               f"{row['rss_end_mb']:>8.1f}")
+    print(f"{'(this process)':18} {'':5} {'':>10} {'bench':>9} {'':>9} {'':>9} {'':>7} {'':>5} "
+          f"{own_rss['start']:>12.1f} {own_rss['end']:>8.1f}")
     print(f"\n{totals['tensors_sent']} tensors sent, {totals['corrupted']} corrupted, {totals['lost']} lost"
           + (f"; {len(failures)} run(s) failed" if failures else ""))
     print(f"results: {out}")

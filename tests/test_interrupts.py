@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.results import load_run
@@ -135,6 +136,23 @@ def test_a_model_run_stopped_by_sigterm_says_so_and_leaves_no_rank(tmp_path):
     assert wait_gone(list(pids)) == []
 
 
+def test_a_soak_stopped_by_sigterm_keeps_the_points_it_checked(tmp_path):
+    out = tmp_path / "run"
+    # two points of 20 s each: the signal comes during the second
+    bench = start_bench("soak", "--transports", "local", "--sizes", "1KB,4KB", "--duration", "40", "--steps", "0",
+                        "--out", str(out))
+    pids = wait_for_a_record(bench, out, 1)
+    os.kill(bench.pid, signal.SIGTERM)
+    output = finish(bench)
+    assert bench.returncode == 128 + signal.SIGTERM, output
+    assert "interrupted by SIGTERM" in output and str(out) in output, output
+    run = load_run(out)
+    assert (run.meta["status"], run.meta["reason"]) == ("interrupted", "interrupted by SIGTERM")
+    assert sorted(run.records["process"]) == ["receiver", "sender"]  # the first point's two rows
+    assert list(run.records["corrupted"]) == [0, 0]
+    assert wait_gone(pids) == []
+
+
 def test_ranks_die_with_a_killed_bench_and_its_run_reads_as_killed(tmp_path):
     out = tmp_path / "run"
     bench = start_bench("micro", "--sizes", "1KB,4MB", "--iters", "3000", "--warmup", "1", "--transports",
@@ -186,3 +204,83 @@ def test_a_rank_stuck_in_c_dies_with_its_coordinator():
             coordinator.wait()
         if rank is not None and not gone(rank):
             os.kill(rank, signal.SIGKILL)  # it is ours: it was reported by our own coordinator
+
+
+# -- the watchdog measures liveness, not the length of a point ------------------------------------------------
+
+
+class FakeClock:
+    """``time`` for bench.micro, whose monotonic clock moves only when a transfer takes time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+class SlowTransport:
+    """A receiving transport whose every transfer takes ``seconds`` of the fake clock."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def recv(self, key):
+        from bench.micro import marker
+
+        self.clock.now += self.seconds
+        tensor = np.zeros(256, dtype=np.float32)  # 1KB
+        tensor[-1] = marker(key.step, tensor.dtype)
+        return tensor
+
+    def stats(self):
+        from transports import TransportStats
+
+        return TransportStats()
+
+
+class Signals:
+    def send(self, value) -> None:
+        pass
+
+
+@pytest.mark.parametrize("transfer_s", [0.3, 2.5])
+def test_the_receiver_reports_progress_often_in_time_however_long_the_point(monkeypatch, transfer_s):
+    """A point of 400 transfers of 0.3 s (2 min) or 2.5 s each: before, progress came every 5% of the point
+    (20 transfers: 6 s, 50 s), and the watchdog counted a long point as silence ("no progress for 63 s" while
+    every transfer took 45 ms). Now a report comes at least every second, and after every slower transfer."""
+    from bench import micro
+
+    clock = FakeClock()
+    monkeypatch.setattr(micro, "time", clock)
+    reports: list[float] = []
+
+    def report(payload) -> None:
+        if isinstance(payload, micro.Progress):
+            reports.append(clock.now)
+
+    started = clock.now
+    micro.receiver_loop(SlowTransport(clock, transfer_s), [micro.Point(1024, warmup=0, iters=400)], Signals(),
+                        report, per_thread_cpu=True)
+    gaps = np.diff([started, *reports])
+    # the first transfer that ends a second or more after the last report is reported: a slower one at once
+    bound = transfer_s if transfer_s >= 1.0 else 1.0 + transfer_s
+    assert gaps.max() <= bound + 1e-6, (gaps.max(), bound)
+
+
+def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
+    """``--timeout 2`` bounds one transfer and the silence of the ranks (plus a few seconds), not a point: a
+    point that lasts far longer completes (before, the watchdog gave up on points longer than 20 x its
+    bound: 'no progress for 63 s' while transfers took 45 ms)."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "micro", "--sizes", "1KB", "--iters", "10000",
+                           "--warmup", "0", "--transports", "grpc_tcp", "--timeout", "2", "--no-references",
+                           "--no-plot", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = load_run(out)
+    assert run.meta["status"] == "complete"
+    assert list(run.records["iters"]) == [10000]
