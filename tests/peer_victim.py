@@ -38,7 +38,7 @@ def main(setup: dict) -> None:
     if setup["phase"] == "setup":
         time.sleep(3600)
     sending = setup["role"] == "sender"
-    src, dst = (0, 1) if sending else (1, 0)
+    src, dst = 0, 1  # rank 0 sends, rank 1 receives
     if sending:
         transport.send(Key("contact", 0, src, dst), np.arange(16, dtype=np.float32))
     else:

@@ -356,10 +356,15 @@ class UcxChannel(Channel):
     def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
         if local.nbytes > remote.length:
             raise ValueError(f"{name} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
-        if (reason := self.failed()) is not None:
-            raise FabricError(f"ucx: {name} on a failed connection: {reason}")
-        rkey = self._rkey(remote.rkey)
-        self._check_mapped(remote.rkey, rkey, remote, local.nbytes)
+        try:  # what the peer is to blame for fails the operation's future, as a failed transfer would
+            if (reason := self.failed()) is not None:
+                raise FabricError(f"ucx: {name} on a failed connection: {reason}")
+            rkey = self._rkey(remote.rkey)
+            self._check_mapped(remote.rkey, rkey, remote, local.nbytes)
+        except FabricError as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return failed
         request = op(self.ep, _pointer(local), local.nbytes, remote.addr, rkey)
         return self.worker.complete(request, name, keep_alive=local)
 
