@@ -528,7 +528,7 @@ def _sockets() -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["grpc_tcp"])
+@pytest.mark.parametrize("name", ["grpc_tcp", pytest.param("grpc_rdma", marks=FABRIC)])
 def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_reached(name):
     # Cluster.on_loopback reserves every rank's port in the process that makes the cluster; before, the
     # reservation of a rank started in another process stayed open here (up to 256 of them): one socket
@@ -553,6 +553,21 @@ def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_rea
         peer.kill()
         peer.communicate(timeout=CALL_TIMEOUT_S)
         receiver.close()
+    eventually(lambda: _sockets() <= sockets_before, "no socket of the case remains")
+
+
+@pytest.mark.parametrize("name", ["grpc_tcp", pytest.param("grpc_rdma", marks=FABRIC)])
+def test_reservations_for_peers_never_reached_go_when_the_rank_closes(name):
+    from transports.base import _reservations
+
+    sockets_before = _sockets()
+    cluster = Cluster.on_loopback(2)
+    ports = {("127.0.0.1", int(address.rpartition(":")[2])) for address in cluster.addresses}
+    options = {"fabric_transport": "shm"} if name == "grpc_rdma" else {}
+    transport = transports.create(name, timeout_s=SHORT_TIMEOUT_S, **options)
+    transport.start(cluster, 1)  # rank 0 would start in another process; it is never reached
+    transport.close()
+    assert not ports & set(_reservations)
     eventually(lambda: _sockets() <= sockets_before, "no socket of the case remains")
 
 
@@ -672,3 +687,64 @@ def test_a_chunk_after_a_complete_tensor_is_refused(payload, chunk_bytes, extra)
         # the same tensor, more content at its end (none, or a few bytes that do not fit)
         extra = _chunk("|u1", [len(payload)], len(payload), len(payload), extra or b"")
     assert _assemble([*messages, extra]) is None
+
+
+# -- 6. grpc_rdma: the fabric message parser ----------------------------------------------------------
+
+
+def _good_record() -> bytes:
+    from transports.grpc_rdma.protocol import MESSAGE, Message, MessageType, TensorMeta, encode
+
+    out = np.zeros(MESSAGE.itemsize, np.uint8)
+    encode(Message(MessageType.META_DATA_RESPONSE, 7, name="w", step_id=3, remote_addr=64, rkey=b"\x01\x02",
+                   meta=TensorMeta.of(np.zeros((2, 3), np.float32)), checksum=5, error=""), out)
+    return out.tobytes()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=12) | st.binary(max_size=64))
+def test_any_fabric_message_parses_or_is_a_protocol_error(change):
+    # a peer controls every byte of the record it writes into our message buffer: parse() either returns
+    # a message whose fields are within their bounds or raises ProtocolError, nothing else
+    from transports.grpc_rdma.protocol import (
+        MAX_DIMS,
+        MAX_ERROR,
+        MAX_NAME,
+        MAX_RKEY,
+        MAX_TENSOR_BYTES,
+        MESSAGE,
+        ProtocolError,
+        parse,
+    )
+
+    record = bytearray(_good_record())
+    if isinstance(change, bytes):
+        record[: len(change)] = change  # random leading bytes (type, sizes, indices)
+    else:
+        for offset, value in change:
+            record[offset % MESSAGE.itemsize] = value
+    assert len(record) == MESSAGE.itemsize
+    try:
+        message = parse(bytes(record))
+    except ProtocolError:
+        return
+    assert len(message.name.encode()) <= MAX_NAME and len(message.error.encode()) <= MAX_ERROR
+    assert len(message.rkey) <= MAX_RKEY
+    if message.meta is not None:
+        assert len(message.meta.shape) <= MAX_DIMS and all(d >= 0 for d in message.meta.shape)
+        assert 0 <= message.meta.nbytes <= MAX_TENSOR_BYTES and not message.meta.dtype.hasobject
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=2000))
+def test_a_short_or_long_buffer_parses_or_is_a_protocol_error(raw):
+    from contextlib import nullcontext
+
+    from transports.grpc_rdma.protocol import MESSAGE, ProtocolError, parse
+
+    with pytest.raises(ProtocolError) if len(raw) < MESSAGE.itemsize else nullcontext():
+        try:
+            parse(raw)
+        except ProtocolError:
+            if len(raw) < MESSAGE.itemsize:
+                raise
