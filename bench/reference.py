@@ -16,6 +16,8 @@ import contextlib
 import math
 import os
 import re
+import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -26,7 +28,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from transports.base import free_port
 from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UCX_HOME_VARIABLE
 
 PERFTEST_TEST = "ucp_put_bw"
@@ -34,7 +35,8 @@ PERFTEST_TEST = "ucp_put_bw"
 _LISTEN_TIMEOUT_S = 10.0
 #: seconds the server may take to exit once its client is done
 _SERVER_EXIT_TIMEOUT_S = 10.0
-_PORT_ATTEMPTS = 3
+#: the perftest's out-of-band port, inside its own network namespace (where nothing else listens)
+_PERFTEST_PORT = 13337
 _NAN = float("nan")
 
 
@@ -128,63 +130,94 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
         raise ReferenceUnavailable(f"ucx_perftest at {binary} is not executable; fix with 'chmod +x {binary}'")
     env = perftest_environment(fabric_transport)
     records = []
-    for size in sizes:
-        iters = _count(iters_for(size), "iters_for", size)
-        warmup = _count(warmup_for(size), "warmup_for", size) if warmup_for else max(1, min(10, iters // 10))
-        result = run_perftest(binary, env, size, iters, warmup, timeout_s)
-        mean_us = result.time_per_put_us
-        records.append(_record(
-            "ucx_perftest", size, warmup, iters,
-            # The whole-run time per put ("overhead (usec) / overall" of the Final row, or 1e6 / its
-            # "message rate / overall" below 1 us). ucx_perftest reports no per-put percentile that is a
-            # transfer time (see parse_perftest_output), so median, p99, min and max are this mean too.
-            p50_us=mean_us, p99_us=mean_us, mean_us=mean_us, min_us=mean_us, max_us=mean_us,
-            throughput_MBps=result.bandwidth_MBps,
-            # Both sides busy-poll for the whole process life, not only the timed loop: not comparable.
-            sender_cpu_s=_NAN, receiver_cpu_s=_NAN,
-            copied_bytes=0, fabric=fabric_label(env),
-        ))
+    with private_network() as enter:
+        for size in sizes:
+            iters = _count(iters_for(size), "iters_for", size)
+            warmup = _count(warmup_for(size), "warmup_for", size) if warmup_for else max(1, min(10, iters // 10))
+            records.append(_perftest_record(run_perftest(binary, env, size, iters, warmup, timeout_s, enter),
+                                            size, warmup, iters, env))
     return records
 
 
+@contextlib.contextmanager
+def private_network():
+    """A network namespace of its own with only loopback up; yields the command prefix that enters it.
+
+    ucx_perftest's server listens on every interface and has no option to bind one, and its UCX
+    opens listeners of its own: in a namespace whose only interface is loopback, nothing of it is
+    reachable from the network. Shared memory and cma work across network namespaces. Needs root
+    and iproute2; without them the reference line is not run (one line says why).
+    """
+    ip = shutil.which("ip")
+    if os.geteuid() != 0 or ip is None:
+        raise ReferenceUnavailable(
+            "ucx_perftest listens on every interface (it has no bind option), so it runs only inside a private "
+            "network namespace, which needs root and iproute2 ('ip'); run as root or pass --no-references"
+        )
+    name = f"tt-perftest-{os.getpid()}-{secrets.token_hex(3)}"
+    made = subprocess.run([ip, "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise ReferenceUnavailable(
+            f"cannot make a private network namespace for ucx_perftest ({made.stderr.strip() or made.returncode}); "
+            "pass --no-references"
+        )
+    try:
+        subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+        yield [ip, "netns", "exec", name]
+    finally:
+        subprocess.run([ip, "netns", "delete", name], capture_output=True)
+
+
+def _perftest_record(result: PerftestResult, size: int, warmup: int, iters: int,
+                     env: dict[str, str]) -> dict[str, Any]:
+    mean_us = result.time_per_put_us
+    return _record(
+        "ucx_perftest", size, warmup, iters,
+        # The whole-run time per put ("overhead (usec) / overall" of the Final row, or 1e6 / its
+        # "message rate / overall" below 1 us). ucx_perftest reports no per-put percentile that is a
+        # transfer time (see parse_perftest_output), so median, p99, min and max are this mean too.
+        p50_us=mean_us, p99_us=mean_us, mean_us=mean_us, min_us=mean_us, max_us=mean_us,
+        throughput_MBps=result.bandwidth_MBps,
+        # Both sides busy-poll for the whole process life, not only the timed loop: not comparable.
+        sender_cpu_s=_NAN, receiver_cpu_s=_NAN,
+        copied_bytes=0, fabric=fabric_label(env),
+    )
+
+
 def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmup: int,
-                 timeout_s: float) -> PerftestResult:
-    """One ucx_perftest server and client pair on a free loopback port; both are gone on return."""
-    for attempt in range(_PORT_ATTEMPTS):
-        port = free_port("")  # the perftest server binds every interface
-        with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
-            server = client = None
-            try:
-                server = _spawn([str(binary), "-p", str(port)], env, server_out)
-                deadline = time.monotonic() + timeout_s
-                if not _wait_listening(server, port, min(_LISTEN_TIMEOUT_S, timeout_s)):
-                    if server.poll() is None:
-                        raise ReferenceUnavailable(
-                            f"ucx_perftest server did not listen on port {port} within "
-                            f"{min(_LISTEN_TIMEOUT_S, timeout_s):.0f} s{_tail(server_out)}"
-                        )
-                    if "already in use" in _read(server_out) and attempt + 1 < _PORT_ATTEMPTS:
-                        continue  # the port was taken between our probe and its bind
-                    raise _failed("server", server.returncode, server_out, binary, env)
-                command = [str(binary), "127.0.0.1", "-p", str(port), "-t", PERFTEST_TEST,
-                           "-s", str(size), "-n", str(iters), "-w", str(warmup)]
-                client = _spawn(command, env, client_out)
-                try:
-                    client.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+                 timeout_s: float, enter: list[str]) -> PerftestResult:
+    """One ucx_perftest server and client pair, both run through ``enter`` (see :func:`private_network`)."""
+    port = _PERFTEST_PORT
+    with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
+        server = client = None
+        try:
+            server = _spawn([*enter, str(binary), "-p", str(port)], env, server_out)
+            deadline = time.monotonic() + timeout_s
+            if not _wait_listening(server, port, min(_LISTEN_TIMEOUT_S, timeout_s)):
+                if server.poll() is None:
                     raise ReferenceUnavailable(
-                        f"ucx_perftest at {size} bytes did not finish within {timeout_s:.0f} s "
-                        f"({iters} puts); raise --timeout or use fewer iterations"
-                    ) from None
-                if client.returncode != 0:
-                    raise _failed("client", client.returncode, client_out, binary, env, server_out)
-                with contextlib.suppress(subprocess.TimeoutExpired):  # the numbers are in; finally kills it
-                    server.wait(timeout=_SERVER_EXIT_TIMEOUT_S)
-                return parse_perftest_output(_read(client_out), size)
-            finally:
-                for proc in (client, server):
-                    _reap(proc)
-    raise AssertionError("unreachable")
+                        f"ucx_perftest server did not listen on port {port} within "
+                        f"{min(_LISTEN_TIMEOUT_S, timeout_s):.0f} s{_tail(server_out)}"
+                    )
+                raise _failed("server", server.returncode, server_out, binary, env)
+            command = [*enter, str(binary), "127.0.0.1", "-p", str(port), "-t", PERFTEST_TEST,
+                       "-s", str(size), "-n", str(iters), "-w", str(warmup)]
+            client = _spawn(command, env, client_out)
+            try:
+                client.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise ReferenceUnavailable(
+                    f"ucx_perftest at {size} bytes did not finish within {timeout_s:.0f} s "
+                    f"({iters} puts); raise --timeout or use fewer iterations"
+                ) from None
+            if client.returncode != 0:
+                raise _failed("client", client.returncode, client_out, binary, env, server_out)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the numbers are in; finally kills it
+                server.wait(timeout=_SERVER_EXIT_TIMEOUT_S)
+            return parse_perftest_output(_read(client_out), size)
+        finally:
+            for proc in (client, server):
+                _reap(proc)
 
 
 def parse_perftest_output(text: str, size: int | None = None) -> PerftestResult:
@@ -255,7 +288,7 @@ def _wait_listening(server: subprocess.Popen, port: int, timeout_s: float) -> bo
     """
     deadline = time.monotonic() + timeout_s
     while server.poll() is None:
-        listening = _listening(port)
+        listening = _listening(port, server.pid)
         if listening is None:  # no /proc/net/tcp: give it a moment and hope
             time.sleep(0.5)
             return server.poll() is None
@@ -267,10 +300,11 @@ def _wait_listening(server: subprocess.Popen, port: int, timeout_s: float) -> bo
     return False
 
 
-def _listening(port: int) -> bool | None:
-    """Whether a TCP socket listens on ``port``; None if the kernel table cannot be read."""
+def _listening(port: int, pid: int) -> bool | None:
+    """Whether a TCP socket listens on ``port`` in the network namespace of process ``pid``;
+    None if the kernel table cannot be read."""
     seen = False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except OSError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -176,3 +177,27 @@ def test_parse_takes_sub_microsecond_put_times_from_the_message_rate():
     result = parse_perftest_output(fast, size=1024)
     assert result.overhead_us == 0.022
     assert result.time_per_put_us == pytest.approx(1e6 / 45100000)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
+def test_perftest_runs_in_a_network_namespace_with_loopback_only(monkeypatch, tmp_path):
+    # ucx_perftest's server listens on every interface: where it runs, loopback must be the only one
+    seen = tmp_path / "seen"
+    fake = tmp_path / "bin" / "ucx_perftest"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nreadlink /proc/self/ns/net >> {seen}\n"
+                    f"cut -d: -f1 /proc/net/dev | tail -n +3 >> {seen}\n"
+                    'case "$*" in *-t*) exit 3;; esac\nexec sleep 30\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    with pytest.raises(ReferenceUnavailable, match="exit code 3"):
+        ucx_perftest_records([4096], "tcp", _iters, timeout_s=20)
+    lines = [line.strip() for line in seen.read_text().splitlines() if line.strip()]
+    namespaces = {line for line in lines if line.startswith("net:")}
+    interfaces = {line for line in lines if not line.startswith("net:")}
+    # server and client in one namespace, not ours
+    assert len(namespaces) == 1 and os.readlink("/proc/self/ns/net") not in namespaces
+    assert interfaces == {"lo"}
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"tt-perftest-{os.getpid()}-" not in left
