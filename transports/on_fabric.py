@@ -25,6 +25,7 @@ from transports.base import (
     Transport,
     TransportClosed,
     TransportTimeout,
+    release_port,
 )
 from transports.control import ControlClient, ControlServer
 from transports.fabric.base import Channel, FabricError
@@ -149,6 +150,10 @@ class FabricTransport(Transport):
         for client in self._peers.values():
             client.close()
         self.device.close()
+        # this rank is done: reservations this process still holds for the cluster's ports (peers it
+        # never reached, started in other processes) protect nothing any more
+        for address in self.cluster.addresses:
+            release_port(address)
 
     def _before_device_close(self) -> None:
         """Hook: stop anything that still uses the device (pollers)."""
