@@ -150,14 +150,20 @@ class GrpcTcpTransport(Transport):
         """
         while True:
             await asyncio.sleep(LIVENESS_EVERY_S)
-            waiting = {key.dst for key in self._outbox.parked_keys()} & self._heard
-            for rank in sorted(waiting):
-                if await _refuses(self.cluster.addresses[rank]):
-                    peer = self.peer_name(rank)
-                    for key, (_array, sent) in self._outbox.drop(lambda key, rank=rank: key.dst == rank):
-                        settle(sent, error=PeerError(
-                            f"grpc_tcp: sending {key} to {peer} failed: the receiver is gone (it asked for "
-                            f"tensors before and its port {self.cluster.addresses[rank]} now refuses connections)"))
+            try:
+                await self._check_receivers()
+            except Exception:  # a failed check is retried; the sends' own timeouts still bound them
+                continue
+
+    async def _check_receivers(self) -> None:
+        waiting = {key.dst for key in self._outbox.parked_keys()} & self._heard
+        for rank in sorted(waiting):
+            if await _refuses(self.cluster.addresses[rank]):
+                peer = self.peer_name(rank)
+                for key, (_array, sent) in self._outbox.drop(lambda key, rank=rank: key.dst == rank):
+                    settle(sent, error=PeerError(
+                        f"grpc_tcp: sending {key} to {peer} failed: the receiver is gone (it asked for "
+                        f"tensors before and its port {self.cluster.addresses[rank]} now refuses connections)"))
 
     def close(self) -> None:
         with self._lock:
