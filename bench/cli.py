@@ -316,8 +316,10 @@ def build_parser() -> Parser:
         "every tensor received is checked: the micro-benchmark's receiver compares every element with what the "
         "sender wrote; in training each tensor's CRC-32 travels beside it (through the launcher) and is checked "
         "on arrival. records.csv has one row per process of each point: tensors sent, received, corrupted "
-        "(must be 0), lost (must be 0), and resident memory at the start and end. Exit status 1 if any tensor "
-        "was corrupted or lost or a run failed.",
+        "(must be 0), lost (must be 0), and resident memory at the start and end (meta.json: the totals, and "
+        "this process's own memory). Exit status 1 if any tensor was corrupted or lost or a run failed. Ctrl-C, "
+        "SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10 minutes of transfers, then "
+        "1000 training steps per transport); '--duration 20s --steps 20' is a quick look.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     soak.add_argument("--transports", type=_transport_list, default=None,

@@ -231,8 +231,9 @@ def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], 
             del tensor
             i += 1
             now = time.monotonic()
-            # every 5% of a point, and at least every PROGRESS_EVERY_S: the watchdog wants signs of life
-            if i % step == 0 or i == total or now - reported >= PROGRESS_EVERY_S:
+            # every 5% of a point (of a timed one: no such share), and at least every PROGRESS_EVERY_S: the
+            # watchdog wants signs of life
+            if (ends is None and (i % step == 0 or i == total)) or now - reported >= PROGRESS_EVERY_S:
                 report(Progress(point.size_bytes, i))
                 reported = now
         cpu = _cpu_seconds(per_thread_cpu) - cpu0

@@ -29,10 +29,14 @@ batch travels to the workers once, inside the dataset's graph, and no step pays 
 Isolation: ``tf.distribute.Server`` listens on every interface whatever the cluster spec says.
 Under ``--launcher netns`` that is the emulated host's own interfaces. With no launcher or a local
 one, the ranks run in one private emulated host instead (a ``NetnsLauncher`` without a link rate,
-every rank on host 0), out of reach of the host's interfaces; where namespaces cannot be made the
-run falls back to the local launcher (on its bind address, loopback by default), and the record says so
-(``isolated_network`` false, ``isolation_note`` why). ``--launcher mpi`` refuses service ranks; its
-error says which launchers to use.
+every rank on host 0), out of reach of the host's interfaces. Where namespaces cannot be made,
+TensorFlow's servers would listen on every interface of the host (it binds ``0.0.0.0``, whatever the
+cluster spec says, and has no option to bind elsewhere), so the run is refused while the launcher's bind
+address is loopback (the default): one line that says why and what to do. Given a bind address that is
+not loopback (``--bind ADDRESS|INTERFACE``: the ranks are meant to be reachable from the network), the
+run falls back to the local launcher on that address, and the record says so (``isolated_network``
+false, ``isolation_note`` why). ``--launcher mpi`` refuses service ranks; its error says which launchers
+to use.
 
 Processes, peak memory, failures and cleanup are the launcher's: a rank that fails, dies or falls
 silent ends the run with :class:`TfGrpcError` naming it, and no process is left behind.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import ipaddress
 import math
 import os
 import pickle
@@ -144,17 +149,21 @@ def _choose_launcher(launcher: Launcher | None) -> tuple[Launcher, bool, str]:
         note = (f"--launcher {launcher.name}: each server's ranks on their own emulated host (network namespace)"
                 if launcher.name == "netns" else f"--launcher {launcher.name}")
         return launcher, False, note
-    from bench.launch.local import LocalLauncher
     from bench.launch.netns import NetnsLauncher
 
     log_dir = getattr(launcher, "log_dir", None)
     try:
         private = NetnsLauncher(log_dir=log_dir)
     except LauncherUnavailable as exc:
-        fallback = launcher or LocalLauncher(log_dir=log_dir)
-        return (fallback, launcher is None,
+        bind = launcher.bind if launcher is not None else "127.0.0.1"
+        if ipaddress.ip_address(bind).is_loopback:
+            raise TfGrpcError(
+                f"tf_grpc: no private network namespace here ({exc}), and TensorFlow's servers listen on every "
+                f"interface of the host, not on {bind}: run where network namespaces can be made (as root, or "
+                "--launcher netns), or accept listening on the network with --bind ADDRESS|INTERFACE") from None
+        return (launcher, False,
                 f"no private network namespace here ({exc}): tf.distribute.Server listens on every interface "
-                f"of the host (ports on {fallback.bind})")
+                f"of the host (--bind {bind})")
     return private, True, ("one private emulated host (network namespace, no link to the host's "
                                  "interfaces): tf.distribute.Server listens on every interface")
 

@@ -180,18 +180,33 @@ def hold_the_interpreter(ctx) -> None:
 
 COORDINATOR = """
 import sys
-from bench.launch import RankSpec
-from bench.launch.local import LocalLauncher
+from bench.launch import RankSpec, create
 from tests.test_interrupts import hold_the_interpreter
 
-LocalLauncher().run([RankSpec(hold_the_interpreter, "stuck")], 600,
-                    lambda rank, pid: print(pid, flush=True))
+create(sys.argv[1]).run([RankSpec(hold_the_interpreter, "stuck")], 600, lambda rank, pid: print(pid, flush=True))
 """
 
 
-def test_a_rank_stuck_in_c_dies_with_its_coordinator():
+def _netns_available() -> bool:
+    from bench.launch.hosts import NetnsUnavailable, check_support
+
+    try:
+        check_support()
+    except NetnsUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("launcher", [
+    "local",
+    pytest.param("netns", marks=pytest.mark.skipif(not _netns_available(), reason="no network namespaces here")),
+])
+def test_a_rank_stuck_in_c_dies_with_its_coordinator(launcher):
+    """Under netns the rank runs through ``ip netns exec``, which execs it in place: its parent is the coordinator
+    too, and the kernel's PR_SET_PDEATHSIG (or else the hosts' reaper) ends it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR], stdout=subprocess.PIPE, text=True, env=env)
+    coordinator = subprocess.Popen([sys.executable, "-c", COORDINATOR, launcher], stdout=subprocess.PIPE, text=True,
+                                   env=env)
     rank = None
     try:
         rank = int(coordinator.stdout.readline())
@@ -284,3 +299,17 @@ def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
     run = load_run(out)
     assert run.meta["status"] == "complete"
     assert list(run.records["iters"]) == [10000]
+
+
+def test_a_timed_point_reports_about_once_a_second_not_every_transfer(monkeypatch):
+    """The soak's points last a duration (iters 0): 5% of no iterations reported every transfer, a message to
+    the coordinator per tensor (1000 a second at 1KB)."""
+    from bench import micro
+
+    clock = FakeClock()
+    monkeypatch.setattr(micro, "time", clock)
+    progress: list[float] = []
+    micro.receiver_loop(SlowTransport(clock, 0.01), [micro.Point(1024, warmup=2, iters=0, seconds=5.0)], Signals(),
+                        lambda payload: progress.append(clock.now) if isinstance(payload, micro.Progress) else None,
+                        per_thread_cpu=True)
+    assert 4 <= len(progress) <= 7, len(progress)  # about one a second over 5 s, not ~500

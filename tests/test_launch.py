@@ -187,3 +187,26 @@ def test_bind_takes_an_interface_and_ranks_listen_on_its_address():
     assert results[0].result["address"].startswith("127.0.0.1:")
     with pytest.raises(LaunchError, match="--bind nowhere0: no such address or network interface here"):
         create("local", bind="nowhere0")
+
+
+def test_hosts_whose_teardown_fails_still_reap_their_reaper(monkeypatch):
+    """A failed teardown used to leave the hosts' reaper (a child of the run's process) unreaped after close()."""
+    from bench.launch import hosts
+
+    _netns_or_skip().close()
+    emulated = hosts.EmulatedHosts(1).create()
+    reaper = emulated._reaper
+    real_teardown = hosts._teardown
+
+    def failing(names):
+        raise hosts.CommandError(["ip", "netns", "delete"], "refused by the test")
+
+    monkeypatch.setattr(hosts, "_teardown", failing)
+    with pytest.raises(hosts.CommandError):
+        emulated.close()
+    assert reaper.returncode is not None  # waited for: neither running nor a zombie
+    deadline = time.monotonic() + BOUND_S
+    while _our_namespaces() and time.monotonic() < deadline:  # the reaper removed them on its way out
+        time.sleep(0.1)
+    real_teardown(_our_namespaces())
+    assert _our_namespaces() == []

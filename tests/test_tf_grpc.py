@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench.launch import LaunchError, LauncherUnavailable, RankSpec
+from bench.launch.addresses import interface_address
 from bench.launch.hosts import NetnsUnavailable
 from bench.launch.local import LocalLauncher
 from bench.launch.mpi import MpiLauncher
@@ -137,17 +140,43 @@ def test_under_local_it_trains_in_a_private_emulated_host(servers, given, nothin
     assert not any(a.startswith("127.") for a in addresses)
 
 
-def test_without_namespaces_it_falls_back_to_loopback_and_says_so(monkeypatch, nothing_left_behind):
+def _refuse_namespaces(monkeypatch) -> None:
     def refuse() -> None:
         raise NetnsUnavailable("namespaces refused by the test")
 
     monkeypatch.setattr("bench.launch.netns.check_support", refuse)
-    record = _train(1)
+
+
+@pytest.mark.parametrize("given", [None, "local"])
+def test_without_namespaces_it_refuses_to_listen_on_every_interface(monkeypatch, given, nothing_left_behind):
+    """TensorFlow's servers bind 0.0.0.0 whatever the cluster spec says: without a private namespace, a run
+    meant for loopback (the default) is refused before any process starts (before, it ran, open to the network)."""
+    _refuse_namespaces(monkeypatch)
+    with pytest.raises(TfGrpcError, match=r"no private network namespace here \(.*namespaces refused by the test.*"
+                                          r"listen on every interface of the host, not on 127\.0\.0\.1.*--bind"):
+        _train(1, launcher=LocalLauncher() if given else None)
+
+
+def _network_address() -> str | None:
+    """An IPv4 address of this host that is not loopback, or None."""
+    for _, name in socket.if_nameindex():
+        address = interface_address(name)
+        if address and not ipaddress.ip_address(address).is_loopback:
+            return address
+    return None
+
+
+def test_without_namespaces_a_network_bind_runs_there_and_says_so(monkeypatch, nothing_left_behind):
+    address = _network_address()
+    if address is None:
+        pytest.skip("this host has no address but loopback")
+    _refuse_namespaces(monkeypatch)
+    record = _train(1, launcher=LocalLauncher(bind=address))
     _check_record(record, 1)
     assert record["isolated_network"] is False
     assert "namespaces refused by the test" in record["isolation_note"]
-    assert "every interface" in record["isolation_note"]
-    assert all(a.startswith("127.0.0.1:") for job in record["cluster"].values() for a in job)
+    assert "every interface" in record["isolation_note"] and f"--bind {address}" in record["isolation_note"]
+    assert all(a.startswith(f"{address}:") for job in record["cluster"].values() for a in job)
 
 
 @needs_netns

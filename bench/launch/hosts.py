@@ -358,12 +358,15 @@ class EmulatedHosts:
                     os.write(self._pipe, _CLOSED)
             os.close(self._pipe)
             self._pipe = None
-        if self._reaper is not None and clean:
+        if self._reaper is not None:
+            # reaped either way (after a failed teardown it tries once more, then exits): no process of a run is
+            # left behind, not even a zombie
             try:
                 self._reaper.wait(timeout=_REAPER_EXIT_WAIT_S)
             except subprocess.TimeoutExpired:
                 self._reaper.kill()
                 self._reaper.wait()
+            self._reaper = None
 
     def _check(self, host: int) -> int:
         if not 0 <= host < self.hosts:
