@@ -115,11 +115,13 @@ def test_a_signal_keeps_the_records_marks_the_run_and_stops_every_rank(tmp_path,
     assert wait_gone(pids) == []
 
 
-def test_a_model_run_stopped_by_sigterm_says_so_and_leaves_no_rank(tmp_path):
+@pytest.mark.parametrize("command", ["model", "scale"])
+def test_a_model_run_stopped_by_sigterm_says_so_and_leaves_no_rank(tmp_path, command):
     pytest.importorskip("tensorflow")
     out = tmp_path / "run"
-    bench = start_bench("model", "tests.tiny_models:TINY", "--transport", "grpc_tcp,local", "--steps", "1000000",
-                        "--warmup", "1", "--no-plot", "--out", str(out))
+    runs = ["--transport", "grpc_tcp,local"] if command == "model" else ["--transport", "grpc_tcp", "--servers", "1,2"]
+    bench = start_bench(command, "tests.tiny_models:TINY", *runs, "--steps", "1000000", "--warmup", "1", "--no-plot",
+                        "--out", str(out))
     deadline = time.monotonic() + BOUND_S
     pids: dict[int, int] = {}
     while len(pids) < 2:  # the worker and the PS of the first run
