@@ -210,3 +210,24 @@ def test_hosts_whose_teardown_fails_still_reap_their_reaper(monkeypatch):
         time.sleep(0.1)
     real_teardown(_our_namespaces())
     assert _our_namespaces() == []
+
+
+def test_the_coordinator_keeps_no_port_reservation_after_a_run(local):
+    # free_port reserves each rank's port in the coordinator until its listener is up; the ranks
+    # run elsewhere, so the coordinator itself must drop the reservations when the run ends
+    def sockets() -> set[str]:
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:"):
+                found.add(target)
+        return found
+
+    local.run([RankSpec(jobs.hello, "warm-up"), RankSpec(jobs.hello, "up", host=1)], BOUND_S)
+    before = sockets()
+    for _ in range(3):
+        local.run([RankSpec(jobs.hello, "first"), RankSpec(jobs.hello, "second", host=1)], BOUND_S)
+    assert sockets() - before == set()
