@@ -612,7 +612,8 @@ def _print_micro_summary(out: Path) -> None:
 def cmd_soak(args: argparse.Namespace, launcher) -> int:
     """``bench soak``: every transport's micro-benchmark and a training run, every tensor checked."""
     from bench.launch import LaunchError
-    from bench.micro import MicroError, Point, rss_mb, run_transport, soak_records
+    from bench.memory import rss_mb
+    from bench.micro import MicroError, Point, run_transport, soak_records
     from bench.results import default_run_dir
     from bench.runtime.ps import TrainConfig
     from bench.sizes import format_size

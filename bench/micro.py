@@ -37,6 +37,7 @@ import numpy as np
 
 import transports
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.memory import rss_mb
 from bench.sizes import format_size
 from transports import Cluster, Key, TensorSpec, TransportStats
 
@@ -100,18 +101,6 @@ def marker(i: int, dtype: np.dtype) -> float:
 
 def clock_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def rss_mb() -> float:
-    """This process's resident memory now (MB)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def content(point: Point) -> np.ndarray:

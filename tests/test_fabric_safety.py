@@ -7,7 +7,6 @@ allocates more than a few megabytes: sizes a peer claims are refused before any 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from transports.on_fabric import parse_device
 from transports.zerocopy.transport import META, ConnectReply, ConnectRequest, Meta
 
 from .conftest import start_pair
+from .processes import open_sockets
 
 ROOT = Path(__file__).resolve().parent.parent
 FABRIC_TRANSPORTS = ["zerocopy", "rdma_cp"]
@@ -275,14 +275,7 @@ def test_held_resources_count_only_this_process():
 
 def _own_listeners() -> list[str]:
     """Local addresses of this process's listening TCP sockets."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = {target[len("socket:["):-1] for target in open_sockets()}
     found = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as lines:
@@ -377,8 +370,11 @@ def _forge(pair, seq, flag=None, **fields):
 
 @pytest.mark.parametrize("forged", [
     {"nbytes": 1 << 40, "dims": [1 << 37]},  # more than the receiver takes: refused before allocating
-    {"addr": 1 << 46},  # pointing away from the sender's buffer
-    {"addr_shift": 64 << 20},  # past the sender's buffer, by 64 MB
+    {"addr": 1 << 46},  # pointing away from the sender's buffer, where nothing is mapped
+    # (a record pointing just past the sender's buffer, into memory the sender has mapped, is read over
+    # cma from the sender's own address space: only the sender's memory, which it chose to expose; in
+    # this test both ranks share one process, so whether that address is mapped depends on the tests
+    # that ran before, and the case cannot be told apart here)
     {"dtype": b"|O"},
     {"ndim": 200},
     {"rkey_len": 60_000},
@@ -389,10 +385,6 @@ def test_a_malformed_meta_data_record_is_refused_naming_the_peer(name, forged):
 
     pair = _connected(name)
     try:
-        record = pair[1]._incoming[("w", 0)].control.array[: META.itemsize].view(META)
-        forged = dict(forged)
-        if "addr_shift" in forged:
-            forged["addr"] = int(record["addr"][0]) + forged.pop("addr_shift")
         _forge(pair, 1, **forged)
         with pytest.raises(PeerError, match=r"rank 0 at .*meta-data record|reading .* rank 0 at"):
             pair[1].recv(Key("w", 1, 0, 1), timeout=30)

@@ -31,6 +31,7 @@ from transports.grpc_tcp.tensor_pb2 import RecvTensorRequest
 from transports.grpc_tcp.transport import MAX_REQUEST_BYTES, RECV_TENSOR
 
 from .conftest import SHORT_TIMEOUT_S, start_pair
+from .processes import open_sockets
 
 CALL_TIMEOUT_S = 30.0  # generous: only a hung listener comes near it
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -516,18 +517,6 @@ def test_a_reserved_port_is_taken_by_its_listener(name):
         close(pair)
 
 
-def _sockets() -> set[str]:
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:"):
-            found.add(target)
-    return found
-
-
 @pytest.mark.parametrize("name", ["grpc_tcp", pytest.param("grpc_rdma", marks=FABRIC)])
 def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_reached(name):
     # Cluster.on_loopback reserves every rank's port in the process that makes the cluster; before, the
@@ -535,7 +524,7 @@ def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_rea
     # per such peer, seen by tests/test_peer_kill.py as a leak in every case
     from transports.base import _reservations
 
-    sockets_before = _sockets()
+    sockets_before = open_sockets()
     cluster = Cluster.on_loopback(2)
     peer_port = int(cluster.addresses[0].rpartition(":")[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -553,14 +542,14 @@ def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_rea
         peer.kill()
         peer.communicate(timeout=CALL_TIMEOUT_S)
         receiver.close()
-    eventually(lambda: _sockets() <= sockets_before, "no socket of the case remains")
+    eventually(lambda: open_sockets() <= sockets_before, "no socket of the case remains")
 
 
 @pytest.mark.parametrize("name", ["grpc_tcp", pytest.param("grpc_rdma", marks=FABRIC)])
 def test_reservations_for_peers_never_reached_go_when_the_rank_closes(name):
     from transports.base import _reservations
 
-    sockets_before = _sockets()
+    sockets_before = open_sockets()
     cluster = Cluster.on_loopback(2)
     ports = {("127.0.0.1", int(address.rpartition(":")[2])) for address in cluster.addresses}
     options = {"fabric_transport": "shm"} if name == "grpc_rdma" else {}
@@ -568,7 +557,7 @@ def test_reservations_for_peers_never_reached_go_when_the_rank_closes(name):
     transport.start(cluster, 1)  # rank 0 would start in another process; it is never reached
     transport.close()
     assert not ports & set(_reservations)
-    eventually(lambda: _sockets() <= sockets_before, "no socket of the case remains")
+    eventually(lambda: open_sockets() <= sockets_before, "no socket of the case remains")
 
 
 def test_a_refused_send_names_the_key_not_the_peer_on_grpc_tcp():

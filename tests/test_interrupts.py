@@ -20,32 +20,10 @@ import pytest
 
 from bench.results import load_run
 
+from .processes import gone, rank_processes
+
 #: generous bounds for a busy machine: how long a run may take to start, or to stop
 BOUND_S = 120
-
-
-def rank_processes(parent: int) -> dict[int, int]:
-    """The rank processes (``python -m bench.launch.rank HUB RANK ...``) whose parent is ``parent``: pid -> rank."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and "bench.launch.rank" in argv:
-            found[int(entry.name)] = int(argv[argv.index("bench.launch.rank") + 2])
-    return found
-
-
-def gone(pid: int) -> bool:
-    """Whether ``pid`` has ended (a zombie has ended)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, IndexError):
-        return True
 
 
 def wait_gone(pids: list[int], bound_s: float = BOUND_S) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from bench.launch import LaunchError, RankFailed, RankSpec, create
 from bench.launch.base import Hub, connect
 from tests import launch_jobs as jobs
+from tests.processes import open_sockets
 
 #: generous: the machine running the tests may be busy
 BOUND_S = 60
@@ -215,19 +216,8 @@ def test_hosts_whose_teardown_fails_still_reap_their_reaper(monkeypatch):
 def test_the_coordinator_keeps_no_port_reservation_after_a_run(local):
     # free_port reserves each rank's port in the coordinator until its listener is up; the ranks
     # run elsewhere, so the coordinator itself must drop the reservations when the run ends
-    def sockets() -> set[str]:
-        found = set()
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:"):
-                found.add(target)
-        return found
-
     local.run([RankSpec(jobs.hello, "warm-up"), RankSpec(jobs.hello, "up", host=1)], BOUND_S)
-    before = sockets()
+    before = open_sockets()
     for _ in range(3):
         local.run([RankSpec(jobs.hello, "first"), RankSpec(jobs.hello, "second", host=1)], BOUND_S)
-    assert sockets() - before == set()
+    assert open_sockets() - before == set()

@@ -32,6 +32,8 @@ import pytest
 import transports
 from transports import Cluster, Key, PeerError, TransportError, TransportTimeout
 
+from .processes import children_of, open_files
+
 #: the survivor's timeout: the bound within which a dead peer must be named
 TIMEOUT_S = 30.0
 #: in phase setup the survivor may not have heard from the victim: it is named when this expires
@@ -105,35 +107,12 @@ def own_shared_mappings() -> int:
     return sum(1 for line in maps if "SYSV" in line or "/dev/shm/" in line)
 
 
-def open_files() -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            found.append(f"{fd}: {os.readlink(f'/proc/self/fd/{fd}')}")
-        except OSError:
-            continue
-    return found
-
-
 def sysv_segments_created_by(pid: int) -> list[str]:
     table = Path("/proc/sysvipc/shm")
     if not table.exists():
         return []
     rows = [line.split() for line in table.read_text().splitlines()[1:]]
     return [" ".join(row) for row in rows if len(row) > 4 and row[4] == str(pid)]
-
-
-def children() -> list[int]:
-    me = str(os.getpid())
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
-                    found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes()[:200]!r}")
-            except (OSError, IndexError):
-                continue
-    return found
 
 
 def exchange(transport: transports.Transport, name: str, step: int, sending: bool, nbytes: int = 64):
@@ -174,7 +153,7 @@ def test_a_killed_peer_is_named_in_bounded_time_and_nothing_is_left(variant, sur
     name, options = variant
     timeout_s = SETUP_TIMEOUT_S if phase == "setup" else TIMEOUT_S
     survivor_rank, victim_rank = (SENDER, RECEIVER) if survivor_sends else (RECEIVER, SENDER)
-    files_before, shared_before, children_before = open_files(), own_shared_mappings(), children()
+    files_before, shared_before, children_before = open_files(), own_shared_mappings(), children_of(os.getpid())
     cluster = Cluster.on_loopback(2)
     victim = Victim({"addresses": list(cluster.addresses), "token": cluster.token, "transport": name,
                      "options": options, "rank": victim_rank, "role": "receiver" if survivor_sends else "sender",
@@ -226,7 +205,7 @@ def test_a_killed_peer_is_named_in_bounded_time_and_nothing_is_left(variant, sur
     del failure, outcome
     gc.collect()
     assert own_shared_mappings() <= shared_before
-    assert len(open_files()) <= len(files_before), sorted(set(open_files()) - set(files_before))
+    assert len(open_files()) <= len(files_before), sorted(set(open_files().items()) - set(files_before.items()))
     assert sysv_segments_created_by(victim_pid) == []
     assert [path for path in victim_memory if Path(path).exists()] == []
-    assert children() == children_before
+    assert children_of(os.getpid()) == children_before

@@ -13,31 +13,10 @@ import pytest
 
 from bench.results import load_run
 
+from .processes import gone, rank_processes
+
 #: generous: the machine running the tests may be busy
 BOUND_S = 120
-
-
-def rank_processes(parent: int) -> dict[int, int]:
-    """The rank processes (``python -m bench.launch.rank HUB RANK``) started by ``parent``: pid -> rank."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and "bench.launch.rank" in argv:
-            found[int(entry.name)] = int(argv[argv.index("bench.launch.rank") + 2])
-    return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def kill_rank_mid_run(args: list[str], victim: int, ranks: int, settle_s: float) -> tuple[subprocess.CompletedProcess,

@@ -186,6 +186,13 @@ def release_port(address: str) -> None:
         reservation.close()
 
 
+def release_cluster_ports(cluster: Cluster) -> None:
+    """A rank or a coordinator is done with ``cluster``: the reservations this process still holds for
+    its ports (peers never reached, started in other processes) protect nothing any more."""
+    for address in cluster.addresses:
+        release_port(address)
+
+
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:

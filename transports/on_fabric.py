@@ -25,7 +25,7 @@ from transports.base import (
     Transport,
     TransportClosed,
     TransportTimeout,
-    release_port,
+    release_cluster_ports,
 )
 from transports.control import ControlClient, ControlServer
 from transports.fabric.base import Channel, FabricError
@@ -150,10 +150,12 @@ class FabricTransport(Transport):
         for client in self._peers.values():
             client.close()
         self.device.close()
-        # this rank is done: reservations this process still holds for the cluster's ports (peers it
-        # never reached, started in other processes) protect nothing any more
-        for address in self.cluster.addresses:
-            release_port(address)
+        release_cluster_ports(self.cluster)
+        # dropped, not only stopped and closed: gRPC's core (its poller and threads) lives as long as
+        # any server or channel object does, and this transport object may outlive its close()
+        with self._lock:
+            self._peers = {}
+        self._control = None
 
     def _before_device_close(self) -> None:
         """Hook: stop anything that still uses the device (pollers)."""
@@ -185,6 +187,8 @@ class FabricTransport(Transport):
 
     def _peer(self, rank: int) -> ControlClient:
         with self._lock:
+            if self._closed.is_set():
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed")
             if rank not in self._peers:
                 self._peers[rank] = ControlClient(self.cluster.addresses[rank], self.peer_name(rank),
                                                   self.cluster.token)

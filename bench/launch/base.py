@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import queue
-import resource
 import secrets
 import socket
 import struct
@@ -39,6 +38,7 @@ from multiprocessing import AuthenticationError, Pipe
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any, ClassVar
 
+from bench.memory import peak_rss_mb, reset_peak_rss
 from transports import Cluster
 
 log = logging.getLogger(__name__)
@@ -160,24 +160,6 @@ class Stop:
 
 
 # -- process helpers --------------------------------------------------------------------------
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (MB) since :func:`reset_peak_rss`, or since it started."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def reset_peak_rss() -> None:
-    """Start this process's peak memory afresh (a process that runs several ranks in turn, under MPI)."""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
 
 
 def describe_error(exc: BaseException) -> str:

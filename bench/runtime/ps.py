@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 import transports
+from bench.memory import rss_mb
 from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan, variables_of, weight_key
 from transports import Key
 from transports.base import aligned_empty
@@ -376,18 +377,6 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
 
 
 # -- the content check (the soak) ----------------------------------------------
-
-
-def rss_mb() -> float:
-    """This process's resident memory now (MB)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
 
 
 def checksum(array: np.ndarray) -> int:

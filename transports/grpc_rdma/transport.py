@@ -203,13 +203,6 @@ class GrpcRdmaTransport(FabricTransport):
         self._poller = threading.Thread(target=self._poll, name=f"grpc_rdma-poller-{rank}", daemon=True)
         self._poller.start()
 
-    def close(self) -> None:
-        super().close()
-        # dropped, not only stopped and closed: gRPC's core (its poller and threads) lives as long as
-        # any server or channel object does, and this transport object may outlive its close()
-        self._peers = {}
-        self._control = None
-
     def _before_device_close(self) -> None:
         closed = TransportClosed(f"grpc_rdma rank {self.rank} was closed")
         for _array, sent in self._outbox.close():
@@ -220,10 +213,6 @@ class GrpcRdmaTransport(FabricTransport):
         for request in requests:
             settle(request.future, error=closed)
         self._poller.join(timeout=5)
-        # this rank is done: reservations this process still holds for the cluster's ports (peers it
-        # never reached, started in other processes) protect nothing any more
-        for address in self.cluster.addresses:
-            release_port(address)
 
     # links: setup over gRPC ------------------------------------------------
 

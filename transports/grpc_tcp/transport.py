@@ -46,6 +46,7 @@ from transports.base import (
     TransportTimeout,
     contiguous,
     key_problem,
+    release_cluster_ports,
     release_port,
     settle,
 )
@@ -183,7 +184,7 @@ class GrpcTcpTransport(Transport):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()
-            _release_cluster_ports(self.cluster)
+            release_cluster_ports(self.cluster)
 
     async def _shutdown(self) -> None:
         if self._watchdog is not None:
@@ -372,9 +373,3 @@ async def _refuses(address: str, timeout: float = 1.0) -> bool:
         await writer.wait_closed()
     return False
 
-
-def _release_cluster_ports(cluster: Cluster) -> None:
-    """This rank is done: reservations this process still holds for the cluster's ports (peers it never
-    reached, started in other processes) protect nothing any more."""
-    for address in cluster.addresses:
-        release_port(address)

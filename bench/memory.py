@@ -1,0 +1,35 @@
+"""This process's memory, read from ``/proc/self/status`` (written once for the launcher and the experiments)."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(f"{field}:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MB); NaN where it cannot be read."""
+    now = _status_mb("VmRSS")
+    return float("nan") if now is None else now
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB) since :func:`reset_peak_rss`, or since it started."""
+    peak = _status_mb("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if peak is None else peak
+
+
+def reset_peak_rss() -> None:
+    """Start this process's peak memory afresh (a process that runs several ranks in turn, under MPI)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")

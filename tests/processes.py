@@ -1,0 +1,59 @@
+"""What the tests count about processes: their children, whether they ended, the sockets of this one.
+
+Only the processes a test started (found by parent) and this process's own descriptors are
+counted, never system-wide totals another process can change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: state, ppid, ..."""
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+
+
+def children_of(parent: int) -> dict[int, list[str]]:
+    """The processes whose parent is ``parent``: pid -> argv."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int(_stat_fields(entry.name)[1]) == parent:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def rank_processes(parent: int) -> dict[int, int]:
+    """The rank processes (``python -m bench.launch.rank HUB RANK ...``) started by ``parent``: pid -> rank."""
+    return {pid: int(argv[argv.index("bench.launch.rank") + 2])
+            for pid, argv in children_of(parent).items() if "bench.launch.rank" in argv}
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie has ended)."""
+    try:
+        return _stat_fields(pid)[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def open_files() -> dict[str, str]:
+    """This process's file descriptors: fd -> what it refers to."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return found
+
+
+def open_sockets() -> set[str]:
+    """The sockets (``socket:[INODE]``) this process holds."""
+    return {target for target in open_files().values() if target.startswith("socket:")}
