@@ -221,3 +221,17 @@ def test_the_coordinator_keeps_no_port_reservation_after_a_run(local):
     for _ in range(3):
         local.run([RankSpec(jobs.hello, "first"), RankSpec(jobs.hello, "second", host=1)], BOUND_S)
     assert open_sockets() - before == set()
+
+
+def test_a_failure_is_blamed_on_a_peer_whose_death_shows_a_moment_later():
+    # a killed process closes its sockets before the kernel reports it dead: its peer's failure can
+    # reach the coordinator first, and the dead rank is still the cause
+    from bench.launch.base import RankFailed, _RankState, _root_cause
+
+    states = [_RankState(RankSpec(jobs.hello, "chief")), _RankState(RankSpec(jobs.hello, "ps 0"))]
+    seen_dead_at = time.monotonic() + 0.5
+    exited = lambda: {1: "killed by SIGKILL"} if time.monotonic() > seen_dead_at else {}  # noqa: E731
+    cause = _root_cause(RankFailed(0, "chief", "failed: UnavailableError: connection reset"), states, exited)
+    assert str(cause).startswith("rank 1 (ps 0) died (killed by SIGKILL); then rank 0 (chief) failed")
+    alone = _root_cause(RankFailed(0, "chief", "failed: ValueError"), states, lambda: {}, grace_s=0.2)
+    assert str(alone) == "rank 0 (chief) failed: ValueError"

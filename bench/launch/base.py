@@ -51,6 +51,8 @@ HANDSHAKE_S = 20.0
 _POLL_S = 0.2
 #: seconds services get to report their peak memory once the others are done
 _STOP_GRACE_S = 30.0
+#: seconds a rank's failure waits for another rank's death to show, which would be its cause
+CAUSE_GRACE_S = 3.0
 
 
 class LaunchError(RuntimeError):
@@ -428,12 +430,22 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
     return [s.result for s in states]
 
 
-def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[], dict[int, str]]) -> RankFailed:
-    """A rank that died is the cause of the others' failures (they fail when their peer is gone): name it."""
-    for rank, how in exited().items():
-        if rank != failed.rank and states[rank].result is None:
-            return RankFailed(rank, states[rank].spec.name, f"died ({how}); then {failed}", "died")
-    return failed
+def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[], dict[int, str]],
+                grace_s: float = CAUSE_GRACE_S) -> RankFailed:
+    """A rank that died is the cause of the others' failures (they fail when their peer is gone): name it.
+
+    A killed process closes its sockets before the kernel reports it dead (its memory, then its files,
+    then its exit), and a big process on a busy machine takes a while over it: its peers can fail and
+    say so before it is seen to be gone. So a failure waits up to ``grace_s`` for a death to show.
+    """
+    end = time.monotonic() + grace_s
+    while True:
+        for rank, how in exited().items():
+            if rank != failed.rank and states[rank].result is None:
+                return RankFailed(rank, states[rank].spec.name, f"died ({how}); then {failed}", "died")
+        if time.monotonic() > end:
+            return failed
+        time.sleep(0.05)
 
 
 def _has_unread(state: _RankState) -> bool:
