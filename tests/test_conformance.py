@@ -146,3 +146,58 @@ def test_ledger_counts_tensors_and_payload(pair):
     sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
     assert sender.tensors_sent == 1 and receiver.tensors_received == 1
     assert sender.payload_bytes_sent == array.nbytes == receiver.payload_bytes_received
+
+
+# -- many tensors posted together ------------------------------------------------
+
+
+def test_recv_many_returns_every_tensor_in_the_order_asked(pair):
+    arrays = {i: np.full(50 + i, i, dtype=np.float32) for i in range(12)}
+    keys = [Key(f"m{i}", 0, 0, 1) for i in arrays]
+    sends = [pair[0].send_async(key, arrays[i]) for i, key in zip(arrays, keys, strict=True)]
+    received = pair[1].recv_many(list(reversed(keys)))
+    for i, array in zip(reversed(list(arrays)), received, strict=True):
+        np.testing.assert_array_equal(array, arrays[i])
+    _done, pending = wait(sends, timeout=10)
+    assert not pending
+
+
+def test_recv_each_yields_each_key_once_as_it_arrives(pair):
+    keys = [Key(f"e{i}", 4, 0, 1) for i in range(6)]
+    first = pair[0].send_async(keys[3], np.full(8, 3.0))
+    arrived = pair[1].recv_each(keys)
+    key, array = next(arrived)  # only one was sent: it is the one that arrives
+    assert key == keys[3]
+    np.testing.assert_array_equal(array, np.full(8, 3.0))
+    first.result(timeout=10)
+    rest = [pair[0].send_async(k, np.full(8, float(i))) for i, k in enumerate(keys) if i != 3]
+    got = dict(arrived)
+    assert sorted(got) == sorted(k for k in keys if k != keys[3])
+    for i, k in enumerate(keys):
+        if k != keys[3]:
+            np.testing.assert_array_equal(got[k], np.full(8, float(i)))
+    _done, pending = wait(rest, timeout=10)
+    assert not pending
+
+
+def test_recv_many_over_several_steps_of_the_same_names(pair):
+    names = [f"s{i}" for i in range(5)]
+    for step in range(8):
+        sends = [pair[0].send_async(Key(n, step, 0, 1), np.full(16, step * 10 + i, np.int64))
+                 for i, n in enumerate(names)]
+        received = pair[1].recv_many([Key(n, step, 0, 1) for n in names])
+        assert [int(a[0]) for a in received] == [step * 10 + i for i in range(5)]
+        _done, pending = wait(sends, timeout=10)
+        assert not pending
+
+
+def test_recv_many_timeout_names_the_missing_keys(pair):
+    sent = pair[0].send_async(Key("here", 0, 0, 1), np.zeros(4))
+    with pytest.raises(TransportTimeout, match=r"gone@0 .*rank 0"):
+        pair[1].recv_many([Key("here", 0, 0, 1), Key("gone", 0, 0, 1)], timeout=0.5)
+    sent.result(timeout=10)
+
+
+def test_recv_many_refuses_a_key_asked_twice(pair):
+    with pytest.raises(ValueError, match="twice"):
+        pair[1].recv_many([Key("d", 0, 0, 1), Key("d", 0, 0, 1)])

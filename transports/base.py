@@ -14,8 +14,8 @@ import socket
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterable
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, InvalidStateError, as_completed
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
@@ -349,6 +349,47 @@ class Transport(ABC):
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
         """Receive the tensor under ``key``, waiting at most ``timeout`` seconds."""
         return self._wait(self.recv_async(key), key, "recv", timeout)
+
+    def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
+        """Receive every key of ``keys`` (posted together) and yield ``(key, array)`` as each arrives.
+
+        One call waits for many tensors: a step's weights, or a variable's gradients from every
+        worker. All receives are posted before the first tensor is yielded, so senders may write all
+        of them meanwhile (on the fabric: credits for all of them go out at once, one message per
+        peer). ``timeout`` (default: the transport's) bounds the whole call; a TransportTimeout names
+        the keys still missing. Keys must be distinct. Each array is valid until the next receive of
+        the same name from the same peer, as with :meth:`recv`. Closing the iterator early leaves
+        the remaining receives posted (each is then taken by a later receive of its key).
+        """
+        keys = self._check_keys(keys)
+        timeout = self.timeout_s if timeout is None else timeout
+        pending = {self.recv_async(key): key for key in keys}
+        try:
+            for future in as_completed(pending, timeout):
+                yield pending.pop(future), future.result()
+        except FutureTimeout:
+            missing = ", ".join(str(key) for key in list(pending.values())[:5])
+            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+            raise TransportTimeout(
+                f"{self.name}: recv of {missing}{more} did not complete within {timeout:g} s "
+                f"(peer {self.peer_name(next(iter(pending.values())).src)})"
+            ) from None
+
+    def recv_many(self, keys: Sequence[Key], timeout: float | None = None) -> list[np.ndarray]:
+        """Every tensor of ``keys``, received together (see :meth:`recv_each`), in the order of ``keys``."""
+        keys = list(keys)
+        arrived = dict(self.recv_each(keys, timeout))
+        return [arrived[key] for key in keys]
+
+    def _check_keys(self, keys: Sequence[Key]) -> list[Key]:
+        keys = list(keys)
+        for key in keys:
+            self._check_key(key, "recv")
+        if len(set(keys)) != len(keys):
+            seen: set[Key] = set()
+            twice = next(key for key in keys if key in seen or seen.add(key))
+            raise ValueError(f"{self.name}: {twice} is asked for twice in one recv_many")
+        return keys
 
     def stats(self) -> TransportStats:
         """The copy ledger since :meth:`start`."""
