@@ -270,8 +270,10 @@ def build_parser() -> Parser:
                        "cma one-sided copies), tcp (also across network namespaces), or auto (UCX chooses)")
     micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
     micro.add_argument("--no-references", action="store_true",
-                       help="skip the reference lines: ucx_perftest put bandwidth on the same UCX transports "
-                       "(the library's limit) and memcpy in one process")
+                       help="skip the reference lines, measured before the transports: ucx_perftest put bandwidth "
+                       "(ucp_put_bw, the library's limit and the denominator of the of_reference column) and put "
+                       "latency up to 1MB (ucp_put_lat, half a round trip) on the same UCX transports, and memcpy in "
+                       "one process")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     _add_launch_options(micro)
     micro.set_defaults(func=cmd_micro)
@@ -493,7 +495,7 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
     from tqdm import tqdm
 
     from bench.micro import MicroError, plan_points, run_transport
-    from bench.results import default_run_dir
+    from bench.results import default_run_dir, of_reference
     from bench.sizes import format_size
 
     chosen = args.transports or default_transports()
@@ -520,6 +522,11 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
     fabrics: dict[str, str] = {}
     started = time.monotonic()
     try:
+        # The references first: each transport's record carries its throughput as a fraction of ucx_perftest's
+        # at the same size (of_reference), and records are written as they are measured.
+        reference_MBps: dict[int, float] = {}
+        if not args.no_references and launcher.name == "local":
+            reference_MBps = _measure_references(points, args, writer, fabrics)
         total = sum(p.warmup + p.iters for p in points)
         done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
                        for p in points}
@@ -531,6 +538,7 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
                     bar.update(done_before[size] + n - bar.n)
 
                 def record(row: dict, name=name) -> None:
+                    row["of_reference"] = of_reference(row["throughput_MBps"], reference_MBps.get(row["size_bytes"]))
                     writer.add(row)
                     fabrics[name] = row["fabric"]
 
@@ -539,8 +547,6 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
                 except MicroError as exc:
                     failures.append(str(exc))
                     bar.write(f"bench micro: error: {exc}")
-        if not args.no_references and launcher.name == "local":
-            _measure_references(points, args, writer, fabrics)
     except KeyboardInterrupt as exc:
         return _interrupted(writer, "micro", out, "the points finished", exc, failures=failures, fabric=fabrics,
                             launcher=launcher.describe())
@@ -555,25 +561,44 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
     return 1 if failures else 0
 
 
-def _measure_references(points, args: argparse.Namespace, writer, fabrics: dict[str, str]) -> None:
-    """The reference lines of the figure: UCX's own put bandwidth, and memcpy in one process."""
-    from bench.reference import ReferenceUnavailable, memcpy_records, ucx_perftest_records
+def _measure_references(points, args: argparse.Namespace, writer, fabrics: dict[str, str]) -> dict[int, float]:
+    """The reference lines of the figure (see bench/reference.py): UCX's own put bandwidth and put latency
+    (up to 1MB), and memcpy in one process. Returns ucx_perftest's put bandwidth by size, for of_reference."""
+    from bench.reference import (
+        PERFTEST_LATENCY_TEST,
+        PERFTEST_LINES,
+        PERFTEST_TEST,
+        ReferenceUnavailable,
+        memcpy_records,
+        ucx_perftest_records,
+    )
+    from bench.results import REFERENCE_LINE, of_reference
 
     by_size = {p.size_bytes: p for p in points}
     sizes = list(by_size)
+    reference_MBps: dict[int, float] = {}
+
+    def perftest(test: str):
+        return lambda: ucx_perftest_records(sizes, args.fabric_transport, lambda n: by_size[n].iters,
+                                            timeout_s=args.timeout, warmup_for=lambda n: max(1, by_size[n].warmup),
+                                            test=test)
+
     measures = [("memcpy", lambda: memcpy_records(sizes, lambda n: by_size[n].iters))]
     if transports.availability("zerocopy").ok:
-        measures.insert(0, ("ucx_perftest", lambda: ucx_perftest_records(
-            sizes, args.fabric_transport, lambda n: by_size[n].iters, timeout_s=args.timeout,
-            warmup_for=lambda n: max(1, by_size[n].warmup))))
+        measures[:0] = [(PERFTEST_LINES[test], perftest(test)) for test in (PERFTEST_TEST, PERFTEST_LATENCY_TEST)]
     for name, measure in measures:
         print(f"reference: {name} ...", flush=True)
         try:
             for record in measure():
+                if record["transport"] == REFERENCE_LINE:
+                    reference_MBps[record["size_bytes"]] = record["throughput_MBps"]
+                record["of_reference"] = of_reference(record["throughput_MBps"],
+                                                      reference_MBps.get(record["size_bytes"]))
                 writer.add(record)
                 fabrics[name] = record["fabric"]
         except ReferenceUnavailable as exc:
             print(f"bench micro: warning: no {name} line: {exc}", file=sys.stderr)
+    return reference_MBps
 
 
 def default_transports() -> list[str]:
@@ -602,10 +627,17 @@ def _print_micro_summary(out: Path) -> None:
         records = load_run(out).records
     except ResultsError:
         return
-    print(f"\n{'transport':10} {'size':>6} {'iters':>5} {'p50 µs':>11} {'p99 µs':>11} {'MB/s':>9} {'copied/xfer':>12}")
+
+    def number(value: float, width: int, digits: int) -> str:
+        return f"{value:>{width}.{digits}f}" if value == value else f"{'-':>{width}}"  # NaN: not measured
+
+    # ucx_perftest (put_bw) has no per-transfer median: its time is size / bandwidth of a pipelined stream
+    print(f"\n{'transport':16} {'size':>6} {'iters':>5} {'p50 µs':>11} {'p99 µs':>11} {'MB/s':>9} {'of ref':>7} "
+          f"{'copied/xfer':>12}")
     for row in records.itertuples():
-        print(f"{row.transport:10} {format_size(row.size_bytes):>6} {row.iters:>5} {row.p50_us:>11.1f} "
-              f"{row.p99_us:>11.1f} {row.throughput_MBps:>9.1f} {format_size(int(row.copied_bytes_per_transfer)):>12}")
+        print(f"{row.transport:16} {format_size(row.size_bytes):>6} {row.iters:>5} {number(row.p50_us, 11, 3)} "
+              f"{number(row.p99_us, 11, 3)} {number(row.throughput_MBps, 9, 1)} {number(row.of_reference, 7, 3)} "
+              f"{format_size(int(row.copied_bytes_per_transfer)):>12}")
     print(f"\nresults: {out}")
 
 

@@ -24,6 +24,7 @@ STYLE = {
     "zerocopy": {"color": "#1f77b4", "marker": "D"},
     # reference lines: the fabric library's own limit, and a copy within one process
     "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
+    "ucx_perftest_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
     "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
     "tf_grpc": {"color": "#7f7f7f", "marker": "*", "linestyle": "-."},
 }
@@ -35,6 +36,7 @@ LABELS = {
     "rdma_cp": "RDMA.cp",
     "zerocopy": "RDMA.zerocp",
     "ucx_perftest": "ucx_perftest put_bw (library limit)",
+    "ucx_perftest_lat": "ucx_perftest put_lat (half a round trip: latency floor)",
     "memcpy": "memcpy in one process",
     "tf_grpc": "TensorFlow PS over gRPC (today)",
 }
@@ -109,18 +111,39 @@ def _transports_in_order(records) -> list[str]:
     return sorted(present, key=lambda t: (list(STYLE).index(t) if t in STYLE else len(STYLE), t))
 
 
+#: on the time figure: lines without a per-transfer median, drawn from their mean time per transfer instead
+TIME_FROM_MEAN = {"ucx_perftest": "ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)"}
+
+
+def micro_time_lines(records) -> list[tuple[str, str, object, object, object]]:
+    """What the time figure draws: ``(transport, label, sizes, time, p99)`` per line, in legend order.
+
+    The time is the median (``p50_us``). ``ucx_perftest`` (put_bw) has none, its puts being pipelined:
+    it is drawn from ``mean_us``, size / bandwidth, and labelled so (bench/reference.py says why it is no
+    latency). ``ucx_perftest_lat`` is drawn from its median, half a round trip: the floor of a send/receive.
+    """
+    lines = []
+    for name in _transports_in_order(records):
+        rows = records[records["transport"] == name]
+        if name in TIME_FROM_MEAN and rows["p50_us"].isna().all():
+            lines.append((name, TIME_FROM_MEAN[name], rows["size_bytes"], rows["mean_us"], None))
+        else:
+            lines.append((name, LABELS.get(name, name), rows["size_bytes"], rows["p50_us"], rows["p99_us"]))
+    return lines
+
+
 def plot_micro(run: Run) -> list[Path]:
-    """Figure 8 of the paper (time per transfer against size) and throughput against size."""
+    """Figure 8 of the paper (time per transfer against size) and throughput against size, with the reference
+    lines: ucx_perftest put_bw (pipelined; on the time figure as size / bandwidth), put_lat (up to 1MB) and memcpy."""
     records = run.records.sort_values("size_bytes")
     written = []
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for name in _transports_in_order(records):
-        rows = records[records["transport"] == name]
+    for name, label, sizes, times, p99 in micro_time_lines(records):
         style = STYLE.get(name, {})
-        ax.plot(rows["size_bytes"], rows["p50_us"], label=LABELS.get(name, name), **style)
-        ax.fill_between(rows["size_bytes"], rows["p50_us"], rows["p99_us"], color=style.get("color"), alpha=0.12,
-                        linewidth=0)
+        ax.plot(sizes, times, label=label, **style)
+        if p99 is not None and p99.notna().any():
+            ax.fill_between(sizes, times, p99, color=style.get("color"), alpha=0.12, linewidth=0)
     ax.set_yscale("log")
     _size_axis(ax, records["size_bytes"])
     ax.set_ylabel("time per transfer, median (µs); band up to p99")

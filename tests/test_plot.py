@@ -74,3 +74,78 @@ def test_an_experiment_without_figures_is_named(tmp_path):
     writer.add({"transport": "local", "loss": 1.0})
     with pytest.raises(PlotError, match="converge"):
         plot_run(tmp_path / "run")
+
+
+def _micro_run_with_references(tmp_path):
+    """zerocopy, ucx_perftest (put_bw: no median, time = size / bandwidth) and ucx_perftest_lat up to 1MB."""
+    nan = float("nan")
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    sizes = (1024, 65536, 1 << 20, 4 << 20)
+    for size in sizes:
+        bw = 10000.0 if size == 1024 else 8000.0
+        writer.add(micro_record(transport="ucx_perftest", size_bytes=size, p50_us=nan, p99_us=nan,
+                                mean_us=size / 2**20 / bw * 1e6, throughput_MBps=bw, of_reference=1.0))
+        if size <= 1 << 20:
+            writer.add(micro_record(transport="ucx_perftest_lat", size_bytes=size, p50_us=0.1 + size / 1e4,
+                                    p99_us=nan, mean_us=0.2 + size / 1e4,
+                                    throughput_MBps=size / 2**20 / (0.2 + size / 1e4) * 1e6))
+        writer.add(micro_record(transport="zerocopy", size_bytes=size, p50_us=20 + size / 1e3, p99_us=30 + size / 1e3,
+                                mean_us=25 + size / 1e3, throughput_MBps=size / 2**20 / (25 + size / 1e3) * 1e6))
+    writer.finish()
+    return tmp_path / "run"
+
+
+def _drawn_figures(monkeypatch):
+    from bench import plot
+
+    figures = {}
+    save = plot._save
+
+    def keep(fig, run, stem):
+        figures[stem] = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                         for line in fig.axes[0].get_lines()}
+        return save(fig, run, stem)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    return figures
+
+
+def test_micro_figures_draw_the_latency_reference_line(tmp_path, monkeypatch):
+    from bench.plot import LABELS, TIME_FROM_MEAN
+
+    path = _micro_run_with_references(tmp_path)
+    figures = _drawn_figures(monkeypatch)
+    plot_run(path)
+    lat = LABELS["ucx_perftest_lat"]
+    # time: the latency line is its median, half a round trip, up to 1MB only
+    sizes, times = figures["micro_time"][lat]
+    assert sizes == [1024, 65536, 1 << 20]
+    assert times == pytest.approx([0.1 + s / 1e4 for s in sizes])
+    # throughput: the latency line's throughput
+    sizes, mbps = figures["micro_throughput"][lat]
+    assert mbps == pytest.approx([s / 2**20 / (0.2 + s / 1e4) * 1e6 for s in sizes])
+    # put_bw has no median: on the time figure it is size / bandwidth, labelled as no latency
+    sizes, times = figures["micro_time"][TIME_FROM_MEAN["ucx_perftest"]]
+    assert sizes == [1024, 65536, 1 << 20, 4 << 20]
+    assert times == pytest.approx([s / 2**20 / (10000.0 if s == 1024 else 8000.0) * 1e6 for s in sizes])
+    assert LABELS["ucx_perftest"] in figures["micro_throughput"]
+    assert "not a latency" in TIME_FROM_MEAN["ucx_perftest"]
+    for stem in ("micro_time", "micro_throughput"):
+        svg = (path / f"{stem}.svg").read_text()
+        assert "latency floor" in svg
+
+
+def test_an_old_micro_run_is_drawn(tmp_path):
+    # written before ucx_perftest_lat and of_reference: put_bw with its mean repeated as the median
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    for transport in ("zerocopy", "ucx_perftest"):
+        for size in (1024, 4096):
+            writer.add(micro_record(transport=transport, size_bytes=size, p50_us=1.0, p99_us=1.0, mean_us=1.0))
+    writer.finish()
+    text = (tmp_path / "run" / "records.csv").read_text().splitlines()
+    header = text[0].split(",")
+    drop = header.index("of_reference")
+    (tmp_path / "run" / "records.csv").write_text(
+        "\n".join(",".join(v for i, v in enumerate(line.split(",")) if i != drop) for line in text) + "\n")
+    assert "of_reference" not in (tmp_path / "run" / "records.csv").read_text()
+    assert len(plot_run(tmp_path / "run")) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -66,3 +67,82 @@ def test_an_existing_run_directory_is_not_overwritten(tmp_path):
     RunWriter(tmp_path / "run", "micro", {})
     with pytest.raises(FileExistsError):
         RunWriter(tmp_path / "run", "micro", {})
+
+
+# of_reference: each line's throughput as a fraction of the same run's ucx_perftest (put_bw) at the same size
+
+
+def test_of_reference_is_a_fraction_of_the_reference_throughput():
+    from bench.results import of_reference
+
+    assert of_reference(250.0, 1000.0) == 0.25
+    assert of_reference(3000.0, 1000.0) == 3.0  # local or memcpy can beat the fabric
+    assert of_reference(250.0, None) is None  # no reference ran
+    assert of_reference(250.0, 0.0) is None
+    assert of_reference(float("nan"), 1000.0) is None
+
+
+OLD_MICRO_HEADER = (  # records.csv as bench micro wrote it before of_reference existed
+    "transport,size_bytes,dtype,warmup,iters,p50_us,p99_us,mean_us,min_us,max_us,transfer_p50_us,consume_p50_us,"
+    "throughput_MBps,sender_cpu_s,receiver_cpu_s,sender_cpu_us_per_transfer,receiver_cpu_us_per_transfer,"
+    "copied_bytes_per_transfer,serialisations_per_transfer,deserialisations_per_transfer,"
+    "control_messages_per_transfer,registrations,fabric"
+)
+
+
+def _old_run(tmp_path, rows):
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    writer.finish()
+    columns = OLD_MICRO_HEADER.split(",")
+    lines = [OLD_MICRO_HEADER]
+    for transport, size, mbps in rows:
+        values = dict.fromkeys(columns, "1.0")
+        values.update(transport=transport, size_bytes=str(size), iters="10", throughput_MBps=str(mbps), dtype="uint8",
+                      fabric="ucx:shm")
+        lines.append(",".join(values[c] for c in columns))
+    (tmp_path / "run" / "records.csv").write_text("\n".join(lines) + "\n")
+    return tmp_path / "run"
+
+
+def test_an_old_micro_run_without_of_reference_loads_with_it_computed(tmp_path):
+    path = _old_run(tmp_path, [("zerocopy", 1024, 40.0), ("zerocopy", 65536, 2000.0),
+                               ("ucx_perftest", 1024, 10000.0), ("ucx_perftest", 65536, 8000.0),
+                               ("memcpy", 262144, 5000.0)])
+    records = load_run(path).records.set_index(["transport", "size_bytes"])["of_reference"]
+    assert records[("zerocopy", 1024)] == pytest.approx(0.004)
+    assert records[("zerocopy", 65536)] == pytest.approx(0.25)
+    assert records[("ucx_perftest", 65536)] == 1.0
+    assert math.isnan(records[("memcpy", 262144)])  # no reference at that size
+
+
+def test_an_old_micro_run_without_references_loads_with_an_empty_column(tmp_path):
+    records = load_run(_old_run(tmp_path, [("zerocopy", 1024, 40.0)])).records
+    assert "of_reference" in records and records["of_reference"].isna().all()
+
+
+def test_recorded_of_reference_is_read_as_written(tmp_path):
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    writer.add(micro_record(transport="ucx_perftest", throughput_MBps=1000.0, of_reference=1.0))
+    writer.add(micro_record(transport="zerocopy", throughput_MBps=10.0, of_reference=0.01))
+    writer.add(micro_record(transport="grpc_tcp", throughput_MBps=10.0))  # no reference ran: stays empty
+    writer.finish()
+    header = (tmp_path / "run" / "records.csv").read_text().splitlines()[0].split(",")
+    assert header.index("of_reference") == header.index("throughput_MBps") + 1
+    records = load_run(tmp_path / "run").records
+    assert list(records["of_reference"][:2]) == [1.0, 0.01]
+    assert math.isnan(records["of_reference"][2])
+
+
+def test_a_size_with_two_references_has_none():
+    import pandas as pd
+
+    from bench.results import reference_throughputs, with_of_reference
+
+    records = pd.DataFrame({"transport": ["ucx_perftest", "ucx_perftest", "zerocopy", "ucx_perftest", "zerocopy"],
+                            "size_bytes": [1024, 1024, 1024, 4096, 4096],
+                            "throughput_MBps": [100.0, 200.0, 50.0, 400.0, 100.0]})
+    assert reference_throughputs(records) == {4096: 400.0}
+    filled = with_of_reference(records)
+    assert filled["of_reference"].isna().tolist() == [True, True, True, False, False]
+    assert filled["of_reference"].iloc[4] == 0.25
+    assert "of_reference" not in records  # the caller's frame is left alone
