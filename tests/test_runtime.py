@@ -159,3 +159,128 @@ def test_paper_compute_is_the_papers_time_per_sample_times_the_batch():
     assert prepare(fcn5).compute_s == pytest.approx(4 * 4.88e-3)
     with pytest.raises(TrainingError, match=r"the paper gives no compute time for model 'tests\.tiny_models:TINY'"):
         prepare(dataclasses.replace(config(), compute="paper"))
+
+
+# -- the overlapped parameter server, in one process ----------------------------------------------
+
+
+class Recording:
+    """A transport that records, in order, every weight it sends and every gradient it receives."""
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+        self.events: list[tuple[str, str, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.transport, name)
+
+    def send_async(self, key, array):
+        self.events.append(("sent", key.name, key.step))
+        return self.transport.send_async(key, array)
+
+    def recv(self, key, timeout=None):
+        array = self.transport.recv(key, timeout)
+        self.events.append(("received", key.name, key.step))
+        return array
+
+    def recv_each(self, keys, timeout=None):
+        for key, array in self.transport.recv_each(keys, timeout):
+            self.events.append(("received", key.name, key.step))
+            yield key, array
+
+    def recv_many(self, keys, timeout=None):
+        keys = list(keys)
+        arrived = dict(self.recv_each(keys, timeout))
+        return [arrived[key] for key in keys]
+
+
+def gradient(variable, step):
+    """What the scripted worker sends: different for every variable and step."""
+    return np.full(variable.shape, (step + 1) * (1 + variable.index) / 8, variable.dtype)
+
+
+def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.runtime.analyzer import gradient_key, weight_key
+    from bench.runtime.ps import initial_weights, run_ps
+    from transports import Cluster, Key
+
+    variables = [Variable(0, "a", (3,), np.dtype(np.float32)), Variable(1, "b", (2, 2), np.dtype(np.float32))]
+    run = TrainConfig(model="scripted", transport="local", transport_options={}, batch_size=1, steps=3, warmup=0,
+                      learning_rate=0.5, compute="replay", variables=tuple(variables), timeout_s=20)
+    layout = Layout(1)  # rank 0 is the worker, rank 1 the PS
+    expected = initial_weights(run, variables)
+    cluster = Cluster(("worker", "ps"))
+    with transports.create("local") as worker, transports.create("local") as ps, ThreadPoolExecutor(1) as pool:
+        worker.start(cluster, 0)
+        ps.start(cluster, 1)
+        recording = Recording(ps)
+        serving = pool.submit(run_ps, run, recording, layout, 0, variables)
+        try:
+            weights = {v.index: worker.recv(Key(weight_key(v), 0, 1, 0), 20).copy() for v in variables}
+            for step in range(run.steps):
+                for variable in variables:
+                    np.testing.assert_allclose(weights[variable.index], expected[variable.index], rtol=1e-6)
+                # one variable's gradient, then that variable's next weights, only then the other gradient:
+                # a PS that waits for every gradient of a step before sending anything never gets there
+                order = variables if step % 2 == 0 else variables[::-1]
+                for variable in order:
+                    worker.send_async(Key(gradient_key(variable), step, 0, 1), gradient(variable, step)).result(20)
+                    expected[variable.index] -= run.learning_rate * gradient(variable, step)
+                    if step + 1 < run.steps:
+                        key = Key(weight_key(variable), step + 1, 1, 0)
+                        weights[variable.index] = worker.recv(key, 20).copy()
+            times = serving.result(20)
+        finally:
+            ps.close()  # a PS still waiting fails instead of outliving the test
+    for variable in variables:  # each variable updated once per step, with that step's gradient
+        np.testing.assert_allclose(times.extra["final_weights"][variable.index], expected[variable.index], rtol=1e-6)
+    events = recording.events
+    for step in range(run.steps - 1):
+        first, second = (variables if step % 2 == 0 else variables[::-1])
+        assert events.index(("sent", weight_key(first), step + 1)) < events.index(
+            ("received", gradient_key(second), step))
+    assert times.extra["gradients_applied"] == len(variables) * run.steps
+
+
+class Announcing:
+    """The launcher's messages to one rank, in one process."""
+
+    rank, name = 1, "ps 0"
+
+    def __init__(self) -> None:
+        self.queue: list = []
+
+    def send_to(self, rank, payload) -> None:
+        self.queue.append(payload)
+
+    def receive(self, timeout=None):
+        if not self.queue:
+            raise TimeoutError("nothing to receive")
+        return self.queue.pop(0)
+
+
+def test_the_content_check_covers_receives_posted_together():
+    from bench.runtime.ps import CheckedTransport
+    from transports import Cluster, Key
+
+    cluster = Cluster(("worker", "ps"))
+    with transports.create("local") as sender, transports.create("local") as receiver:
+        sender.start(cluster, 0)
+        receiver.start(cluster, 1)
+        hub = Announcing()
+        announcing, checked = CheckedTransport(sender, hub, 1), CheckedTransport(receiver, hub, 1)
+        keys = [Key(f"g{i}", 0, 0, 1) for i in range(3)] + [Key(f"g{i}", 1, 0, 1) for i in range(3)]
+        arrays = {key: np.full(4, i, np.float32) for i, key in enumerate(keys)}
+        sends = [announcing.send_async(key, array) for key, array in arrays.items()]
+        arrays[keys[1]][0] = 99  # changed after its checksum went out: arrives as corrupted
+        received = checked.recv_many(keys[:3])
+        assert [int(r[-1]) for r in received] == [0, 1, 2]
+        assert checked.received == 3 and checked.corrupted == 1
+        arrays[keys[5]][0] = 99
+        assert {key for key, _ in checked.recv_each(keys[3:])} == set(keys[3:])
+        for sent in sends:
+            sent.result(5)
+        assert announcing.sent == 6
+        assert checked.counts(drain_s=0.01) == {"tensors_sent": 0, "tensors_received": 6, "corrupted": 2, "lost": 0}

@@ -4,12 +4,18 @@
 Trainable variables are placed round-robin over the PS processes. Every step:
 
 * each PS sends its variables' current values to every worker;
-* each worker receives them, computes gradients on its own synthetic batch,
+* each worker receives them (all receives of a step posted together,
+  ``Transport.recv_many``), computes gradients on its own synthetic batch,
   and sends each gradient to the variable's PS;
 * each PS sums the gradients of all workers and applies SGD
   (``w -= lr * mean(g)``): synchronous training. With ``asynchronous`` the PS
   serves each worker on its own, applying every gradient as it arrives, so
   workers never wait for each other.
+
+The PS overlaps what the paper's dataflow graph overlaps: it takes a step's
+gradients as they arrive (``Transport.recv_each``), and as soon as one variable
+has the gradients of every worker it applies SGD to that variable and sends its
+next weights on, while the gradients of other variables are still on their way.
 
 Zero copy through TensorFlow: received weights enter the model through DLPack
 (``keras.Model.stateless_call`` takes tensors instead of variables), so a
@@ -35,7 +41,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,7 +194,7 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
             stats0 = transport.stats()
             times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
-        weights = [transport.recv(Key(weight_key(v), step, layout.ps_of(v), rank)) for v in variables]
+        weights = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
         received = time.perf_counter()
         grads = compute(step, weights, copies)
         computed = time.perf_counter()
@@ -269,33 +275,72 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variable
 
 def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weights: dict[int, np.ndarray],
            workers: list[int], update: threading.Lock) -> StepTimes:
-    """Every step: send the weights to ``workers``, gather their gradients, apply SGD (under ``update``)."""
+    """Serve ``mine`` to ``workers``: send weights, gather gradients, apply SGD (under ``update``), overlapped.
+
+    The weights of step 0 go out first. Then in every step ``s`` the gradients of all variables and
+    workers are received together (``recv_each``); as soon as one variable has the gradients of every
+    worker, the PS waits for that variable's step-``s`` weight sends to finish (the transport may read
+    the array until then, and SGD writes it in place), applies SGD to it, and sends its step-``s + 1``
+    weights to every worker at once, while other variables' gradients are still arriving. Gradients
+    of one variable are averaged in the order of ``workers``, whatever order they arrive in, so the
+    result is the same as local training's.
+
+    One exception: the last warm-up step sends nothing early; the first timed step begins by sending
+    all its weights, so the ledger of the timed steps holds exactly ``steps`` steps of sends and of
+    receives (``extra["stats"]``).
+
+    Timings of a step: ``total`` runs from waiting for its gradients (or from sending its weights,
+    when the step begins with that) to the last variable applied and its next weights posted;
+    ``apply`` is the time in SGD alone (``apply_sgd``, including waiting for ``update``); ``comm``
+    is the rest, nearly all of it waiting for gradients, plus waiting for a variable's previous
+    weight sends to finish and posting the next ones.
+
+    With ``asynchronous`` one such loop runs per worker over shared ``weights`` and no lock is held
+    around the sends: asynchronous SGD reads weights while other workers' updates land (as
+    TensorFlow's PS does by default); holding ``update`` while a send waits for its receiver could
+    deadlock across parameter servers.
+    """
+    total_steps = config.warmup + config.steps
     times = StepTimes()
     stats0 = transport.stats()
-    for step in range(config.warmup + config.steps):
+    sending: dict[int, list] = {}  # variable index -> the sends of its weights for the current step
+
+    def send_weights(variable: Variable, step: int) -> None:
+        sending[variable.index] = [transport.send_async(Key(weight_key(variable), step, rank, worker),
+                                                        weights[variable.index]) for worker in workers]
+
+    for step in range(total_steps):
         if step == config.warmup:
             times = StepTimes()
             stats0 = transport.stats()
             times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
-        # no lock around the sends: asynchronous SGD reads weights while other workers' updates land
-        # (as TensorFlow's PS does by default); holding it while a send waits for its receiver could
-        # deadlock across parameter servers
-        sends = [transport.send_async(Key(weight_key(v), step, rank, worker), weights[v.index])
-                 for v in mine for worker in workers]
-        for sending in sends:
-            sending.result(config.timeout_s)
-        gradients = {v.index: [transport.recv(Key(gradient_key(v), step, worker, rank)) for worker in workers]
-                     for v in mine}
-        received = time.perf_counter()
-        with update:
+        if step in (0, config.warmup):  # no step before this one sent its weights
             for variable in mine:
-                apply_sgd(variable, weights[variable.index], gradients[variable.index], config.learning_rate)
+                send_weights(variable, step)
+        send_next = step + 1 < total_steps and step + 1 != config.warmup
+        keys = {Key(gradient_key(v), step, worker, rank): v for v in mine for worker in workers}
+        arrived: dict[int, dict[int, np.ndarray]] = {v.index: {} for v in mine}
+        applying = 0.0
+        for key, gradient in transport.recv_each(list(keys)):
+            variable = keys[key]
+            arrived[variable.index][key.src] = gradient
+            if len(arrived[variable.index]) < len(workers):
+                continue
+            for sent in sending.pop(variable.index):
+                sent.result(config.timeout_s)
+            gradients = [arrived[variable.index].pop(worker) for worker in workers]
+            begun = time.perf_counter()
+            with update:
+                apply_sgd(variable, weights[variable.index], gradients, config.learning_rate)
+            applying += time.perf_counter() - begun
+            if send_next:
+                send_weights(variable, step + 1)
         done = time.perf_counter()
         times.extra["gradients_applied"] = times.extra.get("gradients_applied", 0) + len(mine) * len(workers)
         times.total += done - started
-        times.comm += received - started
-        times.apply += done - received
+        times.apply += applying
+        times.comm += done - started - applying
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
     return times
 
@@ -388,9 +433,10 @@ class CheckedTransport:
     """A transport whose every tensor is checked on arrival.
 
     Each send first tells the receiving rank, over the launcher (outside the transport), the tensor's
-    key and CRC-32; each ``recv`` computes the CRC-32 of what arrived and counts it as corrupted when it
-    differs. Tensors announced but never received are counted as lost (:meth:`counts`). Everything
-    else goes to the wrapped transport.
+    key and CRC-32; each receive (``recv``, and ``recv_many`` and ``recv_each`` for each tensor as it
+    arrives) computes the CRC-32 of what arrived and counts it as corrupted when it differs. Tensors
+    announced but never received are counted as lost (:meth:`counts`). Everything else goes to the
+    wrapped transport.
     """
 
     def __init__(self, transport, ctx, timeout_s: float) -> None:
@@ -419,6 +465,22 @@ class CheckedTransport:
 
     def recv(self, key: Key) -> np.ndarray:
         tensor = self._transport.recv(key)
+        self._check(key, tensor)
+        return tensor
+
+    def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
+        """The wrapped transport's ``recv_each``, each tensor checked as it arrives."""
+        for key, tensor in self._transport.recv_each(keys, timeout):
+            self._check(key, tensor)
+            yield key, tensor
+
+    def recv_many(self, keys: Sequence[Key], timeout: float | None = None) -> list[np.ndarray]:
+        """Every tensor of ``keys``, received together and each checked, in the order of ``keys``."""
+        keys = list(keys)
+        arrived = dict(self.recv_each(keys, timeout))
+        return [arrived[key] for key in keys]
+
+    def _check(self, key: Key, tensor: np.ndarray) -> None:
         got = checksum(tensor)
         with self._lock:  # one reader of the notices at a time; a notice is sent before its tensor
             while (key.name, key.step, key.src) not in self._notices:
@@ -426,7 +488,6 @@ class CheckedTransport:
             want = self._notices.pop((key.name, key.step, key.src))
             self.received += 1
             self.corrupted += got != want
-        return tensor
 
     def _take(self, notice: Any) -> None:
         if not (isinstance(notice, tuple) and len(notice) == 5 and notice[0] == "crc"):
