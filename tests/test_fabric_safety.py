@@ -21,7 +21,7 @@ from transports import Key, TensorSpec
 from transports.control import ControlClient, port_is_held
 from transports.fabric.base import RemoteRegion
 from transports.on_fabric import parse_device
-from transports.zerocopy.transport import META, ConnectReply, ConnectRequest, Meta
+from transports.zerocopy.transport import CREDIT_TABLE_ENTRIES, META, ConnectReply, ConnectRequest, Meta
 
 from .conftest import start_pair
 from .processes import open_sockets
@@ -97,6 +97,7 @@ connects = st.fixed_dictionaries({
     "src": st.integers(min_value=-3, max_value=5) | json_values,
     "device": st.lists(hexes, min_size=1, max_size=2) | json_values,
     "counters": regions | json_values,
+    "index": st.integers(min_value=-2, max_value=2000) | json_values,
 })
 
 
@@ -109,6 +110,7 @@ def test_connect_requests_are_checked(request):
         return
     assert connect.src == 0  # a rank of the cluster, not this one
     assert connect.counters.length == 16
+    assert 0 <= connect.index < CREDIT_TABLE_ENTRIES and connect.table.addr >= 0
 
 
 replies = st.fixed_dictionaries({
@@ -196,7 +198,7 @@ def test_a_rank_connects_only_as_itself_and_once(name):
         stranger = ControlClient(cluster.addresses[1], "rank 1", cluster.token)
         try:
             base = {"device": [a.hex() for a in pair[0].device.address],
-                    "counters": pair[0].pool.alloc(16).remote().to_json()}
+                    "counters": pair[0].pool.alloc(16).remote().to_json(), "index": 0}
             for request, why in (
                 ({"name": "w", "src": 0, **base}, "already connected"),  # a second connect for w from 0
                 ({"name": "v", "src": 0, **base}, "denies"),  # rank 0 is not connecting 'v'

@@ -110,7 +110,8 @@ def test_registrations_and_shared_segments_are_released_on_close(fabric):
     def cycle():
         a, b = UcxDevice(fabric), UcxDevice(fabric)
         src, dst = a.alloc(1 << 16), b.alloc(1 << 16)
-        a.register(np.ones(1000))
+        kept = np.ones(1000)  # a registration lives as long as its memory
+        a.register(kept)
         channel = a.channel(b.address)
         channel.wait(channel.write(src.array, dst.export()))
         channel.wait(channel.flush())

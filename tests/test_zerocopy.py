@@ -101,13 +101,72 @@ def test_rdma_cp_copies_each_tensor_once_on_the_sender(fabric):
         close(pair)
 
 
-def test_foreign_memory_is_registered_once_then_cached(fabric):
+class CountingLib:
+    """The UCX binding, counting the calls of ``tt_mem_map`` (every registration) on its own."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.mem_maps = 0
+
+    def tt_mem_map(self, *args):
+        self.mem_maps += 1
+        return self._lib.tt_mem_map(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+
+@pytest.fixture
+def counted_maps(monkeypatch):
+    from transports.fabric.ucx import device
+
+    device.load()
+    counting = CountingLib(device._lib)
+    monkeypatch.setattr(device, "_lib", counting)
+    return counting
+
+
+def test_a_static_send_from_foreign_memory_registers_nothing(fabric, counted_maps):
+    """A one-sided write's source needs no registration: sending TensorFlow's (or any) buffer costs none."""
     pair = pair_of("zerocopy", fabric, [TensorSpec("g", (10_000,), np.float32, 0, 1)])
     try:
         gradient = np.ones(10_000, dtype=np.float32)  # not from allocate()
+        send_steps(pair, "g", gradient, range(1))  # connects (pool segments for flags and counters)
+        maps = counted_maps.mem_maps
+        sender, receiver = ledger_delta(pair, lambda: send_steps(pair, "g", gradient, range(1, 101)))
+        assert counted_maps.mem_maps == maps
+        assert sender.registrations == receiver.registrations == 0 and sender.copied_bytes == 0
+    finally:
+        close(pair)
 
-        sender, _ = ledger_delta(pair, lambda: send_steps(pair, "g", gradient, range(5)))
-        assert sender.registrations == 1 and sender.copied_bytes == 0
+
+def test_the_same_foreign_array_sent_100_times_is_registered_once(fabric, counted_maps):
+    pair = pair_of("zerocopy", fabric)  # no plan: the dynamic path, where the receiver reads the sender's memory
+    try:
+        send_steps(pair, "g", np.zeros(10_000, np.float32), range(1))  # connects; that array dies here
+        gradient = np.ones(10_000, dtype=np.float32)
+        maps = counted_maps.mem_maps
+        sender, _ = ledger_delta(pair, lambda: send_steps(pair, "g", gradient[::1], range(1, 101)))
+        assert counted_maps.mem_maps - maps == 1
+        assert sender.registrations == 1
+    finally:
+        close(pair)
+
+
+def test_fresh_arrays_freed_in_between_leave_no_registration_behind(fabric, counted_maps):
+    pair = pair_of("zerocopy", fabric)
+    try:
+        send_steps(pair, "g", np.zeros(10_000, np.float32), range(1))
+        live = pair[0].device.registrations()
+        maps = counted_maps.mem_maps
+
+        def fresh_arrays():
+            for step in range(1, 101):
+                send_steps(pair, "g", np.full(10_000, step, np.float32), [step])
+
+        sender, _ = ledger_delta(pair, fresh_arrays)
+        assert counted_maps.mem_maps - maps == sender.registrations == 100  # the ledger counts every map
+        assert pair[0].device.registrations() == live
     finally:
         close(pair)
 

@@ -466,6 +466,12 @@ class Transport(ABC):
 
 def key_problem(key: Any) -> str | None:
     """What makes ``key`` unusable (None if nothing): the name, the step or the ranks' types and ranges."""
+    if type(key) is Key:  # the common case, checked in a few operations (every transfer goes through here)
+        name, step, src, dst = key
+        if (type(name) is str and type(step) is int and type(src) is int and type(dst) is int
+                and 0 <= step <= MAX_STEP and src >= 0 and dst >= 0 and len(name) <= MAX_NAME_BYTES
+                and name.isascii()):
+            return None
     if not isinstance(key, tuple) or len(key) != 4:
         return f"a key is Key(name, step, src, dst), got {type(key).__name__}"
     name, step, src, dst = key

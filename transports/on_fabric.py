@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from transports.base import (
@@ -24,11 +24,12 @@ from transports.base import (
     PeerError,
     Transport,
     TransportClosed,
+    TransportStats,
     TransportTimeout,
     release_cluster_ports,
 )
 from transports.control import ControlClient, ControlServer
-from transports.fabric.base import Channel, FabricError
+from transports.fabric.base import Channel, FabricError, FabricInterrupted, FabricTimeout
 from transports.fabric.netdev import ucx_net_devices
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
@@ -65,6 +66,29 @@ def parse_device(value: Any) -> list[bytes]:
     return addresses
 
 
+class _Operation:
+    """``with transport._operation():`` counts an operation in flight; close() waits for none to be left."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: FabricTransport) -> None:
+        self._transport = transport
+
+    def __enter__(self) -> None:
+        transport = self._transport
+        with transport._idle:
+            if transport._closed.is_set():
+                raise TransportClosed(f"{transport.name} rank {transport.rank} was closed")
+            transport._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        transport = self._transport
+        with transport._idle:
+            transport._active -= 1
+            if transport._closed.is_set():
+                transport._idle.notify_all()
+
+
 class FabricTransport(Transport):
     """Base of the transports that move tensors with one-sided operations on the fabric."""
 
@@ -85,6 +109,8 @@ class FabricTransport(Transport):
         self._peers: dict[int, ControlClient] = {}
         self._peer_devices: dict[int, list[bytes]] = {}
         self.device: UcxDevice | None = None
+        self._mem_maps_at_close = 0
+        self._bracket = _Operation(self)
 
     @classmethod
     def availability(cls) -> Availability:
@@ -142,6 +168,7 @@ class FabricTransport(Transport):
             self._closed.set()
             return
         self._closed.set()
+        self.device.interrupt_waits()  # waits and transfers in the fabric return now
         self._control.stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._idle:  # waiting operations notice the close within one back-off period
@@ -149,6 +176,7 @@ class FabricTransport(Transport):
         self._before_device_close()
         for client in self._peers.values():
             client.close()
+        self._mem_maps_at_close = self.device.mem_maps
         self.device.close()
         release_cluster_ports(self.cluster)
         # dropped, not only stopped and closed: gRPC's core (its poller and threads) lives as long as
@@ -164,19 +192,9 @@ class FabricTransport(Transport):
         """The fabric actually used (for ``meta.json``)."""
         return self.device.describe() if self.device else {"fabric": "ucx"}
 
-    @contextmanager
-    def _operation(self) -> Iterator[None]:
+    def _operation(self) -> _Operation:
         """Brackets a send or recv so that close() waits for it before tearing the device down."""
-        with self._idle:
-            if self._closed.is_set():
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed")
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
+        return self._bracket
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._closed.is_set():
@@ -245,9 +263,61 @@ class FabricTransport(Transport):
         if reason is not None:
             raise PeerError(f"{self.name}: {what}: peer {self.peer_name(peer)} failed: {reason}")
 
+    def _await(self, wait: Callable[[float], Any], what: Callable[[], str],
+               peers: Callable[[], list[tuple[int, Channel | None]]], deadline: float) -> Any:
+        """The first answer of ``wait(slice_s)`` (a wait in the fabric that returns None when a slice of
+        time passes without it); between slices, no more often than once a second, check the close,
+        the deadline and that the peers ``peers()`` still live. ``what()`` names what is awaited."""
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                names = ", ".join(self.peer_name(peer) for peer, _ in peers()[:3])
+                raise TransportTimeout(f"{self.name}: {what()} did not complete within {self.timeout_s:g} s "
+                                       f"(peer {names})")
+            try:
+                answer = wait(min(LIVENESS_EVERY_S, deadline - now))
+            except FabricInterrupted:
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what()}") from None
+            if answer is not None:
+                return answer
+            if self._closed.is_set():
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what()}")
+            for peer, channel in peers():
+                self._check_peer(peer, what(), channel)
+
+    def _blocking(self, what: Any, peer: int, operation: Callable[..., None], *args: Any) -> None:
+        """Run a blocking fabric transfer (``channel.write_flagged``, ``read_now``); its failures, as ours.
+
+        ``what`` names the transfer (a Key: "writing" it), formatted only when it fails.
+        """
+        try:
+            operation(*args, timeout=self.timeout_s)
+        except FabricInterrupted:
+            what = f"writing {what}" if isinstance(what, tuple) else what
+            raise TransportClosed(f"{self.name} rank {self.rank} was closed during {what}") from None
+        except FabricTimeout:
+            what = f"writing {what}" if isinstance(what, tuple) else what
+            raise TransportTimeout(f"{self.name}: {what} did not complete within {self.timeout_s:g} s "
+                                   f"(peer {self.peer_name(peer)})") from None
+        except FabricError as exc:
+            what = f"writing {what}" if isinstance(what, tuple) else what
+            raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
+
+    def stats(self) -> TransportStats:
+        """The ledger, whose ``registrations`` are every memory registration the device made since start.
+
+        That is every ``ucp_mem_map``: pool segments, and tensors registered so a peer can read them
+        (the dynamic path). The source of a one-sided write needs no registration of ours: UCP takes
+        any memory (where a UCX transport needs it registered, as verbs does, UCX registers it through
+        its own cache; none of this machine's transports does).
+        """
+        maps = self.device.mem_maps if self.device is not None else self._mem_maps_at_close
+        return replace(self.ledger.snapshot(), registrations=maps)
+
     def _fabric(self, channel: Channel, future: Future, what: str, peer: int) -> Any:
         """Wait for a fabric operation; a failure becomes a PeerError naming the peer."""
         try:
             return channel.wait(future, self.timeout_s)
         except FabricError as exc:
+            what = f"writing {what}" if isinstance(what, tuple) else what
             raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None

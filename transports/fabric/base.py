@@ -27,6 +27,14 @@ class FabricError(RuntimeError):
     """A fabric operation failed; the message names the operation and the backend's reason."""
 
 
+class FabricTimeout(FabricError):
+    """A blocking fabric operation or wait did not finish in time."""
+
+
+class FabricInterrupted(FabricError):
+    """A blocking wait was cut short by :meth:`Device.interrupt_waits` (the owner is closing)."""
+
+
 @dataclass(frozen=True)
 class RemoteRegion:
     """What a peer needs to access a region with one-sided operations: address, length, remote key."""
@@ -127,6 +135,41 @@ class Channel(ABC):
     def failed(self) -> str | None:
         """Why the connection failed, or None while it is healthy."""
 
+    # the per-transfer path: one blocking call per transfer, no future, no Python in between
+
+    @abstractmethod
+    def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
+                      trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
+        """Write ``data`` to ``remote``, flush, then ``trailer`` (its last byte a flag) to ``trailer_remote``, flush.
+
+        Returns once both are at the peer: a peer that sees the flag sees the data. ``data`` may be
+        empty. Raises FabricTimeout after ``timeout`` seconds, FabricInterrupted when the device's
+        waits are interrupted, FabricError when the transfer fails.
+        """
+
+    @abstractmethod
+    def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
+        """Read ``remote`` into ``local`` and return once it is there (errors as :meth:`write_flagged`)."""
+
+
+class FlagSet(ABC):
+    """Flag bytes (each a one-byte view of registered memory) waited on together; see :meth:`Device.flag_set`."""
+
+    @abstractmethod
+    def wait_any(self, timeout: float) -> int | None:
+        """The index of a raised flag not yet :meth:`done`, or None after ``timeout`` seconds.
+
+        FabricInterrupted when the device's waits are interrupted.
+        """
+
+    @abstractmethod
+    def done(self, index: int) -> None:
+        """Stop watching flag ``index``."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Watch every flag again."""
+
 
 class Device(ABC):
     """One process's endpoint on the fabric."""
@@ -151,6 +194,22 @@ class Device(ABC):
     @abstractmethod
     def channel(self, peer: list[bytes], lane: int = 0) -> Channel:
         """The channel to ``peer`` (its :attr:`address`) over ``lane`` (cached)."""
+
+    @abstractmethod
+    def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
+        """A set of one-byte flags in registered memory that peers raise, to wait on together."""
+
+    @abstractmethod
+    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
+        """Wait until the uint64 ``counter[0]`` (registered memory a peer writes) exceeds ``above``.
+
+        Spins for a moment, then naps in growing steps without holding the GIL: an idle waiter
+        burns no core. False after ``timeout``; FabricInterrupted by :meth:`interrupt_waits`.
+        """
+
+    @abstractmethod
+    def interrupt_waits(self) -> None:
+        """Make every blocking wait and transfer of this device return at once (before closing)."""
 
     @abstractmethod
     def wait_for_activity(self, timeout: float) -> None:

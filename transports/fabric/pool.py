@@ -17,6 +17,7 @@ process memory, which single-copy transfers move faster (11.7 GB/s against
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ class Block:
     def view(self, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
         """A typed view of the block's memory, starting ``offset`` bytes in."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return self.array[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def remote(self, offset: int = 0, length: int | None = None) -> RemoteRegion:

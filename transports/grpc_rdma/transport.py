@@ -434,10 +434,7 @@ class GrpcRdmaTransport(FabricTransport):
         """Write ``array`` from registered memory: a staging copy (buffered) or the tensor itself (direct)."""
         flat = array.reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
         if self.mode == "direct":
-            if self.pool.segment_of(flat) is None:
-                if not self.device.is_registered(flat):
-                    self.ledger.add(registrations=1)
-                self.device.register(flat)
+            # the tensor's own memory: a put's source needs no registration (see FabricTransport.stats)
             self._write_content(link, index, flat, addr, rkey)
             return
         staging = self.pool.alloc(array.nbytes)

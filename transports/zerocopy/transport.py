@@ -13,18 +13,24 @@ address and remote key there (then the flag); the receiver allocates from its
 pool, pulls the data with a one-sided read, and tells the sender its buffer is
 free again.
 
-*Never overwriting an unconsumed tensor*: a slot holds one transfer. Calling
-``recv`` for a tensor is the receiver's promise that it is done with the
+*Never overwriting an unconsumed tensor*: a slot holds one transfer. Posting
+a receive for a tensor is the receiver's promise that it is done with the
 previous transfer of that tensor from that peer; it then grants the sender a
-credit by writing the number of receives posted into a counter in the
-sender's memory. The sender's transfer ``n`` waits for credit ``n + 1``. A
-received tensor is therefore valid until the next ``recv`` of the same name
-from the same peer, and the flag carries the transfer's sequence number so a
-stale flag is never mistaken for a new one.
+credit: the number of receives posted, in the sender's credit table towards
+this receiver (one entry per tensor). The sender's transfer ``n`` waits for
+credit ``n + 1``. A received tensor is therefore valid until the next receive
+of the same name from the same peer, and the flag carries the transfer's
+sequence number so a stale flag is never mistaken for a new one. The receiver
+keeps a mirror of each sender's table and writes the span of entries it
+changed in one write: receives posted together (``recv_many``: a step's
+weights) cost one credit message per peer, not one per tensor.
 
-Waiting (for a flag or a credit) spins for a moment, then backs off in sleeps
-that wake early when the fabric's progress threads see traffic, so an idle
-receiver burns no core; while waiting it checks that the peer is alive.
+*The per-transfer path* is one call into the fabric on each side: the sender's
+``write_flagged`` (data, flush, trailer, flush) and the receiver's wait on the
+flags of every receive it posted (``FlagSet.wait_any``), both in C without the
+GIL; a wait spins for a moment, then naps in growing steps, so an idle
+receiver burns no core. Between slices of a second a waiter checks that its
+peers are alive.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from transports.base import (
     contiguous,
     dtype_problem,
 )
-from transports.fabric.base import Channel, FabricError, RemoteRegion
+from transports.fabric.base import Channel, FabricError, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
 from transports.on_fabric import FabricTransport, parse_device
 
@@ -74,7 +80,10 @@ CONTROL_BYTES = TRAILER_AT + TRAILER
 
 #: the largest tensor a peer may announce on the dynamic path (the receiver allocates it)
 MAX_DYNAMIC_BYTES = 1 << 30  # the largest size bench micro measures
-COUNTERS_BYTES = 16
+COUNTERS_BYTES = 16  # [receives posted, reads done], uint64 each
+#: entries of a sender's credit table towards one receiver (more tensors: another table)
+CREDIT_TABLE_ENTRIES = 1024
+CREDIT_TABLE_BYTES = CREDIT_TABLE_ENTRIES * COUNTERS_BYTES
 
 
 def tag(seq: int) -> int:
@@ -133,19 +142,30 @@ class ConnectRequest:
     src: int
     device: list[bytes]
     counters: RemoteRegion
+    #: the counters' entry in the sender's credit table (which starts ``16 * index`` bytes before them)
+    index: int
+
+    @property
+    def table(self) -> RemoteRegion:
+        """The whole credit table the counters lie in (the sender's memory, written only by this receiver)."""
+        return RemoteRegion(self.counters.addr - COUNTERS_BYTES * self.index, CREDIT_TABLE_BYTES, self.counters.rkey)
 
     @classmethod
     def parse(cls, request: Any, cluster_size: int, own_rank: int) -> ConnectRequest:
         """Checks every field; ValueError says what is wrong."""
-        if not isinstance(request, dict) or set(request) != {"name", "src", "device", "counters"}:
-            raise ValueError("'connect' takes exactly 'name', 'src', 'device' and 'counters'")
+        if not isinstance(request, dict) or set(request) != {"name", "src", "device", "counters", "index"}:
+            raise ValueError("'connect' takes exactly 'name', 'src', 'device', 'counters' and 'index'")
         src = _int(request["src"], "src", 0, cluster_size - 1)
         if src == own_rank:
             raise ValueError(f"'src' {src} is this rank")
         counters = RemoteRegion.from_json(request["counters"])
         if counters.length != COUNTERS_BYTES:
             raise ValueError(f"'counters' must describe {COUNTERS_BYTES} bytes, not {counters.length}")
-        return cls(_name(request["name"]), src, parse_device(request["device"]), counters)
+        index = _int(request["index"], "index", 0, CREDIT_TABLE_ENTRIES - 1)
+        if counters.addr < COUNTERS_BYTES * index or \
+                counters.addr - COUNTERS_BYTES * index + CREDIT_TABLE_BYTES > 2**64:
+            raise ValueError(f"'counters' at {counters.addr:#x} cannot be entry {index} of a credit table")
+        return cls(_name(request["name"]), src, parse_device(request["device"]), counters, index)
 
 
 @dataclass(frozen=True)
@@ -220,11 +240,13 @@ class _Outgoing:
     name: str
     dst: int
     channel: Channel
-    counters: Block  # [credit, done], written by the receiver
-    staging: Block  # flag byte and meta-data record to write from
+    table: Block  # the credit table towards ``dst`` this tensor's counters are an entry of
+    index: int  # the entry: [receives posted, reads done], written by the receiver
+    staging: Block  # trailer and meta-data record to write from
     mode: str = ""
     slot: RemoteRegion | None = None  # where the data goes (static mode)
     control: RemoteRegion | None = None  # the receiver's meta-data record and trailer
+    flag_target: RemoteRegion | None = None  # the trailer in ``control``
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
     seq: int = 0
@@ -232,9 +254,29 @@ class _Outgoing:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        # [receives posted, reads done], written by the receiver; one view, polled often
-        self.credit = self.counters.view(np.uint64, (2,))
-        self.credit[:] = 0
+        # [receives posted, reads done], written by the receiver; each a one-element view, polled often
+        counters = self.table.view(np.uint64, (2,), offset=COUNTERS_BYTES * self.index)
+        counters[:] = 0
+        self.posted, self.reads_done = counters[0:1], counters[1:2]
+        self.trailer = self.staging.array[TRAILER_AT:]
+        self.step = self.trailer[:8].view(np.int64)
+
+    @property
+    def counters(self) -> RemoteRegion:
+        return self.table.remote(COUNTERS_BYTES * self.index, COUNTERS_BYTES)
+
+
+class _CreditMirror:
+    """A receiver's copy of one sender's credit table, written to the sender in spans."""
+
+    def __init__(self, src: int, channel: Channel, table: RemoteRegion, block: Block) -> None:
+        self.src = src
+        self.channel = channel
+        self.table = table
+        self.block = block
+        block.array[:] = 0
+        self.values = block.view(np.uint64, (CREDIT_TABLE_ENTRIES, 2))
+        self.lock = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -250,13 +292,23 @@ class _Incoming:
     dtype: np.dtype | None = None
     seq: int = 0
     posted: int = 0
-    sender_counters: RemoteRegion | None = None
+    #: a receive is posted and its transfer not yet taken (a receive that timed out stays posted)
+    waiting: bool = False
+    mirror: _CreditMirror | None = None  # the sender's credit table (once it connected)
+    index: int = 0  # this tensor's entry in it
     connected_by: Any = None  # the ConnectRequest that connected it (a tensor is connected once)
     channel: Channel | None = None
-    counter_staging: Block | None = None
     lent: Block | None = None  # a dynamically allocated tensor handed out, freed at the next recv
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one recv at a time
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one receive at a time
     grant_lock: threading.Lock = field(default_factory=threading.Lock)  # connection and credits
+
+    def __post_init__(self) -> None:
+        self.trailer = self.control.array[TRAILER_AT:]
+        self.flag = self.trailer[8:9]
+        self.step = self.trailer[:8].view(np.int64)
+        #: the received tensor, always in the same place (static mode)
+        self.array = self.data.view(self.dtype, self.shape) if self.data is not None else None
+        self.waiter: FlagSet | None = None  # a wait on this slot's flag alone (recv)
 
 
 class ZeroCopyTransport(FabricTransport):
@@ -271,6 +323,11 @@ class ZeroCopyTransport(FabricTransport):
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: set[Key] = set()
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        #: the sender's credit tables per destination, and the entries handed out so far
+        self._credit_tables: dict[int, list[Block]] = {}
+        self._credit_entries: dict[int, int] = {}
+        #: the receiver's mirrors of its senders' credit tables, by (src, table address, remote key)
+        self._mirrors: dict[tuple[int, int, bytes], _CreditMirror] = {}
         #: connects this rank has in flight, (name, dst) -> what it sent, for the receiver's ``verify``
         self._connecting: dict[tuple[str, int], dict[str, Any]] = {}
         #: the largest tensor a peer may announce on the dynamic path
@@ -315,7 +372,6 @@ class ZeroCopyTransport(FabricTransport):
                                          spec.dtype)
                 else:
                     incoming = _Incoming(name, src, "dynamic", control)
-                incoming.counter_staging = self.pool.alloc(8)
                 self._incoming[key] = incoming
             return self._incoming[key]
 
@@ -351,7 +407,8 @@ class ZeroCopyTransport(FabricTransport):
                 with self._lock:  # verified: its device, and that it was heard from (its death counts)
                     self._peer_devices.setdefault(connect.src, connect.device)
                 incoming.channel = channel
-                incoming.sender_counters = connect.counters
+                incoming.mirror = self._mirror(connect, channel)
+                incoming.index = connect.index
                 incoming.connected_by = connect
                 if incoming.posted:  # credits go out on the transport's threads, never the control path's
                     self._submit_grant(incoming)
@@ -359,6 +416,14 @@ class ZeroCopyTransport(FabricTransport):
         if incoming.mode == "static":
             reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str)
         return reply
+
+    def _mirror(self, connect: ConnectRequest, channel: Channel) -> _CreditMirror:
+        table = connect.table
+        key = (connect.src, table.addr, table.rkey)
+        with self._lock:
+            if key not in self._mirrors:
+                self._mirrors[key] = _CreditMirror(connect.src, channel, table, self.pool.alloc(CREDIT_TABLE_BYTES))
+            return self._mirrors[key]
 
     def _verify_claim(self, connect: ConnectRequest, request: dict[str, Any]) -> None:
         """Ask rank ``connect.src`` whether it is connecting to us with exactly this request."""
@@ -383,11 +448,21 @@ class ZeroCopyTransport(FabricTransport):
     def _submit_grant(self, incoming: _Incoming) -> None:
         def grant() -> None:
             # a failure here is found by the receiver, which waits for this peer and checks it
-            with incoming.grant_lock, contextlib.suppress(TransportError):
-                self._grant(incoming)
+            with contextlib.suppress(TransportError):
+                self._grant(incoming.mirror, [incoming])
 
         with contextlib.suppress(TransportClosed):
             self._submit(grant)
+
+    def _credit_entry(self, dst: int) -> tuple[Block, int]:
+        """A fresh entry of this rank's credit table towards ``dst`` (a new table when the last is full)."""
+        with self._lock:
+            used = self._credit_entries.get(dst, 0)
+            tables = self._credit_tables.setdefault(dst, [])
+            if used == len(tables) * CREDIT_TABLE_ENTRIES:
+                tables.append(self.pool.alloc(CREDIT_TABLE_BYTES))
+            self._credit_entries[dst] = used + 1
+            return tables[-1], used % CREDIT_TABLE_ENTRIES
 
     def _connect(self, name: str, dst: int) -> _Outgoing:
         with self._lock:
@@ -396,10 +471,10 @@ class ZeroCopyTransport(FabricTransport):
             return outgoing
         # tensors are spread over the lanes (and so the progress threads) by name
         channel = self.device.channel(self._peer_device(dst), lane=zlib.crc32(name.encode()))
-        outgoing = _Outgoing(name, dst, channel, counters=self.pool.alloc(COUNTERS_BYTES),
-                             staging=self.pool.alloc(CONTROL_BYTES))
+        table, index = self._credit_entry(dst)
+        outgoing = _Outgoing(name, dst, channel, table, index, staging=self.pool.alloc(CONTROL_BYTES))
         request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],
-                   "counters": outgoing.counters.remote().to_json()}
+                   "counters": outgoing.counters.to_json(), "index": index}
         with self._lock:
             self._connecting[(name, dst)] = request
         try:
@@ -413,6 +488,7 @@ class ZeroCopyTransport(FabricTransport):
         except ValueError as exc:
             raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}' with {exc}") from None
         outgoing.mode, outgoing.control = answer.mode, answer.control
+        outgoing.flag_target = answer.control.at(TRAILER_AT, TRAILER)
         outgoing.slot, outgoing.shape, outgoing.dtype = answer.slot, answer.shape, answer.dtype
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
@@ -446,8 +522,8 @@ class ZeroCopyTransport(FabricTransport):
         array = contiguous(np.asarray(array), self.ledger)
         with outgoing.lock:
             seq = outgoing.seq
-            self._wait_until(lambda: outgoing.credit[0] > seq, f"credit to send {key}", key.dst, deadline,
-                             outgoing.channel)
+            if outgoing.posted[0] <= seq:
+                self._await_counter(outgoing, outgoing.posted, seq, f"credit to send {key}", deadline)
             if outgoing.mode == "static":
                 self._send_static(outgoing, key, array, seq)
             else:
@@ -455,45 +531,46 @@ class ZeroCopyTransport(FabricTransport):
             outgoing.seq += 1
         self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
 
+    def _await_counter(self, outgoing: _Outgoing, counter: np.ndarray, above: int, what: str,
+                       deadline: float) -> None:
+        device, peers = self.device, [(outgoing.dst, outgoing.channel)]
+        self._await(lambda slice_s: device.wait_counter(counter, above, slice_s) or None, lambda: what,
+                    lambda: peers, deadline)
+
     def send_async(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         self._claim(key)  # now, so that a duplicate fails even before this send runs
         return self._submit(self._send_claimed, key, array)
 
-    def _source(self, outgoing: _Outgoing, array: np.ndarray) -> tuple[np.ndarray, RemoteRegion]:
-        """Registered memory holding ``array``'s bytes, and its descriptor for a peer's read."""
+    def _flat(self, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
+        """``array``'s bytes, from where they are written: the tensor itself, or (rdma_cp) a staging copy."""
         flat = array.reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
-        if self.stages_sends:
-            if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < array.nbytes:
-                if outgoing.copy_buffer is not None:
-                    self.pool.free(outgoing.copy_buffer)
-                outgoing.copy_buffer = self.pool.alloc(array.nbytes)
-            staged = outgoing.copy_buffer.array[: array.nbytes]
-            staged[...] = flat
-            self.ledger.add(copied_bytes=array.nbytes)
-            return staged, outgoing.copy_buffer.remote(0, max(array.nbytes, 1))
+        if not self.stages_sends:
+            return flat
+        if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < array.nbytes:
+            if outgoing.copy_buffer is not None:
+                self.pool.free(outgoing.copy_buffer)
+            outgoing.copy_buffer = self.pool.alloc(array.nbytes)
+        staged = outgoing.copy_buffer.array[: array.nbytes]
+        staged[...] = flat
+        self.ledger.add(copied_bytes=array.nbytes)
+        return staged
+
+    def _readable(self, flat: np.ndarray) -> RemoteRegion:
+        """The descriptor a peer needs to read ``flat`` (registered: pool memory, or registered now)."""
         region = self.pool.segment_of(flat)
         if region is None:
-            if not self.device.is_registered(flat):
-                self.ledger.add(registrations=1)
             region = self.device.register(flat)
         start = flat.__array_interface__["data"][0] - region.address
-        return flat, region.export().at(start, array.nbytes)
+        return region.export().at(start, flat.nbytes)
 
-    def _write_then_flag(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion, seq: int,
-                         key: Key) -> None:
-        """Write the data, flush, write the trailer (step, then the flag byte last), flush."""
-        channel = outgoing.channel
-        if data.nbytes:
-            self._fabric(channel, channel.write(data, target), f"writing {key}", key.dst)
-            self._fabric(channel, channel.flush(), f"flushing {key}", key.dst)
-        trailer = outgoing.staging.array[TRAILER_AT:]
-        trailer[:8].view(np.int64)[0] = key.step
+    def _write_flagged(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion, seq: int,
+                       key: Key) -> None:
+        """One transfer: write the data, flush, write the trailer (step, then the flag byte last), flush."""
+        trailer = outgoing.trailer
+        outgoing.step[0] = key.step
         trailer[8] = tag(seq)
-        self._fabric(channel, channel.write(trailer, outgoing.control.at(TRAILER_AT, TRAILER)),
-                     f"writing the flag of {key}", key.dst)
-        self._fabric(channel, channel.flush(), f"flushing the flag of {key}", key.dst)
-        self.ledger.add(control_messages=1)
+        self._blocking(key, key.dst, outgoing.channel.write_flagged, data, target, trailer, outgoing.flag_target)
 
     def _send_static(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int) -> None:
         if array.shape != outgoing.shape or array.dtype != outgoing.dtype:
@@ -501,111 +578,145 @@ class ZeroCopyTransport(FabricTransport):
                 f"{self.name}: {key} has {array.dtype} {array.shape}, but the receiver placed it as "
                 f"{outgoing.dtype} {outgoing.shape}"
             )
-        data, _ = self._source(outgoing, array)
-        self._write_then_flag(outgoing, data, outgoing.slot, seq, key)
+        self._write_flagged(outgoing, self._flat(outgoing, array), outgoing.slot, seq, key)
 
     def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
         if array.ndim > MAX_DIMS:
             raise ValueError(f"{self.name}: {key} has {array.ndim} dimensions; at most {MAX_DIMS} are supported")
-        _, source = self._source(outgoing, array)
-        if len(source.rkey) > MAX_RKEY:
+        flat = self._flat(outgoing, array)
+        source = self._readable(flat) if array.nbytes else None
+        if source is not None and len(source.rkey) > MAX_RKEY:
             raise TransportError(f"{self.name}: a remote key of {len(source.rkey)} bytes exceeds {MAX_RKEY}")
         meta = outgoing.staging.array[: META.itemsize].view(META)[0]
         meta["nbytes"] = array.nbytes
-        meta["addr"] = source.addr if array.nbytes else 0
+        meta["addr"] = source.addr if source is not None else 0
         meta["ndim"] = array.ndim
         meta["dims"][: array.ndim] = array.shape
         meta["dtype"] = array.dtype.str.encode()
-        meta["rkey_len"] = len(source.rkey) if array.nbytes else 0
-        if array.nbytes:
+        meta["rkey_len"] = len(source.rkey) if source is not None else 0
+        if source is not None:
             meta["rkey"][: len(source.rkey)] = np.frombuffer(source.rkey, np.uint8)
         record = outgoing.staging.array[: META.itemsize]
-        self._write_then_flag(outgoing, record, outgoing.control.at(0, META.itemsize), seq, key)
+        self._write_flagged(outgoing, record, outgoing.control.at(0, META.itemsize), seq, key)
         # the sender's buffer is in use until the receiver has read it
-        done = outgoing.credit
-        self._wait_until(lambda: done[1] > seq, f"the receiver to read {key}", key.dst, deadline, outgoing.channel)
+        if outgoing.reads_done[0] <= seq:
+            self._await_counter(outgoing, outgoing.reads_done, seq, f"the receiver to read {key}", deadline)
 
     # receiving -------------------------------------------------------------
 
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
-        self._check_key(key, "recv")
-        with self._operation():
-            return self._recv(key, time.monotonic() + (self.timeout_s if timeout is None else timeout))
-
-    def _recv(self, key: Key, deadline: float) -> np.ndarray:
-        incoming = self._incoming_slot(key.name, key.src)
-        with incoming.lock:
-            if incoming.lent is not None:  # the previous transfer is consumed: its buffer is free again
-                self.pool.free(incoming.lent)
-                incoming.lent = None
-            with incoming.grant_lock:
-                incoming.posted += 1
-                if incoming.channel is not None:
-                    self._grant(incoming)
-            seq = incoming.seq
-            trailer = incoming.control.array[TRAILER_AT:]
-
-            def arrived() -> bool:
-                flag = trailer[8]
-                if flag and flag != tag(seq):
-                    trailer[8] = 0
-                    raise PeerError(f"{self.name}: {self.peer_name(key.src)} raised flag {flag} for {key}, "
-                                    f"where transfer {seq} raises {tag(seq)}: a malformed trailer")
-                return flag == tag(seq)
-
-            self._wait_until(arrived, f"recv of {key}", key.src, deadline, incoming.channel)
-            trailer[8] = 0
-            incoming.seq += 1
-            step = int(trailer[:8].view(np.int64)[0])
-            if step != key.step:
-                raise PeerError(
-                    f"{self.name}: asked for {key} but step {step} arrived: transfers of one tensor must be "
-                    "received in the order they are sent"
-                )
-            if incoming.mode == "static":
-                array = incoming.data.view(incoming.dtype, incoming.shape)
-            else:
-                array = self._pull(incoming, key, seq)
-        self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
-        return array
+        for _, array in self.recv_each([key], timeout):
+            return array
+        raise AssertionError("unreachable: recv_each yields every key")
 
     def recv_async(self, key: Key) -> Future:
         self._check_key(key, "recv")
         return self._submit(self.recv, key)
 
-    def _grant(self, incoming: _Incoming, counter: int = 0, value: int | None = None) -> None:
-        """Write ``value`` (default: receives posted) into the sender's counter ``counter``.
+    def recv_each(self, keys, timeout: float | None = None):
+        """All receives posted at once (credits: one write per sender), then one wait over all their flags."""
+        keys = self._check_keys(keys)
+        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        with self._operation():
+            incomings = [self._incoming_slot(key.name, key.src) for key in keys]
+            if len({id(incoming) for incoming in incomings}) != len(incomings):
+                raise ValueError(f"{self.name}: one recv_many cannot take two steps of one tensor from one peer")
+            with contextlib.ExitStack() as held:
+                for incoming in sorted(incomings, key=lambda i: (i.src, i.name)):  # one order: no deadlock
+                    held.enter_context(incoming.lock)
+                self._post(incomings)
+                if len(incomings) == 1:  # recv: a wait on one flag, made once per slot
+                    flags = incomings[0].waiter
+                    if flags is None:
+                        flags = incomings[0].waiter = self.device.flag_set([incomings[0].flag])
+                    flags.reset()
+                else:
+                    flags = self.device.flag_set([incoming.flag for incoming in incomings])
+                pending = dict(enumerate(keys))
 
-        The caller holds ``incoming.grant_lock``.
-        """
-        staging = incoming.counter_staging.view(np.uint64, (1,))
-        staging[0] = incoming.posted if value is None else value
-        target = incoming.sender_counters.at(8 * counter, 8)
-        channel = incoming.channel
-        self._fabric(channel, channel.write(incoming.counter_staging.array, target), "granting a credit", incoming.src)
-        self._fabric(channel, channel.flush(), "granting a credit", incoming.src)
+                def what() -> str:
+                    first = next(iter(pending.values()))
+                    return f"recv of {first}" + (f" and {len(pending) - 1} more" if len(pending) > 1 else "")
+
+                def peers() -> list[tuple[int, Channel | None]]:
+                    return list({key.src: incomings[i].channel for i, key in pending.items()}.items())
+
+                while pending:
+                    index = self._await(flags.wait_any, what, peers, deadline)
+                    flags.done(index)
+                    key = pending.pop(index)
+                    yield key, self._take(incomings[index], key)
+
+    def _post(self, incomings: list[_Incoming]) -> None:
+        """Post a receive on each slot (held by the caller): its last transfer is consumed; credits go out."""
+        grants: dict[int, tuple[_CreditMirror, list[_Incoming]]] = {}
+        for incoming in incomings:
+            if incoming.lent is not None:  # the previous transfer is consumed: its buffer is free again
+                self.pool.free(incoming.lent)
+                incoming.lent = None
+            if incoming.waiting:  # posted before (a receive that timed out): it holds its credit already
+                continue
+            incoming.waiting = True
+            with incoming.grant_lock:
+                incoming.posted += 1
+                if incoming.mirror is not None:
+                    grants.setdefault(id(incoming.mirror), (incoming.mirror, []))[1].append(incoming)
+        for mirror, granted in grants.values():
+            self._grant(mirror, granted)
+
+    def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
+        """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
+        seq, trailer = incoming.seq, incoming.trailer
+        flag = int(trailer[8])
+        trailer[8] = 0
+        if flag != tag(seq):
+            raise PeerError(f"{self.name}: {self.peer_name(key.src)} raised flag {flag} for {key}, "
+                            f"where transfer {seq} raises {tag(seq)}: a malformed trailer")
+        incoming.seq += 1
+        incoming.waiting = False
+        step = int(incoming.step[0])
+        if step != key.step:
+            raise PeerError(
+                f"{self.name}: asked for {key} but step {step} arrived: transfers of one tensor must be "
+                "received in the order they are sent"
+            )
+        array = incoming.array if incoming.array is not None else self._pull(incoming, key, seq)
+        self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
+        return array
+
+    def _grant(self, mirror: _CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:
+        """Tell the sender ``mirror.src``: receives posted on ``incomings``, or (``reads_done``) that the
+        one of them read its buffer. One write of the span of table entries that changed."""
+        with mirror.lock:
+            for incoming in incomings:
+                if reads_done is None:
+                    mirror.values[incoming.index, 0] = incoming.posted
+                else:
+                    mirror.values[incoming.index, 1] = reads_done
+            low = min(incoming.index for incoming in incomings)
+            high = max(incoming.index for incoming in incomings) + 1
+            span = mirror.block.array[COUNTERS_BYTES * low: COUNTERS_BYTES * high]
+            target = mirror.table.at(COUNTERS_BYTES * low, COUNTERS_BYTES * (high - low))
+            self._blocking("granting credits", mirror.src, mirror.channel.write_flagged, span, target)
         self.ledger.add(control_messages=1)
 
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
         try:
             meta = Meta.parse(incoming.control.array[: META.itemsize], self.max_dynamic_bytes)
         except ValueError as exc:
-            raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a malformed meta-data record for {key}: "
-                            f"{exc}") from None
+            raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a meta-data record for {key} that is "
+                            f"malformed: {exc}") from None
         block = self.pool.alloc(meta.nbytes)
         try:
             if meta.source is not None:
-                channel = incoming.channel
                 try:
-                    future = channel.read(block.array, meta.source)
-                except (FabricError, ValueError) as exc:
+                    self._blocking(f"reading {key}", key.src, incoming.channel.read_now, block.array, meta.source)
+                except ValueError as exc:
                     raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a meta-data record for {key} "
                                     f"that cannot be read: {exc}") from None
-                self._fabric(channel, future, f"reading {key}", key.src)
         except BaseException:
             self.pool.free(block)
             raise
-        with incoming.grant_lock:
-            self._grant(incoming, counter=1, value=seq + 1)  # the sender may reuse its buffer
+        self._grant(incoming.mirror, [incoming], reads_done=seq + 1)  # the sender may reuse its buffer
         incoming.lent = block
         return block.view(meta.dtype, meta.shape)

@@ -32,6 +32,7 @@ typedef struct ucp_address ucp_address_t;
 #define UCS_OK ...
 #define UCS_INPROGRESS ...
 #define UCS_ERR_BUSY ...
+#define UCS_ERR_TIMED_OUT ...
 
 const char *ucs_status_string(ucs_status_t status);
 const char *ucp_get_version_string(void);
@@ -69,15 +70,29 @@ ucs_status_t ucp_rkey_ptr(ucp_rkey_h rkey, uint64_t raddr, void **addr_p);
 ucs_status_ptr_t tt_put(ucp_ep_h ep, const void *buffer, size_t length, uint64_t remote_addr, ucp_rkey_h rkey);
 ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_t remote_addr, ucp_rkey_h rkey);
 int tt_is_request(ucs_status_ptr_t ptr);
+
+ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length, uint64_t remote,
+                            ucp_rkey_h rkey, const void *trailer, size_t trailer_length, uint64_t trailer_remote,
+                            ucp_rkey_h trailer_rkey, int64_t timeout_ns, volatile int *stop);
+ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
+                         ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop);
+int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
+                  volatile int *stop);
+int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns, volatile int *stop);
+#define TT_WAIT_TIMED_OUT ...
+#define TT_WAIT_STOPPED ...
 ucs_status_t tt_status(ucs_status_ptr_t ptr);
 ucs_status_t ucp_request_check_status(void *request);
 void ucp_request_free(void *request);
 """
 
 SHIM = r"""
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 
 /* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
@@ -266,6 +281,161 @@ static ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_
     ucp_request_param_t param;
     param.op_attr_mask = 0;
     return ucp_get_nbx(ep, buffer, length, remote_addr, rkey, &param);
+}
+
+/* ---- the per-transfer path: one call per transfer and side, the GIL released (cffi does) ---- */
+
+/* empty progress calls in a row before a waiting thread yields its core */
+#define TT_YIELD_AFTER 64
+/* a waiter that stopped spinning sleeps this long at first, doubling up to TT_SHORT_NAP_NS for
+   TT_PATIENT_NS, then up to TT_LONG_NAP_NS: an idle receiver wakes a thousand times a second
+   (one-sided writes into mapped memory raise no event a sleeper could block on) */
+#define TT_FIRST_NAP_NS 20000
+#define TT_SHORT_NAP_NS 100000
+#define TT_PATIENT_NS 20000000
+#define TT_LONG_NAP_NS 1000000
+#define TT_WAIT_TIMED_OUT -1
+#define TT_WAIT_STOPPED -2
+
+static int64_t tt_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static void tt_nap(int64_t ns)
+{
+    struct timespec nap = {ns / 1000000000, ns % 1000000000};
+    nanosleep(&nap, NULL);
+}
+
+/* Progress `worker` from this thread until `request` (a *_nbx result) completes, `*stop` is set
+   or `deadline_ns` passes; the request is freed either way (UCX finishes it on its own). While a
+   transfer of ours is in flight this thread never sleeps, it only yields its core when idle. */
+static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int64_t deadline_ns,
+                              volatile int *stop)
+{
+    ucs_status_t status;
+    unsigned idle = 0;
+    if (request == NULL) {
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+        return UCS_PTR_STATUS(request);
+    }
+    for (;;) {
+        idle = ucp_worker_progress(worker) ? 0 : idle + 1;
+        status = ucp_request_check_status(request);
+        if (status != UCS_INPROGRESS) {
+            break;
+        }
+        if (*stop || tt_now_ns() > deadline_ns) {
+            status = UCS_ERR_TIMED_OUT;
+            break;
+        }
+        if (idle >= TT_YIELD_AFTER) {
+            sched_yield();
+            idle = 0;
+        }
+    }
+    ucp_request_free(request);
+    return status;
+}
+
+/* put `length` bytes and flush: when it returns UCS_OK they are at the target */
+static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
+                                   uint64_t remote, ucp_rkey_h rkey, int64_t deadline_ns, volatile int *stop)
+{
+    ucs_status_ptr_t put = tt_put(ep, data, length, remote, rkey);
+    if (UCS_PTR_IS_ERR(put)) {
+        return UCS_PTR_STATUS(put);
+    }
+    if (put != NULL) {
+        ucp_request_free(put); /* the flush below completes after it */
+    }
+    return tt_finish(worker, tt_ep_flush(ep), deadline_ns, stop);
+}
+
+/* One transfer: write the data, flush, write the trailer (whose last byte is the flag), flush.
+   Either part may be empty. UCS_ERR_TIMED_OUT: the deadline passed or `*stop` was set; the
+   buffers may still be read by UCX afterwards, so the caller keeps them alive. */
+static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
+                                   uint64_t remote, ucp_rkey_h rkey, const void *trailer, size_t trailer_length,
+                                   uint64_t trailer_remote, ucp_rkey_h trailer_rkey, int64_t timeout_ns,
+                                   volatile int *stop)
+{
+    int64_t deadline = tt_now_ns() + timeout_ns;
+    ucs_status_t status = UCS_OK;
+    if (length) {
+        status = tt_put_flushed(worker, ep, data, length, remote, rkey, deadline, stop);
+    }
+    if (status == UCS_OK && trailer_length) {
+        status = tt_put_flushed(worker, ep, trailer, trailer_length, trailer_remote, trailer_rkey, deadline, stop);
+    }
+    return status;
+}
+
+/* A one-sided read, waited for from this thread. */
+static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
+                                ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop)
+{
+    return tt_finish(worker, tt_get(ep, buffer, length, remote, rkey), tt_now_ns() + timeout_ns, stop);
+}
+
+/* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then nap with
+   growing naps. `ready` returns a non-negative answer when done, -1 while not. */
+#define TT_WAIT(ready_expression)                                                        \
+    do {                                                                                 \
+        int64_t start = tt_now_ns(), now = start, nap = TT_FIRST_NAP_NS;                 \
+        int found;                                                                       \
+        for (;;) {                                                                       \
+            found = (ready_expression);                                                  \
+            if (found >= 0) {                                                            \
+                return found;                                                            \
+            }                                                                            \
+            if (*stop) {                                                                 \
+                return TT_WAIT_STOPPED;                                                  \
+            }                                                                            \
+            now = tt_now_ns();                                                           \
+            if (now - start > timeout_ns) {                                              \
+                return TT_WAIT_TIMED_OUT;                                                \
+            }                                                                            \
+            if (now - start < spin_ns) {                                                 \
+                sched_yield();                                                           \
+                continue;                                                                \
+            }                                                                            \
+            tt_nap(nap);                                                                 \
+            nap *= 2;                                                                    \
+            if (nap > (now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS)) { \
+                nap = now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS;     \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+static int tt_first_raised(uint8_t **flags, uint8_t *done, int count)
+{
+    int i;
+    for (i = 0; i < count; i++) {
+        if (!done[i] && *(volatile uint8_t *)flags[i]) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The index of a flag byte not yet `done` that is raised (non-zero), or TT_WAIT_* */
+static int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
+                         volatile int *stop)
+{
+    TT_WAIT(tt_first_raised(flags, done, count));
+}
+
+/* 1 once the counter at `word` exceeds `above`, or TT_WAIT_* */
+static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns,
+                           volatile int *stop)
+{
+    TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1);
 }
 
 static int tt_is_request(ucs_status_ptr_t ptr)

@@ -25,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from transports.base import aligned_empty, done_future, settle
-from transports.fabric.base import Channel, Device, FabricError, MemRegion, RemoteRegion
+from transports.fabric.base import (
+    Channel,
+    Device,
+    FabricError,
+    FabricInterrupted,
+    FabricTimeout,
+    FlagSet,
+    MemRegion,
+    RemoteRegion,
+)
 
 ALIGNMENT = 64
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
@@ -35,7 +44,11 @@ UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
 FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp"}
 REGISTRATION_CACHE_SIZE = 256
+#: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
+MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
+#: a waiter for a flag or counter spins (yielding its core) this long before it naps
+SPIN_S = 0.002
 #: empty progress calls (in C) that end a burst of traffic
 _IDLE_ROUNDS = 64
 
@@ -196,6 +209,8 @@ class UcxRegion(MemRegion):
         self.device = device
         self._owner = owner
         memh = _ffi.new("ucp_mem_h *")
+        with device._lock:
+            device.mem_maps += 1
         if allocate:
             _check(_lib.tt_mem_map(device.context, _ffi.NULL, allocate, memh), f"allocating {allocate} bytes")
             length = _ffi.new("size_t *")
@@ -262,6 +277,13 @@ def _keep_mapped(array: np.ndarray, address: int, length: int, content: bytes) -
     weakref.finalize(array, libc.munmap, address, length)
 
 
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array that holds ``array``'s memory: the last ndarray up its chain of bases."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 _SHARED_PREFIXES = ("/SYSV", "/dev/shm/", "/memfd:")
 #: unpacking remote keys one at a time, so that the segments each one maps are told apart
 _unpacking = threading.Lock()
@@ -310,6 +332,8 @@ class UcxChannel(Channel):
         #: per remote key: the shared segments unpacking it mapped into this process (shared-memory
         #: transports), where every operation with that key must land; None if it mapped none
         self._segments: dict[bytes, list[tuple[int, int]] | None] = {}
+        #: (rkey, address, bytes) of remote targets already checked -> the unpacked key
+        self._targets: dict[tuple[bytes, int, int], Any] = {}
         self._lock = threading.Lock()
 
     def _rkey(self, rkey: bytes):
@@ -371,6 +395,48 @@ class UcxChannel(Channel):
     def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
         return self._rma(_lib.tt_put, "put", local, remote)
 
+    def _checked(self, remote: RemoteRegion, nbytes: int, name: str):
+        """The unpacked remote key for an operation of ``nbytes`` on ``remote``, checked once per target."""
+        if nbytes > remote.length:
+            raise ValueError(f"{name} of {nbytes} bytes does not fit a remote region of {remote.length}")
+        target = (remote.rkey, remote.addr, nbytes)
+        handle = self._targets.get(target)
+        if handle is None:
+            if (reason := self.failed()) is not None:
+                raise FabricError(f"ucx: {name} on a failed connection: {reason}")
+            handle = self._rkey(remote.rkey)
+            self._check_mapped(remote.rkey, handle, remote, nbytes)
+            if len(self._targets) >= MAX_TARGETS:
+                self._targets.clear()
+            self._targets[target] = handle
+        return handle
+
+    def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
+                      trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
+        rkey = self._checked(remote, data.nbytes, "put") if data.nbytes else _ffi.NULL
+        if trailer is not None:
+            trailer_rkey = self._checked(trailer_remote, trailer.nbytes, "put")
+            trailer_pointer, trailer_bytes = _ffi.from_buffer(trailer), trailer.nbytes
+            trailer_addr = trailer_remote.addr
+        else:
+            trailer_rkey, trailer_pointer, trailer_bytes, trailer_addr = _ffi.NULL, _ffi.NULL, 0, 0
+        device = self.worker.device
+        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _ffi.from_buffer(data), data.nbytes, remote.addr,
+                                     rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
+                                     int(timeout * 1e9), device._stop)
+        if status != _lib.UCS_OK:
+            device._outcome(status, "put", keep_alive=(data, trailer))
+
+    def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
+        if not local.nbytes:
+            return
+        rkey = self._checked(remote, local.nbytes, "get")
+        device = self.worker.device
+        status = _lib.tt_get_sync(self.worker.handle, self.ep, _ffi.from_buffer(local), local.nbytes, remote.addr,
+                                  rkey, int(timeout * 1e9), device._stop)
+        if status != _lib.UCS_OK:
+            device._outcome(status, "get", keep_alive=local)
+
     def read(self, local: np.ndarray, remote: RemoteRegion) -> Future:
         return self._rma(_lib.tt_get, "get", local, remote)
 
@@ -404,6 +470,30 @@ class UcxChannel(Channel):
         self.worker.drain(closing)
 
 
+class UcxFlagSet(FlagSet):
+    """Flag bytes polled together in C (``tt_wait_flags``), without the GIL."""
+
+    def __init__(self, device: UcxDevice, flags: list[np.ndarray]) -> None:
+        self._device = device
+        self._flags = flags  # keeps the memory the pointers point into alive
+        self._pointers = _ffi.new("uint8_t *[]", [_ffi.cast("uint8_t *", f.ctypes.data) for f in flags])
+        self._done = _ffi.new("uint8_t[]", len(flags))
+        self._count = len(flags)
+
+    def wait_any(self, timeout: float) -> int | None:
+        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(SPIN_S * 1e9),
+                                   int(timeout * 1e9), self._device._stop)
+        if found == _lib.TT_WAIT_STOPPED:
+            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
+        return None if found == _lib.TT_WAIT_TIMED_OUT else found
+
+    def done(self, index: int) -> None:
+        self._done[index] = 1
+
+    def reset(self) -> None:
+        _ffi.memmove(self._done, bytes(self._count), self._count)
+
+
 class UcxDevice(Device):
     """A UCP context with ``progress_threads`` workers; see the module docstring."""
 
@@ -431,11 +521,39 @@ class UcxDevice(Device):
         self._expired: list[UcxRegion] = []  # registrations whose arrays were garbage-collected
         self._channels: dict[tuple[bytes, int], UcxChannel] = {}
         self._closed = False
+        #: set by interrupt_waits(): every blocking wait and transfer in C returns
+        self._stop = _ffi.new("int *")
+        #: buffers of transfers given up on (timed out): UCX may still read or write them until close
+        self._abandoned: list[object] = []
+        #: every ucp_mem_map this device made (allocations and registrations), for the ledger
+        self.mem_maps = 0
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
 
     @property
     def address(self) -> list[bytes]:
         return [worker.address for worker in self._workers]
+
+    def flag_set(self, flags: list[np.ndarray]) -> UcxFlagSet:
+        return UcxFlagSet(self, flags)
+
+    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
+        found = _lib.tt_wait_counter(_ffi.cast("uint64_t *", counter.ctypes.data), above, int(SPIN_S * 1e9),
+                                     int(timeout * 1e9), self._stop)
+        if found == _lib.TT_WAIT_STOPPED:
+            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
+        return found == 1
+
+    def interrupt_waits(self) -> None:
+        self._stop[0] = 1
+
+    def _outcome(self, status: int, what: str, keep_alive: object) -> None:
+        """Raise for a failed blocking transfer; its buffers stay alive (UCX may still use them)."""
+        self._abandoned.append(keep_alive)
+        if status == _lib.UCS_ERR_TIMED_OUT:
+            if self._stop[0]:
+                raise FabricInterrupted(f"ucx: {what} was interrupted (the device is closing)")
+            raise FabricTimeout(f"ucx: {what} did not complete in time")
+        raise FabricError(f"ucx: {what} failed: {_reason(status)}")
 
     def own_mappings(self) -> list[tuple[int, int]]:
         """``[start, end)`` of the memory UCX allocated for this device's regions."""
@@ -478,13 +596,17 @@ class UcxDevice(Device):
         return region
 
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached for as long as ``array`` lives.
+        """Register ``array``'s memory, cached for as long as the memory lives.
 
-        The cache does not keep the array alive: its owner (TensorFlow, for a gradient) must be
-        free to reuse the memory, and a registration must not outlive the memory it covers. So
-        an entry is dropped when the array is garbage-collected.
+        The entry covers the whole buffer of the array that holds the memory (``owner``: the
+        last array up ``array``'s chain of bases, e.g. the one numpy made over a DLPack capsule
+        from TensorFlow), so every view of it finds the same registration. The cache does not
+        keep that array alive: its owner must stay free to reuse the memory, and a registration
+        must not outlive the memory it covers, so the entry goes when the owner is
+        garbage-collected (deregistered at the next call into the cache, or at close).
         """
         self._release_expired()
+        owner = _owner(array)
         start = array.__array_interface__["data"][0]
         end = start + array.nbytes
         with self._lock:
@@ -492,9 +614,13 @@ class UcxDevice(Device):
                 if lo <= start and end <= hi:
                     self._registered.move_to_end((lo, hi))
                     return region
-        view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(array.nbytes, 1)), dtype=np.uint8)
+        if owner.flags.c_contiguous and owner.nbytes >= array.nbytes:
+            lo = owner.__array_interface__["data"][0]
+            if lo <= start and end <= lo + owner.nbytes:
+                start, end = lo, lo + owner.nbytes
+        view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
         region = UcxRegion(self, view, None)
-        weakref.finalize(array, self._expired.append, region)
+        weakref.finalize(owner, self._expired.append, region)
         with self._lock:
             self._regions.add(region)
             self._registered[(start, end)] = region
@@ -517,7 +643,8 @@ class UcxDevice(Device):
             return any(lo <= start and end <= hi for lo, hi in self._registered)
 
     def registrations(self) -> int:
-        """How many regions are registered now (for tests of release on close)."""
+        """How many regions are registered now (those whose memory died are released first)."""
+        self._release_expired()
         with self._lock:
             return len(self._regions)
 
