@@ -207,6 +207,16 @@ class Device(ABC):
         burns no core. False after ``timeout``; FabricInterrupted by :meth:`interrupt_waits`.
         """
 
+    def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                            trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
+        """:meth:`Channel.write_flagged` with the data spread over ``channels`` (lanes to one peer), the
+        trailer over the first once all of them are flushed. Backends that cannot spread use the first."""
+        channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
+
+    @abstractmethod
+    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
+        """The index of a counter (as in :meth:`wait_counter`) that exceeds its ``above``, or None after ``timeout``."""
+
     @abstractmethod
     def interrupt_waits(self) -> None:
         """Make every blocking wait and transfer of this device return at once (before closing)."""

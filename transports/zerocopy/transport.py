@@ -39,6 +39,7 @@ import contextlib
 import threading
 import time
 import zlib
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,12 +53,14 @@ from transports.base import (
     TensorSpec,
     TransportClosed,
     TransportError,
+    TransportTimeout,
     contiguous,
     dtype_problem,
+    settle,
 )
-from transports.fabric.base import Channel, FabricError, FlagSet, RemoteRegion
+from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import FabricTransport, parse_device
+from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, parse_device
 
 MAX_DIMS = 8
 MAX_RKEY = 1024
@@ -80,6 +83,8 @@ CONTROL_BYTES = TRAILER_AT + TRAILER
 
 #: the largest tensor a peer may announce on the dynamic path (the receiver allocates it)
 MAX_DYNAMIC_BYTES = 1 << 30  # the largest size bench micro measures
+#: a write of this many bytes or more is spread over every lane to the peer
+SPREAD_BYTES = 1 << 20
 COUNTERS_BYTES = 16  # [receives posted, reads done], uint64 each
 #: entries of a sender's credit table towards one receiver (more tensors: another table)
 CREDIT_TABLE_ENTRIES = 1024
@@ -251,6 +256,7 @@ class _Outgoing:
     dtype: np.dtype | None = None
     seq: int = 0
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
+    lanes: list[Channel] = field(default_factory=list)  # every lane to ``dst``, ``channel`` first
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -264,6 +270,17 @@ class _Outgoing:
     @property
     def counters(self) -> RemoteRegion:
         return self.table.remote(COUNTERS_BYTES * self.index, COUNTERS_BYTES)
+
+
+@dataclass(eq=False)
+class _Queued:
+    """A send waiting in the send poller for its credit."""
+
+    outgoing: _Outgoing
+    key: Key
+    array: np.ndarray
+    future: Future
+    deadline: float
 
 
 class _CreditMirror:
@@ -332,6 +349,10 @@ class ZeroCopyTransport(FabricTransport):
         self._connecting: dict[tuple[str, int], dict[str, Any]] = {}
         #: the largest tensor a peer may announce on the dynamic path
         self.max_dynamic_bytes = MAX_DYNAMIC_BYTES
+        #: sends for the send poller, and the count of them queued so far (which its wait watches)
+        self._queue: deque[_Queued] = deque()
+        self._doorbell = np.zeros(1, np.uint64)
+        self._poller: threading.Thread | None = None
 
     def control_handlers(self) -> dict[str, Any]:
         return {"connect": self._on_connect, "verify": self._on_verify}
@@ -469,10 +490,11 @@ class ZeroCopyTransport(FabricTransport):
             outgoing = self._outgoing.get((name, dst))
         if outgoing is not None:
             return outgoing
-        # tensors are spread over the lanes (and so the progress threads) by name
-        channel = self.device.channel(self._peer_device(dst), lane=zlib.crc32(name.encode()))
+        # tensors are spread over the lanes (and so the progress threads) by name; a large one over all of them
+        peer, first = self._peer_device(dst), zlib.crc32(name.encode())
+        lanes = [self.device.channel(peer, lane=first + i) for i in range(self.lanes_per_peer)]
         table, index = self._credit_entry(dst)
-        outgoing = _Outgoing(name, dst, channel, table, index, staging=self.pool.alloc(CONTROL_BYTES))
+        outgoing = _Outgoing(name, dst, lanes[0], table, index, staging=self.pool.alloc(CONTROL_BYTES), lanes=lanes)
         request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],
                    "counters": outgoing.counters.to_json(), "index": index}
         with self._lock:
@@ -538,9 +560,118 @@ class ZeroCopyTransport(FabricTransport):
                     lambda: peers, deadline)
 
     def send_async(self, key: Key, array: np.ndarray) -> Future:
+        """A send that waits for its credit in the send poller (one thread for all of them), once connected.
+
+        The first send of a tensor connects it on the transport's threads, and so does every send on the
+        dynamic path (it waits for the receiver's read); a static tensor's later sends are queued for
+        the poller, which writes each as soon as its credit is in.
+        """
         self._check_key(key, "send")
         self._claim(key)  # now, so that a duplicate fails even before this send runs
-        return self._submit(self._send_claimed, key, array)
+        outgoing = self._outgoing.get((key.name, key.dst))
+        if outgoing is None or outgoing.mode != "static":
+            return self._submit(self._send_claimed, key, array)
+        try:
+            array = contiguous(np.asarray(array), self.ledger)
+            if self._closed.is_set():
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed")
+        except BaseException:
+            with self._lock:
+                self._sending.discard(key)
+            raise
+        future: Future = Future()
+        self._queue.append(_Queued(outgoing, key, array, future, time.monotonic() + self.timeout_s))
+        self._doorbell[0] += 1
+        if self._poller is None:
+            with self._lock:
+                if self._poller is None:
+                    self._poller = threading.Thread(target=self._poll_sends, name=f"{self.name}-{self.rank}-sends",
+                                                    daemon=True)
+                    self._poller.start()
+        return future
+
+    def _poll_sends(self) -> None:
+        """The send poller: writes each queued transfer once its credit is in, in order per tensor."""
+        waiting: dict[_Outgoing, deque[_Queued]] = {}
+        try:
+            while True:
+                seen = int(self._doorbell[0])
+                while self._queue:
+                    queued = self._queue.popleft()
+                    waiting.setdefault(queued.outgoing, deque()).append(queued)
+                if self._closed.is_set():
+                    raise TransportClosed(f"{self.name} rank {self.rank} was closed")
+                sent = busy = False
+                for outgoing, queue in list(waiting.items()):
+                    while queue and outgoing.posted[0] > outgoing.seq:
+                        if not outgoing.lock.acquire(blocking=False):
+                            busy = True  # a blocking send of this tensor is under way
+                            break
+                        try:
+                            self._send_queued(outgoing, queue.popleft())
+                        finally:
+                            outgoing.lock.release()
+                        sent = True
+                    if not queue:
+                        del waiting[outgoing]
+                if sent:
+                    continue
+                if busy:
+                    time.sleep(20e-6)
+                    continue
+                heads = list(waiting)
+                nearest = min((queue[0].deadline for queue in waiting.values()), default=time.monotonic() + 1.0)
+                found = self.device.wait_counters([o.posted for o in heads] + [self._doorbell],
+                                                  [o.seq for o in heads] + [seen],
+                                                  max(0.0, min(LIVENESS_EVERY_S, nearest - time.monotonic())))
+                if found is None:
+                    self._expire(waiting)
+        except FabricInterrupted:
+            error: BaseException = TransportClosed(f"{self.name} rank {self.rank} was closed")
+        except BaseException as exc:  # nothing queued may wait forever
+            error = exc
+        for queue in waiting.values():
+            for queued in queue:
+                self._settle(queued, error)
+        while self._queue:
+            self._settle(self._queue.popleft(), error)
+
+    def _send_queued(self, outgoing: _Outgoing, queued: _Queued) -> None:
+        try:
+            self._send_static(outgoing, queued.key, queued.array, outgoing.seq)
+        except BaseException as exc:
+            self._settle(queued, exc)
+            return
+        outgoing.seq += 1
+        self.ledger.add(tensors_sent=1, payload_bytes_sent=queued.array.nbytes)
+        self._settle(queued)
+
+    def _expire(self, waiting: dict[_Outgoing, deque[_Queued]]) -> None:
+        """Fail the queued sends whose time is up, and those to a peer that is gone (with what follows them)."""
+        now = time.monotonic()
+        for outgoing, queue in list(waiting.items()):
+            error: TransportError | None = None
+            if queue[0].deadline < now:
+                error = TransportTimeout(f"{self.name}: credit to send {queue[0].key} did not come within "
+                                         f"{self.timeout_s:g} s (peer {self.peer_name(outgoing.dst)})")
+            else:
+                try:
+                    self._check_peer(outgoing.dst, f"credit to send {queue[0].key}", outgoing.channel)
+                except TransportError as exc:
+                    error = exc
+            if error is not None:
+                for queued in queue:
+                    self._settle(queued, error)
+                del waiting[outgoing]
+
+    def _settle(self, queued: _Queued, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._sending.discard(queued.key)
+        settle(queued.future, error=error)
+
+    def _before_device_close(self) -> None:
+        if self._poller is not None:
+            self._poller.join(timeout=10)
 
     def _flat(self, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
         """``array``'s bytes, from where they are written: the tensor itself, or (rdma_cp) a staging copy."""
@@ -570,7 +701,11 @@ class ZeroCopyTransport(FabricTransport):
         trailer = outgoing.trailer
         outgoing.step[0] = key.step
         trailer[8] = tag(seq)
-        self._blocking(key, key.dst, outgoing.channel.write_flagged, data, target, trailer, outgoing.flag_target)
+        if data.nbytes >= SPREAD_BYTES and len(outgoing.lanes) > 1:
+            self._blocking(key, key.dst, self.device.write_flagged_lanes, outgoing.lanes, data, target, trailer,
+                           outgoing.flag_target)
+        else:
+            self._blocking(key, key.dst, outgoing.channel.write_flagged, data, target, trailer, outgoing.flag_target)
 
     def _send_static(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int) -> None:
         if array.shape != outgoing.shape or array.dtype != outgoing.dtype:

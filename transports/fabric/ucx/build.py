@@ -74,11 +74,18 @@ int tt_is_request(ucs_status_ptr_t ptr);
 ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length, uint64_t remote,
                             ucp_rkey_h rkey, const void *trailer, size_t trailer_length, uint64_t trailer_remote,
                             ucp_rkey_h trailer_rkey, int64_t timeout_ns, volatile int *stop);
+ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
+                                  const void *data, size_t length, uint64_t remote, const void *trailer,
+                                  size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
+                                  int64_t timeout_ns, volatile int *stop);
+#define TT_MAX_LANES ...
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                          ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop);
 int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
                   volatile int *stop);
 int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns, volatile int *stop);
+int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
+                     volatile int *stop);
 #define TT_WAIT_TIMED_OUT ...
 #define TT_WAIT_STOPPED ...
 ucs_status_t tt_status(ucs_status_ptr_t ptr);
@@ -376,6 +383,97 @@ static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void 
     return status;
 }
 
+#define TT_MAX_LANES 16
+/* chunks of a write spread over lanes start on this boundary */
+#define TT_LANE_ALIGN 4096
+
+/* One transfer whose data is spread over several endpoints (lanes, the paper's queue pairs per peer):
+   chunk i goes over eps[i] (with rkeys[i], the key unpacked on that endpoint), all lanes are flushed,
+   progressing every lane's worker from this thread, then the trailer goes over eps[0]. */
+static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
+                                         const void *data, size_t length, uint64_t remote, const void *trailer,
+                                         size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
+                                         int64_t timeout_ns, volatile int *stop)
+{
+    int64_t deadline = tt_now_ns() + timeout_ns;
+    ucs_status_ptr_t flushes[TT_MAX_LANES];
+    ucs_status_t status = UCS_OK;
+    size_t chunk, offset;
+    int i, used = 0, busy;
+    unsigned idle = 0, events;
+    if (lanes < 1 || lanes > TT_MAX_LANES) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    chunk = (length + lanes - 1) / lanes;
+    chunk = (chunk + TT_LANE_ALIGN - 1) / TT_LANE_ALIGN * TT_LANE_ALIGN;
+    for (i = 0, offset = 0; i < lanes && offset < length; i++, offset += chunk) {
+        size_t part = length - offset < chunk ? length - offset : chunk;
+        ucs_status_ptr_t put = tt_put(eps[i], (const char *)data + offset, part, remote + offset, rkeys[i]);
+        if (UCS_PTR_IS_ERR(put)) {
+            status = UCS_PTR_STATUS(put);
+            break;
+        }
+        if (put != NULL) {
+            ucp_request_free(put);
+        }
+        used = i + 1;
+    }
+    for (i = 0; i < used; i++) {
+        flushes[i] = tt_ep_flush(eps[i]);
+        if (UCS_PTR_IS_ERR(flushes[i])) {
+            if (status == UCS_OK) {
+                status = UCS_PTR_STATUS(flushes[i]);
+            }
+            flushes[i] = NULL;
+        }
+    }
+    for (;;) {
+        busy = 0;
+        for (i = 0; i < used; i++) {
+            if (flushes[i] == NULL) {
+                continue;
+            }
+            ucs_status_t done = ucp_request_check_status(flushes[i]);
+            if (done == UCS_INPROGRESS) {
+                busy = 1;
+                continue;
+            }
+            ucp_request_free(flushes[i]);
+            flushes[i] = NULL;
+            if (done != UCS_OK && status == UCS_OK) {
+                status = done;
+            }
+        }
+        if (!busy) {
+            break;
+        }
+        if (*stop || tt_now_ns() > deadline) {
+            for (i = 0; i < used; i++) {
+                if (flushes[i] != NULL) {
+                    ucp_request_free(flushes[i]);
+                }
+            }
+            return UCS_ERR_TIMED_OUT;
+        }
+        events = 0;
+        for (i = 0; i < used; i++) {
+            if (i == 0 || workers[i] != workers[i - 1]) {
+                events += ucp_worker_progress(workers[i]);
+            }
+        }
+        idle = events ? 0 : idle + 1;
+        if (idle >= TT_YIELD_AFTER) {
+            sched_yield();
+            idle = 0;
+        }
+    }
+    if (status == UCS_OK && trailer_length) {
+        status = tt_put_flushed(workers[0], eps[0], trailer, trailer_length, trailer_remote, trailer_rkey, deadline,
+                                stop);
+    }
+    return status;
+}
+
 /* A one-sided read, waited for from this thread. */
 static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                                 ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop)
@@ -436,6 +534,24 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
                            volatile int *stop)
 {
     TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1);
+}
+
+static int tt_first_above(uint64_t **words, uint64_t *above, int count)
+{
+    int i;
+    for (i = 0; i < count; i++) {
+        if (*(volatile uint64_t *)words[i] > above[i]) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The index of a counter that exceeds its threshold, or TT_WAIT_* */
+static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
+                            volatile int *stop)
+{
+    TT_WAIT(tt_first_above(words, above, count));
 }
 
 static int tt_is_request(ucs_status_ptr_t ptr)

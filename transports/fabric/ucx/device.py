@@ -543,8 +543,32 @@ class UcxDevice(Device):
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return found == 1
 
+    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
+        words = _ffi.new("uint64_t *[]", [_ffi.cast("uint64_t *", counter.ctypes.data) for counter in counters])
+        found = _lib.tt_wait_counters(words, _ffi.new("uint64_t[]", above), len(counters), int(SPIN_S * 1e9),
+                                      int(timeout * 1e9), self._stop)
+        if found == _lib.TT_WAIT_STOPPED:
+            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
+        return None if found == _lib.TT_WAIT_TIMED_OUT else found
+
     def interrupt_waits(self) -> None:
         self._stop[0] = 1
+
+    def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                            trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
+        channels = channels[: _lib.TT_MAX_LANES]
+        if len(channels) == 1 or not data.nbytes:
+            channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
+            return
+        rkeys = [channel._checked(remote, data.nbytes, "put") for channel in channels]
+        trailer_rkey = channels[0]._checked(trailer_remote, trailer.nbytes, "put")
+        status = _lib.tt_put_flagged_lanes(
+            _ffi.new("ucp_worker_h[]", [channel.worker.handle for channel in channels]),
+            _ffi.new("ucp_ep_h[]", [channel.ep for channel in channels]), _ffi.new("ucp_rkey_h[]", rkeys),
+            len(channels), _ffi.from_buffer(data), data.nbytes, remote.addr, _ffi.from_buffer(trailer),
+            trailer.nbytes, trailer_remote.addr, trailer_rkey, int(timeout * 1e9), self._stop)
+        if status != _lib.UCS_OK:
+            self._outcome(status, "put", keep_alive=(data, trailer))
 
     def _outcome(self, status: int, what: str, keep_alive: object) -> None:
         """Raise for a failed blocking transfer; its buffers stay alive (UCX may still use them)."""
