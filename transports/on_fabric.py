@@ -24,6 +24,7 @@ from transports.base import (
     PeerError,
     Transport,
     TransportClosed,
+    TransportError,
     TransportStats,
     TransportTimeout,
     release_cluster_ports,
@@ -111,6 +112,9 @@ class FabricTransport(Transport):
         self.device: UcxDevice | None = None
         self._mem_maps_at_close = 0
         self._bracket = _Operation(self)
+        #: blocking transfers under way: token -> (peer, channel, start), watched by the watchdog
+        self._inflight: dict[object, tuple[int, Channel, float]] = {}
+        self._watchdog: threading.Thread | None = None
 
     @classmethod
     def availability(cls) -> Availability:
@@ -285,11 +289,16 @@ class FabricTransport(Transport):
             for peer, channel in peers():
                 self._check_peer(peer, what(), channel)
 
-    def _blocking(self, what: Any, peer: int, operation: Callable[..., None], *args: Any) -> None:
-        """Run a blocking fabric transfer (``channel.write_flagged``, ``read_now``); its failures, as ours.
+    def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., None], *args: Any) -> None:
+        """Run a blocking fabric transfer on ``channel`` (``write_flagged``, ``read_now``); its failures, as ours.
 
-        ``what`` names the transfer (a Key: "writing" it), formatted only when it fails.
+        ``what`` names the transfer (a Key: "writing" it), formatted only when it fails. While it runs
+        (in C, for as long as the timeout), the watchdog checks that the peer lives (see :meth:`_watch`).
         """
+        token = object()
+        self._inflight[token] = (peer, channel, time.monotonic())
+        if self._watchdog is None:
+            self._start_watchdog()
         try:
             operation(*args, timeout=self.timeout_s)
         except FabricInterrupted:
@@ -302,6 +311,34 @@ class FabricTransport(Transport):
         except FabricError as exc:
             what = f"writing {what}" if isinstance(what, tuple) else what
             raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
+        finally:
+            self._inflight.pop(token, None)
+
+    def _start_watchdog(self) -> None:
+        with self._lock:
+            if self._watchdog is None and not self._closed.is_set():
+                self._watchdog = threading.Thread(target=self._watch, name=f"{self.name}-{self.rank}-watchdog",
+                                                  daemon=True)
+                self._watchdog.start()
+
+    def _watch(self) -> None:
+        """Once a second: a transfer running for a second or more to a peer that answered before and no
+        longer does (its process is gone) has its channel marked failed, so that it returns at once.
+
+        Without this a transfer to a dead peer would wait out its timeout: UCX's own detection of failed
+        peers is off (see ``UcxDevice.peer_errors``).
+        """
+        while not self._closed.wait(LIVENESS_EVERY_S):
+            now = time.monotonic()
+            for peer, channel, started in list(self._inflight.values()):
+                if now - started < LIVENESS_EVERY_S or channel.failed() is not None or peer not in self._peer_devices:
+                    continue
+                try:
+                    alive = self._peer(peer).alive()
+                except TransportError:
+                    return  # closed
+                if not alive:
+                    channel.fail()
 
     def stats(self) -> TransportStats:
         """The ledger, whose ``registrations`` are every memory registration the device made since start.
@@ -319,5 +356,4 @@ class FabricTransport(Transport):
         try:
             return channel.wait(future, self.timeout_s)
         except FabricError as exc:
-            what = f"writing {what}" if isinstance(what, tuple) else what
             raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None

@@ -135,6 +135,10 @@ class Channel(ABC):
     def failed(self) -> str | None:
         """Why the connection failed, or None while it is healthy."""
 
+    @abstractmethod
+    def fail(self) -> None:
+        """Mark the connection failed (its peer is known to be gone): transfers in flight on it return an error."""
+
     # the per-transfer path: one blocking call per transfer, no future, no Python in between
 
     @abstractmethod

@@ -702,10 +702,11 @@ class ZeroCopyTransport(FabricTransport):
         outgoing.step[0] = key.step
         trailer[8] = tag(seq)
         if data.nbytes >= SPREAD_BYTES and len(outgoing.lanes) > 1:
-            self._blocking(key, key.dst, self.device.write_flagged_lanes, outgoing.lanes, data, target, trailer,
-                           outgoing.flag_target)
+            self._blocking(key, key.dst, outgoing.channel, self.device.write_flagged_lanes, outgoing.lanes, data,
+                           target, trailer, outgoing.flag_target)
         else:
-            self._blocking(key, key.dst, outgoing.channel.write_flagged, data, target, trailer, outgoing.flag_target)
+            self._blocking(key, key.dst, outgoing.channel, outgoing.channel.write_flagged, data, target, trailer,
+                           outgoing.flag_target)
 
     def _send_static(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int) -> None:
         if array.shape != outgoing.shape or array.dtype != outgoing.dtype:
@@ -832,7 +833,7 @@ class ZeroCopyTransport(FabricTransport):
             high = max(incoming.index for incoming in incomings) + 1
             span = mirror.block.array[COUNTERS_BYTES * low: COUNTERS_BYTES * high]
             target = mirror.table.at(COUNTERS_BYTES * low, COUNTERS_BYTES * (high - low))
-            self._blocking("granting credits", mirror.src, mirror.channel.write_flagged, span, target)
+            self._blocking("granting credits", mirror.src, mirror.channel, mirror.channel.write_flagged, span, target)
         self.ledger.add(control_messages=1)
 
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
@@ -845,7 +846,8 @@ class ZeroCopyTransport(FabricTransport):
         try:
             if meta.source is not None:
                 try:
-                    self._blocking(f"reading {key}", key.src, incoming.channel.read_now, block.array, meta.source)
+                    self._blocking(f"reading {key}", key.src, incoming.channel, incoming.channel.read_now, block.array,
+                                   meta.source)
                 except ValueError as exc:
                     raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a meta-data record for {key} "
                                     f"that cannot be read: {exc}") from None

@@ -33,6 +33,7 @@ typedef struct ucp_address ucp_address_t;
 #define UCS_INPROGRESS ...
 #define UCS_ERR_BUSY ...
 #define UCS_ERR_TIMED_OUT ...
+#define UCS_ERR_CONNECTION_RESET ...
 
 const char *ucs_status_string(ucs_status_t status);
 const char *ucp_get_version_string(void);
@@ -73,14 +74,14 @@ int tt_is_request(ucs_status_ptr_t ptr);
 
 ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length, uint64_t remote,
                             ucp_rkey_h rkey, const void *trailer, size_t trailer_length, uint64_t trailer_remote,
-                            ucp_rkey_h trailer_rkey, int64_t timeout_ns, volatile int *stop);
+                            ucp_rkey_h trailer_rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
 ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
                                   const void *data, size_t length, uint64_t remote, const void *trailer,
                                   size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
-                                  int64_t timeout_ns, volatile int *stop);
+                                  int64_t timeout_ns, volatile int *stop, volatile int *failed);
 #define TT_MAX_LANES ...
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
-                         ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop);
+                         ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
 int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
                   volatile int *stop);
 int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns, volatile int *stop);
@@ -318,10 +319,11 @@ static void tt_nap(int64_t ns)
 }
 
 /* Progress `worker` from this thread until `request` (a *_nbx result) completes, `*stop` is set
-   or `deadline_ns` passes; the request is freed either way (UCX finishes it on its own). While a
+   `*failed` (the endpoint's error slot) is set, or `deadline_ns` passes; the request is freed either
+   way (UCX finishes it on its own). While a
    transfer of ours is in flight this thread never sleeps, it only yields its core when idle. */
 static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int64_t deadline_ns,
-                              volatile int *stop)
+                              volatile int *stop, volatile int *failed)
 {
     ucs_status_t status;
     unsigned idle = 0;
@@ -335,6 +337,10 @@ static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int
         idle = ucp_worker_progress(worker) ? 0 : idle + 1;
         status = ucp_request_check_status(request);
         if (status != UCS_INPROGRESS) {
+            break;
+        }
+        if (*failed) { /* the connection failed: UCX said so, or the transport found the peer dead */
+            status = (ucs_status_t)*failed;
             break;
         }
         if (*stop || tt_now_ns() > deadline_ns) {
@@ -352,7 +358,8 @@ static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int
 
 /* put `length` bytes and flush: when it returns UCS_OK they are at the target */
 static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
-                                   uint64_t remote, ucp_rkey_h rkey, int64_t deadline_ns, volatile int *stop)
+                                   uint64_t remote, ucp_rkey_h rkey, int64_t deadline_ns, volatile int *stop,
+                                   volatile int *failed)
 {
     ucs_status_ptr_t put = tt_put(ep, data, length, remote, rkey);
     if (UCS_PTR_IS_ERR(put)) {
@@ -361,7 +368,7 @@ static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void 
     if (put != NULL) {
         ucp_request_free(put); /* the flush below completes after it */
     }
-    return tt_finish(worker, tt_ep_flush(ep), deadline_ns, stop);
+    return tt_finish(worker, tt_ep_flush(ep), deadline_ns, stop, failed);
 }
 
 /* One transfer: write the data, flush, write the trailer (whose last byte is the flag), flush.
@@ -370,15 +377,16 @@ static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void 
 static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
                                    uint64_t remote, ucp_rkey_h rkey, const void *trailer, size_t trailer_length,
                                    uint64_t trailer_remote, ucp_rkey_h trailer_rkey, int64_t timeout_ns,
-                                   volatile int *stop)
+                                   volatile int *stop, volatile int *failed)
 {
     int64_t deadline = tt_now_ns() + timeout_ns;
     ucs_status_t status = UCS_OK;
     if (length) {
-        status = tt_put_flushed(worker, ep, data, length, remote, rkey, deadline, stop);
+        status = tt_put_flushed(worker, ep, data, length, remote, rkey, deadline, stop, failed);
     }
     if (status == UCS_OK && trailer_length) {
-        status = tt_put_flushed(worker, ep, trailer, trailer_length, trailer_remote, trailer_rkey, deadline, stop);
+        status = tt_put_flushed(worker, ep, trailer, trailer_length, trailer_remote, trailer_rkey, deadline, stop,
+                                failed);
     }
     return status;
 }
@@ -393,7 +401,7 @@ static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void 
 static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
                                          const void *data, size_t length, uint64_t remote, const void *trailer,
                                          size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
-                                         int64_t timeout_ns, volatile int *stop)
+                                         int64_t timeout_ns, volatile int *stop, volatile int *failed)
 {
     int64_t deadline = tt_now_ns() + timeout_ns;
     ucs_status_ptr_t flushes[TT_MAX_LANES];
@@ -447,13 +455,13 @@ static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, u
         if (!busy) {
             break;
         }
-        if (*stop || tt_now_ns() > deadline) {
+        if (*failed || *stop || tt_now_ns() > deadline) {
             for (i = 0; i < used; i++) {
                 if (flushes[i] != NULL) {
                     ucp_request_free(flushes[i]);
                 }
             }
-            return UCS_ERR_TIMED_OUT;
+            return *failed ? (ucs_status_t)*failed : UCS_ERR_TIMED_OUT;
         }
         events = 0;
         for (i = 0; i < used; i++) {
@@ -469,16 +477,16 @@ static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, u
     }
     if (status == UCS_OK && trailer_length) {
         status = tt_put_flushed(workers[0], eps[0], trailer, trailer_length, trailer_remote, trailer_rkey, deadline,
-                                stop);
+                                stop, failed);
     }
     return status;
 }
 
 /* A one-sided read, waited for from this thread. */
 static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
-                                ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop)
+                                ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed)
 {
-    return tt_finish(worker, tt_get(ep, buffer, length, remote, rkey), tt_now_ns() + timeout_ns, stop);
+    return tt_finish(worker, tt_get(ep, buffer, length, remote, rkey), tt_now_ns() + timeout_ns, stop, failed);
 }
 
 /* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then nap with
