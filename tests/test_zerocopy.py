@@ -322,3 +322,31 @@ def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
     after = _held_resources()
     # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
     assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_a_large_write_spread_over_lanes_arrives_whole(fabric):
+    """With several lanes per peer a write of SPREAD_BYTES or more goes over all of them, then the flag."""
+    from transports.zerocopy.transport import SPREAD_BYTES
+
+    n = 3 * SPREAD_BYTES // 4 + 5  # int32: three lanes' chunks and a ragged end
+    spec = TensorSpec("big", (n,), np.int32, 0, 1)
+    pair = start_pair("zerocopy", fabric_transport=fabric, lanes_per_peer=3)
+    try:
+        for transport in pair:
+            transport.plan([spec])
+        spread = []
+        write_lanes = pair[0].device.write_flagged_lanes
+        pair[0].device.write_flagged_lanes = lambda channels, *args, **kw: (spread.append(len(channels)),
+                                                                             write_lanes(channels, *args, **kw))
+        tensor = pair[0].allocate(spec)
+        for step in range(4):
+            tensor[:] = np.arange(n, dtype=np.int32) * (step + 1)
+            sending = pair[0].send_async(Key("big", step, 0, 1), tensor)
+            np.testing.assert_array_equal(pair[1].recv(Key("big", step, 0, 1)), tensor)
+            sending.result(timeout=30)
+        outgoing = pair[0]._outgoing[("big", 1)]
+        assert len({id(lane) for lane in outgoing.lanes}) == 3
+        assert spread == [3] * 4
+    finally:
+        close(pair)
