@@ -352,6 +352,7 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[s
         "deserialisations_per_transfer": both.deserialisations / per,
         "control_messages_per_transfer": both.control_messages / per,
         "registrations": both.registrations,
+        "registrations_per_transfer": both.registrations / per,
         "fabric": fabric_label(sender.fabric),
     }
 

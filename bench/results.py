@@ -66,12 +66,14 @@ COLUMNS: dict[str, list[str]] = {
         "p50_us", "p99_us", "mean_us", "min_us", "max_us", "transfer_p50_us", "consume_p50_us",
         "throughput_MBps", "of_reference", "sender_cpu_s", "receiver_cpu_s", "sender_cpu_us_per_transfer",
         "receiver_cpu_us_per_transfer", "copied_bytes_per_transfer", "serialisations_per_transfer",
-        "deserialisations_per_transfer", "control_messages_per_transfer", "registrations", "fabric",
+        "deserialisations_per_transfer", "control_messages_per_transfer", "registrations",
+        "registrations_per_transfer", "fabric",
     ],
     "model": [
         "transport", "model", "batch_size", "servers", "steps", "step_time_s", "throughput_batches_per_s",
         "compute_s", "comm_s", "apply_s", "ps_wait_s", "worker_peak_rss_mb", "ps_peak_rss_mb",
-        "copied_bytes_per_step", "runtime_copied_bytes_per_step", "model_mb", "fabric", "isolated_network",
+        "copied_bytes_per_step", "runtime_copied_bytes_per_step", "registrations_per_step",
+        "control_messages_per_step", "model_mb", "fabric", "isolated_network",
         "compute", "launcher", "link_rate", "link_peak_MBps",
     ],
 }

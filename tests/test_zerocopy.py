@@ -350,3 +350,49 @@ def test_a_large_write_spread_over_lanes_arrives_whole(fabric):
         assert spread == [3] * 4
     finally:
         close(pair)
+
+
+def test_a_step_of_many_tensors_costs_one_credit_message_per_peer(fabric):
+    """recv_many posts a step's receives together: one write of credits to the sender, none per tensor."""
+    specs = [TensorSpec(f"w{i}", (64 + i,), np.float32, 0, 1) for i in range(12)]
+    pair = pair_of("zerocopy", fabric, specs)
+    try:
+        arrays = [pair[0].allocate(spec) for spec in specs]
+
+        def step(s):
+            keys = [Key(spec.name, s, 0, 1) for spec in specs]
+            sends = [pair[0].send_async(key, array) for key, array in zip(keys, arrays, strict=True)]
+            for array, received in zip(arrays, pair[1].recv_many(keys), strict=True):
+                np.testing.assert_array_equal(received, array)
+            for sending in sends:
+                sending.result(timeout=30)
+
+        for s in range(2):  # connects every tensor
+            step(s)
+        sender, receiver = ledger_delta(pair, lambda: [step(s) for s in range(2, 7)])
+        assert receiver.control_messages == 5  # one credit write per step to the one peer
+        assert sender.control_messages == 0  # a transfer's flag is part of its write
+        assert sender.tensors_sent == receiver.tensors_received == 5 * len(specs)
+    finally:
+        close(pair)
+
+
+def test_an_idle_receiver_does_not_burn_a_core(fabric):
+    """A receive waiting with nothing arriving naps: far below a spinning core (bench measures the real share)."""
+    import resource
+
+    pair = pair_of("zerocopy", fabric, [TensorSpec("idle", (16,), np.float32, 0, 1)])
+    try:
+        send_steps(pair, "idle", np.ones(16, np.float32), range(1))
+
+        def cpu_s():
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            return usage.ru_utime + usage.ru_stime
+
+        before, started = cpu_s(), time.monotonic()
+        with pytest.raises(TransportError):
+            pair[1].recv(Key("idle", 1, 0, 1), timeout=3)
+        share = (cpu_s() - before) / (time.monotonic() - started)
+        assert share < 0.5, f"an idle receive used {share:.0%} of a core"
+    finally:
+        close(pair)

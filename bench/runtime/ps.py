@@ -610,6 +610,9 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
         "ps_peak_rss_mb": max(t.extra["peak_rss_mb"] for t in servers),
         "copied_bytes_per_step": (transport_copied + runtime_copied) / steps,
         "runtime_copied_bytes_per_step": runtime_copied / steps,
+        # every memory registration (and control message) of every process in the timed steps
+        "registrations_per_step": sum(s["registrations"] for s in stats) / steps,
+        "control_messages_per_step": sum(s["control_messages"] for s in stats) / steps,
         "model_mb": workers[0].extra.get("model_mb"),
         "fabric": fabric.get("fabric", "none"),
     }
