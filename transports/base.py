@@ -436,6 +436,8 @@ class Transport(ABC):
 
     def _check_array(self, key: Key, array: Any) -> None:
         """Refuse an array whose dtype cannot travel as raw bytes (see :func:`dtype_problem`)."""
+        if type(array) is np.ndarray and array.dtype in _PLAIN_DTYPES:  # the common case, checked per transfer
+            return
         try:
             dtype = np.asarray(array).dtype
         except Exception as exc:  # whatever the object, the answer is a clear ValueError
@@ -489,6 +491,10 @@ def key_problem(key: Any) -> str | None:
         if not _is_int(rank) or rank < 0:
             return f"its {side} must be a non-negative integer rank, got {rank!r}"
     return None
+
+
+#: dtypes that travel as raw bytes: numbers and booleans (dtype_problem() is None for each)
+_PLAIN_DTYPES = frozenset(np.dtype(code) for code in "?bBhHiIlLqQefdgFDG")
 
 
 def dtype_problem(dtype: np.dtype) -> str | None:

@@ -382,6 +382,9 @@ class ZeroCopyTransport(FabricTransport):
 
     def _incoming_slot(self, name: str, src: int) -> _Incoming:
         """The receive slot for ``name`` from ``src``: static when the plan knows its shape."""
+        incoming = self._incoming.get((name, src))  # slots are only ever added: no lock to find one
+        if incoming is not None:
+            return incoming
         with self._lock:
             key = (name, src)
             if key not in self._incoming:
@@ -486,8 +489,7 @@ class ZeroCopyTransport(FabricTransport):
             return tables[-1], used % CREDIT_TABLE_ENTRIES
 
     def _connect(self, name: str, dst: int) -> _Outgoing:
-        with self._lock:
-            outgoing = self._outgoing.get((name, dst))
+        outgoing = self._outgoing.get((name, dst))  # only ever added: no lock to find one
         if outgoing is not None:
             return outgoing
         # tensors are spread over the lanes (and so the progress threads) by name; a large one over all of them
@@ -714,7 +716,8 @@ class ZeroCopyTransport(FabricTransport):
                 f"{self.name}: {key} has {array.dtype} {array.shape}, but the receiver placed it as "
                 f"{outgoing.dtype} {outgoing.shape}"
             )
-        self._write_flagged(outgoing, self._flat(outgoing, array), outgoing.slot, seq, key)
+        data = self._flat(outgoing, array) if self.stages_sends else array  # the tensor's own bytes
+        self._write_flagged(outgoing, data, outgoing.slot, seq, key)
 
     def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
         if array.ndim > MAX_DIMS:
@@ -741,9 +744,20 @@ class ZeroCopyTransport(FabricTransport):
     # receiving -------------------------------------------------------------
 
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
-        for _, array in self.recv_each([key], timeout):
-            return array
-        raise AssertionError("unreachable: recv_each yields every key")
+        """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
+        self._check_key(key, "recv")
+        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        with self._operation():
+            incoming = self._incoming_slot(key.name, key.src)
+            with incoming.lock:
+                self._post([incoming])
+                waiter = incoming.waiter
+                if waiter is None:
+                    waiter = incoming.waiter = self.device.flag_set([incoming.flag])
+                waiter.reset()
+                peers = [(key.src, incoming.channel)]
+                self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline)
+                return self._take(incoming, key)
 
     def recv_async(self, key: Key) -> Future:
         self._check_key(key, "recv")
@@ -761,13 +775,7 @@ class ZeroCopyTransport(FabricTransport):
                 for incoming in sorted(incomings, key=lambda i: (i.src, i.name)):  # one order: no deadlock
                     held.enter_context(incoming.lock)
                 self._post(incomings)
-                if len(incomings) == 1:  # recv: a wait on one flag, made once per slot
-                    flags = incomings[0].waiter
-                    if flags is None:
-                        flags = incomings[0].waiter = self.device.flag_set([incomings[0].flag])
-                    flags.reset()
-                else:
-                    flags = self.device.flag_set([incoming.flag for incoming in incomings])
+                flags = self.device.flag_set([incoming.flag for incoming in incomings])
                 pending = dict(enumerate(keys))
 
                 def what() -> str:
