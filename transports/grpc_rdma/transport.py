@@ -313,16 +313,20 @@ class GrpcRdmaTransport(FabricTransport):
 
     # writing to a peer -----------------------------------------------------
 
-    def _write_entry(self, link: _Link, imm: int) -> None:
-        """Put the next immediate-ring entry into the peer's ring (the caller holds link.lock)."""
+    def _write_entry(self, link: _Link, imm: int, data: np.ndarray | None = None,
+                     target: RemoteRegion | None = None) -> None:
+        """Put the next immediate-ring entry into the peer's ring, after ``data`` (if any) is at ``target``:
+        one write-with-immediate (the caller holds link.lock)."""
         slot = link.written % link.slots
         entry = link.tx_entry.array
         entry[:4].view(np.uint32)[0] = imm
         entry[8] = lap(link.written, link.slots)
         channel = link.channel
-        self._fabric(channel, channel.write(entry[:9], link.peer_ring.at(slot * RING_ENTRY, 9)),
-                     "writing an immediate", link.peer)
-        self._fabric(channel, channel.flush(), "writing an immediate", link.peer)
+        ring = link.peer_ring.at(slot * RING_ENTRY, 9)
+        if data is None:
+            data, target = entry[:0], ring
+        self._blocking("writing an immediate", link.peer, channel, channel.write_flagged, data, target, entry[:9],
+                       ring)
         self._fabric(channel, channel.notify(), "waking the peer", link.peer)  # its "completion event"
         link.written += 1
 
@@ -341,12 +345,8 @@ class GrpcRdmaTransport(FabricTransport):
                 return
             message = link.queue.popleft()
             encode(message, link.tx_message.array)
-            channel = link.channel
-            self._fabric(channel, channel.write(link.tx_message.array, link.peer_message), "writing a message",
-                         link.peer)
-            self._fabric(channel, channel.flush(), "writing a message", link.peer)
             link.remote_busy = True
-            self._write_entry(link, IMM_MESSAGE)
+            self._write_entry(link, IMM_MESSAGE, link.tx_message.array, link.peer_message)
             self.messages_sent[message.type.name] += 1
             self.ledger.add(control_messages=1)
 
@@ -354,11 +354,9 @@ class GrpcRdmaTransport(FabricTransport):
         """Write tensor content to where a request asked, then its immediate (the request index)."""
         with link.lock:
             if source.nbytes:
-                channel = link.channel
-                target = RemoteRegion(addr, source.nbytes, rkey)
-                self._fabric(channel, channel.write(source, target), "writing tensor content", link.peer)
-                self._fabric(channel, channel.flush(), "writing tensor content", link.peer)
-            self._write_entry(link, index)
+                self._write_entry(link, index, source, RemoteRegion(addr, source.nbytes, rkey))
+            else:
+                self._write_entry(link, index)
 
     # sending: passive --------------------------------------------------------
 
