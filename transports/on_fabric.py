@@ -2,9 +2,10 @@
 
 A fabric transport owns a device (UCX), a registered memory pool, a control
 server (gRPC, setup only, refusing callers without the run's token) and a
-client per peer; it waits for flags and counters by spinning briefly, then
-backing off, checking that the peer lives; and ``close()`` waits for
-operations in flight before tearing the device down.
+client per peer; it waits in the fabric (flags, counters, blocking transfers)
+in slices of a second, checking between them that the peer lives, with a
+watchdog for transfers in flight; and ``close()`` interrupts those waits and
+waits for operations in flight before tearing the device down.
 """
 
 from __future__ import annotations
@@ -35,13 +36,11 @@ from transports.fabric.netdev import ucx_net_devices
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
 
-#: waiting for a flag or a counter: spin this long, then sleep in growing steps, short ones
-#: (at most SHORT_BACKOFF_S) for the first PATIENT_S, then up to MAX_BACKOFF_S; a one-sided
-#: write raises no event at the target, so a sleeper finds out only when it looks again
+#: grpc_rdma's poller: spin this long, then sleep in growing steps up to MAX_BACKOFF_S (flags and
+#: counters of the other fabric transports are waited for in the fabric, see Device.flag_set)
 SPIN_S = 0.002
-SHORT_BACKOFF_S = 100e-6
-PATIENT_S = 0.02
 MAX_BACKOFF_S = 0.001
+#: how often a waiter checks that its peer lives
 LIVENESS_EVERY_S = 1.0
 #: a device address is this many worker addresses at most, each at most MAX_ADDRESS_BYTES
 MAX_WORKERS = 64
@@ -233,30 +232,6 @@ class FabricTransport(Transport):
         return {"device": [a.hex() for a in self.device.address]}
 
     # waiting ---------------------------------------------------------------
-
-    def _wait_until(self, ready: Callable[[], bool], what: str, peer: int, deadline: float,
-                    channel: Channel | None = None) -> None:
-        """Return once ``ready()``; spin briefly, then back off, checking the peer now and then."""
-        started = time.perf_counter()
-        backoff = 20e-6
-        next_check = time.monotonic() + LIVENESS_EVERY_S
-        while not ready():
-            if self._closed.is_set():
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what}")
-            waited = time.perf_counter() - started
-            if waited < SPIN_S:
-                os.sched_yield()  # releases the GIL for the progress threads, without a timer's slack
-                continue
-            now = time.monotonic()
-            if now > deadline:
-                raise TransportTimeout(
-                    f"{self.name}: {what} did not complete within {self.timeout_s:g} s (peer {self.peer_name(peer)})"
-                )
-            if now > next_check:
-                next_check = now + LIVENESS_EVERY_S
-                self._check_peer(peer, what, channel)
-            self.device.wait_for_activity(backoff)
-            backoff = min(backoff * 2, SHORT_BACKOFF_S if waited < PATIENT_S else MAX_BACKOFF_S)
 
     def _check_peer(self, peer: int, what: str, channel: Channel | None) -> None:
         reason = channel.failed() if channel is not None else None

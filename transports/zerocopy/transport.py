@@ -244,7 +244,7 @@ class _Outgoing:
 
     name: str
     dst: int
-    channel: Channel
+    lanes: list[Channel]  # every lane to ``dst``; the tensor's own lane first
     table: Block  # the credit table towards ``dst`` this tensor's counters are an entry of
     index: int  # the entry: [receives posted, reads done], written by the receiver
     staging: Block  # trailer and meta-data record to write from
@@ -256,7 +256,6 @@ class _Outgoing:
     dtype: np.dtype | None = None
     seq: int = 0
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
-    lanes: list[Channel] = field(default_factory=list)  # every lane to ``dst``, ``channel`` first
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -266,6 +265,11 @@ class _Outgoing:
         self.posted, self.reads_done = counters[0:1], counters[1:2]
         self.trailer = self.staging.array[TRAILER_AT:]
         self.step = self.trailer[:8].view(np.int64)
+
+    @property
+    def channel(self) -> Channel:
+        """The tensor's own lane: its trailers, and every write not spread over the lanes."""
+        return self.lanes[0]
 
     @property
     def counters(self) -> RemoteRegion:
@@ -496,7 +500,7 @@ class ZeroCopyTransport(FabricTransport):
         peer, first = self._peer_device(dst), zlib.crc32(name.encode())
         lanes = [self.device.channel(peer, lane=first + i) for i in range(self.lanes_per_peer)]
         table, index = self._credit_entry(dst)
-        outgoing = _Outgoing(name, dst, lanes[0], table, index, staging=self.pool.alloc(CONTROL_BYTES), lanes=lanes)
+        outgoing = _Outgoing(name, dst, lanes, table, index, staging=self.pool.alloc(CONTROL_BYTES))
         request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],
                    "counters": outgoing.counters.to_json(), "index": index}
         with self._lock:

@@ -668,12 +668,6 @@ class UcxDevice(Device):
         while self._expired:
             self._expired.pop().release()
 
-    def is_registered(self, array: np.ndarray) -> bool:
-        start = array.__array_interface__["data"][0]
-        end = start + array.nbytes
-        with self._lock:
-            return any(lo <= start and end <= hi for lo, hi in self._registered)
-
     def registrations(self) -> int:
         """How many regions are registered now (those whose memory died are released first)."""
         self._release_expired()
