@@ -1,0 +1,565 @@
+"""The verbs fabric without an RDMA NIC: its pure setup (device, port and GID choice, queue-pair
+attributes, the connection exchange, lane mapping), the generic memory waits, availability and tool().
+
+What needs hardware (queue pairs, transfers, completions) cannot run here; when pyverbs is
+importable, the plain queue-pair attributes are still turned into real ``pyverbs.qp.QPAttr``
+objects, which needs no device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from transports import fabric
+from transports.fabric import waits
+from transports.fabric.base import FabricError, FabricInterrupted
+from transports.fabric.settings import RdmaSettings, read_settings
+from transports.fabric.verbs import device as verbs_device
+from transports.fabric.verbs import setup
+from transports.fabric.verbs.device import PYVERBS_MISSING, VerbsDevice
+from transports.fabric.verbs.setup import (
+    IBV_LINK_LAYER_ETHERNET,
+    IBV_LINK_LAYER_INFINIBAND,
+    IBV_PORT_ACTIVE,
+    Choice,
+    DeviceInfo,
+    GidEntry,
+    LaneEndpoint,
+    PortInfo,
+)
+
+HAVE_PYVERBS = importlib.util.find_spec("pyverbs") is not None
+needs_pyverbs = pytest.mark.skipif(not HAVE_PYVERBS, reason="pyverbs is not importable (PYTHONPATH=/tmp/pvlink)")
+
+IB_GID = bytes.fromhex("fe800000000000009a039bfffe00e4bf")
+LINK_LOCAL = bytes.fromhex("fe800000000000009a039bfffe00aaaa")
+IPV4_GID = bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 7])
+PORT_DOWN = 1
+IB_GIDS = (GidEntry(0, IB_GID),)
+
+
+def ib_port(number=1, state=IBV_PORT_ACTIVE, lid=7, mtu=4096, gids=IB_GIDS, pkeys=16):
+    return PortInfo(number, state, lid, IBV_LINK_LAYER_INFINIBAND, mtu, tuple(gids), pkeys)
+
+
+def roce_port(number=1, state=IBV_PORT_ACTIVE, mtu=1024, gids=()):
+    return PortInfo(number, state, 0, IBV_LINK_LAYER_ETHERNET, mtu, tuple(gids), 1)
+
+
+def choice_for(devices, **settings) -> Choice:
+    return setup.choose(devices, RdmaSettings(**settings))
+
+
+# -- device, port and GID choice --------------------------------------------------------------------
+
+
+def test_the_first_device_with_an_active_port_is_chosen():
+    devices = [DeviceInfo("mlx5_0", (ib_port(state=PORT_DOWN),)),
+               DeviceInfo("mlx5_1", (ib_port(1, state=PORT_DOWN), ib_port(2, lid=9)))]
+    chosen = choice_for(devices)
+    assert (chosen.device, chosen.port, chosen.lid, chosen.mtu) == ("mlx5_1", 2, 9, 4096)
+    assert chosen.gid_index is None and not chosen.is_global  # InfiniBand: LID routing
+    assert chosen.gid == IB_GID
+
+
+def test_rdma_device_and_port_pick_them():
+    devices = [DeviceInfo("mlx5_0", (ib_port(1), ib_port(2, lid=3))), DeviceInfo("mlx5_1", (ib_port(1, lid=5),))]
+    assert (choice_for(devices, device="mlx5_1").device, choice_for(devices, device="mlx5_1").lid) == ("mlx5_1", 5)
+    assert choice_for(devices, port=2).lid == 3
+    # RDMA_DEVICE_PORT alone: the first device that has that port active
+    assert choice_for([DeviceInfo("a", (ib_port(1),)), DeviceInfo("b", (ib_port(1), ib_port(2)))], port=2).device == "b"
+
+
+def test_an_unknown_rdma_device_names_the_devices_here():
+    devices = [DeviceInfo("mlx5_0", (ib_port(),)), DeviceInfo("mlx5_1", (ib_port(),))]
+    with pytest.raises(FabricError) as caught:
+        choice_for(devices, device="mlx9")
+    assert str(caught.value) == "RDMA_DEVICE=mlx9 is not one of the RDMA devices here: mlx5_0, mlx5_1"
+
+
+def test_port_errors_name_the_variable_and_the_ports():
+    devices = [DeviceInfo("mlx5_0", (ib_port(1), ib_port(2, state=PORT_DOWN)))]
+    with pytest.raises(FabricError, match=r"RDMA_DEVICE_PORT=3 is not a port of mlx5_0 \(its ports: 1, 2\)"):
+        choice_for(devices, device="mlx5_0", port=3)
+    with pytest.raises(FabricError, match=r"RDMA_DEVICE_PORT=2: port 2 of mlx5_0 is not active \(active ports: 1\)"):
+        choice_for(devices, device="mlx5_0", port=2)
+    with pytest.raises(FabricError, match="RDMA_DEVICE_PORT=2: no RDMA device here has that port active"):
+        choice_for(devices, port=2)
+
+
+def test_a_device_without_an_active_port_is_named():
+    devices = [DeviceInfo("mlx5_0", (ib_port(1, state=PORT_DOWN),)), DeviceInfo("mlx5_1", (ib_port(1, state=2),))]
+    with pytest.raises(FabricError, match=r"RDMA_DEVICE=mlx5_0 has no active port .*mlx5_0 \(port 1 down\)"):
+        choice_for(devices, device="mlx5_0")
+    with pytest.raises(FabricError, match=r"no RDMA device has an active port: mlx5_0 \(port 1 down\); "
+                                          r"mlx5_1 \(port 1 init\)"):
+        choice_for(devices)
+    assert setup.inactive_reason(devices) == ("no RDMA device has an active port: mlx5_0 (port 1 down); "
+                                              "mlx5_1 (port 1 init)")
+    assert setup.inactive_reason([*devices, DeviceInfo("mlx5_2", (ib_port(),))]) is None
+    with pytest.raises(FabricError, match="no RDMA device found"):
+        choice_for([])
+
+
+def test_roce_prefers_a_roce_v2_ipv4_gid():
+    gids = [GidEntry(0, LINK_LOCAL, False), GidEntry(1, LINK_LOCAL, True), GidEntry(2, IPV4_GID, False),
+            GidEntry(3, IPV4_GID, True)]
+    chosen = choice_for([DeviceInfo("rocep1s0", (roce_port(gids=gids),))])
+    assert (chosen.gid_index, chosen.gid, chosen.is_global) == (3, IPV4_GID, True)
+    # without an IPv4 one: the first RoCE v2 entry; without RoCE v2: the first entry
+    assert choice_for([DeviceInfo("r", (roce_port(gids=gids[:3]),))]).gid_index == 1
+    assert choice_for([DeviceInfo("r", (roce_port(gids=[gids[0], gids[2]]),))]).gid_index == 0
+    # empty entries do not count
+    assert choice_for([DeviceInfo("r", (roce_port(gids=[GidEntry(0, bytes(16)), gids[2]]),))]).gid_index == 2
+    with pytest.raises(FabricError, match="has no GID: give its interface an IP address, or set RDMA_GID_INDEX"):
+        choice_for([DeviceInfo("r", (roce_port(gids=[GidEntry(0, bytes(16))]),))])
+
+
+def test_rdma_gid_index_picks_the_gid_and_global_routing():
+    gids = [GidEntry(0, IB_GID), GidEntry(1, LINK_LOCAL)]
+    chosen = choice_for([DeviceInfo("mlx5_0", (ib_port(gids=gids),))], gid_index=1)
+    assert (chosen.gid_index, chosen.gid, chosen.is_global) == (1, LINK_LOCAL, True)
+    with pytest.raises(FabricError, match=r"RDMA_GID_INDEX=5 is not a valid GID of mlx5_0 port 1 "
+                                          r"\(valid indexes: 0, 1\)"):
+        choice_for([DeviceInfo("mlx5_0", (ib_port(gids=gids),))], gid_index=5)
+
+
+def test_pkey_index_must_be_in_the_port_table():
+    devices = [DeviceInfo("mlx5_0", (ib_port(pkeys=2),))]
+    assert choice_for(devices, pkey_index=1).pkey_index == 1
+    with pytest.raises(FabricError, match="RDMA_QP_PKEY_INDEX=2 is beyond the partition key table of mlx5_0 port 1"):
+        choice_for(devices, pkey_index=2)
+
+
+# -- queue-pair attributes ----------------------------------------------------------------------------
+
+IB = Choice("mlx5_0", 1, 7, IBV_LINK_LAYER_INFINIBAND, 4096, None, IB_GID, 0)
+ROCE = Choice("rocep1s0", 2, 0, IBV_LINK_LAYER_ETHERNET, 1024, 3, IPV4_GID, 0)
+
+
+def peer_of(choice: Choice, mtu=None, rd_atomic=16, lid=11) -> setup.DeviceAddress:
+    return setup.DeviceAddress(bytes(range(16)), lid, 1, choice.link_layer, mtu or choice.mtu, rd_atomic,
+                               LINK_LOCAL)
+
+
+def test_init_attributes():
+    attrs = setup.init_attributes(replace(IB, pkey_index=3))
+    assert attrs.fields == {"qp_state": setup.IBV_QPS_INIT, "pkey_index": 3, "port_num": 1,
+                            "qp_access_flags": setup.IBV_ACCESS_LOCAL_WRITE | setup.IBV_ACCESS_REMOTE_WRITE
+                            | setup.IBV_ACCESS_REMOTE_READ}
+    assert attrs.fields["qp_access_flags"] == 7  # local write, remote write, remote read: no atomics
+    assert attrs.mask == setup.IBV_QP_STATE | setup.IBV_QP_PKEY_INDEX | setup.IBV_QP_PORT | setup.IBV_QP_ACCESS_FLAGS
+    assert attrs.ah is None
+
+
+def test_rtr_on_infiniband_routes_by_lid():
+    settings = RdmaSettings(service_level=3, traffic_class=40)
+    attrs = setup.rtr_attributes(IB, peer_of(IB, lid=11), LaneEndpoint(0x12345, 777), 8, settings)
+    assert attrs.fields == {"qp_state": setup.IBV_QPS_RTR, "path_mtu": 5, "dest_qp_num": 0x12345, "rq_psn": 777,
+                            "max_dest_rd_atomic": 8, "min_rnr_timer": setup.MIN_RNR_TIMER}
+    ah = attrs.ah
+    assert (ah.port_num, ah.dlid, ah.sl, ah.is_global) == (1, 11, 3, False)
+    assert ah.dgid == bytes(16) and ah.traffic_class == 0  # no global header: no GID, no traffic class
+    assert attrs.mask == (setup.IBV_QP_STATE | setup.IBV_QP_AV | setup.IBV_QP_PATH_MTU | setup.IBV_QP_DEST_QPN
+                          | setup.IBV_QP_RQ_PSN | setup.IBV_QP_MAX_DEST_RD_ATOMIC | setup.IBV_QP_MIN_RNR_TIMER)
+
+
+def test_rtr_on_roce_carries_a_global_header():
+    settings = RdmaSettings(service_level=2, traffic_class=106)
+    attrs = setup.rtr_attributes(ROCE, peer_of(ROCE, lid=0), LaneEndpoint(5, 6), 16, settings)
+    ah = attrs.ah
+    assert (ah.port_num, ah.is_global, ah.dgid, ah.sgid_index, ah.traffic_class, ah.sl) == (
+        2, True, LINK_LOCAL, 3, 106, 2)
+    assert ah.hop_limit == setup.HOP_LIMIT
+    assert ah.dgid_text == "fe80:0000:0000:0000:9a03:9bff:fe00:aaaa"
+    assert attrs.fields["path_mtu"] == 3  # IBV_MTU_1024
+
+
+@pytest.mark.parametrize(("setting", "local", "remote", "expected"), [
+    (None, 4096, 4096, 4096), (None, 4096, 2048, 2048), (None, 1024, 4096, 1024), (512, 4096, 4096, 512),
+    (4096, 2048, 4096, 2048)])
+def test_path_mtu_is_the_smallest(setting, local, remote, expected):
+    choice = replace(IB, mtu=local)
+    attrs = setup.rtr_attributes(choice, peer_of(choice, mtu=remote), LaneEndpoint(1, 1), 16,
+                                 RdmaSettings(mtu=setting))
+    assert setup.MTU_BYTES[attrs.fields["path_mtu"]] == expected
+
+
+def test_rtr_refuses_another_link_layer():
+    with pytest.raises(FabricError, match="cannot connect InfiniBand port mlx5_0:1 to a peer on Ethernet"):
+        setup.rtr_attributes(IB, peer_of(ROCE), LaneEndpoint(1, 1), 16, RdmaSettings())
+
+
+def test_rts_attributes_defaults_and_settings():
+    attrs = setup.rts_attributes(4242, peer_of(IB, rd_atomic=4), 16, RdmaSettings())
+    assert attrs.fields == {"qp_state": setup.IBV_QPS_RTS, "sq_psn": 4242, "timeout": 14, "retry_cnt": 7,
+                            "rnr_retry": 7, "max_rd_atomic": 4}
+    assert attrs.mask == (setup.IBV_QP_STATE | setup.IBV_QP_SQ_PSN | setup.IBV_QP_TIMEOUT | setup.IBV_QP_RETRY_CNT
+                          | setup.IBV_QP_RNR_RETRY | setup.IBV_QP_MAX_QP_RD_ATOMIC)
+    tuned = setup.rts_attributes(1, peer_of(IB), 2, RdmaSettings(timeout=20, retry_count=0))
+    assert (tuned.fields["timeout"], tuned.fields["retry_cnt"], tuned.fields["max_rd_atomic"]) == (20, 0, 2)
+
+
+def test_rd_atomic_limit():
+    assert setup.rd_atomic_limit(16, 16) == 16
+    assert setup.rd_atomic_limit(64, 4) == 4
+    assert setup.rd_atomic_limit(0, 0) == 1
+
+
+def test_gid_text_round_trip():
+    assert setup.gid_bytes(setup.gid_text(IB_GID)) == IB_GID
+    with pytest.raises(ValueError, match="is not a GID"):
+        setup.gid_bytes("fe80::1")
+
+
+# -- the connection exchange ----------------------------------------------------------------------------
+
+
+def test_address_round_trip_and_instances_differ():
+    first, second = setup.new_address(ROCE, 8), setup.new_address(ROCE, 8)
+    assert first.instance != second.instance and len(first.instance) == 16
+    encoded = setup.encode_address(first)
+    assert isinstance(encoded, bytes) and len(encoded) <= setup.MAX_ADDRESS_BYTES
+    assert setup.decode_address(encoded) == first
+    assert (first.lid, first.port, first.link_layer, first.mtu, first.rd_atomic, first.gid) == (
+        0, 2, IBV_LINK_LAYER_ETHERNET, 1024, 8, IPV4_GID)
+
+
+def _address_with(**changes) -> bytes:
+    fields = {"magic": b"TTV1", "instance": bytes(16), "lid": 1, "port": 1, "link_layer": 1, "mtu": 4096,
+              "rd_atomic": 16, "gid": IB_GID, **changes}
+    return setup._ADDRESS.pack(*fields.values())
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ("00ff", "must be bytes, not str"),
+    (b"\x00" * 10, f"has {setup._ADDRESS.size} bytes, not 10"),
+    (_address_with(magic=b"UCX!"), "starts with"),
+    (_address_with(link_layer=9), "unknown link layer 9"),
+    (_address_with(mtu=1500), "MTU 1500"),
+    (_address_with(port=0), "port 0"),
+    (_address_with(rd_atomic=0), "serves no RDMA reads"),
+])
+def test_malformed_addresses_are_refused(data, message):
+    with pytest.raises(ValueError, match=message):
+        setup.decode_address(data)
+
+
+def test_request_and_reply_round_trip():
+    address = setup.encode_address(setup.new_address(IB, 16))
+    lanes = [LaneEndpoint(0xFFFFFF, 0), LaneEndpoint(17, 0xABCDE)]
+    request = setup.connect_request(address, lanes)
+    import json
+
+    raw, decoded, parsed = setup.parse_request(json.loads(json.dumps(request)), 2)
+    assert raw == address and decoded == setup.decode_address(address) and parsed == lanes
+    reply = setup.connect_reply(lanes[::-1])
+    assert setup.parse_reply(json.loads(json.dumps(reply)), 2) == lanes[::-1]
+
+
+def _request(**changes):
+    request = setup.connect_request(setup.encode_address(setup.new_address(IB, 16)), [LaneEndpoint(1, 2)])
+    request.update(changes)
+    return request
+
+
+def _lane(**changes):
+    return _request(lanes=[{"qp_num": 1, "psn": 2, **changes}])
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    ([], "must be an object with exactly"),
+    ({"address": "00", "lanes": []}, "must be an object with exactly"),
+    (_request(extra=1), "must be an object with exactly"),
+    (_request(verbs=2), "version 2"),
+    (_request(verbs=True), "version True"),
+    (_request(address=5), "'address' must be a hex string"),
+    (_request(address=""), "'address' must be a hex string"),
+    (_request(address="ab" * 8193), "'address' must be a hex string"),
+    (_request(address="zz"), "is not hex"),
+    (_request(address="00" * setup._ADDRESS.size), "starts with"),
+    (_request(lanes={"qp_num": 1}), "'lanes' must be a list"),
+    (_request(lanes=[]), "has 0 lanes, this device 1"),
+    (_request(lanes=[{"qp_num": 1, "psn": 2}] * 2), "has 2 lanes, this device 1"),
+    (_request(lanes=[[1, 2]]), "exactly 'qp_num' and 'psn'"),
+    (_lane(extra=3), "exactly 'qp_num' and 'psn'"),
+    (_lane(qp_num=2**24), "'qp_num' must be an integer in"),
+    (_lane(qp_num=-1), "'qp_num' must be an integer in"),
+    (_lane(qp_num=True), "'qp_num' must be an integer in"),
+    (_lane(qp_num="7"), "'qp_num' must be an integer in"),
+    (_lane(psn=2**24), "'psn' must be an integer in"),
+    (_lane(psn=1.0), "'psn' must be an integer in"),
+])
+def test_malformed_requests_are_refused(request_, message):
+    with pytest.raises(ValueError, match=message):
+        setup.parse_request(request_, 1)
+
+
+@pytest.mark.parametrize(("reply", "message"), [
+    (None, "must be an object with exactly"),
+    ({"verbs": 1, "lanes": [], "address": "00"}, "must be an object with exactly"),
+    ({"verbs": 1, "lanes": [{"qp_num": 1, "psn": 1}]}, "has 1 lanes, this device 2"),
+    ({"verbs": 1, "lanes": [{"qp_num": 1, "psn": 1}, {"qp_num": None, "psn": 1}]}, "lane 1 .*'qp_num'"),
+])
+def test_malformed_replies_are_refused(reply, message):
+    with pytest.raises(ValueError, match=message):
+        setup.parse_reply(reply, 2)
+
+
+def test_new_psns_are_24_bit_and_vary():
+    psns = {setup.new_psn() for _ in range(64)}
+    assert all(0 <= psn < 2**24 for psn in psns) and len(psns) > 1
+
+
+# -- lanes, queue pairs, completion queues ---------------------------------------------------------------
+
+
+def test_lanes_map_to_queue_pairs_and_queue_pairs_to_cqs_round_robin():
+    assert [setup.qp_index(lane, 3) for lane in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [setup.cq_index(qp, 2) for qp in range(5)] == [0, 1, 0, 1, 0]
+    assert [setup.cq_index(qp, 4) for qp in range(2)] == [0, 1]  # more CQs than queue pairs: some idle
+    with pytest.raises(ValueError, match="negative"):
+        setup.qp_index(-1, 2)
+
+
+@pytest.mark.parametrize(("nbytes", "parts"), [(1, 4), (64, 4), (1000, 3), (1 << 20, 4), (1 << 20 | 5, 3),
+                                               (4096, 1), (130, 2)])
+def test_spread_covers_the_data_in_aligned_pieces(nbytes, parts):
+    pieces = setup.spread(nbytes, parts)
+    assert 1 <= len(pieces) <= parts
+    assert sum(length for _, length in pieces) == nbytes
+    assert all(length > 0 for _, length in pieces)
+    assert [offset for offset, _ in pieces] == list(np.cumsum([0] + [length for _, length in pieces[:-1]]))
+    assert all(offset % 64 == 0 for offset, _ in pieces)
+    assert setup.spread(0, 4) == []
+    assert len(setup.spread(1 << 20, 4)) == 4
+
+
+def test_perftest_arguments_come_from_the_settings():
+    assert setup.perftest_arguments(RdmaSettings()) == ()
+    assert setup.perftest_arguments(RdmaSettings(device="mlx5_1", port=2, gid_index=3)) == (
+        "-d", "mlx5_1", "-i", "2", "-x", "3")
+    assert setup.perftest_arguments(RdmaSettings(gid_index=0)) == ("-x", "0")
+
+
+def test_no_device_reason():
+    assert setup.no_device_reason("x") == "no RDMA device found (x)"
+
+
+# -- memory waits ----------------------------------------------------------------------------------------
+
+
+def _later(delay, action):
+    thread = threading.Thread(target=lambda: (time.sleep(delay), action()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_flag_raised_from_another_thread_is_seen():
+    memory = np.zeros(3, np.uint8)
+    flags = [memory[i : i + 1] for i in range(3)]
+    flag_set = waits.PolledFlagSet(flags, threading.Event(), "test")
+    assert flag_set.wait_any(0.01) is None
+    _later(0.05, lambda: memory.__setitem__(2, 1))
+    assert flag_set.wait_any(5.0) == 2
+    flag_set.done(2)
+    assert flag_set.wait_any(0.01) is None  # done: no longer watched
+    memory[0] = 1
+    assert flag_set.wait_any(0.01) == 0
+    flag_set.done(0)
+    flag_set.reset()
+    assert flag_set.wait_any(0.01) == 0
+
+
+def test_counters():
+    counter = np.zeros(1, np.uint64)
+    assert not waits.wait_counter(counter, 0, 0.01, threading.Event(), "test")
+    _later(0.05, lambda: counter.__setitem__(0, 3))
+    assert waits.wait_counter(counter, 2, 5.0, threading.Event(), "test")
+    assert not waits.wait_counter(counter, 3, 0.01, threading.Event(), "test")
+    counters = [np.zeros(1, np.uint64) for _ in range(3)]
+    assert waits.wait_counters(counters, [0, 0, 0], 0.01, threading.Event(), "test") is None
+    _later(0.05, lambda: counters[1].__setitem__(0, 5))
+    assert waits.wait_counters(counters, [0, 4, 0], 5.0, threading.Event(), "test") == 1
+    with pytest.raises(ValueError, match="2 counters but 1 thresholds"):
+        waits.wait_counters(counters[:2], [0], 0.01, threading.Event(), "test")
+
+
+def test_interrupt_ends_waits():
+    stop = threading.Event()
+    counter = np.zeros(1, np.uint64)
+    flag_set = waits.PolledFlagSet([np.zeros(1, np.uint8)], stop, "verbs")
+    _later(0.05, stop.set)
+    start = time.monotonic()
+    with pytest.raises(FabricInterrupted, match="verbs: the wait was interrupted"):
+        waits.wait_counter(counter, 0, 30.0, stop, "verbs")
+    assert time.monotonic() - start < 5
+    with pytest.raises(FabricInterrupted):
+        flag_set.wait_any(30.0)
+    with pytest.raises(FabricInterrupted):
+        waits.wait_counters([counter], [0], 30.0, stop, "verbs")
+
+
+def test_idle_waits_nap():
+    """An idle waiter sleeps (naps grow to MAX_NAP_S): over 0.2 s it polls far fewer times than a spin would."""
+    calls = []
+    waits.poll_until(lambda: calls.append(1), 0.2, threading.Event(), "test")
+    assert 10 < len(calls) < 0.2 / waits.MAX_NAP_S + 200
+
+
+# -- the backend's class-level behaviour ---------------------------------------------------------------
+
+
+def test_the_registry_opens_verbs_by_name():
+    assert fabric.backend("verbs") is VerbsDevice
+    assert VerbsDevice.name == "verbs" and VerbsDevice.immediates
+    assert VerbsDevice.reference_tools == ("ib_write_bw", "ib_write_lat")
+    assert list(VerbsDevice.fabric_transports) == ["auto"]
+    assert VerbsDevice.without_effect(read_settings({"RDMA_QP_MTU": "1024", "RDMA_QP_SL": "1"})) == {}
+
+
+def test_availability_without_pyverbs_gives_the_install_hint(monkeypatch):
+    for name in [name for name in sys.modules if name == "pyverbs" or name.startswith("pyverbs.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "pyverbs", None)
+    status = VerbsDevice.availability()
+    assert status == (False, PYVERBS_MISSING)
+    assert "\n" not in status.reason and "pip install -e '.[verbs]'" in status.reason
+    assert fabric.availability("verbs") == status
+    with pytest.raises(FabricError, match="pyverbs is not installed"):
+        VerbsDevice()
+
+
+@needs_pyverbs
+def test_availability_without_a_device_says_so():
+    status = VerbsDevice.availability()
+    assert not status.ok
+    assert status.reason.startswith("no RDMA device found"), status.reason
+    with pytest.raises(FabricError, match="the verbs fabric is not available here: no RDMA device found"):
+        fabric.open_device("verbs")
+
+
+def test_hardware_is_described_from_what_pyverbs_reports():
+    """``_hardware`` over a stand-in for pyverbs: ports, MTU enums, GID entries and their RoCE v2 type."""
+
+    class Error(Exception):
+        pass
+
+    class Context:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def query_device(self):
+            return SimpleNamespace(phys_port_cnt=2)
+
+        def query_port(self, number):
+            return SimpleNamespace(state=IBV_PORT_ACTIVE if number == 2 else PORT_DOWN, lid=0, link_layer=2,
+                                   active_mtu=3, gid_tbl_len=4, pkey_tbl_len=1)
+
+        def query_gid(self, port, index):
+            if index == 3:
+                raise Error("no such entry")
+            return SimpleNamespace(gid=setup.gid_text(IPV4_GID if index == 1 else bytes(16) if index == 2
+                                                      else LINK_LOCAL))
+
+        def query_gid_type(self, port, index):
+            return 1 if index == 1 else 0
+
+    pv = SimpleNamespace(
+        device=SimpleNamespace(get_device_list=lambda: [SimpleNamespace(name=b"rocep1s0")], Context=Context),
+        pyverbs_error=SimpleNamespace(PyverbsError=Error),
+        enums=SimpleNamespace(IBV_GID_TYPE_SYSFS_ROCE_V2=1))
+    (info,) = verbs_device._hardware(pv)
+    assert info.name == "rocep1s0" and [port.number for port in info.ports] == [1, 2]
+    port = info.ports[1]
+    assert (port.active, port.active_mtu, port.link_layer) == (True, 1024, IBV_LINK_LAYER_ETHERNET)
+    assert port.gids == (GidEntry(0, LINK_LOCAL, False), GidEntry(1, IPV4_GID, True))  # 2 empty, 3 unreadable
+    chosen = setup.choose([info], RdmaSettings())
+    assert (chosen.port, chosen.gid_index) == (2, 1)
+
+    def no_list():
+        raise Error("Failed to get devices list")
+
+    pv.device.get_device_list = no_list
+    with pytest.raises(FabricError, match=r"^no RDMA device found \(Failed to get devices list"):
+        verbs_device._hardware(pv)
+    pv.device.get_device_list = list
+    with pytest.raises(FabricError, match=r"^no RDMA device found \(the device list is empty"):
+        verbs_device._hardware(pv)
+
+
+def test_tool_finds_perftest_on_path(monkeypatch):
+    monkeypatch.setattr(verbs_device.shutil, "which", lambda name: f"/usr/bin/{name}")
+    for name in ("RDMA_DEVICE", "RDMA_DEVICE_PORT", "RDMA_GID_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    tool = VerbsDevice.tool("ib_write_bw")
+    assert (tool.name, str(tool.path), tool.arguments) == ("ib_write_bw", "/usr/bin/ib_write_bw", ())
+    monkeypatch.setenv("RDMA_DEVICE", "mlx5_1")
+    monkeypatch.setenv("RDMA_GID_INDEX", "3")
+    tool = VerbsDevice.tool("ib_write_lat")
+    assert tool.arguments == ("-d", "mlx5_1", "-x", "3")
+    assert tool.environment["RDMA_DEVICE"] == "mlx5_1"
+    with pytest.raises(ValueError, match="unknown fabric transport 'tcp'"):
+        VerbsDevice.tool("ib_write_bw", "tcp")
+    with pytest.raises(FabricError, match="no reference tool 'ucx_perftest'"):
+        VerbsDevice.tool("ucx_perftest")
+
+
+def test_tool_without_perftest_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(verbs_device.shutil, "which", lambda name: None)
+    with pytest.raises(FabricError, match=r"ib_write_bw is not installed .*apt install perftest"):
+        VerbsDevice.tool("ib_write_bw")
+
+
+# -- against the real pyverbs (no device needed) ---------------------------------------------------------
+
+
+@needs_pyverbs
+def test_constants_agree_with_pyverbs():
+    import pyverbs.enums as e
+
+    for name in ("IBV_PORT_ACTIVE", "IBV_LINK_LAYER_INFINIBAND", "IBV_LINK_LAYER_ETHERNET", "IBV_QPS_INIT",
+                 "IBV_QPS_RTR", "IBV_QPS_RTS", "IBV_ACCESS_LOCAL_WRITE", "IBV_ACCESS_REMOTE_WRITE",
+                 "IBV_ACCESS_REMOTE_READ", "IBV_QP_STATE", "IBV_QP_ACCESS_FLAGS", "IBV_QP_PKEY_INDEX", "IBV_QP_PORT",
+                 "IBV_QP_AV", "IBV_QP_PATH_MTU", "IBV_QP_TIMEOUT", "IBV_QP_RETRY_CNT", "IBV_QP_RNR_RETRY",
+                 "IBV_QP_RQ_PSN", "IBV_QP_MAX_QP_RD_ATOMIC", "IBV_QP_MIN_RNR_TIMER", "IBV_QP_SQ_PSN",
+                 "IBV_QP_MAX_DEST_RD_ATOMIC", "IBV_QP_DEST_QPN"):
+        assert getattr(setup, name) == int(getattr(e, name)), name
+    for mtu, enum in setup.MTU_ENUM.items():
+        assert int(getattr(e, f"IBV_MTU_{mtu}")) == enum
+
+
+@needs_pyverbs
+def test_plain_attributes_become_pyverbs_qp_attrs():
+    pv = verbs_device._pyverbs()
+    settings = RdmaSettings(service_level=4, traffic_class=32, timeout=18, retry_count=5)
+    init = verbs_device.qp_attr(pv, setup.init_attributes(replace(ROCE, pkey_index=0)))
+    assert (init.qp_state, init.port_num, init.pkey_index, init.qp_access_flags) == (1, 2, 0, 7)
+
+    rtr = verbs_device.qp_attr(pv, setup.rtr_attributes(ROCE, peer_of(ROCE), LaneEndpoint(0xABC, 99), 16, settings))
+    assert (rtr.qp_state, rtr.path_mtu, rtr.dest_qp_num, rtr.rq_psn, rtr.max_dest_rd_atomic, rtr.min_rnr_timer) == (
+        2, 3, 0xABC, 99, 16, setup.MIN_RNR_TIMER)
+    ah = rtr.ah_attr
+    assert (ah.is_global, ah.port_num, ah.sl, ah.sgid_index, ah.hop_limit, ah.traffic_class) == (1, 2, 4, 3, 64, 32)
+    assert ah.dgid == "fe80:0000:0000:0000:9a03:9bff:fe00:aaaa"
+
+    ib = verbs_device.qp_attr(pv, setup.rtr_attributes(IB, peer_of(IB, lid=23), LaneEndpoint(1, 2), 16, settings))
+    assert (ib.ah_attr.is_global, ib.ah_attr.dlid, ib.ah_attr.sl, ib.path_mtu) == (0, 23, 4, 5)
+
+    rts = verbs_device.qp_attr(pv, setup.rts_attributes(1234, peer_of(IB, rd_atomic=8), 16, settings))
+    assert (rts.qp_state, rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic) == (
+        3, 1234, 18, 5, 7, 8)

@@ -1,0 +1,982 @@
+"""The ``verbs`` fabric: reliable-connected queue pairs on an RDMA NIC, through rdma-core's pyverbs.
+
+The paper's RDMA device (its Table 1 and section 3.1) as it describes it: ``num_cqs`` completion
+queues (``progress_threads``), each polled by its own progress thread, and ``num_qps_per_peer``
+RC queue pairs per peer (``lanes_per_peer``), lane ``i`` on CQ ``i % num_cqs``. Every work request
+is signaled; its completion, routed by ``wr_id``, completes the Future the caller holds. Queue
+pairs are agreed with the peer once per peer over the control path (``channel(..., exchange)``
+here, :meth:`VerbsDevice.accept` there). The decisions that need no hardware (device, port and
+GID choice, queue-pair attributes, the exchange's encoding, lane mapping) are in ``setup.py``.
+
+pyverbs is imported only when a device is opened or asked whether it can run, so this module
+imports without it. A progress thread polls its CQ (spinning briefly while work requests are
+outstanding, otherwise napping up to :data:`transports.fabric.waits.MAX_NAP_S`) rather than
+sleeping on a completion channel: pyverbs exposes no completion channel descriptor to wait on
+with a timeout, and its ``get_cq_event`` blocks until an event, which a stopping thread may never
+get. A caller blocked on a transfer polls the CQ itself for a moment first, which saves the
+hand-off to the progress thread for small transfers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.metadata
+import itertools
+import os
+import shutil
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from transports.common import Availability, aligned_empty, done_future, settle
+from transports.fabric import waits
+from transports.fabric.base import (
+    Channel,
+    Device,
+    Exchange,
+    FabricError,
+    FabricInterrupted,
+    FabricTimeout,
+    FlagSet,
+    MemRegion,
+    RemoteRegion,
+    Tool,
+)
+from transports.fabric.settings import RdmaSettings, read_settings
+from transports.fabric.verbs.setup import (
+    ACCESS_FLAGS,
+    GID_SCAN,
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_READ,
+    MTU_BYTES,
+    Choice,
+    DeviceAddress,
+    DeviceInfo,
+    GidEntry,
+    LaneEndpoint,
+    PortInfo,
+    QpAttributes,
+    choose,
+    connect_reply,
+    connect_request,
+    cq_index,
+    decode_address,
+    encode_address,
+    gid_bytes,
+    inactive_reason,
+    init_attributes,
+    new_address,
+    new_psn,
+    no_device_reason,
+    parse_reply,
+    parse_request,
+    perftest_arguments,
+    qp_index,
+    rd_atomic_limit,
+    rtr_attributes,
+    rts_attributes,
+    spread,
+)
+
+PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
+                   "or Debian's python3-pyverbs with tools/use-system-pyverbs")
+ALIGNMENT = 64
+REGISTRATION_CACHE_SIZE = 256
+#: completions taken from a CQ per poll
+POLL_BATCH = 32
+#: the wr_id of every receive work request (sends count from 1)
+RECV_WR_ID = 0
+#: CQ entries per queue pair: a send and a receive queue of ``queue_depth`` each
+CQES_PER_QP = 2
+#: a blocked caller re-checks interrupts and its deadline this often
+WAIT_SLICE_S = 0.05
+#: a progress thread with work requests outstanding naps at most this long between polls
+BUSY_NAP_S = 0.00005
+
+_MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "qp", "wr", "pyverbs_error")
+
+
+def _pyverbs() -> SimpleNamespace:
+    """pyverbs' modules by short name; ImportError if pyverbs is not installed."""
+    return SimpleNamespace(**{name: importlib.import_module(f"pyverbs.{name}") for name in _MODULES})
+
+
+def _pyverbs_version() -> str | None:
+    try:
+        return importlib.metadata.version("pyverbs")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gid_entry(pv: SimpleNamespace, context, port: int, index: int) -> GidEntry | None:
+    """GID ``index`` of ``port``, or None if the entry is empty or cannot be read."""
+    try:
+        gid = gid_bytes(context.query_gid(port, index).gid)
+    except (pv.pyverbs_error.PyverbsError, ValueError):
+        return None
+    if not any(gid):
+        return None
+    try:
+        roce_v2 = context.query_gid_type(port, index) == pv.enums.IBV_GID_TYPE_SYSFS_ROCE_V2
+    except (pv.pyverbs_error.PyverbsError, AttributeError):
+        roce_v2 = False
+    return GidEntry(index, gid, roce_v2)
+
+
+def _describe_device(pv: SimpleNamespace, context, name: str, gid_index: int | None) -> DeviceInfo:
+    """What ``context`` reports of its ports: states, LIDs, link layers, MTUs, GID tables (in part)."""
+    ports = []
+    for number in range(1, context.query_device().phys_port_cnt + 1):
+        attr = context.query_port(number)
+        indexes = set(range(min(attr.gid_tbl_len, GID_SCAN)))
+        if gid_index is not None and gid_index < attr.gid_tbl_len:
+            indexes.add(gid_index)
+        gids = tuple(entry for index in sorted(indexes) if (entry := _gid_entry(pv, context, number, index)))
+        ports.append(PortInfo(number, attr.state, attr.lid, attr.link_layer, MTU_BYTES.get(attr.active_mtu, 1024),
+                              gids, attr.pkey_tbl_len))
+    return DeviceInfo(name, tuple(ports))
+
+
+def _hardware(pv: SimpleNamespace, gid_index: int | None = None) -> list[DeviceInfo]:
+    """Every RDMA device here, described; FabricError when there is none or one cannot be opened."""
+    try:
+        devices = pv.device.get_device_list()
+    except pv.pyverbs_error.PyverbsError as exc:
+        raise FabricError(no_device_reason(f"{exc}: no RDMA driver loaded? ibv_devices lists them")) from None
+    if not devices:
+        raise FabricError(no_device_reason("the device list is empty; ibv_devices lists them"))
+    found = []
+    for device in devices:
+        name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
+        try:
+            with pv.device.Context(name=name) as context:
+                found.append(_describe_device(pv, context, name, gid_index))
+        except pv.pyverbs_error.PyverbsError as exc:
+            raise FabricError(f"verbs: cannot open RDMA device {name}: {exc} "
+                              f"(permission on /dev/infiniband?)") from None
+    return found
+
+
+def qp_attr(pv: SimpleNamespace, attributes: QpAttributes):
+    """The pyverbs ``QPAttr`` of a transition that ``setup.py`` describes as plain data."""
+    attr = pv.qp.QPAttr(qp_state=attributes.fields["qp_state"])
+    for name, value in attributes.fields.items():
+        setattr(attr, name, value)
+    ah = attributes.ah
+    if ah is not None:
+        if ah.is_global:
+            dgid = pv.addr.GID()
+            dgid.gid = ah.dgid_text
+            route = pv.addr.GlobalRoute(dgid=dgid, sgid_index=ah.sgid_index, hop_limit=ah.hop_limit,
+                                        traffic_class=ah.traffic_class)
+            attr.ah_attr = pv.addr.AHAttr(gr=route, is_global=1, port_num=ah.port_num, dlid=ah.dlid, sl=ah.sl)
+        else:
+            attr.ah_attr = pv.addr.AHAttr(is_global=0, port_num=ah.port_num, dlid=ah.dlid, sl=ah.sl)
+    return attr
+
+
+def _status_text(pv: SimpleNamespace, status: int, vendor_error: int) -> str:
+    try:
+        name = pv.enums.ibv_wc_status(status).name
+    except ValueError:
+        name = f"status {status}"
+    return f"{pv.cq.cqe_status_to_str(status)} ({name}, vendor error {vendor_error:#x})"
+
+
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array that holds ``array``'s memory: the last ndarray up its chain of bases."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def _start(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+class VerbsRegion(MemRegion):
+    """A memory region (``ibv_reg_mr``) over ``array``'s memory, ``length`` bytes from its start.
+
+    Writable memory is registered for local write, remote write and remote read; read-only memory
+    (a registered source only) for remote read alone.
+    """
+
+    def __init__(self, device: VerbsDevice, array: np.ndarray, length: int, writable: bool = True) -> None:
+        access = ACCESS_FLAGS if writable else IBV_ACCESS_REMOTE_READ
+        try:
+            self.mr = device._pv.mr.MR(device.pd, length, access, address=_start(array))
+        except device._pv.pyverbs_error.PyverbsError as exc:
+            raise FabricError(f"verbs: registering {length} bytes at {_start(array):#x} failed: {exc} "
+                              f"(locked-memory limit? see ulimit -l)") from None
+        self.device = device
+        self.array = array
+        self.busy = 0  # work requests in flight that use this region's key
+        self._released = False
+        self._exported: RemoteRegion | None = None
+
+    @property
+    def lkey(self) -> int:
+        return self.mr.lkey
+
+    def export(self) -> RemoteRegion:
+        if self._exported is None:
+            self._exported = RemoteRegion(self.address, self.nbytes, self.mr.rkey.to_bytes(4, "little"))
+        return self._exported
+
+    def release(self) -> None:
+        """Deregister: the remote key is revoked. The memory (numpy's) stays valid for views of it."""
+        if not self._released:
+            self._released = True
+            self.mr.close()
+            self.device._forget(self)
+
+
+class _Poller:
+    """One completion queue and the progress thread that polls it (one of the paper's ``num_cqs``)."""
+
+    def __init__(self, device: VerbsDevice, index: int, cq) -> None:
+        self.device = device
+        self.cq = cq
+        self.cqes = cq.cqe
+        self.lock = threading.Lock()  # one poller of the CQ at a time (the thread or a blocked caller)
+        self.closed = False
+        self.outstanding = 0  # send work requests in flight on this CQ (under the device's lock)
+        self.queue_pairs = 0
+        self._thread = threading.Thread(target=self._run, name=f"verbs-progress-{index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll_once(self, wait: bool = True) -> int:
+        """Take up to :data:`POLL_BATCH` completions and handle them; 0 if none (or the CQ is busy and not ``wait``)."""
+        if not self.lock.acquire(blocking=wait):
+            return 0
+        try:
+            if self.closed:
+                return 0
+            found, completions = self.cq.poll(POLL_BATCH)
+            for completion in completions[:found]:
+                self.device._completed(completion)
+            return found
+        finally:
+            self.lock.release()
+
+    def reserve(self, queue_depth: int, max_cqe: int) -> None:
+        """Grow the CQ for one more queue pair (its send and receive queues complete here)."""
+        needed = (self.queue_pairs + 1) * CQES_PER_QP * queue_depth
+        if needed > max_cqe:
+            raise FabricError(f"verbs: {self.queue_pairs + 1} queue pairs of depth {queue_depth} need {needed} "
+                              f"completion queue entries, the device allows {max_cqe}: lower RDMA_QP_QUEUE_DEPTH, "
+                              f"or use more progress threads or fewer lanes per peer")
+        with self.lock:
+            if needed > self.cqes:
+                try:
+                    self.cq.resize(needed)
+                except self.device._pv.pyverbs_error.PyverbsError as exc:
+                    raise FabricError(f"verbs: growing a completion queue to {needed} entries failed: {exc}") from None
+                self.cqes = self.cq.cqe
+            self.queue_pairs += 1
+
+    def _run(self) -> None:
+        stopping = self.device._stopping
+        nap = waits.FIRST_NAP_S
+        while not stopping.is_set():
+            try:
+                found = self.poll_once()
+            except self.device._pv.pyverbs_error.PyverbsError as exc:
+                self.device._poller_failed(self, f"polling a completion queue failed: {exc}")
+                return
+            if found:
+                nap = waits.FIRST_NAP_S
+                continue
+            if self.outstanding:
+                stopping.wait(BUSY_NAP_S)
+            else:
+                stopping.wait(nap)
+                nap = min(nap * 2, waits.MAX_NAP_S)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self.lock:
+            self.closed = True
+
+
+class VerbsChannel(Channel):
+    """One RC queue pair to a peer (one lane), on the CQ of progress thread ``lane % progress_threads``."""
+
+    def __init__(self, device: VerbsDevice, peer: bytes, poller: _Poller) -> None:
+        pv = device._pv
+        self.device = device
+        self.peer = peer
+        self.poller = poller
+        depth = device.settings.queue_depth
+        cap = pv.qp.QPCap(max_send_wr=depth, max_recv_wr=depth, max_send_sge=1, max_recv_sge=1)
+        init = pv.qp.QPInitAttr(qp_type=pv.enums.IBV_QPT_RC, scq=poller.cq, rcq=poller.cq, cap=cap)
+        self.qp = pv.qp.QP(device.pd, init)
+        self.qp_num = self.qp.qp_num
+        self.psn = new_psn()
+        self.recv_wr = pv.wr.RecvWR(wr_id=RECV_WR_ID, num_sge=1, sg=[device._empty_sge()])
+        self._slots = threading.BoundedSemaphore(depth)  # free send queue entries
+        self._post_lock = threading.Lock()
+        self._last: Future | None = None  # the future of the last work request posted
+        self._error: str | None = None
+        self.closed = False
+
+    @property
+    def endpoint(self) -> LaneEndpoint:
+        return LaneEndpoint(self.qp_num, self.psn)
+
+    def _rkey(self, remote: RemoteRegion, nbytes: int, what: str) -> int:
+        if nbytes > remote.length:
+            raise ValueError(f"{what} of {nbytes} bytes does not fit a remote region of {remote.length}")
+        if len(remote.rkey) != 4:
+            raise FabricError(f"verbs: a remote key of {len(remote.rkey)} bytes is malformed (verbs keys have 4 "
+                              f"bytes: is the peer on another fabric?)")
+        return int.from_bytes(remote.rkey, "little")
+
+    def _post(self, opcode: int, local: np.ndarray, remote: RemoteRegion, what: str, imm: int = 0) -> Future:
+        """Post one signaled work request; its future completes with the work completion."""
+        device = self.device
+        future: Future = Future()
+        try:
+            device._check_open()
+            if self._error is not None:
+                raise FabricError(f"verbs: {what} on a failed connection: {self._error}")
+            rkey = self._rkey(remote, local.nbytes, what) if local.nbytes else 0
+            sge, region = device._sge(local)
+            work = device._pv.wr.SendWR(wr_id=next(device._wr_ids), opcode=opcode, num_sge=1, sg=[sge],
+                                        send_flags=device._pv.enums.IBV_SEND_SIGNALED, imm_data=imm)
+            work.set_wr_rdma(rkey, remote.addr)
+            while not self._slots.acquire(timeout=WAIT_SLICE_S):  # the send queue is full
+                device._check_open()
+                if device._interrupted.is_set():
+                    raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
+        except FabricError as exc:
+            future.set_exception(exc)
+            return future
+        device._track(work.wr_id, future, self, what, local, region)
+        try:
+            with self._post_lock:
+                self.qp.post_send(work)
+                self._last = future
+        except device._pv.pyverbs_error.PyverbsError as exc:
+            device._untrack(work.wr_id)
+            settle(future, error=FabricError(f"verbs: posting {what} failed: {exc}"))
+        return future
+
+    def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        return self._post(self.device._pv.enums.IBV_WR_RDMA_WRITE, local, remote, "RDMA write")
+
+    def read(self, local: np.ndarray, remote: RemoteRegion) -> Future:
+        if not local.flags.writeable:
+            raise ValueError("an RDMA read needs a writable destination")
+        return self._post(self.device._pv.enums.IBV_WR_RDMA_READ, local, remote, "RDMA read")
+
+    def flush(self) -> Future:
+        """Done when the last work request posted before it completed: an RC send queue completes in order."""
+        with self._post_lock:
+            last = self._last
+        if last is None or last.done():
+            return done_future() if last is None or last.exception() is None else last
+        flushed: Future = Future()
+        last.add_done_callback(lambda done: settle(flushed, error=done.exception()))
+        return flushed
+
+    def notify(self) -> Future:
+        """Nothing to do: an RDMA write raises no event at the peer (an immediate does, see write_with_imm)."""
+        return done_future()
+
+    def wait(self, future: Future, timeout: float | None = None):
+        return self.device._await(future, None if timeout is None else time.monotonic() + timeout, self.poller,
+                                  "the operation")
+
+    def _blocking(self, future: Future, deadline: float, what: str) -> None:
+        self.device._await(future, deadline, self.poller, what)
+
+    def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
+                      trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
+        """The data write, waited for, then the trailer's: a peer that sees the flag sees the data."""
+        deadline = time.monotonic() + timeout
+        write = self.device._pv.enums.IBV_WR_RDMA_WRITE
+        if data.nbytes:
+            self._blocking(self._post(write, data, remote, "RDMA write"), deadline, "RDMA write")
+        if trailer is not None:
+            self._blocking(self._post(write, trailer, trailer_remote, "RDMA write of a flag"), deadline,
+                           "RDMA write of a flag")
+
+    def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
+        if local.nbytes:
+            self._blocking(self.read(local, remote), time.monotonic() + timeout, "RDMA read")
+
+    def write_with_imm(self, data: np.ndarray, remote: RemoteRegion, imm: int, timeout: float = 60.0) -> None:
+        """RDMA WRITE_WITH_IMM: the peer's receive completion carries ``imm`` once ``data`` is in place."""
+        if type(imm) is not int or not 0 <= imm < 2**32:
+            raise ValueError(f"an immediate is a 32-bit unsigned integer, not {imm!r:.40}")
+        what = "RDMA write with immediate"
+        future = self._post(self.device._pv.enums.IBV_WR_RDMA_WRITE_WITH_IMM, data, remote, what, imm)
+        self._blocking(future, time.monotonic() + timeout, what)
+
+    def failed(self) -> str | None:
+        return self._error
+
+    def fail(self) -> None:
+        self.device._fail_channel(self, "the connection was marked failed (the peer is gone)")
+
+    def close(self) -> None:
+        self.closed = True
+        self.qp.close()
+
+
+class VerbsDevice(Device):
+    """An opened RDMA device: context, protection domain, ``progress_threads`` CQs and their threads.
+
+    ``fabric_transport``: only ``auto`` (RDMA_DEVICE, else the first device with an active port);
+    ``interfaces`` are not used (an RDMA device is chosen by RDMA_DEVICE, not by network interface);
+    ``settings``: the RDMA_* variables, all honoured (see ``setup.py``).
+    """
+
+    name = "verbs"
+    fabric_transports: ClassVar[dict[str, str]] = {
+        "auto": "the RDMA device RDMA_DEVICE names, else the first with an active port"}
+    immediates = True
+    reference_tools = ("ib_write_bw", "ib_write_lat")
+
+    def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
+                 interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None) -> None:
+        self._check_transport(fabric_transport)
+        if progress_threads < 1 or lanes_per_peer < 1:
+            raise ValueError("progress_threads and lanes_per_peer must be at least 1")
+        try:
+            self._pv = pv = _pyverbs()
+        except ImportError:
+            raise FabricError(f"verbs: {PYVERBS_MISSING}") from None
+        self.settings = settings or RdmaSettings()
+        self.lanes_per_peer = lanes_per_peer
+        self.choice: Choice = choose(_hardware(pv, self.settings.gid_index), self.settings)
+        self._lock = threading.Lock()
+        self._activity = threading.Condition()
+        self._immediates: list[tuple[tuple[bytes, ...], int]] = []
+        self._interrupted = threading.Event()  # interrupt_waits()
+        self._stopping = threading.Event()  # close(): progress threads end
+        self._closed = False
+        self._wr_ids = itertools.count(RECV_WR_ID + 1)
+        #: wr_id -> (future, channel, what, local buffer kept alive, its region) of send work requests in flight
+        self._pending: dict[int, tuple[Future, VerbsChannel, str, np.ndarray, VerbsRegion | None]] = {}
+        self._regions: set[VerbsRegion] = set()
+        self._allocated: dict[tuple[int, int], VerbsRegion] = {}
+        self._registered: OrderedDict[tuple[int, int], VerbsRegion] = OrderedDict()
+        self._expired: list[VerbsRegion] = []  # registrations whose arrays were garbage-collected
+        self._registrations_made = 0
+        self._peers: dict[bytes, list[VerbsChannel]] = {}  # peer address -> its lanes
+        self._extra: list[VerbsChannel] = []  # lanes of a second connection with a peer (both sides connected at once)
+        self._by_qp: dict[int, VerbsChannel] = {}
+        self._connecting: dict[bytes, threading.Lock] = {}
+        self.context = pv.device.Context(name=self.choice.device)
+        try:
+            attr = self.context.query_device()
+            depth = self.settings.queue_depth
+            if depth > attr.max_qp_wr:
+                raise FabricError(f"RDMA_QP_QUEUE_DEPTH={depth} is more than {self.choice.device} allows per queue "
+                                  f"pair ({attr.max_qp_wr})")
+            self.rd_atomic = rd_atomic_limit(attr.max_qp_rd_atom, attr.max_qp_init_rd_atom)
+            self._max_cqe = attr.max_cqe
+            self.pd = pv.pd.PD(self.context)
+            self._scratch_memory = aligned_empty((ALIGNMENT,), np.uint8, ALIGNMENT)
+            # the key of the zero-length scatter entries of receives and empty writes (not counted as a registration)
+            self._scratch = pv.mr.MR(self.pd, ALIGNMENT, IBV_ACCESS_LOCAL_WRITE, address=_start(self._scratch_memory))
+            initial = min(self._max_cqe, CQES_PER_QP * depth)
+            self._pollers = [_Poller(self, index, pv.cq.CQ(self.context, initial, None, None, 0))
+                             for index in range(progress_threads)]
+        except pv.pyverbs_error.PyverbsError as exc:
+            self.context.close()
+            raise FabricError(f"verbs: setting up {self.choice.device}: {exc}") from None
+        except BaseException:
+            self.context.close()
+            raise
+        self._device_address: DeviceAddress = new_address(self.choice, self.rd_atomic)
+        self._address = encode_address(self._device_address)
+        for poller in self._pollers:
+            poller.start()
+
+    # -- what the backend is ----------------------------------------------------------------------
+
+    @classmethod
+    def _check_transport(cls, fabric_transport: str) -> None:
+        if fabric_transport not in cls.fabric_transports:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' "
+                             f"(known: {', '.join(cls.fabric_transports)})")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        try:
+            pv = _pyverbs()
+        except ImportError:
+            return Availability(False, PYVERBS_MISSING)
+        try:
+            hardware = _hardware(pv)
+        except FabricError as exc:
+            return Availability(False, str(exc))
+        reason = inactive_reason(hardware)
+        return Availability(reason is None, reason or "")
+
+    @classmethod
+    def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
+        """None: verbs applies every RDMA_* variable (queue depth as each queue pair's send and receive depth)."""
+        return {}
+
+    @classmethod
+    def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
+        """perftest's ``ib_write_bw`` / ``ib_write_lat`` from PATH, with ``-d``/``-i``/``-x`` from RDMA_*."""
+        if name not in cls.reference_tools:
+            return super().tool(name, fabric_transport)
+        cls._check_transport(fabric_transport)
+        path = shutil.which(name)
+        if path is None:
+            raise FabricError(f"{name} is not installed (it is perftest's): apt install perftest")
+        return Tool(name, Path(path), dict(os.environ), perftest_arguments(read_settings()))
+
+    # -- memory ----------------------------------------------------------------------------------
+
+    @property
+    def registrations_made(self) -> int:
+        return self._registrations_made
+
+    def _new_region(self, array: np.ndarray, length: int, writable: bool) -> VerbsRegion:
+        region = VerbsRegion(self, array, length, writable)
+        with self._lock:
+            self._registrations_made += 1
+            self._regions.add(region)
+        return region
+
+    def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
+        """64-byte aligned process memory, registered. ``shared`` changes nothing: the NIC reaches any memory."""
+        self._check_open()
+        backing = aligned_empty((max(nbytes, 1),), np.uint8, ALIGNMENT)
+        region = self._new_region(backing[:nbytes], backing.nbytes, True)
+        with self._lock:
+            self._allocated[(region.address, region.address + backing.nbytes)] = region
+        return region
+
+    def _lookup(self, start: int, end: int) -> VerbsRegion | None:
+        with self._lock:
+            for (lo, hi), region in self._allocated.items():
+                if lo <= start and end <= hi:
+                    return region
+            for (lo, hi), region in self._registered.items():
+                if lo <= start and end <= hi:
+                    self._registered.move_to_end((lo, hi))
+                    return region
+        return None
+
+    def register(self, array: np.ndarray) -> MemRegion:
+        """Register ``array``'s memory, cached for as long as the memory lives.
+
+        The entry covers the whole buffer of the array that holds the memory (the last array up
+        ``array``'s chain of bases), so every view of it finds the same registration; the cache
+        does not keep that array alive, and deregisters the entry once it is garbage-collected (at
+        the next call into the cache, or at close). At most :data:`REGISTRATION_CACHE_SIZE` entries
+        stay, the least recently used going first (but none that a work request in flight uses).
+        """
+        self._check_open()
+        self._release_expired()
+        start = _start(array)
+        end = start + array.nbytes
+        found = self._lookup(start, end)
+        if found is not None:
+            return found
+        owner = _owner(array)
+        if owner.flags.c_contiguous and owner.nbytes:
+            lo = _start(owner)
+            if lo <= start and end <= lo + owner.nbytes:
+                start, end = lo, lo + owner.nbytes
+        if end == start:
+            raise ValueError("cannot register an empty array")
+        view = np.frombuffer((ctypes.c_uint8 * (end - start)).from_address(start), dtype=np.uint8)
+        writable = bool(owner.flags.writeable)
+        view.flags.writeable = writable
+        region = self._new_region(view, end - start, writable)
+        weakref.finalize(owner, self._expired.append, region)
+        evicted = []
+        with self._lock:
+            self._registered[(start, end)] = region
+            for key, old in list(self._registered.items()):
+                if len(self._registered) - len(evicted) <= REGISTRATION_CACHE_SIZE:
+                    break
+                if not old.busy and old is not region:
+                    evicted.append(old)
+                    del self._registered[key]
+        for old in evicted:
+            old.release()
+        return region
+
+    def _sge(self, array: np.ndarray):
+        """The scatter-gather entry of ``array`` (registered through the cache) and its region."""
+        if not array.nbytes:
+            return self._empty_sge(), None
+        if not array.flags.c_contiguous:
+            raise ValueError("verbs transfers need C-contiguous memory")
+        region = self.register(array)
+        return self._pv.wr.SGE(_start(array), array.nbytes, region.lkey), region
+
+    def _empty_sge(self):
+        return self._pv.wr.SGE(_start(self._scratch_memory), 0, self._scratch.lkey)
+
+    def _release_expired(self) -> None:
+        """Deregister the regions whose arrays died (deferred: a finalizer may run in any thread)."""
+        while self._expired:
+            self._expired.pop().release()
+
+    def registrations(self) -> int:
+        self._release_expired()
+        with self._lock:
+            return len(self._regions)
+
+    def _forget(self, region: VerbsRegion) -> None:
+        with self._lock:
+            self._regions.discard(region)
+            for table in (self._allocated, self._registered):
+                for key, value in list(table.items()):
+                    if value is region:
+                        del table[key]
+
+    # -- connections --------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> list[bytes]:
+        return [self._address]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FabricError("verbs: the device is closed")
+
+    def _modify(self, channel: VerbsChannel, attributes: QpAttributes, state: str) -> None:
+        try:
+            channel.qp.modify(qp_attr(self._pv, attributes), attributes.mask)
+        except self._pv.pyverbs_error.PyverbsError as exc:
+            raise FabricError(f"verbs: moving a queue pair to {state} failed: {exc}") from None
+
+    def _new_lanes(self, peer: bytes) -> list[VerbsChannel]:
+        """``lanes_per_peer`` queue pairs for ``peer`` in INIT, their receives (for immediates) posted."""
+        lanes: list[VerbsChannel] = []
+        try:
+            for lane in range(self.lanes_per_peer):
+                poller = self._pollers[cq_index(lane, len(self._pollers))]
+                poller.reserve(self.settings.queue_depth, self._max_cqe)
+                try:
+                    channel = VerbsChannel(self, peer, poller)
+                except BaseException:
+                    with self._lock:
+                        poller.queue_pairs -= 1
+                    raise
+                lanes.append(channel)
+                self._modify(channel, init_attributes(self.choice), "INIT")
+                for _ in range(self.settings.queue_depth):
+                    channel.qp.post_recv(channel.recv_wr)
+                with self._lock:
+                    self._by_qp[channel.qp_num] = channel
+        except self._pv.pyverbs_error.PyverbsError as exc:
+            self._discard(lanes)
+            raise FabricError(f"verbs: creating a queue pair failed: {exc}") from None
+        except BaseException:
+            self._discard(lanes)
+            raise
+        return lanes
+
+    def _connect_lanes(self, lanes: list[VerbsChannel], remote: DeviceAddress, theirs: list[LaneEndpoint]) -> None:
+        """INIT -> RTR -> RTS, each of our queue pairs with the peer's of the same lane."""
+        try:
+            for channel, their in zip(lanes, theirs, strict=True):
+                self._modify(channel, rtr_attributes(self.choice, remote, their, self.rd_atomic, self.settings), "RTR")
+                self._modify(channel, rts_attributes(channel.psn, remote, self.rd_atomic, self.settings), "RTS")
+        except BaseException:
+            self._discard(lanes)
+            raise
+
+    def _discard(self, lanes: list[VerbsChannel]) -> None:
+        with self._lock:
+            for channel in lanes:
+                self._by_qp.pop(channel.qp_num, None)
+                channel.poller.queue_pairs -= 1
+        for channel in lanes:
+            channel.close()
+
+    def _keep(self, peer: bytes, lanes: list[VerbsChannel]) -> list[VerbsChannel]:
+        """Record a connection; the first with a peer serves its channels, a second one (both sides connected
+        at the same time) still delivers what the peer sends on it."""
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                if peer in self._peers:
+                    self._extra.extend(lanes)
+                else:
+                    self._peers[peer] = lanes
+        if closed:
+            self._discard(lanes)
+            self._check_open()
+        return self._peers[peer]
+
+    def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
+        """Lane ``lane`` to ``peer``: the first call for a peer agrees on all its queue pairs with one exchange."""
+        if not peer:
+            raise FabricError("verbs: a peer address is empty")
+        key = bytes(peer[0])
+        index = qp_index(lane, self.lanes_per_peer)
+        with self._lock:
+            self._check_open()
+            lanes = self._peers.get(key)
+            connecting = self._connecting.setdefault(key, threading.Lock())
+        if lanes is not None:
+            return lanes[index]
+        if exchange is None:
+            raise FabricError("verbs: a connection to a new peer is agreed with it over the control path: "
+                              "channel() needs the exchange that reaches the peer's accept()")
+        try:
+            remote = decode_address(key)
+        except ValueError as exc:
+            raise FabricError(f"verbs: the peer's address is malformed: {exc}") from None
+        with connecting:
+            with self._lock:
+                lanes = self._peers.get(key)
+            if lanes is None:
+                lanes = self._new_lanes(key)
+                try:
+                    reply = exchange(connect_request(self._address, [channel.endpoint for channel in lanes]))
+                    theirs = parse_reply(reply, self.lanes_per_peer)
+                except ValueError as exc:
+                    self._discard(lanes)
+                    raise FabricError(f"verbs: the peer's connect reply is malformed: {exc}") from None
+                except BaseException:
+                    self._discard(lanes)
+                    raise
+                self._connect_lanes(lanes, remote, theirs)
+                lanes = self._keep(key, lanes)
+        return lanes[index]
+
+    def accept(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Queue pairs for a requester (ValueError if the request is malformed), connected to its own; the reply
+        carries ours. A later ``channel(requester)`` uses them without another exchange."""
+        raw, remote, theirs = parse_request(request, self.lanes_per_peer)
+        self._check_open()
+        lanes = self._new_lanes(raw)
+        self._connect_lanes(lanes, remote, theirs)
+        reply = connect_reply([channel.endpoint for channel in lanes])
+        self._keep(raw, lanes)
+        return reply
+
+    def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                            trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
+        """The data cut in one piece per lane (:func:`setup.spread`), all posted, all waited for; then the
+        trailer on the first lane."""
+        pieces = spread(data.nbytes, len(channels))
+        if len(pieces) <= 1:
+            channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
+            return
+        if data.nbytes > remote.length:
+            raise ValueError(f"RDMA write of {data.nbytes} bytes does not fit a remote region of {remote.length}")
+        deadline = time.monotonic() + timeout
+        flat = data.reshape(-1).view(np.uint8)
+        write = self._pv.enums.IBV_WR_RDMA_WRITE
+        lanes: list[VerbsChannel] = list(channels)
+        posted = [(lane, lane._post(write, flat[offset : offset + length], remote.at(offset, length), "RDMA write"))
+                  for lane, (offset, length) in zip(lanes, pieces, strict=False)]
+        for lane, future in posted:
+            lane._blocking(future, deadline, "RDMA write")
+        flag = lanes[0]._post(write, trailer, trailer_remote, "RDMA write of a flag")
+        lanes[0]._blocking(flag, deadline, "RDMA write of a flag")
+
+    # -- completions --------------------------------------------------------------------------------
+
+    def _track(self, wr_id: int, future: Future, channel: VerbsChannel, what: str, local: np.ndarray,
+               region: VerbsRegion | None) -> None:
+        with self._lock:
+            self._pending[wr_id] = (future, channel, what, local, region)
+            channel.poller.outstanding += 1
+            if region is not None:
+                region.busy += 1
+
+    def _untrack(self, wr_id: int):
+        with self._lock:
+            entry = self._pending.pop(wr_id, None)
+            if entry is not None:
+                channel, region = entry[1], entry[4]
+                channel.poller.outstanding -= 1
+                if region is not None:
+                    region.busy -= 1
+        if entry is not None:
+            entry[1]._slots.release()
+        return entry
+
+    def _completed(self, wc) -> None:
+        """Handle one work completion (called by whoever polls the CQ, under its lock)."""
+        success = wc.status == self._pv.enums.IBV_WC_SUCCESS
+        if wc.wr_id == RECV_WR_ID:
+            self._received(wc, success)
+            return
+        entry = self._untrack(wc.wr_id)
+        if entry is None:
+            return
+        future, channel, what, _, _ = entry
+        if success:
+            settle(future)
+            return
+        reason = _status_text(self._pv, wc.status, wc.vendor_err)
+        self._fail_channel(channel, reason)
+        settle(future, error=FabricError(f"verbs: {what} failed: {reason}"))
+
+    def _received(self, wc, success: bool) -> None:
+        """A receive completed: an immediate arrived (re-post the receive), or the queue pair failed."""
+        with self._lock:
+            channel = self._by_qp.get(wc.qp_num)
+        if channel is None or channel.closed:
+            return
+        if not success:
+            self._fail_channel(channel, _status_text(self._pv, wc.status, wc.vendor_err))
+            return
+        try:
+            channel.qp.post_recv(channel.recv_wr)
+        except self._pv.pyverbs_error.PyverbsError as exc:
+            self._fail_channel(channel, f"re-posting a receive failed: {exc}")
+        if wc.opcode == self._pv.enums.IBV_WC_RECV_RDMA_WITH_IMM:
+            with self._activity:
+                self._immediates.append(((channel.peer,), wc.imm_data & 0xFFFFFFFF))
+                self._activity.notify_all()
+
+    def _fail_channel(self, channel: VerbsChannel, reason: str) -> None:
+        """Mark ``channel`` failed: its transfers in flight fail now, its queue pair goes to the error state
+        (the NIC flushes what is left, and the buffers stay referenced until then)."""
+        with self._lock:
+            if channel._error is not None:
+                return
+            channel._error = reason
+            doomed = [(future, what) for future, owner, what, _, _ in self._pending.values() if owner is channel]
+        for future, what in doomed:
+            settle(future, error=FabricError(f"verbs: {what} failed: {reason}"))
+        if not channel.closed:
+            attr = self._pv.qp.QPAttr(qp_state=self._pv.enums.IBV_QPS_ERR)
+            with contextlib.suppress(self._pv.pyverbs_error.PyverbsError):  # already in the error state
+                channel.qp.modify(attr, self._pv.enums.IBV_QP_STATE)
+        with self._activity:
+            self._activity.notify_all()
+
+    def _poller_failed(self, poller: _Poller, reason: str) -> None:
+        with self._lock:
+            lanes = [channel for channel in self._by_qp.values() if channel.poller is poller]
+        for channel in lanes:
+            self._fail_channel(channel, reason)
+
+    def _await(self, future: Future, deadline: float | None, poller: _Poller, what: str):
+        """``future``'s result; polls the CQ from this thread for a moment first. FabricTimeout at ``deadline``,
+        FabricInterrupted after :meth:`interrupt_waits`."""
+        spin_until = time.monotonic() + waits.SPIN_S
+        while not future.done() and time.monotonic() < spin_until:
+            if not poller.poll_once(wait=False):
+                time.sleep(0)
+        while True:
+            if future.done():
+                return future.result()
+            if self._interrupted.is_set():
+                raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
+            remaining = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise FabricTimeout(f"verbs: {what} did not complete in time")
+            try:
+                return future.result(min(remaining, WAIT_SLICE_S))
+            except TimeoutError:
+                continue
+
+    def take_immediates(self) -> list[tuple[tuple[bytes, ...], int]]:
+        with self._activity:
+            taken, self._immediates = self._immediates, []
+        return taken
+
+    def wait_for_activity(self, timeout: float) -> None:
+        with self._activity:
+            if not self._immediates:
+                self._activity.wait(timeout)
+
+    # -- waits on memory --------------------------------------------------------------------------
+
+    def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
+        return waits.PolledFlagSet(flags, self._interrupted, "verbs")
+
+    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
+        return waits.wait_counter(counter, above, timeout, self._interrupted, "verbs")
+
+    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
+        return waits.wait_counters(counters, above, timeout, self._interrupted, "verbs")
+
+    def interrupt_waits(self) -> None:
+        """Every wait returns: memory waits and blocked transfers raise FabricInterrupted, and so do the
+        futures of transfers in flight (their buffers stay referenced until the NIC completes them)."""
+        self._interrupted.set()
+        with self._lock:
+            futures = [entry[0] for entry in self._pending.values()]
+        for future in futures:
+            settle(future, error=FabricInterrupted("verbs: the transfer was interrupted (the device is closing)"))
+        with self._activity:
+            self._activity.notify_all()
+
+    # -- the rest -----------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        choice = self.choice
+        description: dict[str, Any] = {
+            "fabric": "verbs",
+            "used": [f"rc/{choice.device}:{choice.port}"],
+            "device": choice.device,
+            "port": choice.port,
+            "gid_index": choice.gid_index,
+            "link_layer": choice.link_layer_name,
+            "mtu": choice.mtu,
+            "progress_threads": len(self._pollers),
+            "lanes_per_peer": self.lanes_per_peer,
+            "queue_depth": self.settings.queue_depth,
+            "rdma_settings_without_effect": self.without_effect(self.settings),
+        }
+        if (version := _pyverbs_version()) is not None:
+            description["pyverbs_version"] = version
+        return description
+
+    def close(self) -> None:
+        """Stop the progress threads, fail what is in flight, destroy queue pairs, regions, CQs, PD, context."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            lanes = [channel for channels in self._peers.values() for channel in channels] + self._extra
+            self._peers.clear()
+            self._extra.clear()
+            self._by_qp.clear()
+        self._stopping.set()
+        for poller in self._pollers:
+            poller.stop()
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for future, *_ in pending:
+            settle(future, error=FabricError("verbs: the device is closed"))
+        for channel in lanes:
+            channel.close()
+        with self._lock:
+            regions = list(self._regions)
+        for region in regions:
+            region.release()
+        self._scratch.close()
+        for poller in self._pollers:
+            poller.cq.close()
+        self.pd.close()
+        self.context.close()
+        with self._activity:
+            self._activity.notify_all()
