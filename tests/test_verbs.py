@@ -1,9 +1,11 @@
 """The verbs fabric without an RDMA NIC: its pure setup (device, port and GID choice, queue-pair
 attributes, the connection exchange, lane mapping), the generic memory waits, availability and tool().
 
-What needs hardware (queue pairs, transfers, completions) cannot run here; when pyverbs is
-importable, the plain queue-pair attributes are still turned into real ``pyverbs.qp.QPAttr``
-objects, which needs no device.
+Real queue pairs need hardware. The device code still runs here over a simulated NIC (a stand-in
+for pyverbs that performs each work request with memmove): connection through accept(), writes,
+reads, flushes, flags, immediates, failures and the registration cache. When pyverbs is importable,
+the plain queue-pair attributes are also turned into real ``pyverbs.qp.QPAttr`` objects (no device
+needed) and setup.py's enum values are checked against pyverbs'.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 
 from transports import fabric
 from transports.fabric import waits
-from transports.fabric.base import FabricError, FabricInterrupted
+from transports.fabric.base import FabricError, FabricInterrupted, RemoteRegion
 from transports.fabric.settings import RdmaSettings, read_settings
 from transports.fabric.verbs import device as verbs_device
 from transports.fabric.verbs import setup
@@ -563,3 +565,280 @@ def test_plain_attributes_become_pyverbs_qp_attrs():
     rts = verbs_device.qp_attr(pv, setup.rts_attributes(1234, peer_of(IB, rd_atomic=8), 16, settings))
     assert (rts.qp_state, rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic) == (
         3, 1234, 18, 5, 7, 8)
+
+
+# -- the device over a simulated NIC ---------------------------------------------------------------------
+
+
+class _FakeNic:
+    """A stand-in for pyverbs whose "NIC" performs each work request at once with memmove: two devices in one
+    process connect through accept(), and their transfers, completions and immediates run through device.py."""
+
+    IBV_WC_SUCCESS, IBV_WC_REM_ACCESS_ERR, IBV_WC_RECV_RDMA_WITH_IMM = 0, 10, 129
+
+    def __init__(self):
+        import ctypes
+        import enum
+        import itertools
+
+        nic = self
+        self.memmove = ctypes.memmove
+        self.qps, self.mrs = {}, {}
+        qp_numbers, keys = itertools.count(100), itertools.count(0x1000)
+
+        class Error(Exception):
+            pass
+
+        class Context:
+            def __init__(self, name):
+                self.closed = False
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def query_device(self):
+                return SimpleNamespace(phys_port_cnt=1, max_qp_wr=4096, max_qp_rd_atom=16, max_qp_init_rd_atom=16,
+                                       max_cqe=1 << 20)
+
+            def query_port(self, number):
+                return SimpleNamespace(state=IBV_PORT_ACTIVE, lid=1, link_layer=IBV_LINK_LAYER_INFINIBAND,
+                                       active_mtu=5, gid_tbl_len=1, pkey_tbl_len=1)
+
+            def query_gid(self, port, index):
+                return SimpleNamespace(gid=setup.gid_text(IB_GID))
+
+            def query_gid_type(self, port, index):
+                return 0
+
+            def close(self):
+                self.closed = True
+
+        class MR:
+            def __init__(self, pd, length, access, address):
+                self.lkey = self.rkey = next(keys)
+                self.range, self.access = (address, address + length), access
+                nic.mrs[self.rkey] = self
+
+            def close(self):
+                nic.mrs.pop(self.rkey, None)
+
+        class CQ:
+            def __init__(self, context, cqe, cq_context, channel, vector):
+                self.cqe, self.entries, self.lock = cqe, [], threading.Lock()
+
+            def poll(self, count):
+                with self.lock:
+                    taken, self.entries = self.entries[:count], self.entries[count:]
+                return len(taken), taken
+
+            def push(self, **fields):
+                with self.lock:
+                    self.entries.append(SimpleNamespace(**{"vendor_err": 0, "opcode": 0, "imm_data": 0, **fields}))
+
+            def resize(self, cqe):
+                self.cqe = cqe
+
+            def close(self):
+                pass
+
+        class QP:
+            def __init__(self, pd, init):
+                self.qp_num, self.cq, self.recvs, self.state, self.peer = next(qp_numbers), init.scq, 0, 0, None
+                nic.qps[self.qp_num] = self
+
+            def modify(self, attr, mask):
+                self.state = attr.qp_state
+                if attr.qp_state == 2:
+                    self.peer = attr.dest_qp_num
+
+            def post_recv(self, wr):
+                self.recvs += 1
+
+            def post_send(self, wr):
+                target = nic.qps[self.peer]
+                status = nic.IBV_WC_SUCCESS if self.state == 3 else 5
+                local, remote = wr.sg[0], nic.mrs.get(wr.rkey)
+                if wr.sg[0].length and (remote is None or not remote.range[0] <= wr.addr
+                                        or wr.addr + local.length > remote.range[1]):
+                    status = nic.IBV_WC_REM_ACCESS_ERR
+                elif status == nic.IBV_WC_SUCCESS and local.length:
+                    pair = (local.addr, wr.addr) if wr.opcode == 4 else (wr.addr, local.addr)
+                    nic.memmove(*pair, local.length)
+                self.cq.push(wr_id=wr.wr_id, status=status, qp_num=self.qp_num)
+                if wr.opcode == 1 and status == nic.IBV_WC_SUCCESS:  # IBV_WR_RDMA_WRITE_WITH_IMM
+                    target.recvs -= 1
+                    target.cq.push(wr_id=0, status=0, qp_num=target.qp_num, opcode=nic.IBV_WC_RECV_RDMA_WITH_IMM,
+                                   imm_data=wr.imm_data)
+
+            def close(self):
+                nic.qps.pop(self.qp_num, None)
+
+        class SendWR:
+            def __init__(self, wr_id, opcode, num_sge, sg, send_flags, imm_data):
+                self.wr_id, self.opcode, self.sg, self.imm_data = wr_id, opcode, sg, imm_data
+
+            def set_wr_rdma(self, rkey, addr):
+                self.rkey, self.addr = rkey, addr
+
+        status = enum.IntEnum("ibv_wc_status", {"IBV_WC_SUCCESS": 0, "IBV_WC_LOC_QP_OP_ERR": 5,
+                                                "IBV_WC_REM_ACCESS_ERR": 10})
+        self.pv = SimpleNamespace(
+            device=SimpleNamespace(get_device_list=lambda: [SimpleNamespace(name=b"mlx5_0")], Context=Context),
+            pyverbs_error=SimpleNamespace(PyverbsError=Error),
+            pd=SimpleNamespace(PD=lambda context: SimpleNamespace(close=lambda: None)),
+            mr=SimpleNamespace(MR=MR),
+            cq=SimpleNamespace(CQ=CQ, cqe_status_to_str=lambda s: status(s).name.lower()),
+            qp=SimpleNamespace(QP=QP, QPCap=SimpleNamespace, QPInitAttr=SimpleNamespace, QPAttr=SimpleNamespace),
+            addr=SimpleNamespace(GID=SimpleNamespace, GlobalRoute=SimpleNamespace, AHAttr=SimpleNamespace),
+            wr=SimpleNamespace(SGE=lambda addr, length, lkey: SimpleNamespace(addr=addr, length=length, lkey=lkey),
+                               SendWR=SendWR, RecvWR=SimpleNamespace),
+            enums=SimpleNamespace(IBV_QPT_RC=2, IBV_SEND_SIGNALED=2, IBV_WR_RDMA_WRITE=0,
+                                  IBV_WR_RDMA_WRITE_WITH_IMM=1, IBV_WR_RDMA_READ=4, IBV_WC_SUCCESS=0,
+                                  IBV_WC_RECV_RDMA_WITH_IMM=self.IBV_WC_RECV_RDMA_WITH_IMM, IBV_QPS_ERR=6,
+                                  IBV_QP_STATE=1, IBV_GID_TYPE_SYSFS_ROCE_V2=1, ibv_wc_status=status))
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """Two verbs devices (two lanes per peer, two progress threads) on the simulated NIC."""
+    nic = _FakeNic()
+    monkeypatch.setattr(verbs_device, "_pyverbs", lambda: nic.pv)
+    devices = [VerbsDevice(progress_threads=2, lanes_per_peer=2, settings=RdmaSettings(queue_depth=8))
+               for _ in range(2)]
+    yield nic, devices
+    for device in devices:
+        device.close()
+
+
+def _connected(devices, lane=0):
+    a, b = devices
+    exchanges = []
+
+    def exchange(request):
+        exchanges.append(request)
+        return b.accept(request)
+
+    return a.channel(b.address, lane, exchange), exchanges
+
+
+def test_simulated_devices_connect_once_per_peer_and_both_ways(simulated):
+    nic, (a, b) = simulated
+    assert a.address != b.address  # instance ids differ on the same port
+    assert VerbsDevice.availability().ok
+    with pytest.raises(FabricError, match="needs the exchange"):
+        a.channel(b.address, 0)
+    channel, exchanges = _connected((a, b))
+    assert len(exchanges) == 1 and len(exchanges[0]["lanes"]) == 2
+    second = a.channel(b.address, 3, lambda request: pytest.fail("a second exchange"))
+    assert second is a.channel(b.address, 1) and second is not channel  # lane 3 is queue pair 1
+    assert channel.poller is not second.poller  # lanes spread over the progress threads' CQs
+    back = b.channel(a.address, 0)  # accept() made the requester's lanes: no exchange
+    assert back.failed() is None
+    assert all(qp.state == 3 for qp in nic.qps.values())  # every queue pair reached RTS
+    with pytest.raises(ValueError, match="has 1 lanes, this device 2"):
+        b.accept({**exchanges[0], "lanes": exchanges[0]["lanes"][:1]})
+    described = a.describe()
+    assert described["used"] == ["rc/mlx5_0:1"] and described["lanes_per_peer"] == 2
+    assert fabric.label(described) == "verbs:rc/mlx5_0:1"
+
+
+def test_simulated_write_read_flush_and_flags(simulated):
+    _, (a, b) = simulated
+    channel, _ = _connected((a, b))
+    target = b.alloc(256)
+    target.array[:] = 0
+    source = np.arange(256, dtype=np.uint8)
+    assert channel.wait(channel.write(source[:128], target.export()), 5.0) is None
+    assert channel.wait(channel.flush(), 5.0) is None
+    assert bytes(target.array[:128]) == bytes(source[:128])
+    back = np.zeros(64, np.uint8)
+    channel.read_now(back, target.export().at(64, 64))
+    assert bytes(back) == bytes(source[64:128])
+    flag = np.ones(1, np.uint8)
+    channel.write_flagged(source[128:192], target.export().at(128, 64), flag, target.export().at(255, 1))
+    assert bytes(target.array[128:192]) == bytes(source[128:192]) and target.array[255] == 1
+    assert b.flag_set([target.array[255:256]]).wait_any(1.0) == 0
+    assert channel.notify().done()
+    with pytest.raises(ValueError, match="does not fit"):
+        channel.write(source, target.export().at(0, 16))
+    bad_key = RemoteRegion(target.address, 16, b"\x01\x02")
+    with pytest.raises(FabricError, match="a remote key of 2 bytes is malformed"):
+        channel.wait(channel.write(source[:16], bad_key), 5.0)
+
+
+def test_simulated_lanes_spread_a_large_write(simulated):
+    _, (a, b) = simulated
+    lanes = [_connected((a, b), lane)[0] for lane in range(2)]
+    target = b.alloc(1 << 16)
+    data = np.random.default_rng(1).integers(0, 255, 1 << 16, dtype=np.uint8)
+    flag = np.ones(1, np.uint8)
+    flag_region = b.alloc(1)
+    flag_region.array[:] = 0
+    a.write_flagged_lanes(lanes, data, target.export(), flag, flag_region.export())
+    assert bytes(target.array) == bytes(data) and flag_region.array[0] == 1
+
+
+def test_simulated_immediates_arrive_with_the_peer_address(simulated):
+    nic, (a, b) = simulated
+    channel, _ = _connected((a, b))
+    target = b.alloc(64)
+    channel.write_with_imm(np.full(8, 7, np.uint8), target.export(), 0xDEADBEEF)
+    channel.write_with_imm(np.zeros(0, np.uint8), target.export(), 5)
+    deadline = time.monotonic() + 5
+    got = []
+    while len(got) < 2 and time.monotonic() < deadline:
+        b.wait_for_activity(0.1)
+        got += b.take_immediates()
+    assert got == [((a.address[0],), 0xDEADBEEF), ((a.address[0],), 5)]
+    assert bytes(target.array[:8]) == bytes([7] * 8)
+    assert b.take_immediates() == []
+    receiving = b.channel(a.address, 0)
+    assert nic.qps[receiving.qp_num].recvs == 8  # each receive used was posted again
+    with pytest.raises(ValueError, match="32-bit"):
+        channel.write_with_imm(np.zeros(0, np.uint8), target.export(), 2**32)
+
+
+def test_simulated_failures_and_interrupts(simulated):
+    _, (a, b) = simulated
+    channel, _ = _connected((a, b))
+    target = b.alloc(64)
+    wrong = RemoteRegion(target.address, 64, (target.export().rkey[0] + 99).to_bytes(4, "little"))
+    with pytest.raises(FabricError, match="RDMA write failed: ibv_wc_rem_access_err"):
+        channel.write_flagged(np.ones(8, np.uint8), wrong)
+    assert "rem_access_err" in channel.failed()
+    with pytest.raises(FabricError, match="on a failed connection"):
+        channel.read_now(np.zeros(8, np.uint8), target.export())
+    other, _ = _connected((a, b), 1)
+    other.fail()
+    assert other.failed() is not None
+    a.interrupt_waits()
+    with pytest.raises(FabricInterrupted):
+        a.wait_counter(np.zeros(1, np.uint64), 0, 5.0)
+
+
+def test_simulated_registrations_are_cached_per_owner_and_released(simulated):
+    _, (a, b) = simulated
+    channel, _ = _connected((a, b))
+    target = b.alloc(1024)
+    made = a.registrations_made
+    buffer = np.zeros(1024, np.uint8)
+    for offset in (0, 256, 512):
+        channel.write_flagged(buffer[offset : offset + 256], target.export().at(offset, 256))
+    assert a.registrations_made == made + 1  # one registration for the whole owner buffer
+    assert a.register(buffer[10:20]) is a.register(buffer)
+    region = a.alloc(100)
+    assert region.address % 64 == 0 and region.nbytes == 100 and a.register(region.array[5:50]) is region
+    count = a.registrations()
+    del buffer
+    import gc
+
+    gc.collect()
+    assert a.registrations() == count - 1  # deregistered once its owner died
+    a.close()
+    assert a.registrations() == 0
+    with pytest.raises(FabricError, match="the device is closed"):
+        a.alloc(8)
+    a.close()  # idempotent
