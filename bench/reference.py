@@ -32,10 +32,33 @@
     time, like the transports' throughput;
   - ``p99_us``, ``min_us``, ``max_us``: empty, perftest reports no other percentile.
 
+- ``ib_write_bw``: perftest's RDMA write bandwidth test, on the verbs fabric (``--fabric verbs``)
+  in place of ``ucx_perftest``, with the device, port and GID index of the RDMA_* settings.
+  The client posts RDMA writes back to back (128 in flight) over one RC queue pair and counts
+  completions; like ``ucx_perftest`` it is what the NIC can move at best. Its columns:
+
+  - ``throughput_MBps``: "BW average", the whole run's bandwidth (MB = 2**20 bytes, perftest's
+    MB/sec); the denominator of every record's ``of_reference`` in a verbs run.
+  - ``mean_us``: the whole run's time per write (size / bandwidth, or 1 / "MsgRate"): a rate,
+    as for ``ucx_perftest``.
+  - ``p50_us``, ``p99_us``, ``min_us``, ``max_us``: empty (no per-write time; "BW peak" is not kept).
+
+- ``ib_write_lat``: perftest's RDMA write latency test at the sizes up to 1 MiB, same device.
+  Client and server take turns writing the payload to each other, each polling its memory for
+  the peer's write; perftest reports half a round trip. Its columns: ``p50_us`` is "t_typical"
+  (the median), ``mean_us`` "t_avg", ``p99_us`` the "99% percentile", ``min_us``/``max_us``
+  "t_min"/"t_max", ``throughput_MBps`` ``size / mean_us``.
+
+  Both verbs lines record ``warmup`` 0 (perftest takes no warm-up count) and the fabric
+  ``verbs:<device>:<port>``; they run only where the verbs fabric is available (an RDMA device).
+
 - ``memcpy``: one ``np.copyto`` of the tensor in one process, the cost of a single copy.
 
-For both perftest lines the CPU columns are empty (both processes busy-poll for their whole
-life, not only the timed loop) and no payload is copied in user space. All return records
+:func:`reference_measures` gives the lines of a run: the two perftest lines of its fabric, then
+memcpy, and names the bandwidth reference. The programs come from the fabric backends
+(``fabric.backend(name).tool``): the libucx-cu12 wheel's ``ucx_perftest``, perftest's tools on
+PATH. For all four perftest lines the CPU columns are empty (both processes busy-poll for their
+whole life, not only the timed loop) and no payload is copied in user space. All return records
 with the columns of ``bench.micro.make_record``, in the same order, so they can go into the
 same ``records.csv``.
 """
@@ -43,6 +66,7 @@ same ``records.csv``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -54,11 +78,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UCX_HOME_VARIABLE
+from transports import fabric
+from transports.fabric.base import FabricError, Tool
 
 PERFTEST_TEST = "ucp_put_bw"
 PERFTEST_LATENCY_TEST = "ucp_put_lat"
@@ -114,40 +139,6 @@ class PerftestResult:
 # ucx_perftest
 
 
-def ucx_home() -> Path:
-    """The UCX install the fabric uses: ``$TENSOR_BENCH_UCX_HOME``, else the libucx-cu12 wheel."""
-    if os.environ.get(UCX_HOME_VARIABLE):
-        return Path(os.environ[UCX_HOME_VARIABLE])
-    try:
-        import libucx  # the PyPI wheel libucx-cu12
-    except ImportError:
-        raise ReferenceUnavailable(
-            "ucx_perftest: the libucx-cu12 wheel is not installed; install it with 'pip install -e .' "
-            f"(or set {UCX_HOME_VARIABLE} to a UCX install that has bin/ucx_perftest)"
-        ) from None
-    return Path(libucx.__file__).parent
-
-
-def perftest_binary() -> Path:
-    """Path of the ``ucx_perftest`` executable (it may not exist; the runner checks)."""
-    return ucx_home() / "bin" / "ucx_perftest"
-
-
-def perftest_environment(fabric_transport: str) -> dict[str, str]:
-    """Environment for ucx_perftest on the UCX transports behind ``fabric_transport``."""
-    if fabric_transport not in FABRIC_TRANSPORTS:
-        raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
-    env = dict(os.environ)
-    # The wheel's binaries carry no RPATH to its lib/: without this they fail to load libucp.so.0.
-    lib = str(perftest_binary().parent.parent / "lib")
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib, env.get("LD_LIBRARY_PATH")) if p)
-    tls = FABRIC_TRANSPORTS[fabric_transport]
-    if tls:
-        env["UCX_TLS"] = tls
-    # "auto" leaves UCX_TLS alone (unset, or the user's own), as the fabric does.
-    return env
-
-
 def fabric_label(env: dict[str, str]) -> str:
     """``ucx:<UCX_TLS>``, or ``ucx:auto`` when UCX chooses."""
     return f"ucx:{env.get('UCX_TLS') or 'auto'}"
@@ -173,16 +164,8 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
         sizes = [size for size in sizes if size <= LATENCY_MAX_SIZE]
     if not sizes:
         return []
-    binary = perftest_binary()
-    if not binary.is_file():
-        raise ReferenceUnavailable(
-            f"ucx_perftest not found at {binary}: it ships with the libucx-cu12 wheel; reinstall it with "
-            f"'pip install --force-reinstall libucx-cu12' (or point {UCX_HOME_VARIABLE} at a UCX install "
-            "that has bin/ucx_perftest)"
-        )
-    if not os.access(binary, os.X_OK):
-        raise ReferenceUnavailable(f"ucx_perftest at {binary} is not executable; fix with 'chmod +x {binary}'")
-    env = perftest_environment(fabric_transport)
+    tool = _tool("ucx", "ucx_perftest", fabric_transport)
+    binary, env = tool.path, tool.environment
     records = []
     with private_network() as enter:
         for size in sizes:
@@ -195,25 +178,27 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
 
 
 @contextlib.contextmanager
-def private_network():
+def private_network(what: str = "ucx_perftest"):
     """A network namespace of its own with only loopback up; yields the command prefix that enters it.
 
     ucx_perftest's server listens on every interface and has no option to bind one, and its UCX
-    opens listeners of its own: in a namespace whose only interface is loopback, nothing of it is
-    reachable from the network. Shared memory and cma work across network namespaces. Needs root
-    and iproute2; without them the reference line is not run (one line says why).
+    opens listeners of its own; perftest's verbs tools (``what``: the tool's name) do the same with
+    their out-of-band socket. In a namespace whose only interface is loopback, nothing of them is
+    reachable from the network. Shared memory and cma work across network namespaces, and so do
+    RDMA devices while rdma-core's namespace mode is ``shared`` (the default; ``rdma system show
+    netns``). Needs root and iproute2; without them the reference line is not run (one line says why).
     """
     ip = shutil.which("ip")
     if os.geteuid() != 0 or ip is None:
         raise ReferenceUnavailable(
-            "ucx_perftest listens on every interface (it has no bind option), so it runs only inside a private "
+            f"{what} listens on every interface (it has no bind option), so it runs only inside a private "
             "network namespace, which needs root and iproute2 ('ip'); run as root or pass --no-references"
         )
     name = f"tt-perftest-{os.getpid()}-{secrets.token_hex(3)}"
     made = subprocess.run([ip, "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
         raise ReferenceUnavailable(
-            f"cannot make a private network namespace for ucx_perftest ({made.stderr.strip() or made.returncode}); "
+            f"cannot make a private network namespace for {what} ({made.stderr.strip() or made.returncode}); "
             "pass --no-references"
         )
     try:
@@ -349,14 +334,14 @@ def _cpu_pair() -> tuple[int, int] | None:
     return (allowed[0], allowed[1]) if len(allowed) >= 2 else None
 
 
-def _spawn(command: list[str], env: dict[str, str], out: IO[str]) -> subprocess.Popen:
+_UCX_REINSTALL = "reinstall the libucx-cu12 wheel ('pip install --force-reinstall libucx-cu12')"
+
+
+def _spawn(command: list[str], env: dict[str, str], out: IO[str], fix: str = _UCX_REINSTALL) -> subprocess.Popen:
     try:
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     except OSError as exc:
-        raise ReferenceUnavailable(
-            f"cannot start {command[0]}: {exc}; reinstall the libucx-cu12 wheel ('pip install --force-reinstall "
-            "libucx-cu12')"
-        ) from None
+        raise ReferenceUnavailable(f"cannot start {command[0]}: {exc}; {fix}") from None
 
 
 def _reap(proc: subprocess.Popen | None) -> None:
@@ -436,6 +421,291 @@ def _tail_text(text: str, lines: int = 6) -> str:
     return ("; it printed:\n  " + "\n  ".join(kept)) if kept else ""
 
 
+def _tool(fabric_name: str, name: str, fabric_transport: str) -> Tool:
+    """Reference program ``name`` of fabric backend ``fabric_name``; its FabricError (what is missing and how
+    to install it) becomes ReferenceUnavailable. ValueError for an unknown fabric transport."""
+    try:
+        backend = fabric.backend(fabric_name)
+    except ImportError as exc:
+        raise ReferenceUnavailable(f"{name}: cannot load the {fabric_name} fabric backend ({exc})") from None
+    try:
+        return backend.tool(name, fabric_transport)
+    except FabricError as exc:
+        raise ReferenceUnavailable(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# perftest's verbs tools: ib_write_bw, ib_write_lat
+
+VERBS_BANDWIDTH_TOOL = "ib_write_bw"
+VERBS_LATENCY_TOOL = "ib_write_lat"
+#: the record names of the two verbs lines (each named after its tool)
+VERBS_LINES = (VERBS_BANDWIDTH_TOOL, VERBS_LATENCY_TOOL)
+#: perftest's out-of-band port (its default), inside the tools' own network namespace
+_VERBS_PORT = 18515
+#: perftest refuses fewer iterations (``-n``: "at least 5")
+_VERBS_MIN_ITERS = 5
+#: the device port perftest uses when not told (``-i``)
+_VERBS_DEFAULT_IB_PORT = "1"
+_PERFTEST_INSTALL = "install perftest ('apt-get install perftest', 'dnf install perftest')"
+
+
+@dataclass(frozen=True)
+class VerbsBandwidthResult:
+    """One row of ib_write_bw's client table (see :func:`parse_ib_write_bw_output`); bandwidths in MB/s with
+    MB = 2**20 bytes, whichever unit the tool printed."""
+
+    size: int
+    iters: int
+    peak_MBps: float  # "BW peak": NaN where perftest did not measure it (it prints 0.00)
+    average_MBps: float  # "BW average": size * iters / the whole run's time
+    message_rate_Mpps: float  # "MsgRate": writes per microsecond over the whole run
+    device: str | None = None  # the "Device :" of the header
+
+    @property
+    def time_us(self) -> float:
+        """The whole run's time per write, from the column with more digits: the bandwidth has 2 decimals
+        (MB/s), the message rate 6 (Mpps), so the rate below about 10 KiB a write, the bandwidth above."""
+        if self.message_rate_Mpps > 0 and self.average_MBps * 100 < self.message_rate_Mpps * 1e6:
+            return 1 / self.message_rate_Mpps
+        return self.size / (self.average_MBps * 2**20) * 1e6 if self.average_MBps > 0 else _NAN
+
+
+@dataclass(frozen=True)
+class VerbsLatencyResult:
+    """One row of ib_write_lat's table (see :func:`parse_ib_write_lat_output`): times of half a round trip,
+    in microseconds; NaN for the columns a perftest before 4.x does not print."""
+
+    size: int
+    iters: int
+    min_us: float
+    max_us: float
+    typical_us: float  # "t_typical": the median
+    average_us: float = _NAN
+    stdev_us: float = _NAN
+    p99_us: float = _NAN
+    p999_us: float = _NAN
+    device: str | None = None
+
+
+def _perftest_table(text: str, tool: str, size: int | None) -> tuple[str, list[str]]:
+    """The header line of a perftest result table and the fields of its row for ``size`` (the last row when
+    ``size`` is None); ReferenceUnavailable when there is none."""
+    lines = text.splitlines()
+    heads = [i for i, line in enumerate(lines) if "#bytes" in line and "#iterations" in line]
+    if not heads:
+        raise ReferenceUnavailable(f"{tool} printed no results table{_tail_text(text)}")
+    header = lines[heads[-1]]
+    rows = []
+    for line in lines[heads[-1] + 1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[0].isdigit() and fields[1].isdigit():
+            rows.append(fields)
+    if size is not None:
+        rows = [fields for fields in rows if int(fields[0]) == size]
+    if not rows:
+        which = f" for {size} bytes" if size is not None else ""
+        raise ReferenceUnavailable(f"{tool} printed no result row{which}{_tail_text(text)}")
+    return header, rows[-1]
+
+
+def _perftest_device(text: str) -> str | None:
+    found = re.search(r"Device\s*:\s*(\S+)", text)
+    return found.group(1) if found else None
+
+
+def _numbers(fields: list[str], count: int, tool: str) -> list[float]:
+    try:
+        return [float(f) for f in fields[:count]]
+    except ValueError:
+        raise ReferenceUnavailable(f"{tool} result row is not numeric: {' '.join(fields)!r}") from None
+
+
+def parse_ib_write_bw_output(text: str, size: int | None = None) -> VerbsBandwidthResult:
+    """The result row of an ib_write_bw client's output (perftest 4.5 to 6.x, not ``--out_json``).
+
+    After its settings and the two queue pairs' addresses it prints (tabs and spaces as the tool's)::
+
+         #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+         65536      5000             11034.70            11031.24		   0.176500
+
+    one row per size (``-a`` runs them all; ``size`` picks one). MB/sec is 2**20 bytes a second
+    (its ``--help``: "MiB=2^20 byte"); ``--report_gbits`` prints Gb/sec (10**9 bits), converted
+    here. "BW average" and "MsgRate" cover the whole run (size * iterations / its time), and
+    bandwidth / size = message rate is checked when ``size`` is given. "BW peak" (the best interval
+    between completions) is 0.00 when not measured (``-N``, ``-D``, more than 20000 iterations).
+    """
+    header, fields = _perftest_table(text, VERBS_BANDWIDTH_TOOL, size)
+    if "BW average" not in header or "MsgRate" not in header:
+        raise ReferenceUnavailable(f"{VERBS_BANDWIDTH_TOOL}'s table is not a bandwidth table: {header.strip()!r}")
+    if len(fields) < 5:
+        raise ReferenceUnavailable(
+            f"{VERBS_BANDWIDTH_TOOL} result row has {len(fields)} fields, expected 5: {' '.join(fields)!r}")
+    row_size, iters, peak, average, rate = _numbers(fields, 5, VERBS_BANDWIDTH_TOOL)
+    if "[Gb/sec]" in header:
+        peak, average = (value * 1e9 / 8 / 2**20 for value in (peak, average))
+    elif "[MB/sec]" not in header:
+        raise ReferenceUnavailable(f"{VERBS_BANDWIDTH_TOOL} printed bandwidth in a unit other than MB/sec or "
+                                   f"Gb/sec: {header.strip()!r}; update bench/reference.py")
+    result = VerbsBandwidthResult(int(row_size), int(iters), peak if peak > 0 else _NAN, average, rate,
+                                  _perftest_device(text))
+    if size is not None and average >= 1 and rate >= 0.01:
+        implied_mb = size * rate * 1e6 / average
+        if not 0.98 < implied_mb / 2**20 < 1.02:
+            raise ReferenceUnavailable(
+                f"{VERBS_BANDWIDTH_TOOL}'s MB/sec is not 2^20 bytes/s here ({implied_mb:.0f} bytes); "
+                "update bench/reference.py"
+            )
+    return result
+
+
+def parse_ib_write_lat_output(text: str, size: int | None = None) -> VerbsLatencyResult:
+    """The result row of ib_write_lat's output (either side's; perftest 4.5 to 6.x, without ``-C``/``-H``/``-D``).
+
+    It prints a header line and one row per size (``-a`` runs them all; ``size`` picks one)::
+
+         #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec] ...
+         4096    1000          2.61           10.25        2.70     	       2.72        	0.14 ...
+
+    the header going on with ``99% percentile[usec]   99.9% percentile[usec]`` and the row with their
+    values, tabs and spaces as above.
+    Every time is half a round trip (client and server write to each other in turn; each waits to see the
+    peer's write land): ``t_typical`` is the median, ``t_avg`` the mean, the percentiles over all
+    iterations. A perftest before 4.x prints only the first five columns (the others are NaN here).
+    """
+    header, fields = _perftest_table(text, VERBS_LATENCY_TOOL, size)
+    if "t_typical" not in header:
+        raise ReferenceUnavailable(f"{VERBS_LATENCY_TOOL}'s table is not a latency table: {header.strip()!r}")
+    if "[usec]" not in header:
+        raise ReferenceUnavailable(f"{VERBS_LATENCY_TOOL} printed times in another unit than usec (run without -C): "
+                                   f"{header.strip()!r}")
+    full = "t_avg" in header
+    expected = 9 if full else 5
+    if len(fields) < expected:
+        raise ReferenceUnavailable(f"{VERBS_LATENCY_TOOL} result row has {len(fields)} fields, expected "
+                                   f"{expected}: {' '.join(fields)!r}")
+    values = _numbers(fields, expected, VERBS_LATENCY_TOOL)
+    row_size, iters, t_min, t_max, typical = values[:5]
+    rest = values[5:9] if full else [_NAN] * 4
+    return VerbsLatencyResult(int(row_size), int(iters), t_min, t_max, typical, *rest, device=_perftest_device(text))
+
+
+def verbs_label(tool: Tool, device: str | None = None) -> str:
+    """``verbs:<device>:<port>``: from the tool's ``-d``/``-i`` arguments, else the device the tool reported
+    (``device``) and perftest's default port 1."""
+    arguments = list(tool.arguments)
+
+    def given(flag: str) -> str | None:
+        return arguments[arguments.index(flag) + 1] if flag in arguments[:-1] else None
+
+    return f"verbs:{given('-d') or device or '?'}:{given('-i') or _VERBS_DEFAULT_IB_PORT}"
+
+
+def verbs_record(result: VerbsBandwidthResult | VerbsLatencyResult, fabric_label_: str) -> dict[str, Any]:
+    """The ``micro`` record of one verbs result: ``ib_write_bw`` or ``ib_write_lat`` (the module docstring says
+    what each column means)."""
+    if isinstance(result, VerbsBandwidthResult):
+        return _record(
+            VERBS_BANDWIDTH_TOOL, result.size, 0, result.iters,
+            p50_us=_NAN, p99_us=_NAN, mean_us=result.time_us, min_us=_NAN, max_us=_NAN,
+            throughput_MBps=result.average_MBps,
+            sender_cpu_s=_NAN, receiver_cpu_s=_NAN, copied_bytes=0, fabric=fabric_label_,
+        )
+    mean_us = result.average_us
+    return _record(
+        VERBS_LATENCY_TOOL, result.size, 0, result.iters,
+        p50_us=result.typical_us, p99_us=result.p99_us, mean_us=mean_us, min_us=result.min_us, max_us=result.max_us,
+        throughput_MBps=result.size / 2**20 / (mean_us / 1e6) if mean_us > 0 else _NAN,
+        sender_cpu_s=_NAN, receiver_cpu_s=_NAN, copied_bytes=0, fabric=fabric_label_,
+    )
+
+
+def verbs_records(sizes: list[int], tool_name: str, iters_for: Callable[[int], int], timeout_s: float = 120,
+                  fabric_transport: str = "auto") -> list[dict[str, Any]]:
+    """Run perftest's ``tool_name`` (``ib_write_bw`` or ``ib_write_lat``) once per size, server and client
+    on this host; one record per size.
+
+    The latency line runs only the sizes up to :data:`LATENCY_MAX_SIZE`. The tool, its arguments
+    (the device, port and GID index of the RDMA_* settings) and its environment come from the verbs
+    backend (``fabric.backend("verbs").tool``); the pair runs in a network namespace of its own
+    (:func:`private_network`), the client reaching the server's out-of-band socket over loopback
+    while the writes go through the RDMA device. ``iters_for(size)`` gives the iterations (at least
+    5, perftest's minimum); perftest takes no warm-up count, so the records' ``warmup`` is 0.
+    Raises ReferenceUnavailable if the verbs fabric is not available here or the tool cannot run.
+    """
+    if tool_name not in VERBS_LINES:
+        raise ValueError(f"unknown verbs reference tool '{tool_name}' (known: {', '.join(VERBS_LINES)})")
+    latency = tool_name == VERBS_LATENCY_TOOL
+    if latency:
+        sizes = [size for size in sizes if size <= LATENCY_MAX_SIZE]
+    if not sizes:
+        return []
+    status = fabric.availability("verbs")
+    if not status.ok:
+        raise ReferenceUnavailable(f"{tool_name}: the verbs fabric is not available here: {status.reason} "
+                                   "(its lines need one; measure on a host with an RDMA NIC, or pass --no-references)")
+    tool = _tool("verbs", tool_name, fabric_transport)
+    records = []
+    with private_network(tool_name) as enter:
+        for size in sizes:
+            iters = max(_VERBS_MIN_ITERS, _count(iters_for(size), "iters_for", size))
+            text = run_verbs_tool(tool, size, iters, timeout_s, enter, cpus=_cpu_pair() if latency else None)
+            result = parse_ib_write_lat_output(text, size) if latency else parse_ib_write_bw_output(text, size)
+            records.append(verbs_record(result, verbs_label(tool, result.device)))
+    return records
+
+
+def run_verbs_tool(tool: Tool, size: int, iters: int, timeout_s: float, enter: list[str], *,
+                   cpus: tuple[int, int] | None = None) -> str:
+    """One server and client pair of perftest's ``tool`` at ``size`` bytes, both through ``enter`` (see
+    :func:`private_network`); the client's output. ``cpus``: the CPU the server and the one the client are
+    pinned to (with ``taskset``, where there is one)."""
+    taskset = shutil.which("taskset") if cpus else None
+    server_pin, client_pin = ([taskset, "-c", str(cpus[0])], [taskset, "-c", str(cpus[1])]) \
+        if taskset and cpus else ([], [])
+    common = [str(tool.path), *tool.arguments, "-p", str(_VERBS_PORT), "-s", str(size), "-n", str(iters), "-F"]
+    server_command = [*enter, *server_pin, *common]
+    client_command = [*enter, *client_pin, *common, "127.0.0.1"]
+    fix = _PERFTEST_INSTALL
+    with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
+        server = client = None
+        try:
+            server = _spawn(server_command, tool.environment, server_out, fix)
+            deadline = time.monotonic() + timeout_s
+            listen_s = min(_LISTEN_TIMEOUT_S, timeout_s)
+            if not _wait_listening(server, _VERBS_PORT, listen_s):
+                if server.poll() is None:
+                    raise ReferenceUnavailable(f"{tool.name} server did not listen on port {_VERBS_PORT} within "
+                                               f"{listen_s:.0f} s{_tail(server_out)}")
+                raise _verbs_failed(tool, "server", server.returncode, _read(server_out), common)
+            client = _spawn(client_command, tool.environment, client_out, fix)
+            try:
+                client.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise ReferenceUnavailable(
+                    f"{tool.name} at {size} bytes did not finish within {timeout_s:.0f} s ({iters} iterations); "
+                    "raise --timeout or use fewer iterations"
+                ) from None
+            if client.returncode != 0:
+                raise _verbs_failed(tool, "client", client.returncode, _read(client_out) + _read(server_out), common)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the numbers are in; finally kills it
+                server.wait(timeout=_SERVER_EXIT_TIMEOUT_S)
+            return _read(client_out)
+        finally:
+            for proc in (client, server):
+                _reap(proc)
+
+
+def _verbs_failed(tool: Tool, role: str, code: int | None, text: str, common: list[str]) -> ReferenceUnavailable:
+    if "Did not detect devices" in text or "Unable to find the Infiniband/RoCE device" in text:
+        hint = ("it finds no RDMA device inside its private network namespace; check 'ibv_devices', and that "
+                "'rdma system show netns' says shared (else 'rdma system set netns shared')")
+    else:
+        command = " ".join(common)
+        hint = f"run '{command}' and '{command} 127.0.0.1' by hand to see why"
+    return ReferenceUnavailable(f"{tool.name} {role} failed (exit code {code}): {hint}{_tail_text(text)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # memcpy
 
@@ -471,6 +741,50 @@ def memcpy_records(sizes: list[int], iters_for: Callable[[int], int]) -> list[di
             sender_cpu_s=cpu_s, receiver_cpu_s=0.0, copied_bytes=size, fabric="none",
         ))
     return records
+
+
+# ---------------------------------------------------------------------------------------------
+# the lines of a run
+
+#: the perftest lines of each fabric backend; the first is its bandwidth reference (of_reference's denominator)
+FABRIC_LINES: dict[str, tuple[str, str]] = {
+    "ucx": (PERFTEST_LINES[PERFTEST_TEST], PERFTEST_LINES[PERFTEST_LATENCY_TEST]),
+    "verbs": (VERBS_BANDWIDTH_TOOL, VERBS_LATENCY_TOOL),
+}
+
+
+class References(NamedTuple):
+    """What :func:`reference_measures` gives: the record name whose throughput is every record's
+    ``of_reference`` denominator, and the lines to measure, in order, each ``(name, measure)``."""
+
+    bandwidth_line: str
+    measures: list[tuple[str, Callable[[], list[dict[str, Any]]]]]
+
+
+def reference_measures(sizes: list[int], fabric_name: str, fabric_transport: str, iters_for: Callable[[int], int],
+                       warmup_for: Callable[[int], int] | None = None, timeout_s: float = 120) -> References:
+    """The reference lines of a ``bench micro`` run over fabric backend ``fabric_name``: its two perftest
+    lines (``ucx``: ucx_perftest and ucx_perftest_lat; ``verbs``: ib_write_bw and ib_write_lat), then
+    memcpy. Nothing runs until a measure is called; each returns its records, or raises
+    ReferenceUnavailable with one line saying why and what to do. ``iters_for``/``warmup_for`` as in
+    :func:`ucx_perftest_records` (the verbs tools take no warm-up count); ``timeout_s`` bounds each size
+    of a perftest line. ValueError for a fabric without reference lines.
+    """
+    if fabric_name not in FABRIC_LINES:
+        raise ValueError(f"no reference lines for fabric '{fabric_name}' (known: {', '.join(FABRIC_LINES)})")
+    sizes = list(sizes)
+    measures: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
+    if fabric_name == "ucx":
+        for test in (PERFTEST_TEST, PERFTEST_LATENCY_TEST):
+            measures.append((PERFTEST_LINES[test], functools.partial(
+                ucx_perftest_records, sizes, fabric_transport, iters_for, timeout_s, warmup_for=warmup_for,
+                test=test)))
+    else:
+        for tool_name in FABRIC_LINES[fabric_name]:
+            measures.append((tool_name, functools.partial(
+                verbs_records, sizes, tool_name, iters_for, timeout_s, fabric_transport=fabric_transport)))
+    measures.append(("memcpy", functools.partial(memcpy_records, sizes, iters_for)))
+    return References(FABRIC_LINES[fabric_name][0], measures)
 
 
 # ---------------------------------------------------------------------------------------------

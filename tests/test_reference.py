@@ -1,4 +1,5 @@
-"""The reference lines of ``bench micro``: UCX's own ucx_perftest and a single-process memcpy."""
+"""The reference lines of ``bench micro``: UCX's own ucx_perftest, perftest's ib_write_bw and ib_write_lat, and a
+single-process memcpy."""
 
 from __future__ import annotations
 
@@ -16,11 +17,20 @@ from bench.reference import (
     LATENCY_MAX_SIZE,
     ReferenceUnavailable,
     memcpy_records,
+    parse_ib_write_bw_output,
+    parse_ib_write_lat_output,
     parse_perftest_output,
     perftest_record,
+    reference_measures,
     ucx_perftest_records,
+    verbs_label,
+    verbs_record,
+    verbs_records,
 )
-from bench.results import REQUIRED_COLUMNS
+from bench.results import REFERENCE_LINE, REQUIRED_COLUMNS
+from transports import fabric
+from transports.fabric.base import Tool
+from transports.fabric.ucx.device import UCX_HOME_VARIABLE  # a test may import the backend; bench/ may not
 
 SIZES = [4096, 65536]
 RECORD_KEYS = {*REQUIRED_COLUMNS["micro"], "fabric", "dtype", "warmup", "min_us", "max_us"}
@@ -168,7 +178,7 @@ def _fake_perftest(tmp_path, monkeypatch, output: str) -> Path:
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
                     f'case "$*" in *-t*) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
     return calls
 
@@ -207,21 +217,37 @@ def test_ucx_perftest_records_go_into_the_same_csv_as_the_transports(tmp_path):
     assert sorted(load_run(tmp_path / "run").records["transport"]) == ["memcpy", "ucx_perftest"]
 
 
-def test_perftest_environment_maps_fabric_transports_to_ucx_tls(monkeypatch):
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
+@pytest.mark.parametrize(("fabric_transport", "tls"), [("shm", "shm"), ("tcp", "tcp"), ("auto", None)])
+def test_perftest_runs_with_the_ucx_backends_tool_environment(monkeypatch, tmp_path, fabric_transport, tls):
+    # the UCX backend's tool: UCX_TLS of the fabric transport ("auto": left alone), and the install's lib/ first
+    # on LD_LIBRARY_PATH (the wheel's binaries have no RPATH)
+    seen = tmp_path / "seen"
+    fake = tmp_path / "bin" / "ucx_perftest"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "tls=${{UCX_TLS-unset}} lib=$LD_LIBRARY_PATH" >> {seen}\n'
+                    f'case "$*" in *-t*) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "output").write_text(SHM_PUT_BW_1KB)
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.delenv("UCX_TLS", raising=False)
-    assert reference.perftest_environment("shm")["UCX_TLS"] == "shm"
-    assert reference.perftest_environment("tcp")["UCX_TLS"] == "tcp"
-    auto = reference.perftest_environment("auto")
-    assert "UCX_TLS" not in auto
-    assert reference.fabric_label(auto) == "ucx:auto"
-    # the wheel's binary finds its libraries only through LD_LIBRARY_PATH
-    assert auto["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(reference.perftest_binary().parent.parent / "lib")
+    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    records = ucx_perftest_records([1024], fabric_transport, lambda size: 1000)
+    assert [(r["transport"], r["fabric"]) for r in records] == [("ucx_perftest", f"ucx:{tls or 'auto'}")]
+    lines = seen.read_text().splitlines()
+    assert len(lines) == 2  # server and client
+    for line in lines:
+        assert line.split()[0] == f"tls={tls or 'unset'}"
+        assert line.split()[1].removeprefix("lib=").split(os.pathsep)[0] == str(tmp_path / "lib")
+
+
+def test_an_unknown_fabric_transport_is_refused():
     with pytest.raises(ValueError, match="unknown fabric transport"):
-        reference.perftest_environment("verbs")
+        ucx_perftest_records([4096], "verbs", _iters)
 
 
 def test_missing_binary_says_where_it_looked_and_how_to_fix_it(monkeypatch, tmp_path):
-    monkeypatch.setattr(reference, "perftest_binary", lambda: tmp_path / "bin" / "ucx_perftest")
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))  # a UCX install without bin/ucx_perftest
     with pytest.raises(ReferenceUnavailable) as caught:
         ucx_perftest_records([4096], "shm", _iters)
     message = str(caught.value)
@@ -235,8 +261,7 @@ def test_failing_binary_gives_its_exit_code_and_output(monkeypatch, tmp_path):
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'UCX  ERROR something broke' >&2\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
-    assert reference.perftest_binary() == fake
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     with pytest.raises(ReferenceUnavailable, match=r"exit code 3(.|\n)*something broke"):
         ucx_perftest_records([4096], "tcp", _iters, timeout_s=10)
 
@@ -247,7 +272,7 @@ def test_hung_perftest_is_killed_at_the_timeout(monkeypatch, tmp_path):
     # the server exits at once, the client (any call with a -t) never does
     fake.write_text('#!/bin/sh\ncase "$*" in *-t*) exec sleep 73;; esac\nexit 0\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
     with pytest.raises(ReferenceUnavailable, match="did not finish within 1 s"):
         ucx_perftest_records([4096], "tcp", _iters, timeout_s=1)
@@ -274,13 +299,6 @@ def test_parse_rejects_a_bandwidth_that_is_not_in_mebibytes():
 def test_parse_rejects_output_without_results():
     with pytest.raises(ReferenceUnavailable, match="no results table"):
         parse_perftest_output("[1] UCX  ERROR client failed. connect() failed: Connection refused\n")
-
-
-def test_perftest_binary_is_the_wheels(monkeypatch):
-    monkeypatch.delenv(reference.UCX_HOME_VARIABLE, raising=False)
-    import libucx
-
-    assert reference.perftest_binary() == Path(libucx.__file__).parent / "bin" / "ucx_perftest"
 
 
 def test_parse_takes_sub_microsecond_put_times_from_the_message_rate():
@@ -341,7 +359,7 @@ def test_perftest_runs_in_a_network_namespace_with_loopback_only(monkeypatch, tm
                     f"cut -d: -f1 /proc/net/dev | tail -n +3 >> {seen}\n"
                     'case "$*" in *-t*) exit 3;; esac\nexec sleep 30\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(reference.UCX_HOME_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
     with pytest.raises(ReferenceUnavailable, match="exit code 3"):
         ucx_perftest_records([4096], "tcp", _iters, timeout_s=20)
@@ -353,3 +371,282 @@ def test_perftest_runs_in_a_network_namespace_with_loopback_only(monkeypatch, tm
     assert interfaces == {"lo"}
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tt-perftest-{os.getpid()}-" not in left
+
+
+# ---------------------------------------------------------------------------------------------
+# perftest's verbs tools. No RDMA device here, so these samples are written (not captured) to perftest 4.5's format:
+# the header and row format strings of its perftest_parameters.h (RESULT_FMT, REPORT_FMT, RESULT_FMT_LAT,
+# REPORT_FMT_LAT; the same in the 6.06 installed here, per its strings), tabs included, and the client's preamble.
+
+IB_WRITE_BW_64KB = """\
+---------------------------------------------------------------------------------------
+                    RDMA_Write BW Test
+ Dual-port       : OFF\t\tDevice         : mlx5_0
+ Number of qps   : 1\t\tTransport type : IB
+ Connection type : RC\t\tUsing SRQ      : OFF
+ PCIe relax order: ON
+ ibv_wr* API     : ON
+ TX depth        : 128
+ CQ Moderation   : 100
+ Mtu             : 4096[B]
+ Link type       : IB
+ Max inline data : 0[B]
+ rdma_cm QPs\t : OFF
+ Data ex. method : Ethernet
+---------------------------------------------------------------------------------------
+ local address: LID 0x05 QPN 0x0b2a PSN 0x6a1c3e RKey 0x1fffbd VAddr 0x007f3c2e5f0000
+ remote address: LID 0x05 QPN 0x0b2b PSN 0x91e4d2 RKey 0x1ffebc VAddr 0x007f8a41c20000
+---------------------------------------------------------------------------------------
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      5000             11034.70            11031.24\t\t   0.176500
+---------------------------------------------------------------------------------------
+"""
+# 1 KiB: the peak not measured (0.00, as with -N), the time per write from the message rate's six decimals
+IB_WRITE_BW_1KB = IB_WRITE_BW_64KB.replace(
+    " 65536      5000             11034.70            11031.24\t\t   0.176500",
+    " 1024       5000             0.00               3921.45\t\t   4.015565")
+# --report_gbits: Gb/sec (10**9 bits) instead of MB/sec (2**20 bytes)
+IB_WRITE_BW_64KB_GBITS = IB_WRITE_BW_64KB.replace(
+    " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
+    " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]").replace(
+    " 65536      5000             11034.70            11031.24\t\t   0.176500",
+    " 65536      5000             92.57               92.53\t\t   0.176487")
+# the header and row as perftest builds them (RESULT_FMT_LAT, REPORT_FMT_LAT), trailing spaces included
+IB_WRITE_LAT_HEADER = (" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+                       "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ")
+IB_WRITE_LAT_ROW = (" 4096    1000          2.61           10.25        2.70     \t       2.72        \t"
+                    "0.14   \t\t3.21    \t\t10.25  ")
+IB_WRITE_LAT_4KB = """\
+---------------------------------------------------------------------------------------
+                    RDMA_Write Latency Test
+ Dual-port       : OFF\t\tDevice         : mlx5_1
+ Number of qps   : 1\t\tTransport type : IB
+ Connection type : RC\t\tUsing SRQ      : OFF
+ PCIe relax order: ON
+ ibv_wr* API     : ON
+ TX depth        : 1
+ Mtu             : 1024[B]
+ Link type       : Ethernet
+ GID index       : 3
+ Max inline data : 220[B]
+ rdma_cm QPs\t : OFF
+ Data ex. method : Ethernet
+---------------------------------------------------------------------------------------
+ local address: LID 0000 QPN 0x0248 PSN 0xe6be8a RKey 0x1fffbd VAddr 0x007f360b400000
+ GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:00:01
+ remote address: LID 0000 QPN 0x0249 PSN 0x158390 RKey 0x1ffebc VAddr 0x007fe0a4e10000
+ GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:00:00:01
+---------------------------------------------------------------------------------------
+""" + IB_WRITE_LAT_HEADER + "\n" + IB_WRITE_LAT_ROW + "\n" + "-" * 87 + "\n"
+# a perftest before 4.x: t_min, t_max and t_typical only
+IB_WRITE_LAT_4KB_OLD = """\
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]
+ 4096    1000          2.61           10.25        2.70
+"""
+# what the tools print here, with no RDMA device
+NO_DEVICE = (" Did not detect devices \n If device exists, check if driver is up\n"
+             " Unable to find the Infiniband/RoCE device\n")
+
+
+def test_parse_ib_write_bw_takes_the_average_bandwidth_in_mebibytes():
+    result = parse_ib_write_bw_output(IB_WRITE_BW_64KB, size=65536)
+    assert (result.size, result.iters, result.device) == (65536, 5000, "mlx5_0")
+    assert result.peak_MBps == 11034.70 and result.average_MBps == 11031.24
+    assert result.message_rate_Mpps == 0.176500
+    # 64 KiB: the time per write from the bandwidth's digits (the rate has only 6 here)
+    assert result.time_us == pytest.approx(65536 / (11031.24 * 2**20) * 1e6)
+
+
+def test_parse_ib_write_bw_small_writes_time_from_the_message_rate_and_no_peak():
+    result = parse_ib_write_bw_output(IB_WRITE_BW_1KB, size=1024)
+    assert result.size == 1024 and result.average_MBps == 3921.45
+    assert math.isnan(result.peak_MBps)  # 0.00: not measured
+    assert result.time_us == 1 / 4.015565
+
+
+def test_parse_ib_write_bw_converts_gbits_to_mebibytes():
+    result = parse_ib_write_bw_output(IB_WRITE_BW_64KB_GBITS, size=65536)
+    assert result.average_MBps == pytest.approx(92.53e9 / 8 / 2**20)
+    assert result.average_MBps == pytest.approx(11031.24, rel=0.001)
+
+
+def test_parse_ib_write_bw_rejects_a_bandwidth_that_is_not_in_mebibytes():
+    in_megabytes = IB_WRITE_BW_64KB.replace("11031.24", f"{65536 * 0.1765:.2f}")  # 10**6 bytes a MB
+    with pytest.raises(ReferenceUnavailable, match="2\\^20"):
+        parse_ib_write_bw_output(in_megabytes, size=65536)
+
+
+def test_parse_ib_write_bw_wants_the_row_of_its_size():
+    with pytest.raises(ReferenceUnavailable, match="no result row for 4096 bytes"):
+        parse_ib_write_bw_output(IB_WRITE_BW_64KB, size=4096)
+
+
+@pytest.mark.parametrize("parse", [parse_ib_write_bw_output, parse_ib_write_lat_output])
+def test_parse_perftest_verbs_output_without_a_table(parse):
+    with pytest.raises(ReferenceUnavailable, match=r"printed no results table(.|\n)*Unable to find"):
+        parse(NO_DEVICE)
+
+
+def test_parse_ib_write_lat_takes_every_column():
+    result = parse_ib_write_lat_output(IB_WRITE_LAT_4KB, size=4096)
+    assert (result.size, result.iters, result.device) == (4096, 1000, "mlx5_1")
+    assert (result.min_us, result.max_us, result.typical_us) == (2.61, 10.25, 2.70)
+    assert (result.average_us, result.stdev_us, result.p99_us, result.p999_us) == (2.72, 0.14, 3.21, 10.25)
+
+
+def test_parse_ib_write_lat_of_an_old_perftest_has_no_mean_or_percentiles():
+    result = parse_ib_write_lat_output(IB_WRITE_LAT_4KB_OLD, size=4096)
+    assert (result.min_us, result.max_us, result.typical_us) == (2.61, 10.25, 2.70)
+    assert math.isnan(result.average_us) and math.isnan(result.p99_us)
+
+
+def test_parse_ib_write_lat_refuses_cycles_and_bandwidth_tables():
+    with pytest.raises(ReferenceUnavailable, match="without -C"):
+        parse_ib_write_lat_output(IB_WRITE_LAT_4KB.replace("[usec]", "[cycles]"))
+    with pytest.raises(ReferenceUnavailable, match="not a latency table"):
+        parse_ib_write_lat_output(IB_WRITE_BW_64KB)
+    with pytest.raises(ReferenceUnavailable, match="not a bandwidth table"):
+        parse_ib_write_bw_output(IB_WRITE_LAT_4KB)
+
+
+def test_the_ib_write_bw_record_is_a_rate_without_a_distribution():
+    record = verbs_record(parse_ib_write_bw_output(IB_WRITE_BW_64KB, size=65536), "verbs:mlx5_0:1")
+    assert set(record) >= RECORD_KEYS
+    assert record["transport"] == "ib_write_bw" and record["fabric"] == "verbs:mlx5_0:1"
+    assert (record["size_bytes"], record["iters"], record["warmup"]) == (65536, 5000, 0)
+    assert record["throughput_MBps"] == 11031.24
+    assert record["mean_us"] == pytest.approx(65536 / 2**20 / 11031.24 * 1e6)
+    for column in ("p50_us", "p99_us", "min_us", "max_us", "sender_cpu_s"):
+        assert math.isnan(record[column]), column
+    assert record["copied_bytes_per_transfer"] == 0
+
+
+def test_the_ib_write_lat_record_takes_p50_from_the_typical_latency():
+    record = verbs_record(parse_ib_write_lat_output(IB_WRITE_LAT_4KB, size=4096), "verbs:mlx5_1:1")
+    assert set(record) >= RECORD_KEYS
+    assert record["transport"] == "ib_write_lat"
+    assert (record["p50_us"], record["mean_us"], record["p99_us"]) == (2.70, 2.72, 3.21)
+    assert (record["min_us"], record["max_us"]) == (2.61, 10.25)
+    assert record["throughput_MBps"] == pytest.approx(4096 / 2**20 / 2.72e-6)
+    assert math.isnan(record["receiver_cpu_s"]) and record["copied_bytes_per_transfer"] == 0
+
+
+def test_verbs_label_prefers_the_tools_arguments():
+    given = Tool("ib_write_bw", Path("/usr/bin/ib_write_bw"), {}, ("-d", "mlx5_2", "-i", "2", "-x", "3"))
+    assert verbs_label(given, "mlx5_0") == "verbs:mlx5_2:2"
+    found = Tool("ib_write_bw", Path("/usr/bin/ib_write_bw"), {})
+    assert verbs_label(found, "mlx5_0") == "verbs:mlx5_0:1"  # the device perftest reported, its default port
+
+
+def test_verbs_lines_say_the_fabric_is_not_available_here():
+    status = fabric.availability("verbs")
+    assert not status.ok  # no RDMA device on this machine
+    refs = reference_measures([4096], "verbs", "auto", _iters)
+    for name, measure in refs.measures[:2]:
+        with pytest.raises(ReferenceUnavailable) as caught:
+            measure()
+        message = str(caught.value)
+        assert message.startswith(f"{name}: the verbs fabric is not available here: ")
+        assert status.reason in message and "--no-references" in message
+        assert "\n" not in message
+
+
+def test_verbs_lines_name_the_missing_rdma_device(monkeypatch):
+    reason = "no RDMA device found (ibv_get_device_list is empty); check 'ibv_devices'"
+    monkeypatch.setattr(fabric, "availability", lambda name: fabric.Availability(False, reason)
+                        if name == "verbs" else pytest.fail(f"asked about {name}"))
+    with pytest.raises(ReferenceUnavailable, match=r"ib_write_lat: .*no RDMA device found"):
+        verbs_records([4096], "ib_write_lat", _iters)
+    assert verbs_records([2 * LATENCY_MAX_SIZE], "ib_write_lat", _iters) == []  # nothing to measure: not asked
+
+
+def test_reference_measures_of_the_verbs_fabric():
+    refs = reference_measures([4096], "verbs", "auto", _iters)
+    assert refs.bandwidth_line == "ib_write_bw"
+    assert [name for name, _ in refs.measures] == ["ib_write_bw", "ib_write_lat", "memcpy"]
+    records = refs.measures[2][1]()
+    assert [(r["transport"], r["size_bytes"]) for r in records] == [("memcpy", 4096)]
+
+
+def test_reference_measures_of_the_ucx_fabric_run_its_perftest_lines():
+    bandwidth_line, measures = reference_measures([4096], "ucx", "shm", _iters, lambda size: 3, timeout_s=30)
+    assert bandwidth_line == REFERENCE_LINE == "ucx_perftest"
+    assert [name for name, _ in measures] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
+    for name, measure in measures[:2]:
+        records = measure()
+        assert [(r["transport"], r["fabric"], r["warmup"], r["iters"]) for r in records] == [(name, "ucx:shm", 3, 50)]
+
+
+def test_reference_measures_refuses_an_unknown_fabric():
+    with pytest.raises(ValueError, match="no reference lines for fabric 'gm'"):
+        reference_measures([4096], "gm", "auto", _iters)
+
+
+def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_0", "-i", "1", "-x", "3")) -> Path:
+    """perftest's tool as the verbs backend would give it, faked: logs its arguments to ``calls`` and, as a
+    client (its last argument an address), prints ``output``; the verbs fabric claims to be available."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "ib_write_tool"
+    (tmp_path / "output").write_text(output)
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    f'case "$*" in *127.0.0.1) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(fabric, "availability", lambda name: fabric.Availability(True))
+    monkeypatch.setattr(reference, "_tool", lambda backend, name, fabric_transport: Tool(
+        name, fake, dict(os.environ), tuple(arguments)))
+    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    return calls
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
+def test_ib_write_bw_runs_server_and_client_with_the_backends_arguments(monkeypatch, tmp_path):
+    calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_BW_64KB)
+    records = verbs_records([65536], "ib_write_bw", lambda size: 5000)
+    assert [(r["transport"], r["size_bytes"], r["throughput_MBps"], r["fabric"]) for r in records] == [
+        ("ib_write_bw", 65536, 11031.24, "verbs:mlx5_0:1")]
+    lines = [line.split() for line in calls.read_text().splitlines()]  # in either order: neither waits here
+    [server] = [line for line in lines if line[-1] != "127.0.0.1"]
+    [client] = [line for line in lines if line[-1] == "127.0.0.1"]
+    assert server[:6] == ["-d", "mlx5_0", "-i", "1", "-x", "3"]
+    assert server[server.index("-s") + 1] == "65536" and server[server.index("-n") + 1] == "5000"
+    assert "-F" in server and server[server.index("-p") + 1] == "18515"
+    assert client == [*server, "127.0.0.1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
+def test_ib_write_lat_runs_pinned_up_to_1mb_only(monkeypatch, tmp_path):
+    calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_LAT_4KB, arguments=())
+    monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
+    ps_seen = tmp_path / "affinity"
+    monkeypatch.setattr(reference, "_spawn", _logging_spawn(reference._spawn, ps_seen))
+    records = verbs_records([4096, 2 << 20], "ib_write_lat", lambda size: 2)
+    # perftest's minimum of 5 iterations; the device from the tool's own report, perftest's default port
+    assert [(r["transport"], r["size_bytes"], r["p50_us"], r["fabric"]) for r in records] == [
+        ("ib_write_lat", 4096, 2.70, "verbs:mlx5_1:1")]
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all(line.split()[line.split().index("-n") + 1] == "5" for line in lines)
+    pins = ps_seen.read_text().splitlines()
+    assert pins == ["taskset -c 0", "taskset -c 1"]  # server, then client
+
+
+def _logging_spawn(spawn, log: Path):
+    """``reference._spawn`` that logs the ``taskset -c CPU`` of each command (a command without one fails)."""
+    def logged(command, env, out, *rest):
+        at = next(i for i, part in enumerate(command) if Path(part).name == "taskset")
+        with log.open("a") as f:
+            f.write(f"taskset {' '.join(command[at + 1:at + 3])}\n")
+        return spawn(command, env, out, *rest)
+    return logged
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
+def test_ib_write_bw_without_a_device_says_what_to_check(monkeypatch, tmp_path):
+    real_wait_listening = reference._wait_listening
+    _fake_verbs_tool(tmp_path, monkeypatch, "")
+    monkeypatch.setattr(reference, "_wait_listening", real_wait_listening)  # the server exits before listening
+    fake = tmp_path / "ib_write_tool"
+    fake.write_text(f"#!/bin/sh\nprintf '{NO_DEVICE}'\nexit 1\n")
+    with pytest.raises(ReferenceUnavailable, match=r"ib_write_bw server failed \(exit code 1\): .*no RDMA device"
+                                                   r".*rdma system show netns"):
+        verbs_records([4096], "ib_write_bw", _iters, timeout_s=10)
+
