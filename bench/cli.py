@@ -210,8 +210,7 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
     parser.add_argument("--steps", type=_positive_int, default=steps, help="timed steps")
     parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first")
     parser.add_argument("--learning-rate", type=_rate, default=0.01, help="SGD learning rate")
-    parser.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
-                        help="UCX transports for the fabric transports (netns: always tcp)")
+    _add_fabric_options(parser, "UCX transports for the fabric transports (netns: always tcp)")
     parser.add_argument("--timeout", type=_seconds, default=600.0,
                         help="seconds one transfer, or one step of a rank, may take before the run fails naming it")
     parser.add_argument("--out", type=Path, default=None,
@@ -219,6 +218,43 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
     parser.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     _add_compute_option(parser, compute)
     _add_launch_options(parser)
+
+
+def _add_fabric_options(parser: argparse.ArgumentParser, transport_help: str) -> None:
+    """``--fabric`` and ``--fabric-transport``: the RDMA device library under the fabric transports, and its links."""
+    from transports import fabric
+
+    parser.add_argument("--fabric", choices=fabric.names(), default=fabric.DEFAULT,
+                        help="the RDMA device library under the fabric transports (zerocopy, rdma_cp, grpc_rdma): "
+                        "ucx (UCX: shared memory and tcp here, RDMA where UCX has it) or verbs (pyverbs on an "
+                        "RDMA NIC, chosen with the RDMA_* variables); 'bench info' says which can run here")
+    choices = list(dict.fromkeys(t for name in fabric.names() for t in _fabric_transports(name)))
+    parser.add_argument("--fabric-transport", choices=choices, default="auto", help=transport_help)
+
+
+def _fabric_transports(name: str) -> list[str]:
+    from transports import fabric
+
+    try:
+        return list(fabric.backend(name).fabric_transports)
+    except ImportError:
+        return ["auto"]
+
+
+def _fabric_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--fabric`` with ``--fabric-transport`` (and ``--launcher``) cannot run here, or None."""
+    from transports import fabric
+
+    if args.fabric_transport not in _fabric_transports(args.fabric):
+        return (f"--fabric-transport {args.fabric_transport}: the {args.fabric} fabric takes "
+                f"{', '.join(_fabric_transports(args.fabric))}")
+    if args.fabric != fabric.DEFAULT and getattr(args, "launcher", None) == "netns":
+        return (f"--fabric {args.fabric} with --launcher netns: the emulated hosts' veth links carry no RDMA; "
+                f"use --fabric {fabric.DEFAULT}, or another launcher")
+    status = fabric.availability(args.fabric)
+    if not status.ok:
+        return f"--fabric {args.fabric}: not available here: {status.reason}"
+    return None
 
 
 def build_parser() -> Parser:
@@ -265,9 +301,9 @@ def build_parser() -> Parser:
                        help="untimed transfers before each size (default: a tenth of --iters, 1 to 10)")
     micro.add_argument("--timeout", type=_seconds, default=120.0,
                        help="seconds one transfer may take before the run fails naming the peer")
-    micro.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
-                       help="UCX transports for the RDMA transports (zerocopy, rdma_cp): shm (shared memory, "
-                       "cma one-sided copies), tcp (also across network namespaces), or auto (UCX chooses)")
+    _add_fabric_options(micro, "UCX transports for the fabric transports (zerocopy, rdma_cp, grpc_rdma): shm "
+                        "(shared memory, cma one-sided copies), tcp (also across network namespaces), or auto (UCX "
+                        "chooses); the verbs fabric takes only auto")
     micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
     micro.add_argument("--no-references", action="store_true",
                        help="skip the reference lines, measured before the transports: ucx_perftest put bandwidth "
@@ -336,8 +372,7 @@ def build_parser() -> Parser:
     soak.add_argument("--batch-size", type=_positive_int, default=1, help="per-worker mini-batch size")
     soak.add_argument("--timeout", type=_seconds, default=120.0,
                       help="seconds one transfer, or one training step, may take before the run fails naming it")
-    soak.add_argument("--fabric-transport", choices=["auto", "shm", "tcp"], default="auto",
-                      help="UCX transports for the fabric transports")
+    _add_fabric_options(soak, "UCX transports for the fabric transports")
     soak.add_argument("--out", type=Path, default=None, help="results directory (default: results/soak-<time>/)")
     _add_compute_option(soak, "real")
     _add_launch_options(soak)
@@ -399,36 +434,46 @@ def _launcher_info() -> dict[str, str]:
 
 
 def _fabric_info() -> list[str]:
-    """The UCX in use, and the transports and devices it offers here (``ucx_info -d``)."""
+    """Each fabric backend: whether it can run here and why not, its --fabric-transport choices, and for
+    one that runs what it offers (UCX: the transports and devices of ``ucx_info -d``)."""
+    import re
     import subprocess
 
-    from bench.reference import ReferenceUnavailable, perftest_binary, perftest_environment
+    from transports import fabric
     from transports.fabric.base import FabricError
-    from transports.fabric.ucx.device import UcxDevice
 
-    try:
-        device = UcxDevice("auto")
-    except FabricError as exc:
-        return [f"ucx: not available: {exc}"]
-    version = device.describe()["ucx_version"]
-    device.close()
-    lines = [f"ucx {version} (--fabric-transport auto|shm|tcp selects among what it offers)"]
-    try:
-        info = subprocess.run([str(perftest_binary().parent / "ucx_info"), "-d"], capture_output=True, text=True,
-                              timeout=30, env=perftest_environment("auto"))
-    except (OSError, subprocess.SubprocessError, ReferenceUnavailable) as exc:
-        return [*lines, f"ucx_info could not run: {exc}"]
-    offered: dict[str, list[str]] = {}
-    transport = None
-    for line in info.stdout.splitlines():
-        words = line.strip("# ").split(":", 1)
-        if len(words) == 2 and words[0].strip() == "Transport":
-            transport = words[1].strip()
-        elif len(words) == 2 and words[0].strip() == "Device" and transport:
-            offered.setdefault(transport, []).append(words[1].strip())
-    lines += [f"ucx transport {name:8} devices: {', '.join(devices)}" for name, devices in offered.items()]
-    lines.append("verbs (pyverbs) backend: not implemented yet (DESIGN.md plans it for machines with an RDMA NIC)")
-    return lines
+    lines = []
+    for name in fabric.names():
+        status = fabric.availability(name)
+        if not status.ok:
+            lines.append(f"{name:6} not available: {status.reason}")
+            continue
+        backend = fabric.backend(name)
+        lines.append(f"{name:6} available (--fabric {name}; --fabric-transport {'|'.join(backend.fabric_transports)})")
+        if "ucx_info" not in backend.reference_tools:
+            continue
+        try:
+            tool = backend.tool("ucx_info")
+            info = subprocess.run([str(tool.path), "-v"], capture_output=True, text=True, timeout=30,
+                                  env=tool.environment)
+            version = re.search(r"version:?\s*([\w.]+)", info.stdout)
+            lines.append(f"       ucx {version.group(1)}" if version else "")
+            info = subprocess.run([str(tool.path), "-d"], capture_output=True, text=True, timeout=30,
+                                  env=tool.environment)
+        except (OSError, subprocess.SubprocessError, FabricError) as exc:
+            lines.append(f"       ucx_info could not run: {exc}")
+            continue
+        offered: dict[str, list[str]] = {}
+        transport = None
+        for line in info.stdout.splitlines():
+            words = line.strip("# ").split(":", 1)
+            if len(words) == 2 and words[0].strip() == "Transport":
+                transport = words[1].strip()
+            elif len(words) == 2 and words[0].strip() == "Device" and transport:
+                offered.setdefault(transport, []).append(words[1].strip())
+        lines += [f"       ucx transport {carrier:8} devices: {', '.join(devices)}"
+                  for carrier, devices in offered.items()]
+    return [line for line in lines if line]
 
 
 def _open_run(out: Path, experiment: str, settings: dict, launcher, given: bool) -> RunWriter | None:
@@ -511,6 +556,7 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
         "iters": {str(p.size_bytes): p.iters for p in points},
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "timeout_s": args.timeout,
+        "fabric": args.fabric,
         "fabric_transport": launcher.fabric_transport(args.fabric_transport),
     }
     writer = _open_run(out, "micro", settings, launcher, args.out is not None)
@@ -615,6 +661,7 @@ def transport_options(label: str, args: argparse.Namespace, launcher) -> dict[st
     name, options = transports.resolve(label)
     options["timeout_s"] = args.timeout
     if transports.transport_class(name).uses_fabric:
+        options["fabric"] = args.fabric
         options["fabric_transport"] = launcher.fabric_transport(args.fabric_transport)
     return options
 
@@ -665,7 +712,8 @@ def cmd_soak(args: argparse.Namespace, launcher) -> int:
     out = args.out or default_run_dir("soak")
     settings = {"transports": chosen, "sizes": args.sizes, "seconds_per_point": share, "model": model,
                 "steps": args.steps, "batch_size": args.batch_size, "compute": args.compute,
-                "timeout_s": args.timeout, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+                "timeout_s": args.timeout, "fabric": args.fabric,
+                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
     writer = _open_run(out, "soak", settings, launcher, args.out is not None)
     if writer is None:
         return EXIT_USAGE
@@ -756,7 +804,7 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
     settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
                 "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
-                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+                "fabric": args.fabric, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
     writer = _open_run(out, experiment, settings, launcher, args.out is not None)
     if writer is None:
         return EXIT_USAGE
@@ -872,6 +920,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    if hasattr(args, "fabric") and (problem := _fabric_problem(args)):
+        print(f"bench {args.command}: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         if not hasattr(args, "launcher"):
             return args.func(args)

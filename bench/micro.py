@@ -39,7 +39,7 @@ import transports
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.memory import rss_mb
 from bench.sizes import format_size
-from transports import Cluster, Key, TensorSpec, TransportStats
+from transports import Cluster, Key, TensorSpec, TransportStats, fabric
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes
 BYTES_PER_POINT = 2 << 30
@@ -353,7 +353,7 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[s
         "control_messages_per_transfer": both.control_messages / per,
         "registrations": both.registrations,
         "registrations_per_transfer": both.registrations / per,
-        "fabric": fabric_label(sender.fabric),
+        "fabric": fabric.label(sender.fabric),
     }
 
 
@@ -374,11 +374,3 @@ def soak_records(name: str, point: Point, sender: Side, receiver: Side) -> list[
                      "rss_start_mb": side.rss_start_mb, "rss_end_mb": side.rss_end_mb,
                      "rss_growth_mb": side.rss_end_mb - side.rss_start_mb})
     return rows
-
-
-def fabric_label(description: dict[str, Any] | None) -> str:
-    """``ucx:cma,posix,sysv`` for a fabric transport, ``none`` for the others."""
-    if not description or description.get("fabric", "none") == "none":
-        return "none"
-    used = description.get("ucx_transports_used") or [description.get("ucx_tls", "?")]
-    return f"{description['fabric']}:{','.join(used)}"

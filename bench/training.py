@@ -19,6 +19,7 @@ from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
 from bench.runtime.analyzer import Layout
 from bench.runtime.ps import StepTimes, TrainConfig, local_job, profile, rank_job, resolve_model, summarize
+from transports import fabric
 
 COMPUTE_MODES = {
     "real": "every worker runs the model",
@@ -152,5 +153,5 @@ def soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]])
                      "corrupted": check["corrupted"], "lost": check["lost"],
                      "rss_start_mb": check["rss_start_mb"], "rss_end_mb": check["rss_end_mb"],
                      "rss_growth_mb": check["rss_end_mb"] - check["rss_start_mb"], "step_time_s": step_time,
-                     "fabric": times.extra.get("fabric", {}).get("fabric", "none")})
+                     "fabric": fabric.label(times.extra.get("fabric"))})
     return rows

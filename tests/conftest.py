@@ -5,20 +5,23 @@ from __future__ import annotations
 import pytest
 
 import transports
-from transports import Cluster
+from transports import Cluster, fabric
 
 SHORT_TIMEOUT_S = 20.0
 
 
 def transport_params():
-    """Every registered transport in each of its variants; one that cannot run here is skipped with its reason."""
+    """Every registered transport in each of its variants; one that cannot run here (the transport, or the
+    fabric the variant runs on) is skipped with its reason."""
     params = []
     for name in transports.names():
         status = transports.availability(name)
         marks = [] if status.ok else [pytest.mark.skip(reason=f"{name} not available here: {status.reason}")]
         variants = transports.transport_class(name).variants() if status.ok else {"": {}}
         for label, options in variants.items():
-            params.append(pytest.param((name, options), marks=marks, id=f"{name}-{label}" if label else name))
+            backend = fabric.availability(options["fabric"]) if "fabric" in options else status
+            marked = marks if backend.ok else [pytest.mark.skip(reason=f"{options['fabric']} fabric: {backend.reason}")]
+            params.append(pytest.param((name, options), marks=marked, id=f"{name}-{label}" if label else name))
     return params
 
 

@@ -57,3 +57,21 @@ def open_files() -> dict[str, str]:
 def open_sockets() -> set[str]:
     """The sockets (``socket:[INODE]``) this process holds."""
     return {target for target in open_files().values() if target.startswith("socket:")}
+
+
+def held_resources() -> tuple[int, int, int]:
+    """What this process holds: mappings of shared files (/dev/shm, memfd), of SysV segments, and fds.
+
+    Only this process's own resources count (its /proc/self/maps and fds): system-wide totals of
+    /dev/shm or /proc/sysvipc change whenever another process on the machine makes some.
+    """
+    shm_maps, sysv_maps = set(), set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if path.startswith("/SYSV"):
+                sysv_maps.add((fields[4], path))  # one per attached segment, however many areas
+            elif path.startswith(("/dev/shm/", "/memfd:")):
+                shm_maps.add((fields[4], path))
+    return len(shm_maps), len(sysv_maps), len(os.listdir("/proc/self/fd"))

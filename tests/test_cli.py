@@ -46,8 +46,31 @@ def test_info_lists_every_transport_and_versions():
     result = bench("info")
     assert result.returncode == 0
     for word in ("grpc_tcp", "zerocopy", "local", "grpcio", "numpy", "ucx 1.", "ucx transport tcp",
-                 "launchers (--launcher):", "netns", "mpi"):
+                 "launchers (--launcher):", "netns", "mpi", "fabric:", "ucx    available", "verbs"):
         assert word in result.stdout
+
+
+def test_info_says_why_the_verbs_fabric_cannot_run_here():
+    from transports import fabric
+
+    status = fabric.availability("verbs")
+    if status.ok:
+        pytest.skip("this machine has an RDMA device")
+    assert f"verbs  not available: {status.reason}" in bench("info").stdout
+
+
+def test_a_fabric_that_cannot_run_here_is_a_usage_error_naming_why(tmp_path):
+    from transports import fabric
+
+    status = fabric.availability("verbs")
+    if status.ok:
+        pytest.skip("this machine has an RDMA device")
+    result = bench("micro", "--sizes", "1KB", "--transports", "zerocopy", "--fabric", "verbs", "--out",
+                   str(tmp_path / "run"))
+    assert result.returncode == 2 and f"--fabric verbs: not available here: {status.reason}" in result.stderr
+    assert not (tmp_path / "run").exists()
+    result = bench("micro", "--sizes", "1KB", "--fabric", "ucx", "--fabric-transport", "rc")
+    assert result.returncode == 2 and "invalid choice: 'rc'" in result.stderr
 
 
 def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
@@ -58,6 +81,7 @@ def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
     run = load_run(out)
     assert run.meta["status"] == "complete"
     assert run.meta["settings"]["transports"] == ["grpc_tcp", "local"]
+    assert run.meta["settings"]["fabric"] == "ucx"
     records = run.records.set_index(["transport", "size_bytes"])
     # two transports, then the reference lines: ucx_perftest's put bandwidth and put latency (the library's
     # limits) and memcpy

@@ -249,9 +249,9 @@ def test_a_received_tensor_stays_readable_after_close(name, mode):
 
 
 def test_held_resources_count_only_this_process():
-    from tests.test_ucx import _held_resources
+    from .processes import held_resources
 
-    before = _held_resources()
+    before = held_resources()
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import ctypes, sys, os
         libc = ctypes.CDLL(None)
@@ -265,7 +265,7 @@ def test_held_resources_count_only_this_process():
     """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip()
-        during = _held_resources()
+        during = held_resources()
     finally:
         child.stdin.close()
         child.wait(timeout=60)

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 import transports
 from transports import Key, PeerError
-from transports.grpc_rdma.config import ConfigError, read_config
 from transports.grpc_rdma.protocol import (
     MAX_DIMS,
     MAX_TENSOR_BYTES,
@@ -115,43 +114,6 @@ def test_malformed_messages_are_rejected_naming_the_field(fields, fragment):
 def test_a_short_buffer_is_rejected():
     with pytest.raises(ProtocolError, match="needs"):
         parse(b"\x01" * 10)
-
-
-# -- configuration -------------------------------------------------------------------
-
-
-def test_rdma_variables_map_to_ucx_settings_where_ucx_has_them():
-    config = read_config({"RDMA_DEVICE": "lo", "RDMA_QP_SL": "3", "RDMA_QP_QUEUE_DEPTH": "64",
-                          "RDMA_QP_PKEY_INDEX": "0"}, accepts=lambda name, value: not name.startswith("IB_"))
-    assert config.ucx == {"NET_DEVICES": "lo"}
-    assert config.queue_depth == 64
-    assert "RDMA_QP_SL" in config.no_effect and "InfiniBand" in config.no_effect["RDMA_QP_SL"]
-    assert "RDMA_QP_PKEY_INDEX" in config.no_effect
-
-
-def test_a_device_with_a_port_becomes_device_colon_port():
-    assert read_config({"RDMA_DEVICE": "mlx5_0", "RDMA_DEVICE_PORT": "1"}).ucx["NET_DEVICES"] == "mlx5_0:1"
-
-
-@pytest.mark.parametrize(
-    ("variable", "value", "fragment"),
-    [
-        ("RDMA_QP_SL", "9", "RDMA_QP_SL=9 is out of range"),
-        ("RDMA_QP_MTU", "1500", "RDMA_QP_MTU=1500 is not a verbs MTU"),
-        ("RDMA_QP_TIMEOUT", "soon", "is not a whole number"),
-        ("RDMA_QP_QUEUE_DEPTH", "0", "out of range"),
-        ("RDMA_TRAFFIC_CLASS", "256", "out of range"),
-    ],
-)
-def test_bad_values_name_the_variable(variable, value, fragment):
-    with pytest.raises(ConfigError, match=fragment):
-        read_config({variable: value})
-
-
-def test_a_bad_variable_stops_the_transport_from_being_built(monkeypatch):
-    monkeypatch.setenv("RDMA_QP_RETRY_COUNT", "12")
-    with pytest.raises(ValueError, match="RDMA_QP_RETRY_COUNT=12"):
-        transports.create("grpc_rdma")
 
 
 # -- the protocol at work --------------------------------------------------------------

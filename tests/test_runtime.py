@@ -64,6 +64,9 @@ def test_zerocopy_training_copies_no_payload():
     record = summarize(run, result["outcome"])
     assert record["copied_bytes_per_step"] == 0
     assert record["runtime_copied_bytes_per_step"] == 0  # weights enter TensorFlow through DLPack in place
+    # the record names the fabric and the UCX transports that carried the tensors (shared memory here)
+    backend, _, carriers = record["fabric"].partition(":")
+    assert backend == "ucx" and carriers and set(carriers.split(",")) <= {"cma", "posix", "sysv", "self", "tcp"}
 
 
 def test_grpc_tcp_training_shows_where_copies_remain():
@@ -74,6 +77,7 @@ def test_grpc_tcp_training_shows_where_copies_remain():
     assert record["runtime_copied_bytes_per_step"] == model_bytes
     # 3 copies per transfer, weights one way and gradients the other
     assert record["copied_bytes_per_step"] == 3 * 2 * model_bytes + model_bytes
+    assert record["fabric"] == "none"
 
 
 def test_the_ps_rejects_a_gradient_of_the_wrong_shape_naming_the_tensor():

@@ -302,7 +302,7 @@ def test_a_receiver_that_vanishes_fails_the_waiting_sender():
 
 @pytest.mark.parametrize("name", ["zerocopy", "grpc_rdma"])
 def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
-    from tests.test_ucx import _held_resources
+    from .processes import held_resources
 
     def cycle():
         pair = start_pair(name, fabric_transport="shm")
@@ -316,10 +316,10 @@ def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
         assert all(device.registrations() == 0 for device in devices)
 
     cycle()
-    before = _held_resources()
+    before = held_resources()
     for _ in range(100):
         cycle()
-    after = _held_resources()
+    after = held_resources()
     # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
     assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
 

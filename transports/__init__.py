@@ -6,12 +6,10 @@ missing reports itself unavailable instead of breaking every import.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 from typing import Any
 
 from transports.base import (
-    Availability,
     Cluster,
     Key,
     PeerError,
@@ -22,6 +20,7 @@ from transports.base import (
     TransportStats,
     TransportTimeout,
 )
+from transports.common import Availability
 
 #: name -> module defining ``TRANSPORT``; the order is the order of figures and tables.
 REGISTRY: dict[str, str] = {
@@ -81,16 +80,10 @@ def resolve(label: str) -> tuple[str, dict[str, Any]]:
 
 
 def load_fabric() -> None:
-    """Load the fabric's native libraries now, if they are here.
+    """Load the default fabric's native libraries now, if they are here (see ``transports.fabric.preload``)."""
+    from transports import fabric
 
-    Call it before starting another library that brings its own copy of them: MPI (Open MPI's
-    wheel bundles an older UCX) must find ours already loaded, or UCX's symbols clash.
-    """
-    from transports.fabric.base import FabricError
-    from transports.fabric.ucx.device import load
-
-    with contextlib.suppress(FabricError):
-        load()
+    fabric.preload()
 
 
 def create(name: str, **options: object) -> Transport:

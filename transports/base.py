@@ -15,12 +15,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, InvalidStateError, as_completed
+from concurrent.futures import Future, as_completed
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+
+from transports.common import Availability
 
 DEFAULT_TIMEOUT_S = 120.0
 #: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
@@ -246,31 +248,6 @@ class Ledger:
     def snapshot(self) -> TransportStats:
         with self._lock:
             return TransportStats(**self._counts)
-
-
-class Availability(NamedTuple):
-    """Whether a transport can run on this machine, and if not, why."""
-
-    ok: bool
-    reason: str = ""
-
-
-def settle(future: Future, result: Any = None, error: BaseException | None = None) -> bool:
-    """Complete ``future`` unless it is already done; returns whether this call completed it."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        return False
-    return True
-
-
-def done_future(result: Any = None) -> Future:
-    future: Future = Future()
-    future.set_result(result)
-    return future
 
 
 class Transport(ABC):
@@ -544,15 +521,6 @@ def _checking_array(impl: Any) -> Any:
     send._checks_array = True  # type: ignore[attr-defined]
     send.__name__, send.__qualname__, send.__doc__ = impl.__name__, impl.__qualname__, impl.__doc__
     return send
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
-    """An uninitialised array whose data starts on an ``alignment``-byte boundary (TensorFlow wants 64)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    backing = np.empty(nbytes + alignment, dtype=np.uint8)
-    start = -backing.ctypes.data % alignment
-    return backing[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:

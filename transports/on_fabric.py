@@ -1,6 +1,7 @@
 """What every transport running on the RDMA fabric shares, written once.
 
-A fabric transport owns a device (UCX), a registered memory pool, a control
+A fabric transport owns a device (opened by backend name from the fabric
+registry: ``ucx`` or ``verbs``), a registered memory pool, a control
 server (gRPC, setup only, refusing callers without the run's token) and a
 client per peer; it waits in the fabric (flags, counters, blocking transfers)
 in slices of a second, checking between them that the peer lives, with a
@@ -10,7 +11,6 @@ waits for operations in flight before tearing the device down.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +18,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from transports import fabric as fabrics
 from transports.base import (
     DEFAULT_TIMEOUT_S,
-    Availability,
     Cluster,
     PeerError,
     Transport,
@@ -30,11 +30,12 @@ from transports.base import (
     TransportTimeout,
     release_cluster_ports,
 )
+from transports.common import Availability
 from transports.control import ControlClient, ControlServer
-from transports.fabric.base import Channel, FabricError, FabricInterrupted, FabricTimeout
-from transports.fabric.netdev import ucx_net_devices
+from transports.fabric.base import Channel, Device, FabricError, FabricInterrupted, FabricTimeout
+from transports.fabric.netdev import cluster_interfaces
 from transports.fabric.pool import RegisteredPool
-from transports.fabric.ucx.device import FABRIC_TRANSPORTS, UcxDevice, load
+from transports.fabric.settings import SettingsError, read_settings
 
 #: grpc_rdma's poller: spin this long, then sleep in growing steps up to MAX_BACKOFF_S (flags and
 #: counters of the other fabric transports are waited for in the fabric, see Device.flag_set)
@@ -50,8 +51,8 @@ MAX_ADDRESS_BYTES = 8192
 def parse_device(value: Any) -> list[bytes]:
     """A peer's device address from the control path (a list of hex worker addresses); ValueError if malformed.
 
-    Only the form is checked here; whether UCX can use each address, the device checks before it
-    connects (:meth:`UcxDevice.channel`).
+    Only the form is checked here; whether the backend can use each address, the device checks before it
+    connects (:meth:`Device.channel`).
     """
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_WORKERS:
         raise ValueError(f"a device address must be a list of 1 to {MAX_WORKERS} worker addresses")
@@ -94,11 +95,19 @@ class FabricTransport(Transport):
 
     uses_fabric = True
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fabric_transport: str = "auto",
-                 progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fabric: str = fabrics.DEFAULT,
+                 fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1) -> None:
         super().__init__(timeout_s=timeout_s)
-        if fabric_transport not in FABRIC_TRANSPORTS:
-            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
+        backend = fabrics.backend(fabric)  # UnknownFabric (a ValueError) names the known ones
+        if fabric_transport not in backend.fabric_transports:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' for the {fabric} fabric "
+                             f"(known: {', '.join(backend.fabric_transports)})")
+        try:
+            #: the RDMA_* variables, which every backend applies as far as it can (see Device.without_effect)
+            self.settings = read_settings()
+        except SettingsError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
+        self.fabric = fabric
         self.fabric_transport = fabric_transport
         self.progress_threads = progress_threads
         self.lanes_per_peer = lanes_per_peer
@@ -108,8 +117,8 @@ class FabricTransport(Transport):
         self._lock = threading.Lock()
         self._peers: dict[int, ControlClient] = {}
         self._peer_devices: dict[int, list[bytes]] = {}
-        self.device: UcxDevice | None = None
-        self._mem_maps_at_close = 0
+        self.device: Device | None = None
+        self._registrations_at_close = 0
         self._bracket = _Operation(self)
         #: blocking transfers under way: token -> (peer, channel, start), watched by the watchdog
         self._inflight: dict[object, tuple[int, Channel, float]] = {}
@@ -117,34 +126,24 @@ class FabricTransport(Transport):
 
     @classmethod
     def availability(cls) -> Availability:
-        try:
-            load()
-        except FabricError as exc:
-            return Availability(False, str(exc))
-        return Availability(True)
+        """Available where the default fabric is (``--fabric`` picks another; opening it says if it cannot run)."""
+        return fabrics.availability(fabrics.DEFAULT)
 
     @classmethod
     def variants(cls) -> dict[str, dict[str, Any]]:
-        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}}
+        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}, "verbs": {"fabric": "verbs"}}
 
     def control_handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         """The control-path operations this transport serves, besides ``ping`` and ``hello``."""
         return {}
 
-    def device_config(self) -> dict[str, str]:
-        """UCX configuration (name without ``UCX_`` -> value) to apply when creating the device."""
-        return {}
-
-    def network_config(self, cluster: Cluster) -> dict[str, str]:
-        """UCX settings that keep UCX's network transports on the interfaces of the cluster's addresses.
+    def interfaces(self, cluster: Cluster) -> list[str]:
+        """The network interfaces of this host that hold the cluster's addresses: where the fabric may listen.
 
         UCX otherwise opens a TCP listener on every interface (external ones too): a loopback
-        cluster's fabric listens on loopback only. ``UCX_NET_DEVICES`` set by the user wins.
+        cluster's fabric listens on loopback only.
         """
-        if os.environ.get("UCX_NET_DEVICES"):
-            return {}
-        devices = ucx_net_devices([address.rpartition(":")[0] for address in cluster.addresses])
-        return {"NET_DEVICES": devices} if devices else {}
+        return cluster_interfaces([address.rpartition(":")[0] for address in cluster.addresses])
 
     # lifecycle -------------------------------------------------------------
 
@@ -152,11 +151,13 @@ class FabricTransport(Transport):
         if not 0 <= rank < cluster.size:
             raise ValueError(f"{self.name}: rank {rank} is not in a cluster of {cluster.size}")
         self.cluster, self.rank = cluster, rank
-        self.device = UcxDevice(self.fabric_transport, self.progress_threads, self.lanes_per_peer,
-                                config={**self.network_config(cluster), **self.device_config()})
+        self.device = fabrics.open_device(self.fabric, self.fabric_transport, self.progress_threads,
+                                          self.lanes_per_peer, interfaces=self.interfaces(cluster),
+                                          settings=self.settings)
         self.pool = RegisteredPool(self.device)
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
-        handlers = {"ping": lambda request: {}, "hello": self._on_hello, **self.control_handlers()}
+        handlers = {"ping": lambda request: {}, "hello": self._on_hello, "fabric": self._on_fabric,
+                    **self.control_handlers()}
         try:
             self._control = ControlServer(cluster.addresses[rank], handlers, f"{self.name} rank {rank}",
                                           cluster.token)
@@ -179,7 +180,7 @@ class FabricTransport(Transport):
         self._before_device_close()
         for client in self._peers.values():
             client.close()
-        self._mem_maps_at_close = self.device.mem_maps
+        self._registrations_at_close = self.device.registrations_made
         self.device.close()
         release_cluster_ports(self.cluster)
         # dropped, not only stopped and closed: gRPC's core (its poller and threads) lives as long as
@@ -193,7 +194,7 @@ class FabricTransport(Transport):
 
     def describe(self) -> dict[str, Any]:
         """The fabric actually used (for ``meta.json``)."""
-        return self.device.describe() if self.device else {"fabric": "ucx"}
+        return self.device.describe() if self.device else {"fabric": self.fabric}
 
     def _operation(self) -> _Operation:
         """Brackets a send or recv so that close() waits for it before tearing the device down."""
@@ -230,6 +231,22 @@ class FabricTransport(Transport):
 
     def _on_hello(self, request: dict[str, Any]) -> dict[str, Any]:
         return {"device": [a.hex() for a in self.device.address]}
+
+    def _on_fabric(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A peer's device asks ours to agree on a connection (verbs: queue pair numbers); ValueError if malformed."""
+        return self.device.accept(request)
+
+    def _channel(self, rank: int, lane: int = 0, device: list[bytes] | None = None) -> Channel:
+        """The fabric channel to rank ``rank`` over ``lane``; ``device``: its device address, when already known.
+
+        A backend that must agree on the connection with the peer's device does it over the control path.
+        """
+        def exchange(request: dict[str, Any]) -> dict[str, Any]:
+            reply = self._peer(rank).call("fabric", timeout=self.timeout_s, **request)
+            self.ledger.add(control_messages=1)
+            return reply
+
+        return self.device.channel(device if device is not None else self._peer_device(rank), lane, exchange)
 
     # waiting ---------------------------------------------------------------
 
@@ -300,8 +317,8 @@ class FabricTransport(Transport):
         """Once a second: a transfer running for a second or more to a peer that answered before and no
         longer does (its process is gone) has its channel marked failed, so that it returns at once.
 
-        Without this a transfer to a dead peer would wait out its timeout: UCX's own detection of failed
-        peers is off (see ``UcxDevice.peer_errors``).
+        Without this a transfer to a dead peer would wait out its timeout: the UCX backend's own detection
+        of failed peers is off (see its ``peer_errors``), and a verbs queue pair retries before it fails.
         """
         while not self._closed.wait(LIVENESS_EVERY_S):
             now = time.monotonic()
@@ -318,13 +335,13 @@ class FabricTransport(Transport):
     def stats(self) -> TransportStats:
         """The ledger, whose ``registrations`` are every memory registration the device made since start.
 
-        That is every ``ucp_mem_map``: pool segments, and tensors registered so a peer can read them
-        (the dynamic path). The source of a one-sided write needs no registration of ours: UCP takes
-        any memory (where a UCX transport needs it registered, as verbs does, UCX registers it through
-        its own cache; none of this machine's transports does).
+        Over UCX that is every ``ucp_mem_map``: pool segments, and tensors registered so a peer can read
+        them (the dynamic path); UCP takes any memory as the source of a write (where a UCX transport
+        needs it registered, UCX registers it through its own cache; none of this machine's does).
+        Over verbs the source of a write must be registered too, through the device's cache.
         """
-        maps = self.device.mem_maps if self.device is not None else self._mem_maps_at_close
-        return replace(self.ledger.snapshot(), registrations=maps)
+        made = self.device.registrations_made if self.device is not None else self._registrations_at_close
+        return replace(self.ledger.snapshot(), registrations=made)
 
     def _fabric(self, channel: Channel, future: Future, what: str, peer: int) -> Any:
         """Wait for a fabric operation; a failure becomes a PeerError naming the peer."""

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from transports.base import Key, TransportClosed, done_future, settle
+from transports.base import Key, TransportClosed
+from transports.common import done_future, settle
 
 
 class _Failed:

@@ -51,8 +51,8 @@ import numpy as np
 import transports
 from bench.memory import rss_mb
 from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan, variables_of, weight_key
-from transports import Key
-from transports.base import aligned_empty
+from transports import Key, fabric
+from transports.common import aligned_empty
 
 ALIGNMENT = 64
 _SLICE = 1 << 20  # elements per slice of an SGD update
@@ -590,7 +590,7 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
     stats = [t.extra["stats"] for _, t in outcome.values()]
     transport_copied = sum(s["copied_bytes"] for s in stats)
     runtime_copied = sum(t.copied_bytes for t in workers)
-    fabric = next((t.extra["fabric"] for t in workers), {})
+    described = next((t.extra["fabric"] for t in workers), {})
     return {
         "transport": config.label or config.transport,
         "model": config.model,
@@ -611,5 +611,5 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
         "registrations_per_step": sum(s["registrations"] for s in stats) / steps,
         "control_messages_per_step": sum(s["control_messages"] for s in stats) / steps,
         "model_mb": workers[0].extra.get("model_mb"),
-        "fabric": fabric.get("fabric", "none"),
+        "fabric": fabric.label(described),
     }

@@ -2,22 +2,31 @@
 
 | paper                                     | here                                      |
 |-------------------------------------------|-------------------------------------------|
-| CreateRdmaDevice(num_cqs, num_qps, ep)    | ``Device(progress_threads, lanes_per_peer)`` |
+| CreateRdmaDevice(num_cqs, num_qps, ep)    | ``open_device(backend, progress_threads, lanes_per_peer)`` |
 | AllocateMemRegion(size)                   | ``device.alloc(nbytes) -> MemRegion``      |
 | (register foreign memory)                 | ``device.register(array) -> MemRegion``    |
 | GetChannel(remote_endpoint, qp_idx)       | ``device.channel(peer, lane) -> Channel``  |
 | Memcpy(local, remote, size, dir, cb)      | ``channel.write/read(...) -> Future``, ``flush`` |
 | address distribution over a vanilla RPC   | ``region.export() -> RemoteRegion``        |
+
+Backends (``ucx``, ``verbs``) implement :class:`Device`, :class:`Channel`, :class:`MemRegion` and
+:class:`FlagSet`; the registry in ``transports/fabric/__init__.py`` opens them by name. Nothing
+above the fabric imports a backend module.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
+
+from transports.common import Availability
+from transports.fabric.settings import RdmaSettings
 
 #: the longest remote key a peer may send (UCX's are under 100 bytes here)
 MAX_RKEY_BYTES = 1024
@@ -155,6 +164,15 @@ class Channel(ABC):
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         """Read ``remote`` into ``local`` and return once it is there (errors as :meth:`write_flagged`)."""
 
+    def write_with_imm(self, data: np.ndarray, remote: RemoteRegion, imm: int, timeout: float = 60.0) -> None:
+        """Write ``data`` (may be empty) to ``remote`` and deliver the 32-bit ``imm`` to the peer after it.
+
+        Only where the device's :attr:`Device.immediates` is true (verbs' RDMA WRITE_WITH_IMM: the
+        peer's completion queue receives ``imm`` once the data is in place; the peer collects it with
+        :meth:`Device.take_immediates`). Errors as :meth:`write_flagged`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no write with immediate (see Device.immediates)")
+
 
 class FlagSet(ABC):
     """Flag bytes (each a one-byte view of registered memory) waited on together; see :meth:`Device.flag_set`."""
@@ -175,8 +193,77 @@ class FlagSet(ABC):
         """Watch every flag again."""
 
 
+@dataclass(frozen=True)
+class Tool:
+    """A benchmark program that ships beside a backend's library (``ucx_perftest``, ``ib_write_bw``):
+    the executable, the environment it needs and the arguments that pick the device the fabric uses."""
+
+    name: str
+    path: Path
+    environment: dict[str, str]
+    arguments: tuple[str, ...] = ()
+
+
+#: ``exchange(request) -> reply``: one round trip to the peer's :meth:`Device.accept` over the control path
+Exchange = Callable[[dict[str, Any]], dict[str, Any]]
+
+
 class Device(ABC):
-    """One process's endpoint on the fabric."""
+    """One process's endpoint on the fabric.
+
+    Open one through the registry (``transports.fabric.open_device``). The class attributes and
+    class methods say what a backend is before one is opened: whether it can run here, which
+    ``--fabric-transport`` choices and RDMA_* settings it takes, and its reference tools.
+    """
+
+    #: the backend's name in the fabric registry
+    name: ClassVar[str]
+    #: the ``--fabric-transport`` choices this backend takes, each with a line saying what it selects
+    fabric_transports: ClassVar[dict[str, str]] = {"auto": "the backend chooses"}
+    #: whether :meth:`Channel.write_with_imm` delivers immediates natively (else transports emulate them)
+    immediates: ClassVar[bool] = False
+    #: the benchmark programs :meth:`tool` can find, by the reference line they draw
+    reference_tools: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    @abstractmethod
+    def availability(cls) -> Availability:
+        """Whether this backend can run here (its library loads, a device exists), and if not, why."""
+
+    @classmethod
+    @abstractmethod
+    def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
+        """The RDMA_* variables set in ``settings`` that this backend cannot honour, each with the reason."""
+
+    @classmethod
+    def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
+        """Reference program ``name`` (one of :attr:`reference_tools`) set up for ``fabric_transport``.
+
+        FabricError names what is missing and how to install it.
+        """
+        raise FabricError(f"{cls.name}: no reference tool '{name}' (known: {', '.join(cls.reference_tools) or 'none'})")
+
+    @property
+    @abstractmethod
+    def registrations_made(self) -> int:
+        """Every memory registration this device made since it was opened (allocations and registrations)."""
+
+    @abstractmethod
+    def registrations(self) -> int:
+        """How many regions are registered now (those whose memory died are released first)."""
+
+    def accept(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Serve a peer's connection request (the other end of the ``exchange`` given to :meth:`channel`).
+
+        ValueError says what is wrong with a malformed request. Backends whose channels need no
+        handshake (UCX connects from the address alone) refuse every request.
+        """
+        raise ValueError(f"the {self.name} fabric takes no connection requests")
+
+    def take_immediates(self) -> list[tuple[tuple[bytes, ...], int]]:
+        """The immediates peers delivered since the last call: (the peer's :attr:`address`, value), in order
+        per peer. Only where :attr:`immediates` is true; :meth:`wait_for_activity` wakes when one arrives."""
+        return []
 
     @property
     @abstractmethod
@@ -196,8 +283,12 @@ class Device(ABC):
         """Register memory the device did not allocate (cached by address range)."""
 
     @abstractmethod
-    def channel(self, peer: list[bytes], lane: int = 0) -> Channel:
-        """The channel to ``peer`` (its :attr:`address`) over ``lane`` (cached)."""
+    def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
+        """The channel to ``peer`` (its :attr:`address`) over ``lane`` (cached).
+
+        ``exchange`` reaches the peer's :meth:`accept` over the control path: backends that must
+        agree on a connection with the peer (verbs' queue pairs) use it once per peer, for all lanes.
+        """
 
     @abstractmethod
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
@@ -231,7 +322,8 @@ class Device(ABC):
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
-        """The backend, its version and the fabric transports actually in use, for ``meta.json``."""
+        """For ``meta.json``: ``fabric`` (the backend's name), ``used`` (the links that carried data: UCX's
+        transports, or verbs' device and port), the version, the settings and those without effect."""
 
     @abstractmethod
     def close(self) -> None:

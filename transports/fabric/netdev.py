@@ -1,9 +1,10 @@
 """Which network interfaces carry a cluster's addresses: where the fabric may listen.
 
 UCX's TCP transport opens a listener on every interface it is allowed, external ones
-included, unless ``UCX_NET_DEVICES`` names the ones to use. The fabric restricts it to
-the interfaces that hold this host's addresses of the cluster: ``lo`` for a loopback
-cluster. Written here, below both the fabric and the launcher, so that either can ask.
+included, unless ``UCX_NET_DEVICES`` names the ones to use. The fabric transports pass a
+device the interfaces that hold this host's addresses of the cluster (``lo`` for a loopback
+cluster), and the UCX backend restricts itself to them. Written here, below both the fabric
+and the launcher, so that either can ask.
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ def interface_for(host: str) -> str | None:
     return None
 
 
-def ucx_net_devices(hosts: list[str]) -> str:
-    """``UCX_NET_DEVICES`` for a cluster whose ranks are at ``hosts``: this host's interfaces among them.
+def cluster_interfaces(hosts: list[str]) -> list[str]:
+    """The interfaces of this host that hold any of ``hosts`` (a cluster's addresses), in order.
 
-    Empty when none of them is on this host (UCX then chooses, as before).
+    Empty when none of them is on this host (the backend then chooses).
     """
     names: list[str] = []
     for host in dict.fromkeys(hosts):
         name = interface_for(host)
         if name is not None and name not in names:
             names.append(name)
-    return ",".join(names)
+    return names

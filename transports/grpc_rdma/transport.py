@@ -21,10 +21,12 @@ and tensors then go over the fabric, following the design note in
   is registered memory and the sender writes from the tensor itself.
 
 *Immediate values.* Verbs delivers a 32-bit immediate with a write into the
-receiver's completion queue; UCX has no write-with-immediate. We emulate the
-completion queue with an *immediate ring* per peer in the receiver's registered
-memory: after a write (and a flush, so the data is complete) the writer puts a
-9-byte entry into the next slot, the immediate value and then a lap byte, which
+receiver's completion queue: on the ``verbs`` fabric the transport uses that
+(``Channel.write_with_imm``, collected with ``Device.take_immediates``). UCX has
+no write-with-immediate: on the ``ucx`` fabric we emulate the completion queue
+with an *immediate ring* per peer in the receiver's registered memory: after a
+write (and a flush, so the data is complete) the writer puts a 9-byte entry into
+the next slot, the immediate value and then a lap byte, which
 the receiver polls like a flag. The values are those of the note: 0xFFFFFFFF for
 a protocol message in the message buffer, 0xFFFFFFFE for an ACK (no data), and
 the request index for tensor content. Entries per peer are bounded by one
@@ -54,15 +56,12 @@ from transports.base import (
     TransportClosed,
     TransportError,
     TransportTimeout,
-    aligned_empty,
     contiguous,
     release_port,
-    settle,
 )
+from transports.common import aligned_empty, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
-from transports.fabric.ucx.device import accepts_setting
-from transports.grpc_rdma.config import ConfigError, read_config
 from transports.grpc_rdma.protocol import (
     MESSAGE,
     LinkRequest,
@@ -153,10 +152,6 @@ class GrpcRdmaTransport(FabricTransport):
             raise ValueError(f"grpc_rdma: unknown mode '{mode}' (known: {', '.join(MODES)})")
         self.mode = mode
         self.validate = validate
-        try:
-            self.config = read_config(accepts=accepts_setting)
-        except ConfigError as exc:
-            raise ValueError(f"grpc_rdma: {exc}") from None
         self._links: dict[int, _Link] = {}
         self._requests: dict[tuple[int, int], _Request] = {}  # (peer, index)
         #: requests whose recv gave up (timed out or was cancelled): their buffer and slot are kept
@@ -168,33 +163,29 @@ class GrpcRdmaTransport(FabricTransport):
         self._lent: dict[tuple[str, int], Block] = {}  # direct mode: results handed out
         self._indices = itertools.count(1)
         self._outstanding: dict[int, threading.Semaphore] = {}
+        #: native immediates from a peer whose link is not ready yet: (its device address, value)
+        self._early_immediates: list[tuple[tuple[bytes, ...], int]] = []
         #: protocol messages written, by type, and how many had to wait behind a busy buffer
         self.messages_sent: Counter[str] = Counter()
         self.messages_queued = 0
 
     @classmethod
     def variants(cls) -> dict[str, dict[str, Any]]:
-        return {
-            f"{mode}-{fabric}": {"mode": mode, "fabric_transport": fabric}
-            for mode in MODES
-            for fabric in ("shm", "tcp")
-        }
+        fabrics = super().variants()
+        return {f"{mode}-{label}": {"mode": mode, **options} for mode in MODES for label, options in fabrics.items()}
 
     @classmethod
     def modes(cls) -> dict[str, dict[str, Any]]:
         """Named option sets a user can pick as ``grpc_rdma:<mode>``."""
         return {mode: {"mode": mode} for mode in MODES}
 
-    def device_config(self) -> dict[str, str]:
-        return self.config.ucx
-
     def control_handlers(self) -> dict[str, Any]:
         return {"link": self._on_link}
 
     def describe(self) -> dict[str, Any]:
         described = super().describe()
-        described.update(mode=self.mode, validate=self.validate, queue_depth=self.config.queue_depth,
-                         rdma_settings_without_effect=self.config.no_effect)
+        described.update(mode=self.mode, validate=self.validate, queue_depth=self.settings.queue_depth,
+                         immediates="native" if self.device is not None and self.device.immediates else "ring")
         return described
 
     def start(self, cluster, rank) -> None:
@@ -219,7 +210,7 @@ class GrpcRdmaTransport(FabricTransport):
     def _link(self, peer: int) -> _Link:
         with self._lock:
             if peer not in self._links:
-                slots = self.config.queue_depth
+                slots = self.settings.queue_depth
                 self._links[peer] = _Link(
                     peer,
                     rx_message=self.pool.alloc(MESSAGE.itemsize),
@@ -243,7 +234,7 @@ class GrpcRdmaTransport(FabricTransport):
 
     def _parse_link(self, request: Any, want_rank: bool) -> LinkRequest:
         return parse_link(request, cluster_size=self.cluster.size, own_rank=self.rank,
-                          slots=self.config.queue_depth, ring_entry=RING_ENTRY, want_rank=want_rank)
+                          slots=self.settings.queue_depth, ring_entry=RING_ENTRY, want_rank=want_rank)
 
     def _attach(self, link: _Link, peer: LinkRequest) -> None:
         """Connect ``link`` to what the peer described; once: a different second description is refused."""
@@ -253,7 +244,7 @@ class GrpcRdmaTransport(FabricTransport):
                                                                link.attached.ring):
                     raise TransportError(f"grpc_rdma: rank {link.peer} is already linked; a rank links once")
                 return
-            link.channel = self.device.channel(list(peer.device))
+            link.channel = self._channel(link.peer, 0, list(peer.device))
             link.peer_message = peer.message
             link.peer_ring = peer.ring
             link.attached = peer
@@ -315,13 +306,20 @@ class GrpcRdmaTransport(FabricTransport):
 
     def _write_entry(self, link: _Link, imm: int, data: np.ndarray | None = None,
                      target: RemoteRegion | None = None) -> None:
-        """Put the next immediate-ring entry into the peer's ring, after ``data`` (if any) is at ``target``:
-        one write-with-immediate (the caller holds link.lock)."""
+        """Deliver immediate ``imm`` to the peer after ``data`` (if any) is at ``target`` (the caller holds
+        link.lock): a native write with immediate where the fabric has one (verbs), else the next entry of
+        the peer's immediate ring, written after the data, and a doorbell."""
+        channel = link.channel
+        if self.device.immediates:
+            if data is None:
+                data, target = link.tx_entry.array[:0], link.peer_ring.at(0, 0)
+            self._blocking("writing an immediate", link.peer, channel, channel.write_with_imm, data, target, imm)
+            link.written += 1
+            return
         slot = link.written % link.slots
         entry = link.tx_entry.array
         entry[:4].view(np.uint32)[0] = imm
         entry[8] = lap(link.written, link.slots)
-        channel = link.channel
         ring = link.peer_ring.at(slot * RING_ENTRY, 9)
         if data is None:
             data, target = entry[:0], ring
@@ -635,9 +633,10 @@ class GrpcRdmaTransport(FabricTransport):
         while not self._closed.is_set():
             with self._lock:
                 links = [link for link in self._links.values() if link.ready.is_set()]
-            handled = 0
-            for link in links:
-                handled += self._drain(link)
+            if self.device.immediates:
+                handled = self._take_immediates(links)
+            else:
+                handled = sum(self._drain(link) for link in links)
             if handled:
                 idle_since, backoff = time.perf_counter(), 20e-6
                 continue
@@ -660,11 +659,30 @@ class GrpcRdmaTransport(FabricTransport):
             imm = int(ring[slot : slot + 4].view(np.uint32)[0])
             link.read += 1
             handled += 1
-            try:
-                self._dispatch(link, imm)
-            except Exception as exc:  # nothing a peer sends may stop the poller
-                self._fail_peer(link.peer, PeerError(f"grpc_rdma: protocol failure with "
-                                                     f"{self.peer_name(link.peer)}: {type(exc).__name__}: {exc}"))
+            self._handle(link, imm)
+
+    def _take_immediates(self, links: list[_Link]) -> int:
+        """Handle the immediates the fabric delivered natively; those of a peer whose link is not ready
+        yet (it wrote as soon as its side was linked) wait for it, in order."""
+        by_device = {tuple(link.attached.device): link for link in links}
+        waiting, handled = [], 0
+        for peer, imm in [*self._early_immediates, *self.device.take_immediates()]:
+            link = by_device.get(tuple(peer))
+            if link is None:
+                waiting.append((peer, imm))
+                continue
+            link.read += 1
+            handled += 1
+            self._handle(link, imm)
+        self._early_immediates = waiting
+        return handled
+
+    def _handle(self, link: _Link, imm: int) -> None:
+        try:
+            self._dispatch(link, imm)
+        except Exception as exc:  # nothing a peer sends may stop the poller
+            self._fail_peer(link.peer, PeerError(f"grpc_rdma: protocol failure with "
+                                                 f"{self.peer_name(link.peer)}: {type(exc).__name__}: {exc}"))
 
     def _dispatch(self, link: _Link, imm: int) -> None:
         if imm == IMM_ACK:

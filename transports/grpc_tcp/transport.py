@@ -48,8 +48,8 @@ from transports.base import (
     key_problem,
     release_cluster_ports,
     release_port,
-    settle,
 )
+from transports.common import settle
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest
 from transports.grpc_tcp.wire import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, TensorAssembler, WireError, encode_chunks
 from transports.rendezvous import Rendezvous

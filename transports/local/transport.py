@@ -12,7 +12,14 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from transports.base import Cluster, Key, PeerError, Transport, TransportClosed, settle
+from transports.base import (
+    Cluster,
+    Key,
+    PeerError,
+    Transport,
+    TransportClosed,
+)
+from transports.common import settle
 from transports.rendezvous import Rendezvous
 
 _inboxes: dict[tuple[tuple[str, ...], int], Rendezvous] = {}

@@ -56,8 +56,8 @@ from transports.base import (
     TransportTimeout,
     contiguous,
     dtype_problem,
-    settle,
 )
+from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
 from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, parse_device
@@ -424,7 +424,7 @@ class ZeroCopyTransport(FabricTransport):
         if existing is None or existing.connected_by != connect:
             self._verify_claim(connect, request)
             try:
-                channel = self.device.channel(connect.device)
+                channel = self._channel(connect.src, 0, connect.device)
             except FabricError as exc:
                 raise ValueError(f"cannot connect to the device of {self.peer_name(connect.src)}: {exc}") from None
         incoming = self._incoming_slot(connect.name, connect.src)
@@ -498,7 +498,7 @@ class ZeroCopyTransport(FabricTransport):
             return outgoing
         # tensors are spread over the lanes (and so the progress threads) by name; a large one over all of them
         peer, first = self._peer_device(dst), zlib.crc32(name.encode())
-        lanes = [self.device.channel(peer, lane=first + i) for i in range(self.lanes_per_peer)]
+        lanes = [self._channel(dst, first + i, peer) for i in range(self.lanes_per_peer)]
         table, index = self._credit_entry(dst)
         outgoing = _Outgoing(name, dst, lanes, table, index, staging=self.pool.alloc(CONTROL_BYTES))
         request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],

@@ -20,21 +20,25 @@ import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
-from transports.base import aligned_empty, done_future, settle
+from transports.common import Availability, aligned_empty, done_future, settle
 from transports.fabric.base import (
     Channel,
     Device,
+    Exchange,
     FabricError,
     FabricInterrupted,
     FabricTimeout,
     FlagSet,
     MemRegion,
     RemoteRegion,
+    Tool,
 )
+from transports.fabric.settings import RdmaSettings
 
 ALIGNMENT = 64
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
@@ -84,6 +88,53 @@ def accepts_setting(name: str, value: str) -> bool:
     """Whether this UCX build knows the setting ``UCX_<name>`` and takes ``value`` for it."""
     load()
     return _lib.tt_config_accepts(name.encode(), str(value).encode()) == _lib.UCS_OK
+
+
+def ucx_settings(settings: RdmaSettings, accepts=accepts_setting) -> tuple[dict[str, str], dict[str, str]]:
+    """The UCX settings (name without ``UCX_`` -> value) that mean what the RDMA_* ``settings`` ask for, and
+    the variables that have no such setting in this UCX build (``accepts(name, value)`` says), with why."""
+    wanted: dict[str, tuple[str, str, str]] = {}  # UCX name -> (value, variable, what it means)
+    if settings.device:
+        device = f"{settings.device}:{settings.port}" if settings.port else settings.device
+        wanted["NET_DEVICES"] = (device, "RDMA_DEVICE", "device (and port)")
+    if settings.gid_index is not None:
+        wanted["IB_GID_INDEX"] = (str(settings.gid_index), "RDMA_GID_INDEX", "GID index")
+    if settings.timeout is not None:  # verbs' timeout is an exponent: 4.096 us * 2^timeout
+        wanted["RC_TIMEOUT"] = (f"{4.096 * 2**settings.timeout:.3f}us", "RDMA_QP_TIMEOUT", "retransmission timeout")
+    if settings.retry_count is not None:
+        wanted["RC_RETRY_COUNT"] = (str(settings.retry_count), "RDMA_QP_RETRY_COUNT", "retry count")
+    if settings.service_level is not None:
+        wanted["IB_SL"] = (str(settings.service_level), "RDMA_QP_SL", "service level")
+    if settings.traffic_class is not None:
+        wanted["IB_TRAFFIC_CLASS"] = (str(settings.traffic_class), "RDMA_TRAFFIC_CLASS", "traffic class")
+    if settings.mtu is not None:
+        wanted["IB_PATH_MTU"] = (str(settings.mtu), "RDMA_QP_MTU", "path MTU")
+    no_effect: dict[str, str] = {}
+    if settings.pkey_index is not None:
+        no_effect["RDMA_QP_PKEY_INDEX"] = "UCX selects partition keys by value, not by index"
+    if settings.port is not None and not settings.device:
+        no_effect["RDMA_DEVICE_PORT"] = "it applies only together with RDMA_DEVICE"
+    config = {}
+    for name, (value, variable, meaning) in wanted.items():
+        if accepts(name, value):
+            config[name] = value
+        else:
+            no_effect[variable] = f"this UCX has no setting UCX_{name} ({meaning}; it needs InfiniBand transports)"
+    return config, no_effect
+
+
+def ucx_home() -> Path:
+    """The UCX install the fabric uses: ``$TENSOR_BENCH_UCX_HOME``, else the libucx-cu12 wheel."""
+    if os.environ.get(UCX_HOME_VARIABLE):
+        return Path(os.environ[UCX_HOME_VARIABLE])
+    try:
+        import libucx  # the PyPI wheel libucx-cu12
+    except ImportError:
+        raise FabricError(
+            "ucx: the libucx-cu12 wheel is not installed; install it with 'pip install -e .' "
+            f"(or set {UCX_HOME_VARIABLE} to a UCX install)"
+        ) from None
+    return Path(libucx.__file__).parent
 
 
 def _reason(status: int) -> str:
@@ -499,9 +550,21 @@ class UcxFlagSet(FlagSet):
 
 
 class UcxDevice(Device):
-    """A UCP context with ``progress_threads`` workers; see the module docstring."""
+    """A UCP context with ``progress_threads`` workers; see the module docstring.
+
+    ``interfaces``: the network interfaces UCX's network transports may use (``UCX_NET_DEVICES``,
+    unless the user set that variable); ``settings``: the RDMA_* variables, mapped to UCX settings
+    where this build has them (:func:`ucx_settings`); ``config``: further UCX settings (name
+    without ``UCX_`` -> value), which win.
+    """
+
+    name = "ucx"
+    fabric_transports: ClassVar[dict[str, str]] = {
+        "auto": "UCX chooses among all it offers", "shm": "shared memory only (posix, sysv, cma)", "tcp": "TCP only"}
+    reference_tools = ("ucx_perftest", "ucx_info")
 
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
+                 interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None,
                  config: dict[str, str] | None = None) -> None:
         load()
         if fabric_transport not in FABRIC_TRANSPORTS:
@@ -514,7 +577,10 @@ class UcxDevice(Device):
         #: makes UCX emulate every put with active messages (a fifth of the bandwidth of its zero-copy put,
         #: measured here), and the transports find a dead peer through the control path and deadlines
         self.peer_errors = False
-        self.config = dict(config or {})
+        self.settings = settings or RdmaSettings()
+        mapped, self.settings_without_effect = ucx_settings(self.settings)
+        network = {"NET_DEVICES": ",".join(interfaces)} if interfaces and not os.environ.get("UCX_NET_DEVICES") else {}
+        self.config = {**network, **mapped, **(config or {})}
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
@@ -536,6 +602,44 @@ class UcxDevice(Device):
         #: every ucp_mem_map this device made (allocations and registrations), for the ledger
         self.mem_maps = 0
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
+
+    @classmethod
+    def availability(cls) -> Availability:
+        try:
+            load()
+        except FabricError as exc:
+            return Availability(False, str(exc))
+        return Availability(True)
+
+    @classmethod
+    def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
+        return ucx_settings(settings)[1]
+
+    @classmethod
+    def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
+        """``ucx_perftest`` or ``ucx_info`` of the fabric's UCX, on the UCX transports of ``fabric_transport``."""
+        if name not in cls.reference_tools:
+            return super().tool(name, fabric_transport)
+        if fabric_transport not in FABRIC_TRANSPORTS:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
+        path = ucx_home() / "bin" / name
+        if not path.is_file():
+            raise FabricError(f"{name} not found at {path}: it ships with the libucx-cu12 wheel; reinstall it with "
+                              f"'pip install --force-reinstall libucx-cu12' (or point {UCX_HOME_VARIABLE} at a UCX "
+                              f"install that has bin/{name})")
+        if not os.access(path, os.X_OK):
+            raise FabricError(f"{name} at {path} is not executable; fix with 'chmod +x {path}'")
+        env = dict(os.environ)
+        # The wheel's binaries carry no RPATH to its lib/: without this they fail to load libucp.so.0.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(path.parent.parent / "lib"),
+                                                             env.get("LD_LIBRARY_PATH")) if p)
+        if FABRIC_TRANSPORTS[fabric_transport]:  # "auto" leaves UCX_TLS alone (unset, or the user's own)
+            env["UCX_TLS"] = FABRIC_TRANSPORTS[fabric_transport]
+        return Tool(name, path, env)
+
+    @property
+    def registrations_made(self) -> int:
+        return self.mem_maps
 
     @property
     def address(self) -> list[bytes]:
@@ -681,8 +785,8 @@ class UcxDevice(Device):
                 if value is region:
                     del self._registered[key]
 
-    def channel(self, peer: list[bytes], lane: int = 0) -> Channel:
-        lane %= self.lanes_per_peer
+    def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
+        lane %= self.lanes_per_peer  # UCX connects from the address alone: no exchange
         worker = self._workers[lane % len(self._workers)]
         target = peer[lane % len(peer)]
         with self._lock:
@@ -717,13 +821,14 @@ class UcxDevice(Device):
             used.update(re.findall(r"\b(\w+)/[\w:.-]+", channel.info()))
         return {
             "fabric": "ucx",
+            "used": sorted(used),
             "ucx_version": _ffi.string(_lib.ucp_get_version_string()).decode(),
             "fabric_transport": self.fabric_transport,
             "ucx_tls": FABRIC_TRANSPORTS[self.fabric_transport] or "all",
-            "ucx_transports_used": sorted(used),
             "progress_threads": len(self._workers),
             "lanes_per_peer": self.lanes_per_peer,
             "ucx_config": self.config,
+            "rdma_settings_without_effect": self.settings_without_effect,
         }
 
     def close(self) -> None:

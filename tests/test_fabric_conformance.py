@@ -1,0 +1,347 @@
+"""The fabric conformance suite: what every backend must do, written once, run over every backend and mode.
+
+Backends and modes: UCX over shared memory, UCX over tcp, and verbs (RC queue pairs on an RDMA
+NIC). A backend that cannot run here is skipped with its reason: on a machine without an RDMA
+device, verbs says "no RDMA device found". Devices are opened through the fabric registry only,
+and channels connect with the peer's ``accept`` as the exchange (what the control path carries
+between processes).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transports import fabric
+from transports.fabric.base import Device, FabricError, FabricInterrupted, FabricTimeout, RemoteRegion
+
+from .processes import held_resources
+
+ROOT = Path(__file__).resolve().parent.parent
+#: (backend, --fabric-transport) of every case
+MODES = [("ucx", "shm"), ("ucx", "tcp"), ("verbs", "auto")]
+
+
+def _params():
+    params = []
+    for name, mode in MODES:
+        status = fabric.availability(name)
+        marks = [] if status.ok else [pytest.mark.skip(reason=f"{name} fabric: {status.reason}")]
+        params.append(pytest.param((name, mode), marks=marks, id=f"{name}-{mode}"))
+    return params
+
+
+def open_device(mode: tuple[str, str], **options) -> Device:
+    name, transport = mode
+    return fabric.open_device(name, transport, **options)
+
+
+def connect(a: Device, b: Device, lane: int = 0):
+    """``a``'s channel to ``b``, agreeing with ``b`` directly where the backend needs an exchange."""
+    return a.channel(b.address, lane, exchange=b.accept)
+
+
+@pytest.fixture(params=_params())
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def devices(mode):
+    pair = open_device(mode), open_device(mode)
+    yield pair
+    for device in pair:
+        device.close()
+
+
+# -- memory: alloc, register and its cache, export and import of regions --------------------------------
+
+
+def test_allocations_are_64_byte_aligned_and_sized(devices):
+    a, _ = devices
+    for shared in (True, False):
+        for nbytes in (1, 63, 4096, 1 << 20):
+            region = a.alloc(nbytes, shared=shared)
+            assert region.address % 64 == 0 and region.nbytes >= nbytes and region.array.dtype == np.uint8
+
+
+def test_registration_is_cached_per_buffer_and_counted(devices):
+    a, _ = devices
+    made = a.registrations_made
+    tensor = np.arange(1000, dtype=np.float64)
+    region = a.register(tensor)
+    assert a.register(tensor[10:20]) is region  # a view of a registered buffer: the cache's entry
+    assert a.register(tensor.reshape(10, 100)[3]) is region
+    assert region.contains(tensor[500:])
+    assert a.registrations_made == made + 1
+
+
+def test_a_registration_ends_with_its_memory(devices):
+    a, _ = devices
+    live = a.registrations()
+    tensor = np.ones(4096, dtype=np.uint8)
+    a.register(tensor)
+    assert a.registrations() == live + 1
+    del tensor
+    gc.collect()
+    assert a.registrations() == live  # not kept alive by the cache, and released with it
+
+
+def test_an_exported_region_survives_the_control_path(devices):
+    a, b = devices
+    remote = b.alloc(4096)
+    remote.array[:] = np.arange(4096) % 241
+    described = RemoteRegion.from_json(json.loads(json.dumps(remote.export().to_json())))
+    assert described == remote.export()
+    local = a.alloc(1024)
+    connect(a, b).read_now(local.array, described.at(1000, 1024), timeout=10)
+    np.testing.assert_array_equal(local.array, remote.array[1000:2024])
+
+
+# -- one-sided operations ---------------------------------------------------------------------------------
+
+
+def test_write_then_flush_lands_in_the_peer_region_and_nowhere_else(devices):
+    a, b = devices
+    src, dst = a.alloc(4096), b.alloc(4096)
+    src.array[:] = np.arange(4096) % 251
+    dst.array[:] = 0
+    channel = connect(a, b)
+    channel.wait(channel.write(src.array[:3000], dst.export().at(100, 3000)), timeout=10)
+    channel.wait(channel.flush(), timeout=10)
+    np.testing.assert_array_equal(dst.array[100:3100], src.array[:3000])
+    assert not dst.array[:100].any() and not dst.array[3100:].any()
+
+
+def test_read_pulls_the_peer_region(devices):
+    a, b = devices
+    local, remote = a.alloc(1 << 20), b.alloc(1 << 20)
+    remote.array[:] = 7
+    channel = connect(a, b)
+    channel.wait(channel.read(local.array, remote.export()), timeout=10)
+    assert (local.array == 7).all()
+
+
+def test_memory_the_device_did_not_allocate_is_readable_once_registered(devices):
+    a, b = devices
+    tensor = np.arange(1000, dtype=np.float64)
+    region = b.register(tensor)
+    local = a.alloc(tensor.nbytes)
+    connect(a, b).read_now(local.array, region.export(), timeout=10)
+    np.testing.assert_array_equal(local.array.view(np.float64), tensor)
+
+
+def test_a_write_larger_than_the_remote_region_is_refused(devices):
+    a, b = devices
+    with pytest.raises(ValueError, match="does not fit"):
+        connect(a, b).write(a.alloc(128).array, b.alloc(64).export())
+
+
+def test_lanes_reach_the_same_peer(mode):
+    a, b = open_device(mode, lanes_per_peer=3, progress_threads=2), open_device(mode, lanes_per_peer=3)
+    try:
+        dst = b.alloc(3 * 64)
+        dst.array[:] = 0
+        for lane in range(3):
+            src = a.alloc(64)
+            src.array[:] = lane + 1
+            connect(a, b, lane).write_flagged(src.array, dst.export().at(64 * lane, 64), timeout=10)
+        assert [int(dst.array[64 * lane]) for lane in range(3)] == [1, 2, 3]
+    finally:
+        a.close()
+        b.close()
+
+
+# -- ordering: a peer that sees the flag sees the data ---------------------------------------------------
+
+
+def test_data_is_in_place_before_its_flag(devices):
+    a, b = devices
+    size = 4 << 20
+    src, slot = a.alloc(size, shared=False), b.alloc(size, shared=False)
+    trailer, flag = a.alloc(64), b.alloc(64)
+    flags = b.flag_set([flag.array[:1]])
+    channel = connect(a, b)
+    for round_ in range(1, 6):
+        flag.array[:] = 0
+        flags.reset()
+        src.array[:] = round_
+        trailer.array[0] = 1
+        writer = threading.Thread(target=channel.write_flagged, args=(src.array, slot.export(), trailer.array[:1],
+                                                                      flag.export().at(0, 1)))
+        writer.start()
+        assert flags.wait_any(10.0) == 0
+        # the flag is up: every byte of this round's data must be there already
+        assert slot.array[0] == round_ and slot.array[-1] == round_ and (slot.array == round_).all()
+        writer.join(10)
+
+
+def test_a_counter_wait_sees_the_peer_write_and_times_out_otherwise(devices):
+    a, b = devices
+    counter, source = b.alloc(64), a.alloc(64)
+    counter.array[:] = 0
+    word = counter.array[:8].view(np.uint64)
+    assert b.wait_counter(word, 0, 0.05) is False
+    source.array[:8].view(np.uint64)[0] = 3
+    connect(a, b).write_flagged(source.array[:0], counter.export().at(0, 0), source.array[:8],
+                                counter.export().at(0, 8), timeout=10)
+    assert b.wait_counter(word, 2, 10.0) is True
+    assert b.wait_counters([word, word], [5, 2], 10.0) == 1
+
+
+def test_interrupting_waits_ends_them_at_once(devices):
+    _, b = devices
+    flag = b.alloc(64)
+    flag.array[:] = 0
+    flags = b.flag_set([flag.array[:1]])
+    outcome = []
+
+    def wait():
+        started = time.monotonic()
+        try:
+            flags.wait_any(60.0)
+        except FabricInterrupted:
+            outcome.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    b.interrupt_waits()
+    waiter.join(30)
+    assert outcome and outcome[0] < 30  # interrupted, long before its 60 s
+
+
+def test_immediates_arrive_after_their_data_where_the_backend_has_them(devices):
+    a, b = devices
+    src, dst = a.alloc(4096), b.alloc(4096)
+    channel = connect(a, b)
+    if not type(a).immediates:
+        with pytest.raises(NotImplementedError):
+            channel.write_with_imm(src.array, dst.export(), 7)
+        return
+    src.array[:] = 9
+    channel.write_with_imm(src.array, dst.export(), 0xFFFFFFFE, timeout=10)
+    deadline = time.monotonic() + 10
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = b.take_immediates()
+        b.wait_for_activity(0.01)
+    assert got == [(tuple(a.address), 0xFFFFFFFE)] and (dst.array == 9).all()
+
+
+# -- failures --------------------------------------------------------------------------------------------
+
+
+def test_a_channel_marked_failed_refuses_transfers(devices):
+    a, b = devices
+    channel = connect(a, b)
+    assert channel.failed() is None
+    channel.fail()
+    assert channel.failed()
+    with pytest.raises(FabricError):
+        channel.write_flagged(a.alloc(64).array, b.alloc(64).export(), timeout=5)
+
+
+_PEER = """
+import json, sys
+from transports import fabric
+device = fabric.open_device(sys.argv[1], sys.argv[2])
+region = device.alloc(1 << 20)
+print(json.dumps({"address": [a.hex() for a in device.address], "region": region.export().to_json()}), flush=True)
+for line in sys.stdin:  # connection requests, until the parent kills this process
+    print(json.dumps(device.accept(json.loads(line))), flush=True)
+"""
+
+
+def test_a_dead_peer_ends_a_transfer_within_its_timeout(mode):
+    """A transfer to a peer whose process was killed returns (an error, or a write into memory no one will
+    read) within its timeout: it never hangs. A backend may not notice by itself (see the transports'
+    liveness checks); what it must not do is wait forever or crash."""
+    peer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_PEER), *mode], cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    a = open_device(mode)
+    try:
+        hello = json.loads(peer.stdout.readline())
+        address = [bytes.fromhex(h) for h in hello["address"]]
+        region = RemoteRegion.from_json(hello["region"])
+
+        def exchange(request):
+            peer.stdin.write(json.dumps(request) + "\n")
+            peer.stdin.flush()
+            return json.loads(peer.stdout.readline())
+
+        channel = a.channel(address, 0, exchange=exchange)
+        source = a.alloc(1 << 20)
+        channel.write_flagged(source.array, region, timeout=10)  # the peer is alive: it works
+        peer.kill()
+        peer.wait(30)
+        started = time.monotonic()
+        for _ in range(3):
+            try:
+                channel.write_flagged(source.array, region, timeout=3)
+            except (FabricError, FabricTimeout):
+                break
+        assert time.monotonic() - started < 3 * 3 + 5
+    finally:
+        peer.kill()
+        peer.wait(30)
+        for stream in (peer.stdin, peer.stdout, peer.stderr):
+            stream.close()
+        a.close()
+
+
+# -- describe and close ----------------------------------------------------------------------------------
+
+
+def test_describe_names_the_backend_and_what_carried_the_data(devices, mode):
+    a, b = devices
+    connect(a, b).write_flagged(a.alloc(8).array, b.alloc(8).export(), timeout=10)
+    described = a.describe()
+    assert described["fabric"] == mode[0] == type(a).name and described["used"]
+    assert fabric.label(described).startswith(f"{mode[0]}:")
+
+
+def test_closing_is_idempotent_and_refuses_new_channels(mode):
+    a, b = open_device(mode), open_device(mode)
+    b.close()
+    a.close()
+    a.close()
+    with pytest.raises(FabricError):
+        connect(a, b)
+
+
+def test_close_releases_registrations_segments_and_descriptors(mode):
+    def cycle():
+        a, b = open_device(mode), open_device(mode)
+        src, dst = a.alloc(1 << 16), b.alloc(1 << 16)
+        kept = np.ones(1000)  # a registration lives as long as its memory
+        a.register(kept)
+        channel = connect(a, b)
+        channel.wait(channel.write(src.array, dst.export()), timeout=10)
+        channel.wait(channel.flush(), timeout=10)
+        assert a.registrations() == 2
+        a.close()
+        b.close()
+        assert a.registrations() == 0 and b.registrations() == 0
+
+    cycle()  # let the backend load its modules once
+    before = held_resources()
+    for _ in range(50):
+        cycle()
+    after = held_resources()
+    # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
+    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
+
+
+def test_an_unknown_fabric_transport_is_named(mode):
+    with pytest.raises(ValueError, match="fabric transport 'ib'"):
+        fabric.open_device(mode[0], "ib")

@@ -1,0 +1,129 @@
+"""The fabric registry, the RDMA_* settings every backend gets, and the layering rule around the fabric."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import transports
+from transports import fabric
+from transports.fabric.base import FabricError
+from transports.fabric.settings import RdmaSettings, SettingsError, read_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the registry ------------------------------------------------------------------------------------------
+
+
+def test_both_backends_are_registered_with_ucx_the_default():
+    assert fabric.names() == ["ucx", "verbs"] and fabric.DEFAULT == "ucx"
+    assert fabric.backend("ucx").name == "ucx" and fabric.backend("verbs").name == "verbs"
+
+
+def test_an_unknown_backend_is_named_with_the_known_ones():
+    with pytest.raises(fabric.UnknownFabric, match="unknown fabric 'ib' \\(known: ucx, verbs\\)"):
+        fabric.backend("ib")
+
+
+def test_verbs_says_why_it_cannot_run_here():
+    status = fabric.availability("verbs")
+    if status.ok:
+        pytest.skip("this machine has an RDMA device")
+    assert status.reason.startswith(("no RDMA device found", "pyverbs is not installed")), status.reason
+    with pytest.raises(FabricError, match="the verbs fabric is not available here"):
+        fabric.open_device("verbs")
+
+
+def test_a_backend_refuses_a_fabric_transport_it_does_not_have():
+    with pytest.raises(ValueError, match="the ucx fabric has no fabric transport 'rc' \\(known: auto, shm, tcp\\)"):
+        fabric.open_device("ucx", "rc")
+
+
+def test_a_transport_on_an_unknown_fabric_is_refused_at_construction():
+    with pytest.raises(ValueError, match="unknown fabric 'ib'"):
+        transports.create("zerocopy", fabric="ib")
+    with pytest.raises(ValueError, match="fabric transport 'shm' for the verbs fabric"):
+        transports.create("zerocopy", fabric="verbs", fabric_transport="shm")
+
+
+def test_the_label_names_the_backend_and_its_carriers():
+    assert fabric.label({"fabric": "ucx", "used": ["cma", "posix"]}) == "ucx:cma,posix"
+    assert fabric.label({"fabric": "verbs", "used": ["rc/mlx5_0:1"]}) == "verbs:rc/mlx5_0:1"
+    assert fabric.label(None) == "none" and fabric.label({"fabric": "none"}) == "none"
+
+
+def test_nothing_above_the_fabric_imports_a_backend_module():
+    """bench/ and transports/ outside transports/fabric/ go through the registry and the Device interface."""
+    pattern = re.compile(r"^\s*(from|import)\s+transports\.fabric\.(ucx|verbs)\b", re.MULTILINE)
+    offenders = [str(path.relative_to(ROOT)) for top in ("bench", "transports") for path in (ROOT / top).rglob("*.py")
+                 if "fabric" not in path.relative_to(ROOT / top).parts[:1] and pattern.search(path.read_text())]
+    assert offenders == []
+
+
+def test_the_fabric_imports_nothing_from_the_layers_above():
+    above = r"bench|transports\.(base|on_fabric|control|zerocopy|rdma_cp|grpc_\w+)"
+    pattern = re.compile(rf"^\s*(from|import)\s+({above})\b", re.MULTILINE)
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "transports" / "fabric").rglob("*.py")
+                 if pattern.search(path.read_text())]
+    assert offenders == []
+
+
+# -- RDMA_* settings ---------------------------------------------------------------------------------------
+
+
+def test_rdma_variables_are_read_into_settings():
+    settings = read_settings({"RDMA_DEVICE": "mlx5_0", "RDMA_DEVICE_PORT": "1", "RDMA_GID_INDEX": "3",
+                              "RDMA_QP_MTU": "1024", "RDMA_QP_QUEUE_DEPTH": "64", "RDMA_QP_SL": "2", "HOME": "/"})
+    assert settings == RdmaSettings(device="mlx5_0", port=1, gid_index=3, mtu=1024, queue_depth=64, service_level=2)
+    assert settings.given() == {"RDMA_DEVICE": "mlx5_0", "RDMA_DEVICE_PORT": 1, "RDMA_GID_INDEX": 3,
+                                "RDMA_QP_MTU": 1024, "RDMA_QP_SL": 2, "RDMA_QP_QUEUE_DEPTH": 64}
+    assert read_settings({}) == RdmaSettings() and RdmaSettings().given() == {}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("RDMA_QP_SL", "9", "RDMA_QP_SL=9 is out of range"),
+        ("RDMA_QP_MTU", "1500", "RDMA_QP_MTU=1500 is not a verbs MTU"),
+        ("RDMA_QP_TIMEOUT", "soon", "is not a whole number"),
+        ("RDMA_QP_QUEUE_DEPTH", "0", "out of range"),
+        ("RDMA_TRAFFIC_CLASS", "256", "out of range"),
+        ("RDMA_DEVICE", "mlx5_0; rm", "is not a device name"),
+    ],
+)
+def test_bad_values_name_the_variable(variable, value, fragment):
+    with pytest.raises(SettingsError, match=fragment):
+        read_settings({variable: value})
+
+
+def test_a_bad_rdma_variable_stops_a_fabric_transport_at_construction(monkeypatch):
+    monkeypatch.setenv("RDMA_QP_MTU", "1500")
+    with pytest.raises(ValueError, match="zerocopy: RDMA_QP_MTU=1500"):
+        transports.create("zerocopy")
+
+
+def test_ucx_maps_the_variables_it_has_and_reports_the_others():
+    from transports.fabric.ucx.device import ucx_settings
+
+    settings = read_settings({"RDMA_DEVICE": "lo", "RDMA_QP_SL": "3", "RDMA_QP_QUEUE_DEPTH": "64",
+                              "RDMA_QP_PKEY_INDEX": "0"})
+    config, no_effect = ucx_settings(settings, accepts=lambda name, value: not name.startswith("IB_"))
+    assert config == {"NET_DEVICES": "lo"}
+    assert "RDMA_QP_SL" in no_effect and "InfiniBand" in no_effect["RDMA_QP_SL"]
+    assert "RDMA_QP_PKEY_INDEX" in no_effect
+    config, _ = ucx_settings(read_settings({"RDMA_DEVICE": "mlx5_0", "RDMA_DEVICE_PORT": "1"}),
+                             accepts=lambda name, value: True)
+    assert config["NET_DEVICES"] == "mlx5_0:1"
+
+
+def test_the_ucx_device_describes_the_variables_without_effect_here():
+    if not fabric.availability("ucx").ok:
+        pytest.skip("no ucx here")
+    device = fabric.open_device("ucx", "shm", settings=read_settings({"RDMA_QP_PKEY_INDEX": "0"}))
+    try:
+        assert "RDMA_QP_PKEY_INDEX" in device.describe()["rdma_settings_without_effect"]
+    finally:
+        device.close()
