@@ -306,10 +306,10 @@ def build_parser() -> Parser:
                         "chooses); the verbs fabric takes only auto")
     micro.add_argument("--out", type=Path, default=None, help="results directory (default: results/micro-<time>/)")
     micro.add_argument("--no-references", action="store_true",
-                       help="skip the reference lines, measured before the transports: ucx_perftest put bandwidth "
-                       "(ucp_put_bw, the library's limit and the denominator of the of_reference column) and put "
-                       "latency up to 1MB (ucp_put_lat, half a round trip) on the same UCX transports, and memcpy in "
-                       "one process")
+                       help="skip the reference lines, measured before the transports: the fabric library's own "
+                       "put bandwidth (ucx_perftest ucp_put_bw, or ib_write_bw on --fabric verbs: the limit and the "
+                       "denominator of the of_reference column) and put latency up to 1MB (ucp_put_lat or "
+                       "ib_write_lat) over the same links, and memcpy in one process")
     micro.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
     _add_launch_options(micro)
     micro.set_defaults(func=cmd_micro)
@@ -608,35 +608,21 @@ def cmd_micro(args: argparse.Namespace, launcher) -> int:
 
 
 def _measure_references(points, args: argparse.Namespace, writer, fabrics: dict[str, str]) -> dict[int, float]:
-    """The reference lines of the figure (see bench/reference.py): UCX's own put bandwidth and put latency
-    (up to 1MB), and memcpy in one process. Returns ucx_perftest's put bandwidth by size, for of_reference."""
-    from bench.reference import (
-        PERFTEST_LATENCY_TEST,
-        PERFTEST_LINES,
-        PERFTEST_TEST,
-        ReferenceUnavailable,
-        memcpy_records,
-        ucx_perftest_records,
-    )
-    from bench.results import REFERENCE_LINE, of_reference
+    """The reference lines of the figure (see bench/reference.py): the fabric library's own put bandwidth and
+    latency (UCX's ucx_perftest, or perftest's ib_write_bw and ib_write_lat on verbs) and memcpy in one
+    process. Returns the bandwidth line's throughput by size, for of_reference."""
+    from bench.reference import ReferenceUnavailable, reference_measures
+    from bench.results import of_reference
 
     by_size = {p.size_bytes: p for p in points}
-    sizes = list(by_size)
+    references = reference_measures(list(by_size), args.fabric, args.fabric_transport, lambda n: by_size[n].iters,
+                                    warmup_for=lambda n: max(1, by_size[n].warmup), timeout_s=args.timeout)
     reference_MBps: dict[int, float] = {}
-
-    def perftest(test: str):
-        return lambda: ucx_perftest_records(sizes, args.fabric_transport, lambda n: by_size[n].iters,
-                                            timeout_s=args.timeout, warmup_for=lambda n: max(1, by_size[n].warmup),
-                                            test=test)
-
-    measures = [("memcpy", lambda: memcpy_records(sizes, lambda n: by_size[n].iters))]
-    if transports.availability("zerocopy").ok:
-        measures[:0] = [(PERFTEST_LINES[test], perftest(test)) for test in (PERFTEST_TEST, PERFTEST_LATENCY_TEST)]
-    for name, measure in measures:
+    for name, measure in references.measures:
         print(f"reference: {name} ...", flush=True)
         try:
             for record in measure():
-                if record["transport"] == REFERENCE_LINE:
+                if record["transport"] == references.bandwidth_line:
                     reference_MBps[record["size_bytes"]] = record["throughput_MBps"]
                 record["of_reference"] = of_reference(record["throughput_MBps"],
                                                       reference_MBps.get(record["size_bytes"]))

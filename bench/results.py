@@ -88,16 +88,18 @@ COLUMNS["soak"] = [
     "throughput_MBps", "step_time_s", "fabric",
 ]
 
-#: micro: the line every record's ``of_reference`` divides by (ucx_perftest -t ucp_put_bw, see bench/reference.py)
-REFERENCE_LINE = "ucx_perftest"
+#: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
+#: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/reference.py)
+REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
 
 
 def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float | None:
-    """A micro record's ``of_reference``: its throughput as a fraction of the same run's ``ucx_perftest``
-    (UCX's put bandwidth, ``ucp_put_bw``) at the same size, over the run's ``--fabric-transport``.
+    """A micro record's ``of_reference``: its throughput as a fraction of the same run's bandwidth reference
+    at the same size (:data:`REFERENCE_LINES`: ``ucx_perftest``, UCX's put bandwidth ``ucp_put_bw`` over
+    the run's ``--fabric-transport``; ``ib_write_bw`` on the verbs fabric).
 
-    ``bench micro`` runs one fabric transport per run, so the reference of a size is the run's one
-    ``ucx_perftest`` record of that size; every line is divided by it (also grpc_tcp, local and memcpy,
+    ``bench micro`` runs one fabric per run, so the reference of a size is the run's one
+    reference record of that size; every line is divided by it (also grpc_tcp, local and memcpy,
     which do not use the fabric: the reference is the machine's limit, not the transport's). None
     (an empty cell) when no reference ran (``--no-references``, a launcher other than local, no
     ucx_perftest here) or it measured nothing. The fraction keeps shm, cma and tcp numbers
@@ -110,11 +112,12 @@ def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float 
 
 
 def reference_throughputs(records: pd.DataFrame) -> dict[int, float]:
-    """``size_bytes -> throughput_MBps`` of a micro run's ``ucx_perftest`` records; a size measured more than
-    once (never by ``bench micro``) has no reference, as which one is meant cannot be told."""
+    """``size_bytes -> throughput_MBps`` of a micro run's bandwidth reference records (whichever of
+    :data:`REFERENCE_LINES` it has); a size measured more than once (never by ``bench micro``) has no
+    reference, as which one is meant cannot be told."""
     if "transport" not in records or "throughput_MBps" not in records or "size_bytes" not in records:
         return {}
-    lines = records[records["transport"] == REFERENCE_LINE]
+    lines = records[records["transport"].isin(list(REFERENCE_LINES.values()))]
     counts = lines["size_bytes"].value_counts()
     return {int(size): float(mbps) for size, mbps in zip(lines["size_bytes"], lines["throughput_MBps"], strict=True)
             if counts[size] == 1}
@@ -122,7 +125,7 @@ def reference_throughputs(records: pd.DataFrame) -> dict[int, float]:
 
 def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
     """Micro records with an ``of_reference`` column: as recorded, or computed from the run's own
-    ``ucx_perftest`` records for a run written before the column existed (empty where it has none)."""
+    reference records for a run written before the column existed (empty where it has none)."""
     if "of_reference" in records.columns:
         return records
     references = reference_throughputs(records)

@@ -27,7 +27,7 @@ from bench.reference import (
     verbs_record,
     verbs_records,
 )
-from bench.results import REFERENCE_LINE, REQUIRED_COLUMNS
+from bench.results import REFERENCE_LINES, REQUIRED_COLUMNS
 from transports import fabric
 from transports.fabric.base import Tool
 from transports.fabric.ucx.device import UCX_HOME_VARIABLE  # a test may import the backend; bench/ may not
@@ -562,7 +562,7 @@ def test_verbs_lines_name_the_missing_rdma_device(monkeypatch):
 
 def test_reference_measures_of_the_verbs_fabric():
     refs = reference_measures([4096], "verbs", "auto", _iters)
-    assert refs.bandwidth_line == "ib_write_bw"
+    assert refs.bandwidth_line == REFERENCE_LINES["verbs"] == "ib_write_bw"
     assert [name for name, _ in refs.measures] == ["ib_write_bw", "ib_write_lat", "memcpy"]
     records = refs.measures[2][1]()
     assert [(r["transport"], r["size_bytes"]) for r in records] == [("memcpy", 4096)]
@@ -570,7 +570,7 @@ def test_reference_measures_of_the_verbs_fabric():
 
 def test_reference_measures_of_the_ucx_fabric_run_its_perftest_lines():
     bandwidth_line, measures = reference_measures([4096], "ucx", "shm", _iters, lambda size: 3, timeout_s=30)
-    assert bandwidth_line == REFERENCE_LINE == "ucx_perftest"
+    assert bandwidth_line == REFERENCE_LINES["ucx"] == "ucx_perftest"
     assert [name for name, _ in measures] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
     for name, measure in measures[:2]:
         records = measure()

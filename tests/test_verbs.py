@@ -39,7 +39,8 @@ from transports.fabric.verbs.setup import (
 )
 
 HAVE_PYVERBS = importlib.util.find_spec("pyverbs") is not None
-needs_pyverbs = pytest.mark.skipif(not HAVE_PYVERBS, reason="pyverbs is not importable (PYTHONPATH=/tmp/pvlink)")
+needs_pyverbs = pytest.mark.skipif(
+    not HAVE_PYVERBS, reason="pyverbs is not installed (apt install python3-pyverbs, then tools/use-system-pyverbs)")
 
 IB_GID = bytes.fromhex("fe800000000000009a039bfffe00e4bf")
 LINK_LOCAL = bytes.fromhex("fe800000000000009a039bfffe00aaaa")
