@@ -127,3 +127,39 @@ def test_the_ucx_device_describes_the_variables_without_effect_here():
         assert "RDMA_QP_PKEY_INDEX" in device.describe()["rdma_settings_without_effect"]
     finally:
         device.close()
+
+
+# -- the registration cache every backend keeps ------------------------------------------------------------
+
+
+class _Region:
+    def __init__(self, cache, busy=False):
+        self.cache, self.busy, self.released = cache, busy, False
+
+    def release(self):
+        self.released = True
+        self.cache.forget(self)
+
+
+def test_the_registration_cache_evicts_the_least_recently_used_it_may_and_expires_with_the_owner():
+    import gc
+
+    import numpy as np
+
+    from transports.fabric.registrations import RegistrationCache, span_of, start_of
+
+    cache = RegistrationCache(limit=2)
+    owners = [np.zeros(64, np.uint8) for _ in range(3)]
+    busy, idle, newest = _Region(cache, busy=True), _Region(cache), _Region(cache)
+    for region, owner in ((busy, owners[0]), (idle, owners[1])):
+        cache.track(region)
+        assert cache.add(*span_of(owner), region, owner, evictable=lambda r: not r.busy) == []
+    cache.track(newest)
+    assert cache.add(*span_of(owners[2]), newest, owners[2], evictable=lambda r: not r.busy) == [idle]
+    assert cache.find(start_of(owners[0]) + 8, start_of(owners[0]) + 16) is busy  # a view finds its buffer's entry
+    assert span_of(owners[2][10:20]) == span_of(owners[2])
+    idle.release()
+    assert cache.count() == 2
+    del owners[2]
+    gc.collect()
+    assert cache.count() == 1 and newest.released  # expired with its owner, released at the next call

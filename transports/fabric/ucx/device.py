@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +37,7 @@ from transports.fabric.base import (
     RemoteRegion,
     Tool,
 )
+from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings
 
 ALIGNMENT = 64
@@ -47,7 +47,6 @@ MAX_BLOB = 8192
 UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
 FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp"}
-REGISTRATION_CACHE_SIZE = 256
 #: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
 MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
@@ -301,7 +300,7 @@ class UcxRegion(MemRegion):
             _lib.ucp_mem_unmap(self.device.context, self.memh)
             if keep:
                 _keep_mapped(self.array, *self._mapped, saved)
-            self.device._forget(self)
+            self.device._cache.forget(self)
 
 
 _PROT_READ_WRITE = 0x3
@@ -326,13 +325,6 @@ def _keep_mapped(array: np.ndarray, address: int, length: int, content: bytes) -
         return
     ctypes.memmove(address, content, len(content))
     weakref.finalize(array, libc.munmap, address, length)
-
-
-def _owner(array: np.ndarray) -> np.ndarray:
-    """The array that holds ``array``'s memory: the last ndarray up its chain of bases."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
 
 
 _SHARED_PREFIXES = ("/SYSV", "/dev/shm/", "/memfd:")
@@ -590,9 +582,7 @@ class UcxDevice(Device):
         self.context = context[0]
         self._activity = threading.Condition()
         self._lock = threading.Lock()
-        self._regions: set[UcxRegion] = set()
-        self._registered: OrderedDict[tuple[int, int], UcxRegion] = OrderedDict()
-        self._expired: list[UcxRegion] = []  # registrations whose arrays were garbage-collected
+        self._cache: RegistrationCache[UcxRegion] = RegistrationCache()
         self._channels: dict[tuple[bytes, int], UcxChannel] = {}
         self._closed = False
         #: set by interrupt_waits(): every blocking wait and transfer in C returns
@@ -694,7 +684,7 @@ class UcxDevice(Device):
     def own_mappings(self) -> list[tuple[int, int]]:
         """``[start, end)`` of the memory UCX allocated for this device's regions."""
         with self._lock:
-            return [region._mapped for region in self._regions if region._mapped is not None]
+            return [region._mapped for region in self._cache.live() if region._mapped is not None]
 
     def address_problem(self, address: bytes) -> str | None:
         """None when ``address`` (a peer's, from the control path) is a worker address UCX can use, else why not.
@@ -727,63 +717,26 @@ class UcxDevice(Device):
         if region.address % ALIGNMENT:
             region.release()
             raise FabricError(f"ucx: allocated memory at {region.address:#x} is not {ALIGNMENT}-byte aligned")
-        with self._lock:
-            self._regions.add(region)
+        self._cache.track(region)
         return region
 
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached for as long as the memory lives.
-
-        The entry covers the whole buffer of the array that holds the memory (``owner``: the
-        last array up ``array``'s chain of bases, e.g. the one numpy made over a DLPack capsule
-        from TensorFlow), so every view of it finds the same registration. The cache does not
-        keep that array alive: its owner must stay free to reuse the memory, and a registration
-        must not outlive the memory it covers, so the entry goes when the owner is
-        garbage-collected (deregistered at the next call into the cache, or at close).
-        """
-        self._release_expired()
-        owner = _owner(array)
-        start = array.__array_interface__["data"][0]
-        end = start + array.nbytes
-        with self._lock:
-            for (lo, hi), region in self._registered.items():
-                if lo <= start and end <= hi:
-                    self._registered.move_to_end((lo, hi))
-                    return region
-        if owner.flags.c_contiguous and owner.nbytes >= array.nbytes:
-            lo = owner.__array_interface__["data"][0]
-            if lo <= start and end <= lo + owner.nbytes:
-                start, end = lo, lo + owner.nbytes
+        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``)."""
+        self._cache.release_expired()
+        start = start_of(array)
+        found = self._cache.find(start, start + array.nbytes)
+        if found is not None:
+            return found
+        start, end = span_of(array)
         view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
         region = UcxRegion(self, view, None)
-        weakref.finalize(owner, self._expired.append, region)
-        with self._lock:
-            self._regions.add(region)
-            self._registered[(start, end)] = region
-            evicted = []
-            while len(self._registered) > REGISTRATION_CACHE_SIZE:
-                evicted.append(self._registered.popitem(last=False)[1])
-        for old in evicted:
+        self._cache.track(region)
+        for old in self._cache.add(start, end, region, owner_of(array)):
             old.release()
         return region
 
-    def _release_expired(self) -> None:
-        """Deregister the regions whose arrays died (deferred: a finalizer may run in any thread)."""
-        while self._expired:
-            self._expired.pop().release()
-
     def registrations(self) -> int:
-        """How many regions are registered now (those whose memory died are released first)."""
-        self._release_expired()
-        with self._lock:
-            return len(self._regions)
-
-    def _forget(self, region: UcxRegion) -> None:
-        with self._lock:
-            self._regions.discard(region)
-            for key, value in list(self._registered.items()):
-                if value is region:
-                    del self._registered[key]
+        return self._cache.count()
 
     def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
         lane %= self.lanes_per_peer  # UCX connects from the address alone: no exchange
@@ -842,9 +795,7 @@ class UcxDevice(Device):
             worker.stop()
         for channel in channels:
             channel.close()
-        with self._lock:
-            regions = list(self._regions)
-        for region in regions:
+        for region in self._cache.live():
             region.release()
         for worker in self._workers:
             worker.destroy()

@@ -28,8 +28,6 @@ import os
 import shutil
 import threading
 import time
-import weakref
-from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -51,6 +49,7 @@ from transports.fabric.base import (
     RemoteRegion,
     Tool,
 )
+from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings, read_settings
 from transports.fabric.verbs.setup import (
     ACCESS_FLAGS,
@@ -90,7 +89,6 @@ from transports.fabric.verbs.setup import (
 PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
                    "or Debian's python3-pyverbs with tools/use-system-pyverbs")
 ALIGNMENT = 64
-REGISTRATION_CACHE_SIZE = 256
 #: completions taken from a CQ per poll
 POLL_BATCH = 32
 #: the wr_id of every receive work request (sends count from 1)
@@ -192,17 +190,6 @@ def _status_text(pv: SimpleNamespace, status: int, vendor_error: int) -> str:
     return f"{pv.cq.cqe_status_to_str(status)} ({name}, vendor error {vendor_error:#x})"
 
 
-def _owner(array: np.ndarray) -> np.ndarray:
-    """The array that holds ``array``'s memory: the last ndarray up its chain of bases."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
-def _start(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
 class VerbsRegion(MemRegion):
     """A memory region (``ibv_reg_mr``) over ``array``'s memory, ``length`` bytes from its start.
 
@@ -213,9 +200,9 @@ class VerbsRegion(MemRegion):
     def __init__(self, device: VerbsDevice, array: np.ndarray, length: int, writable: bool = True) -> None:
         access = ACCESS_FLAGS if writable else IBV_ACCESS_REMOTE_READ
         try:
-            self.mr = device._pv.mr.MR(device.pd, length, access, address=_start(array))
+            self.mr = device._pv.mr.MR(device.pd, length, access, address=start_of(array))
         except device._pv.pyverbs_error.PyverbsError as exc:
-            raise FabricError(f"verbs: registering {length} bytes at {_start(array):#x} failed: {exc} "
+            raise FabricError(f"verbs: registering {length} bytes at {start_of(array):#x} failed: {exc} "
                               f"(locked-memory limit? see ulimit -l)") from None
         self.device = device
         self.array = array
@@ -472,10 +459,8 @@ class VerbsDevice(Device):
         self._wr_ids = itertools.count(RECV_WR_ID + 1)
         #: wr_id -> (future, channel, what, local buffer kept alive, its region) of send work requests in flight
         self._pending: dict[int, tuple[Future, VerbsChannel, str, np.ndarray, VerbsRegion | None]] = {}
-        self._regions: set[VerbsRegion] = set()
         self._allocated: dict[tuple[int, int], VerbsRegion] = {}
-        self._registered: OrderedDict[tuple[int, int], VerbsRegion] = OrderedDict()
-        self._expired: list[VerbsRegion] = []  # registrations whose arrays were garbage-collected
+        self._cache: RegistrationCache[VerbsRegion] = RegistrationCache()
         self._registrations_made = 0
         self._peers: dict[bytes, list[VerbsChannel]] = {}  # peer address -> its lanes
         self._extra: list[VerbsChannel] = []  # lanes of a second connection with a peer (both sides connected at once)
@@ -493,7 +478,7 @@ class VerbsDevice(Device):
             self.pd = pv.pd.PD(self.context)
             self._scratch_memory = aligned_empty((ALIGNMENT,), np.uint8, ALIGNMENT)
             # the key of the zero-length scatter entries of receives and empty writes (not counted as a registration)
-            self._scratch = pv.mr.MR(self.pd, ALIGNMENT, IBV_ACCESS_LOCAL_WRITE, address=_start(self._scratch_memory))
+            self._scratch = pv.mr.MR(self.pd, ALIGNMENT, IBV_ACCESS_LOCAL_WRITE, address=start_of(self._scratch_memory))
             initial = min(self._max_cqe, CQES_PER_QP * depth)
             self._pollers = [_Poller(self, index, pv.cq.CQ(self.context, initial, None, None, 0))
                              for index in range(progress_threads)]
@@ -555,7 +540,7 @@ class VerbsDevice(Device):
         region = VerbsRegion(self, array, length, writable)
         with self._lock:
             self._registrations_made += 1
-            self._regions.add(region)
+        self._cache.track(region)
         return region
 
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
@@ -572,50 +557,29 @@ class VerbsDevice(Device):
             for (lo, hi), region in self._allocated.items():
                 if lo <= start and end <= hi:
                     return region
-            for (lo, hi), region in self._registered.items():
-                if lo <= start and end <= hi:
-                    self._registered.move_to_end((lo, hi))
-                    return region
-        return None
+        return self._cache.find(start, end)
 
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached for as long as the memory lives.
+        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``).
 
-        The entry covers the whole buffer of the array that holds the memory (the last array up
-        ``array``'s chain of bases), so every view of it finds the same registration; the cache
-        does not keep that array alive, and deregisters the entry once it is garbage-collected (at
-        the next call into the cache, or at close). At most :data:`REGISTRATION_CACHE_SIZE` entries
-        stay, the least recently used going first (but none that a work request in flight uses).
+        Memory the device allocated is found first; a registration a work request in flight uses
+        is never evicted.
         """
         self._check_open()
-        self._release_expired()
-        start = _start(array)
-        end = start + array.nbytes
-        found = self._lookup(start, end)
+        self._cache.release_expired()
+        start = start_of(array)
+        found = self._lookup(start, start + array.nbytes)
         if found is not None:
             return found
-        owner = _owner(array)
-        if owner.flags.c_contiguous and owner.nbytes:
-            lo = _start(owner)
-            if lo <= start and end <= lo + owner.nbytes:
-                start, end = lo, lo + owner.nbytes
+        start, end = span_of(array)
         if end == start:
             raise ValueError("cannot register an empty array")
+        owner = owner_of(array)
         view = np.frombuffer((ctypes.c_uint8 * (end - start)).from_address(start), dtype=np.uint8)
         writable = bool(owner.flags.writeable)
         view.flags.writeable = writable
         region = self._new_region(view, end - start, writable)
-        weakref.finalize(owner, self._expired.append, region)
-        evicted = []
-        with self._lock:
-            self._registered[(start, end)] = region
-            for key, old in list(self._registered.items()):
-                if len(self._registered) - len(evicted) <= REGISTRATION_CACHE_SIZE:
-                    break
-                if not old.busy and old is not region:
-                    evicted.append(old)
-                    del self._registered[key]
-        for old in evicted:
+        for old in self._cache.add(start, end, region, owner, evictable=lambda old: not old.busy):
             old.release()
         return region
 
@@ -626,28 +590,20 @@ class VerbsDevice(Device):
         if not array.flags.c_contiguous:
             raise ValueError("verbs transfers need C-contiguous memory")
         region = self.register(array)
-        return self._pv.wr.SGE(_start(array), array.nbytes, region.lkey), region
+        return self._pv.wr.SGE(start_of(array), array.nbytes, region.lkey), region
 
     def _empty_sge(self):
-        return self._pv.wr.SGE(_start(self._scratch_memory), 0, self._scratch.lkey)
-
-    def _release_expired(self) -> None:
-        """Deregister the regions whose arrays died (deferred: a finalizer may run in any thread)."""
-        while self._expired:
-            self._expired.pop().release()
+        return self._pv.wr.SGE(start_of(self._scratch_memory), 0, self._scratch.lkey)
 
     def registrations(self) -> int:
-        self._release_expired()
-        with self._lock:
-            return len(self._regions)
+        return self._cache.count()
 
     def _forget(self, region: VerbsRegion) -> None:
         with self._lock:
-            self._regions.discard(region)
-            for table in (self._allocated, self._registered):
-                for key, value in list(table.items()):
-                    if value is region:
-                        del table[key]
+            for key, value in list(self._allocated.items()):
+                if value is region:
+                    del self._allocated[key]
+        self._cache.forget(region)
 
     # -- connections --------------------------------------------------------------------------------
 
@@ -969,9 +925,7 @@ class VerbsDevice(Device):
             settle(future, error=FabricError("verbs: the device is closed"))
         for channel in lanes:
             channel.close()
-        with self._lock:
-            regions = list(self._regions)
-        for region in regions:
+        for region in self._cache.live():
             region.release()
         self._scratch.close()
         for poller in self._pollers:
