@@ -25,6 +25,8 @@ STYLE = {
     # reference lines: the fabric library's own limit, and a copy within one process
     "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
     "ucx_perftest_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
+    "ib_write_bw": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
+    "ib_write_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
     "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
     "tf_grpc": {"color": "#7f7f7f", "marker": "*", "linestyle": "-."},
 }
@@ -37,6 +39,8 @@ LABELS = {
     "zerocopy": "RDMA.zerocp",
     "ucx_perftest": "ucx_perftest put_bw (library limit)",
     "ucx_perftest_lat": "ucx_perftest put_lat (half a round trip: latency floor)",
+    "ib_write_bw": "ib_write_bw (the NIC's write bandwidth)",
+    "ib_write_lat": "ib_write_lat (the NIC's write latency)",
     "memcpy": "memcpy in one process",
     "tf_grpc": "TensorFlow PS over gRPC (today)",
 }
@@ -75,8 +79,9 @@ def _subtitle(run: Run) -> str:
     host = run.meta.get("host", "?")
     cpu = run.meta.get("cpu", "?")
     when = (run.meta.get("start_time") or "")[:16].replace("T", " ")
-    fabric = run.meta.get("settings", {}).get("fabric_transport")
-    return f"{host} · {cpu} · {when} UTC" + (f" · fabric transport: {fabric}" if fabric else "")
+    settings = run.meta.get("settings", {})
+    backend, links = settings.get("fabric", "ucx"), settings.get("fabric_transport")  # runs before --fabric: ucx
+    return f"{host} · {cpu} · {when} UTC" + (f" · fabric: {backend} ({links})" if links else "")
 
 
 def _save(fig, run: Run, stem: str) -> list[Path]:
@@ -112,7 +117,8 @@ def _transports_in_order(records) -> list[str]:
 
 
 #: on the time figure: lines without a per-transfer median, drawn from their mean time per transfer instead
-TIME_FROM_MEAN = {"ucx_perftest": "ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)"}
+TIME_FROM_MEAN = {"ucx_perftest": "ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)",
+                  "ib_write_bw": "ib_write_bw: size / bandwidth (pipelined writes, not a latency)"}
 
 
 def micro_time_lines(records) -> list[tuple[str, str, object, object, object]]:
