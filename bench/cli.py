@@ -196,6 +196,21 @@ def _add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:
                         + ". Replayed records are labelled in the 'compute' column and the figures")
 
 
+def _task_names() -> dict[str, str]:
+    from bench.tasks import TASKS
+
+    return TASKS
+
+
+def _target(text: str):
+    from bench.converge import parse_target
+
+    try:
+        return parse_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_training_options(parser: argparse.ArgumentParser, experiment: str, transports: list[str], steps: int,
                           compute: str) -> None:
     """What ``bench model`` and ``bench scale`` share: models, transports, batches, steps, compute, launch."""
@@ -344,6 +359,50 @@ def build_parser() -> Parser:
     scale.add_argument("--servers", dest="server_counts", type=_int_list, default=[1, 2, 4],
                        help="comma list of server counts")
     scale.set_defaults(func=cmd_scale, asynchronous=False)
+
+    converge = commands.add_parser(
+        "converge",
+        help="time to a held-out target on real data, per transport (the paper's Figure 10)",
+        description="Data-parallel synchronous training of TASK through the parameter-server runtime on real data, "
+        "over each transport in turn: SERVERS servers, each a worker and a parameter server; each worker takes its "
+        "own shard of the training set; worker 0 evaluates the held-out set every --eval-every steps. With the "
+        "same seed every transport gives the same training loss at every step: only the time differs. Records "
+        "every step's training loss, every evaluation (held-out loss and accuracy or perplexity, seconds trained "
+        "so far, evaluation time left out) and per transport the time to --target and its speed-up over "
+        "grpc_tcp. Tasks (no download needed for the first two): "
+        + "; ".join(f"{name}: {what}" for name, what in _task_names().items()),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    converge.add_argument("task", nargs="?", default="digits", metavar="TASK",
+                          help=f"what to train: {', '.join(_task_names())}")
+    converge.add_argument("--transport", "--transports", dest="transports", type=_transport_list,
+                          default=["grpc_tcp", "zerocopy"], help="comma list of transports (name or name:mode)")
+    converge.add_argument("--servers", type=_positive_int, default=2, help="servers, each a worker and a PS")
+    converge.add_argument("--batch-size", type=_positive_int, default=None,
+                          help="per-worker mini-batch size (default: the task's, 32)")
+    length = converge.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_positive_int, default=None, help="steps to train (default: the task's)")
+    length.add_argument("--time", type=_seconds, default=None,
+                        help="seconds to train each transport instead of a number of steps (worker 0's clock, "
+                        "evaluation left out; at most 100000 steps)")
+    converge.add_argument("--target", type=_target, default=None,
+                          help="METRIC=VALUE (accuracy, perplexity or heldout_loss) whose first reaching is timed "
+                          "(default: the task's: accuracy=0.97 for digits, perplexity=10 for text)")
+    converge.add_argument("--data", default=None,
+                          help="the data of the tasks that need it: cifar10 DIR (CIFAR-10's Python version), "
+                          "seq2seq PREFIX (PREFIX.src and PREFIX.tgt, aligned line by line)")
+    converge.add_argument("--learning-rate", type=_rate, default=None, help="SGD learning rate (default: the task's)")
+    converge.add_argument("--eval-every", type=_positive_int, default=None,
+                          help="steps between held-out evaluations (default: the task's)")
+    converge.add_argument("--seed", type=_non_negative_int, default=0, help="the model's initial weights")
+    converge.add_argument("--timeout", type=_seconds, default=600.0,
+                          help="seconds one step of a rank may take before the run fails naming it")
+    _add_fabric_options(converge, "UCX transports for the fabric transports (netns: always tcp)")
+    converge.add_argument("--out", type=Path, default=None,
+                          help="results directory (default: results/converge-<time>/)")
+    converge.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    _add_launch_options(converge)
+    converge.set_defaults(func=cmd_converge)
 
     soak = commands.add_parser(
         "soak",
@@ -760,6 +819,87 @@ def cmd_soak(args: argparse.Namespace, launcher) -> int:
           + (f"; {len(failures)} run(s) failed" if failures else ""))
     print(f"results: {out}")
     return 1 if failures or bad else 0
+
+
+def cmd_converge(args: argparse.Namespace, launcher) -> int:
+    """``bench converge``: each transport trains the task to its target; records, a summary, figures."""
+    from bench.converge import BASELINE, PAPER_SPEEDUP, converge, losses_agree, parse_target
+    from bench.results import default_run_dir
+    from bench.tasks import get_task
+
+    try:
+        task = get_task(args.task, args.data)
+    except ValueError as exc:  # TaskDataError too: one line naming the path and what is wrong
+        print(f"bench converge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    unsupported = [label for label in args.transports if label in ("local", "tf_grpc")]
+    if unsupported:
+        print(f"bench converge: error: --transport {unsupported[0]}: converge trains through the parameter-server "
+              f"runtime over the registered transports ({', '.join(transports.names())})", file=sys.stderr)
+        return EXIT_USAGE
+    args.task = task.name
+    args.batch_size = args.batch_size or task.default_batch_size
+    args.learning_rate = args.learning_rate or task.default_learning_rate
+    args.eval_every = args.eval_every or task.default_eval_every
+    if args.time is not None:
+        args.steps = 100_000
+    args.steps = args.steps or task.default_steps
+    target = args.target or (parse_target(task.default_target) if task.default_target else None)
+    out = args.out or default_run_dir("converge")
+    settings = {"task": task.name, "data": args.data, "transports": args.transports, "servers": args.servers,
+                "batch_size": args.batch_size, "steps": args.steps, "time_s": args.time,
+                "learning_rate": args.learning_rate, "eval_every": args.eval_every, "seed": args.seed,
+                "target": str(target) if target else None, "metric": task.metric, "fabric": args.fabric,
+                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+    writer = _open_run(out, "converge", settings, launcher, args.out is not None)
+    if writer is None:
+        return EXIT_USAGE
+    print(f"bench converge: {task.name} ({task.description}) over {', '.join(args.transports)}, {args.servers} "
+          f"server(s), batch {args.batch_size}, " + (f"{args.time:g} s" if args.time else f"{args.steps} steps")
+          + f", target {target or 'none'} -> {out}")
+
+    def options_for(label: str) -> dict[str, object]:
+        options = transport_options(label, args, launcher)
+        options.pop("timeout_s")
+        return options
+
+    try:
+        failures, losses = converge(args, launcher, writer, args.transports, task, target, options_for)
+    except KeyboardInterrupt as exc:
+        return _interrupted(writer, "converge", out, "the transports finished", exc, launcher=launcher.describe())
+    except BaseException as exc:
+        writer.finish("failed", failures=[_error_line(exc)], launcher=launcher.describe())
+        raise
+    agreement = losses_agree(losses)
+    writer.finish("failed" if failures else "complete", failures=failures, launcher=launcher.describe(),
+                  loss_max_relative_difference=agreement)
+    if agreement:
+        print("training loss per step, largest relative difference from " + f"{next(iter(losses))}: "
+              + ", ".join(f"{label} {value:.1e}" for label, value in agreement.items()))
+    _print_converge_summary(out, BASELINE, PAPER_SPEEDUP.get(task.name))
+    print(f"results: {out}")
+    if not args.no_plot and (out / "records.csv").exists():
+        _draw(out, "converge")
+    return 1 if failures else 0
+
+
+def _print_converge_summary(out: Path, baseline: str, paper: float | None) -> None:
+    from bench.results import load_run
+
+    records = load_run(out).records
+    if "kind" not in records:
+        return
+    rows = records[records["kind"] == "summary"]
+    if rows.empty:
+        return
+    print(f"\n{'transport':18} {'target':18} {'steps':>6} {'seconds':>9} {'speed-up vs ' + baseline:>20}"
+          + ("  paper (zerocopy)" if paper else ""))
+    for row in rows.itertuples():
+        steps = "-" if row.steps_to_target != row.steps_to_target else f"{int(row.steps_to_target)}"
+        seconds = "not reached" if row.time_to_target_s != row.time_to_target_s else f"{row.time_to_target_s:.1f}"
+        ratio = "-" if row.speedup_vs_grpc_tcp != row.speedup_vs_grpc_tcp else f"{row.speedup_vs_grpc_tcp:.2f}x"
+        print(f"{row.transport:18} {row.target:18} {steps:>6} {seconds:>9} {ratio:>20}"
+              + (f"  {paper:.1f}x" if paper and row.transport == "zerocopy" else ""))
 
 
 def cmd_model(args: argparse.Namespace, launcher) -> int:

@@ -87,6 +87,14 @@ COLUMNS["soak"] = [
     "tensors_received", "corrupted", "lost", "rss_start_mb", "rss_end_mb", "rss_growth_mb", "p50_us",
     "throughput_MBps", "step_time_s", "fabric",
 ]
+# bench converge: a row per step (training loss), per evaluation (held-out loss and metric) and per transport
+# (the summary: time to the target); ``kind`` says which (bench/converge.py)
+REQUIRED_COLUMNS["converge"] = ["kind", "transport", "task"]
+COLUMNS["converge"] = [
+    "kind", "transport", "task", "step", "wall_s", "train_loss", "heldout_loss", "metric", "metric_value",
+    "batch_size", "servers", "learning_rate", "target", "steps_to_target", "time_to_target_s",
+    "speedup_vs_grpc_tcp", "paper_speedup_vs_grpc_tcp", "fabric",
+]
 
 #: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
 #: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/reference.py)

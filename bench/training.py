@@ -67,15 +67,20 @@ def rank_specs(config: TrainConfig) -> list[RankSpec]:
 
 
 def train(config: TrainConfig, launcher: Launcher | None = None,
-          on_step: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+          on_step: Callable[[int, int], None] | None = None,
+          on_progress: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Run one distributed training job; returns per-rank ``(role, StepTimes)`` (peak memory in ``extra``).
 
-    ``on_step(server, step)`` follows the workers. On ranks of an MPI job other than the
+    ``on_step(server, step)`` follows the workers; ``on_progress(payload)`` gets their other reports
+    (losses and evaluations, see ``rank_job``) as they come. On ranks of an MPI job other than the
     coordinator it returns an empty outcome.
     """
     def on_report(rank: int, payload: Any) -> None:
-        if on_step is not None and payload[0] == "step":
-            on_step(payload[1], payload[2])
+        if payload[0] == "step":
+            if on_step is not None:
+                on_step(payload[1], payload[2])
+        elif on_progress is not None:
+            on_progress(payload)
 
     label = f"{config.model}-{config.label or config.transport}-b{config.batch_size}-s{config.servers}"
     results = (launcher or LocalLauncher()).run(rank_specs(config), config.timeout_s + _SLACK_S, on_report,

@@ -231,6 +231,16 @@ class RankContext:
             raise item
         return item
 
+    def poll(self) -> Any | None:
+        """The next payload another rank sent here, or None when none is waiting (never blocks)."""
+        try:
+            item = self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
     def link_bytes(self) -> tuple[int, int] | None:
         """(tx, rx) bytes so far on this rank's link to the other hosts; None when it has no link of its own."""
         if self.link_interface is None:

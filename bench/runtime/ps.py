@@ -83,6 +83,14 @@ class TrainConfig:
     variables: tuple[Variable, ...] | None = None
     #: check the content of every tensor received (the soak): see :class:`CheckedTransport`
     check: bool = False
+    #: train a task of ``bench.tasks`` on its real data (``bench converge``) instead of a model on synthetic batches
+    task: bool = False
+    #: where the task's data is (``--data``), for the tasks that need some
+    data: str | None = None
+    #: evaluate on the held-out set every this many steps and at the last (worker 0; 0: never)
+    evaluate_every: int = 0
+    #: stop once worker 0 has trained this many seconds (``steps`` is then the most it runs); None: run ``steps``
+    time_s: float | None = None
 
     @property
     def replayed(self) -> bool:
@@ -145,11 +153,27 @@ def resolve_model(name: str):
     return get_model(name)
 
 
+def definition_of(config: TrainConfig):
+    """What ``config`` trains: a task of ``bench.tasks`` (real data), or a model definition (synthetic batches)."""
+    if config.task:
+        from bench.tasks import get_task
+
+        return get_task(config.model, config.data)
+    return resolve_model(config.model)
+
+
+def _batch(definition, config: TrainConfig, server: int, step: int):
+    """Worker ``server``'s batch at ``step``: a task's shard of its training set, or a seeded synthetic batch."""
+    if config.task:
+        return definition.train_batch(step, server, config.servers, config.batch_size)
+    return definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
+
+
 def _build(config: TrainConfig):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    definition = resolve_model(config.model)
+    definition = definition_of(config)
     keras.utils.set_random_seed(config.seed)
     model = definition.build()
     return definition, model
@@ -172,11 +196,54 @@ def _step_function(model, loss):
 # -- the roles -----------------------------------------------------------------
 
 
+class Stopping:
+    """Where a run's steps end: ``warmup + steps``, or sooner when it trains for a time (``time_s``).
+
+    Synchronous training stops at one step for every rank. Worker 0 decides: once it has trained
+    ``time_s`` seconds it picks an end :data:`MARGIN_STEPS` steps ahead and tells every other rank
+    through the launcher (``send_to``); they look for it at every step (``poll``). No rank can get
+    that far ahead of worker 0 before the word arrives: each step waits for worker 0's gradients.
+    """
+
+    #: how many steps after worker 0's decision the run ends
+    MARGIN_STEPS = 3
+
+    def __init__(self, config: TrainConfig, ctx=None) -> None:
+        self.end = config.warmup + config.steps
+        self.time_s = config.time_s
+        self._ctx = ctx
+
+    def poll(self) -> int:
+        """The end as far as this rank knows it now (reading worker 0's word if it came)."""
+        if self._ctx is not None and self.time_s is not None:
+            while (message := self._ctx.poll()) is not None:
+                if isinstance(message, tuple) and message[:1] == ("stop",):
+                    self.end = min(self.end, int(message[1]))
+        return self.end
+
+    def decide(self, step: int, trained_s: float) -> None:
+        """Worker 0, as step ``step`` begins after ``trained_s`` seconds of training: end soon if the time is up."""
+        if self.time_s is None or trained_s < self.time_s or self.end <= step + self.MARGIN_STEPS:
+            return
+        self.end = step + self.MARGIN_STEPS
+        if self._ctx is not None:
+            for rank in range(self._ctx.size):
+                if rank != self._ctx.rank:
+                    self._ctx.send_to(rank, ("stop", self.end))
+
+
 def run_worker(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable],
-               on_step: Callable[[int], None] = lambda step: None) -> StepTimes:
+               on_step: Callable[[int], None] = lambda step: None,
+               on_loss: Callable[[int, float, float], None] | None = None,
+               on_eval: Callable[[dict[str, Any]], None] | None = None,
+               stopping: Stopping | None = None) -> StepTimes:
     """A worker's training loop; returns the timings of the timed steps.
 
-    ``on_step(step)`` is called as each step begins, and with ``warmup + steps`` at the end.
+    ``on_step(step)`` is called as each step begins, and with the number of steps run at the end.
+    ``on_loss(step, loss, trained_s)`` gets each step's training loss (real compute only) and the
+    seconds trained before the step began (leaving out evaluations). Worker 0 evaluates the held-out
+    set every ``config.evaluate_every`` steps and at the last, on the weights of that step, and hands
+    ``on_eval`` the task's numbers with ``step`` and ``wall_s``.
     """
     rank = layout.worker(server)
     copies = RuntimeCopies()
@@ -184,9 +251,16 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
         compute = _replayed_compute(config, transport, layout, rank, variables)
     else:
         compute = _model_compute(config, server)
+    stopping = stopping or Stopping(config)
+    evaluate = _evaluator(config) if config.evaluate_every and server == 0 and on_eval is not None else None
     times = StepTimes()
     stats0 = transport.stats()
-    for step in range(config.warmup + config.steps):
+    began, evaluating = time.perf_counter(), 0.0
+    step = 0
+    while step < stopping.poll():
+        trained_s = time.perf_counter() - began - evaluating
+        if server == 0:
+            stopping.decide(step, trained_s)
         on_step(step)
         if step == config.warmup:
             times = StepTimes()
@@ -196,35 +270,65 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
         started = time.perf_counter()
         weights = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
         received = time.perf_counter()
-        grads = compute(step, weights, copies)
+        evaluated = 0.0  # seconds evaluating in this step: not training, left out of every time
+        if evaluate is not None and (step % config.evaluate_every == 0 or step + 1 == stopping.poll()):
+            on_eval({"step": step, "wall_s": trained_s, **evaluate(weights)})
+            evaluated = time.perf_counter() - received
+            evaluating += evaluated
+        loss, grads = compute(step, weights, copies)
         computed = time.perf_counter()
         sends = [transport.send_async(Key(gradient_key(v), step, rank, layout.ps_of(v)), g)
                  for v, g in zip(variables, grads, strict=True)]
+        if on_loss is not None and loss is not None:
+            on_loss(step, float(loss), trained_s)
         for sending in sends:
             sending.result(config.timeout_s)
         done = time.perf_counter()
-        times.total += done - started
-        times.compute += computed - received
+        times.total += done - started - evaluated
+        times.compute += computed - received - evaluated
         times.comm += (received - started) + (done - computed)
-    on_step(config.warmup + config.steps)
+        step += 1
+    on_step(step)
+    times.extra["steps_run"] = step
     times.copied_bytes = copies.bytes
     times.extra["model_mb"] = sum(v.nbytes for v in variables) / 2**20
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
     return times
 
 
-def _model_compute(config: TrainConfig, server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], list]:
-    """One forward and backward pass of the real model on the weights received (entering TF through DLPack)."""
+def _model_compute(config: TrainConfig, server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple]:
+    """One forward and backward pass of the real model on the weights received (entering TF through DLPack):
+    ``compute(step, weights, copies) -> (loss, gradients)``."""
     definition, model = _build(config)
     step_fn = _step_function(model, definition.loss_fn())
     non_trainable = [v.value for v in model.non_trainable_variables]
+    if config.task:  # trace the step now, so that a convergence run's clock does not count TensorFlow's tracing
+        step_fn([v.value for v in model.trainable_variables], non_trainable, *_batch(definition, config, server, 0))
 
-    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> list[np.ndarray]:
-        x, y = definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
-        _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
-        return [RuntimeCopies.array(g) for g in grads]
+    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> tuple[Any, list[np.ndarray]]:
+        x, y = _batch(definition, config, server, step)
+        loss, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
+        return loss, [RuntimeCopies.array(g) for g in grads]
 
     return compute
+
+
+def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, float]]:
+    """The task's held-out loss and metric for given weights (a model of its own, inference only)."""
+    import tensorflow as tf
+
+    definition, model = _build(config)
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    @tf.function(reduce_retracing=True)
+    def predict(weights, x):
+        return model.stateless_call(weights, non_trainable, x, training=False)[0]
+
+    def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
+        held = [tf.constant(w) for w in weights]  # a copy: the transport may write the next step's weights
+        return definition.evaluate(lambda x: predict(held, x).numpy())
+
+    return evaluate
 
 
 def _replayed_compute(config: TrainConfig, transport, layout: Layout, rank: int,
@@ -237,17 +341,18 @@ def _replayed_compute(config: TrainConfig, transport, layout: Layout, rank: int,
         gradient[...] = 1e-3
         gradients.append(gradient)
 
-    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> list[np.ndarray]:
+    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> tuple[None, list[np.ndarray]]:
         for weight in weights:  # what entering TensorFlow would copy, it copies here too
             copies.adoptable(weight)
         time.sleep(config.compute_s)
-        return gradients
+        return None, gradients
 
     return compute
 
 
-def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable]) -> StepTimes:
-    """A parameter server's loop: serve its variables, gather gradients, apply SGD."""
+def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable],
+           stopping: Stopping | None = None) -> StepTimes:
+    """A parameter server's loop: serve its variables, gather gradients, apply SGD (until ``stopping``'s end)."""
     rank = layout.ps(server)
     mine = [v for v in variables if layout.ps_of(v) == rank]
     initial = initial_weights(config, mine)
@@ -268,13 +373,13 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variable
         share = config.steps / (config.steps + config.warmup)
         times.extra["stats"] = {name: value * share for name, value in whole.items()}
     else:
-        times = _serve(config, transport, rank, mine, weights, workers, update)
+        times = _serve(config, transport, rank, mine, weights, workers, update, stopping)
     times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
     return times
 
 
 def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weights: dict[int, np.ndarray],
-           workers: list[int], update: threading.Lock) -> StepTimes:
+           workers: list[int], update: threading.Lock, stopping: Stopping | None = None) -> StepTimes:
     """Serve ``mine`` to ``workers``: send weights, gather gradients, apply SGD (under ``update``), overlapped.
 
     The weights of step 0 go out first. Then in every step ``s`` the gradients of all variables and
@@ -300,7 +405,7 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
     TensorFlow's PS does by default); holding ``update`` while a send waits for its receiver could
     deadlock across parameter servers.
     """
-    total_steps = config.warmup + config.steps
+    stopping = stopping or Stopping(config)
     times = StepTimes()
     stats0 = transport.stats()
     sending: dict[int, list] = {}  # variable index -> the sends of its weights for the current step
@@ -309,7 +414,8 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
         sending[variable.index] = [transport.send_async(Key(weight_key(variable), step, rank, worker),
                                                         weights[variable.index]) for worker in workers]
 
-    for step in range(total_steps):
+    step = 0
+    while step < stopping.poll():
         if step == config.warmup:
             times = StepTimes()
             stats0 = transport.stats()
@@ -318,7 +424,6 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
         if step in (0, config.warmup):  # no step before this one sent its weights
             for variable in mine:
                 send_weights(variable, step)
-        send_next = step + 1 < total_steps and step + 1 != config.warmup
         keys = {Key(gradient_key(v), step, worker, rank): v for v in mine for worker in workers}
         arrived: dict[int, dict[int, np.ndarray]] = {v.index: {} for v in mine}
         applying = 0.0
@@ -334,13 +439,14 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
             with update:
                 apply_sgd(variable, weights[variable.index], gradients, config.learning_rate)
             applying += time.perf_counter() - begun
-            if send_next:
+            if step + 1 < stopping.poll() and step + 1 != config.warmup:
                 send_weights(variable, step + 1)
         done = time.perf_counter()
         times.extra["gradients_applied"] = times.extra.get("gradients_applied", 0) + len(mine) * len(workers)
         times.total += done - started
         times.apply += applying
         times.comm += done - started - applying
+        step += 1
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
     return times
 
@@ -401,7 +507,7 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         copies = RuntimeCopies()
 
         def compute(server: int, step: int) -> list[np.ndarray]:
-            x, y = definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
+            x, y = _batch(definition, config, server, step)
             _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
             return [RuntimeCopies.array(g) for g in grads]
 
@@ -514,13 +620,15 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     """One process of a training run: rank ``r < servers`` is worker ``r``, the others parameter servers.
 
     ``ctx`` is the launcher's view of the run (rank, cluster, ``report``, ``link_bytes``); each worker
-    reports ``("step", server, step)`` as its steps begin, and measures the traffic on its host's link
-    over the timed steps when it has one of its own (netns).
+    reports ``("step", server, step)`` as its steps begin and ``("loss", server, step, loss, trained_s)``
+    after computing one, worker 0 ``("eval", point)`` at each evaluation; a worker measures the traffic
+    on its host's link over the timed steps when it has one of its own (netns).
     """
     layout = Layout(config.servers)
     variables = list(config.variables) if config.variables is not None else model_variables(config)
     plan = [s for s in transfer_plan(variables, layout) if ctx.rank in (s.src, s.dst)]
     options = {**config.transport_options, "timeout_s": config.timeout_s}
+    stopping = Stopping(config, ctx)
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan(plan)
@@ -532,18 +640,22 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
             link: dict[str, Any] = {}
 
             def on_step(step: int) -> None:
-                if step in (config.warmup, config.warmup + config.steps):
+                if step in (config.warmup, stopping.end):
                     link[step] = (time.perf_counter(), ctx.link_bytes())
                 ctx.report(("step", server, step))
 
-            times = run_worker(config, transport, layout, server, variables, on_step)
-            (t0, bytes0), (t1, bytes1) = link[config.warmup], link[config.warmup + config.steps]
+            def on_loss(step: int, loss: float, trained_s: float) -> None:
+                ctx.report(("loss", server, step, loss, trained_s))
+
+            times = run_worker(config, transport, layout, server, variables, on_step, on_loss,
+                               on_eval=lambda point: ctx.report(("eval", point)), stopping=stopping)
+            (t0, bytes0), (t1, bytes1) = link[config.warmup], link[stopping.end]
             if bytes0 is not None:
                 times.extra["link_bytes"] = (bytes1[0] - bytes0[0], bytes1[1] - bytes0[1])
                 times.extra["link_seconds"] = t1 - t0
             role = "worker"
         else:
-            times = run_ps(config, transport, layout, ctx.rank - layout.servers, variables)
+            times = run_ps(config, transport, layout, ctx.rank - layout.servers, variables, stopping)
             role = "ps"
         times.extra["fabric"] = transport.describe()
         if config.check:
