@@ -61,6 +61,8 @@ def plot_run(path: Path) -> list[Path]:
         return plot_model(run)
     if run.experiment == "scale":
         return plot_scale(run)
+    if run.experiment == "converge":
+        return plot_converge(run)
     raise PlotError(f"{path}: no figures are defined for experiment '{run.experiment}'")
 
 
@@ -269,3 +271,50 @@ def plot_scale(run: Run) -> list[Path]:
         fig.tight_layout()
         written += _save(fig, run, stem)
     return written
+
+
+def plot_converge(run: Run) -> list[Path]:
+    """Figure 10 of the paper: training loss and the held-out metric against wall-clock time, per transport
+    (``converge_loss_vs_time``), and the same against steps (``converge_metric_vs_step``), where the curves of
+    every transport must coincide: transports change how long training takes, not what it learns."""
+    records = run.records
+    steps = records[records["kind"] == "step"].sort_values("step")
+    evals = records[records["kind"] == "eval"].sort_values("step")
+    if steps.empty and evals.empty:
+        raise PlotError(f"{run.path}: the converge run has no step or evaluation records to draw")
+    settings = run.meta.get("settings", {})
+    metric = evals["metric"].dropna().iloc[0] if not evals.empty else settings.get("metric", "metric")
+    target = settings.get("target")
+    task = settings.get("task", "?")
+    written = []
+    for stem, x, xlabel in (("converge_loss_vs_time", "wall_s", "seconds trained (evaluation left out)"),
+                            ("converge_metric_vs_step", "step", "step")):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.3))
+        for name in _transports_in_order(records):
+            style = {**STYLE.get(name, {}), "marker": None}
+            line = steps[steps["transport"] == name]
+            left.plot(line[x], line["train_loss"], label=LABELS.get(name, name), linewidth=1.2, **style)
+            points = evals[evals["transport"] == name]
+            right.plot(points[x], points["metric_value"], label=LABELS.get(name, name),
+                       **{**STYLE.get(name, {}), "markersize": 4})
+        left.set_yscale("log")
+        left.set_ylabel("training loss (mean over the workers' batches)")
+        right.set_ylabel(f"held-out {metric}")
+        if metric == "perplexity":
+            right.set_yscale("log")
+        if target and target.startswith(f"{metric}="):
+            right.axhline(float(target.partition("=")[2]), color="#444444", linestyle=":", linewidth=1,
+                          label=f"target {target}")
+        for ax in (left, right):
+            ax.set_xlabel(xlabel)
+            ax.set_xlim(left=0)
+            ax.grid(True, alpha=0.3)
+        handles, labels = right.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.0), frameon=False)
+        against = "time" if x == "wall_s" else "steps (the curves coincide)"
+        fig.suptitle(f"Convergence of {task} against {against}\n" + _subtitle(run), fontsize=10)
+        fig.tight_layout()
+        written += _save(fig, run, stem)
+    return written
+
