@@ -88,7 +88,7 @@ def eval_records(common: dict[str, Any], evals: list[dict[str, Any]], metric: st
 def summary_records(evaluations: list[dict[str, Any]], target: Target) -> list[dict]:
     """Per transport, the first evaluation that reached ``target``, and its time's ratio to the baseline's."""
     first: dict[str, dict[str, Any] | None] = {}
-    for row in sorted(evaluations, key=lambda r: (r["transport"], r["step"])):
+    for row in sorted(evaluations, key=lambda r: r["step"]):  # stable: transports stay in the order run
         label = row["transport"]
         first.setdefault(label, None)
         measured = row["heldout_loss"] if target.metric == "heldout_loss" else row["metric_value"]
