@@ -83,10 +83,11 @@ ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                          ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
 int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
-                  volatile int *stop);
-int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns, volatile int *stop);
+                  volatile int *stop, ucp_worker_h *workers, int nworkers);
+int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns, volatile int *stop,
+                    ucp_worker_h *workers, int nworkers);
 int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
-                     volatile int *stop);
+                     volatile int *stop, ucp_worker_h *workers, int nworkers);
 #define TT_WAIT_TIMED_OUT ...
 #define TT_WAIT_STOPPED ...
 ucs_status_t tt_status(ucs_status_ptr_t ptr);
@@ -491,6 +492,16 @@ static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, 
 
 /* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then nap with
    growing naps. `ready` returns a non-negative answer when done, -1 while not. */
+/* Progress the device's workers from a waiting thread: over tcp a peer's write lands only when this side's
+   worker progresses, and doing it here saves waking the progress thread (thread mode is MULTI). */
+static void tt_progress_all(ucp_worker_h *workers, int nworkers)
+{
+    int i;
+    for (i = 0; i < nworkers; i++) {
+        ucp_worker_progress(workers[i]);
+    }
+}
+
 #define TT_WAIT(ready_expression)                                                        \
     do {                                                                                 \
         int64_t start = tt_now_ns(), now = start, nap = TT_FIRST_NAP_NS;                 \
@@ -500,6 +511,7 @@ static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, 
             if (found >= 0) {                                                            \
                 return found;                                                            \
             }                                                                            \
+            tt_progress_all(workers, nworkers);                                          \
             if (*stop) {                                                                 \
                 return TT_WAIT_STOPPED;                                                  \
             }                                                                            \
@@ -532,14 +544,14 @@ static int tt_first_raised(uint8_t **flags, uint8_t *done, int count)
 
 /* The index of a flag byte not yet `done` that is raised (non-zero), or TT_WAIT_* */
 static int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
-                         volatile int *stop)
+                         volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
     TT_WAIT(tt_first_raised(flags, done, count));
 }
 
 /* 1 once the counter at `word` exceeds `above`, or TT_WAIT_* */
 static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns,
-                           volatile int *stop)
+                           volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
     TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1);
 }
@@ -557,7 +569,7 @@ static int tt_first_above(uint64_t **words, uint64_t *above, int count)
 
 /* The index of a counter that exceeds its threshold, or TT_WAIT_* */
 static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
-                            volatile int *stop)
+                            volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
     TT_WAIT(tt_first_above(words, above, count));
 }

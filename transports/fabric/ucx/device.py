@@ -528,8 +528,9 @@ class UcxFlagSet(FlagSet):
         self._count = len(flags)
 
     def wait_any(self, timeout: float) -> int | None:
-        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(SPIN_S * 1e9),
-                                   int(timeout * 1e9), self._device._stop)
+        device = self._device
+        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(SPIN_S * 1e9), int(timeout * 1e9),
+                                   device._stop, device._worker_handles, len(device._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return None if found == _lib.TT_WAIT_TIMED_OUT else found
@@ -592,6 +593,8 @@ class UcxDevice(Device):
         #: every ucp_mem_map this device made (allocations and registrations), for the ledger
         self.mem_maps = 0
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
+        #: the workers' handles, for the waits in C to progress them (see tt_progress_all)
+        self._worker_handles = _ffi.new("ucp_worker_h[]", [worker.handle for worker in self._workers])
 
     @classmethod
     def availability(cls) -> Availability:
@@ -640,7 +643,7 @@ class UcxDevice(Device):
 
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
         found = _lib.tt_wait_counter(_ffi.cast("uint64_t *", counter.ctypes.data), above, int(SPIN_S * 1e9),
-                                     int(timeout * 1e9), self._stop)
+                                     int(timeout * 1e9), self._stop, self._worker_handles, len(self._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return found == 1
@@ -648,7 +651,7 @@ class UcxDevice(Device):
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
         words = _ffi.new("uint64_t *[]", [_ffi.cast("uint64_t *", counter.ctypes.data) for counter in counters])
         found = _lib.tt_wait_counters(words, _ffi.new("uint64_t[]", above), len(counters), int(SPIN_S * 1e9),
-                                      int(timeout * 1e9), self._stop)
+                                      int(timeout * 1e9), self._stop, self._worker_handles, len(self._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return None if found == _lib.TT_WAIT_TIMED_OUT else found
