@@ -70,9 +70,10 @@ def test_scale_figures_draw_the_local_line_and_name_replayed_compute(tmp_path):
 
 
 def test_an_experiment_without_figures_is_named(tmp_path):
-    writer = RunWriter(tmp_path / "run", "converge", {})
-    writer.add({"transport": "local", "loss": 1.0})
-    with pytest.raises(PlotError, match="converge"):
+    writer = RunWriter(tmp_path / "run", "soak", {})
+    writer.add({"phase": "micro", "transport": "local", "process": "sender", "tensors_sent": 1, "tensors_received": 0,
+                "corrupted": 0, "lost": 0, "rss_start_mb": 1.0, "rss_end_mb": 1.0})
+    with pytest.raises(PlotError, match="soak"):
         plot_run(tmp_path / "run")
 
 
