@@ -25,6 +25,15 @@ def ping_pong(ctx, rounds=20):
     return last
 
 
+def late_message(ctx):
+    """Rank 1 finishes at once; rank 0 sends it a message once it is surely gone, then finishes too."""
+    if ctx.rank == 1:
+        return "done"
+    time.sleep(2.0)
+    ctx.send_to(1, "too late")
+    return "sent"
+
+
 def fail(ctx, wait_for_go=False):
     if wait_for_go:
         ctx.receive()

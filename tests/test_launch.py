@@ -57,6 +57,11 @@ def test_ranks_pass_messages_through_the_coordinator_and_report_to_it(local):
     assert {rank for rank, _ in reports} == {0, 1}
 
 
+def test_a_message_to_a_rank_that_has_finished_is_dropped_not_an_error(local):
+    results = local.run([RankSpec(jobs.late_message, "sender"), RankSpec(jobs.late_message, "finished")], BOUND_S)
+    assert [r.result for r in results] == ["sent", "done"]
+
+
 def test_a_rank_that_raises_ends_the_run_naming_it_and_nobody_is_left(local):
     pids = []
     with pytest.raises(RankFailed, match=r"rank 1 \(bad\) failed: ValueError: rank 1 was told to fail") as failed:

@@ -502,10 +502,15 @@ def _handle(rank: int, message: Any, states: list[_RankState], on_report: Callab
         on_report(rank, message.payload)
     elif isinstance(message, Relay):
         target = states[message.dst]
+        if target.result is not None:
+            return  # it has finished: nobody will read the message
         if target.conn is None:
             target.pending.append(message)
         else:
-            target.conn.send(message)
+            # it may be finishing (its result not read yet) or gone (its end of the line reports that): a message
+            # it will never read is dropped, and the run goes on to read what it said last
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                target.conn.send(message)
     elif isinstance(message, Finished):
         state.result = RankResult(rank, state.spec.name, message.result, message.peak_rss_mb)
     elif isinstance(message, Failed):
