@@ -283,7 +283,7 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
 
-    info = commands.add_parser("info", help="versions, transports and whether each can run here")
+    info = commands.add_parser("info", help="versions, transports, fabrics and launchers: whether each can run here")
     info.set_defaults(func=cmd_info)
 
     micro = commands.add_parser(
