@@ -953,7 +953,7 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
                     if (model, batch) not in prepared:
                         prepared[(model, batch)] = prepare(config, launcher)
                     ready = prepared[(model, batch)]
-                    config = dataclasses.replace(config, variables=ready.variables, compute_s=ready.compute_s)
+                    config = dataclasses.replace(config, plan=ready.plan, compute_s=ready.compute_s)
                     record = _train_record(config, label, args, launcher,
                                            lambda server, step, what=what: bar.set_postfix_str(f"{what} step {step}"))
                 except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:

@@ -35,12 +35,12 @@ class TrainingError(RuntimeError):
 
 
 def prepare(config: TrainConfig, launcher: Launcher | None = None) -> TrainConfig:
-    """``config`` ready to run: for replayed compute, with the model's variables and the seconds to wait.
+    """``config`` ready to run: for replayed compute, with the analyzer's plan and the seconds to wait.
 
     ``replay`` builds and times the model once, in one process; ``paper`` takes the paper's time per
-    sample (Table 2) times the batch size, and the variables from the same one process.
+    sample (Table 2) times the batch size, and the plan from the same one process.
     """
-    if not config.replayed or config.variables is not None:
+    if not config.replayed or config.plan is not None:
         return config
     if config.compute == "paper":
         per_sample = getattr(resolve_model(config.model), "paper_compute_ms_per_sample", None)
@@ -53,9 +53,9 @@ def prepare(config: TrainConfig, launcher: Launcher | None = None) -> TrainConfi
         label=f"profile-{config.model}-b{config.batch_size}")
     if not results:  # not the coordinator (MPI): the coordinator assigns the prepared config
         return config
-    variables, measured = results[0].result
+    plan, measured = results[0].result
     seconds = measured if config.compute == "replay" else per_sample * config.batch_size / 1e3
-    return dataclasses.replace(config, variables=variables, compute_s=seconds)
+    return dataclasses.replace(config, plan=plan, compute_s=seconds)
 
 
 def rank_specs(config: TrainConfig) -> list[RankSpec]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import transports
-from bench.runtime.analyzer import Layout, Variable, transfer_plan
+from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_key, weight_key
 from bench.runtime.ps import TrainConfig, apply_sgd, summarize, train_locally
 from bench.training import train
 
@@ -88,13 +88,29 @@ def test_the_ps_rejects_a_gradient_of_the_wrong_shape_naming_the_tensor():
     assert not weight.any()
 
 
+def scripted_plan(variables, servers=1):
+    """A plan for ``variables`` with dense gradients (what the analyzer gives for such a model)."""
+    layout = Layout(servers)
+    transfers = []
+    for v in variables:
+        for server in range(servers):
+            transfers.append(Transfer(weight_key(v), "weight", v.path, v.shape, None, v.dtype, layout.ps_of(v), server,
+                                      "ps"))
+            transfers.append(Transfer(gradient_key(v), "gradient", v.path, v.shape, None, v.dtype, server,
+                                      layout.ps_of(v), "op"))
+    return Plan("scripted", servers, 1, tuple(variables), tuple(transfers))
+
+
 def test_variables_are_placed_round_robin_and_planned_both_ways():
-    layout = Layout(2)
-    variables = [Variable(i, f"v{i}", (3,), np.dtype(np.float32)) for i in range(4)]
-    assert [layout.ps_of(v) for v in variables] == [2, 3, 2, 3]
-    plan = transfer_plan(variables, layout)
-    assert len(plan) == 4 * 2 * 2  # weights and gradients, to and from each worker
-    assert {(s.name, s.src, s.dst) for s in plan if s.name == "w1"} == {("w1", 3, 0), ("w1", 3, 1)}
+    from bench.runtime.ps import plan_of
+
+    run = config(servers=2)
+    plan = plan_of(run)
+    layout = plan.layout
+    assert [layout.ps_of(v) for v in plan.variables] == [2, 3, 2, 3]
+    assert len(plan.transfers) == 4 * 2 * 2  # weights and gradients, to and from each worker
+    assert {(t.name, t.src, t.dst) for t in plan.transfers if t.name == "w1"} == {("w1", 3, 0), ("w1", 3, 1)}
+    assert all(t.static for t in plan.transfers)
 
 
 def test_buffered_grpc_rdma_results_enter_tensorflow_without_a_runtime_copy():
@@ -134,7 +150,7 @@ def test_replayed_compute_moves_the_same_tensors_as_real_compute():
 
     real = config("grpc_tcp", servers=2)  # the transport with copies on both sides, and the runtime's own
     replay = prepare(dataclasses.replace(real, compute="replay"))
-    assert replay.compute_s > 0 and [v.shape for v in replay.variables] == [(8, 16), (16,), (16, 3), (3,)]
+    assert replay.compute_s > 0 and [v.shape for v in replay.plan.variables] == [(8, 16), (16,), (16, 3), (3,)]
     outcomes = [train(run)["outcome"] for run in (real, replay)]
     for rank in range(4):
         (role, real_times), (same_role, replayed_times) = outcomes[0][rank], outcomes[1][rank]
@@ -206,13 +222,12 @@ def gradient(variable, step):
 def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in():
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.runtime.analyzer import gradient_key, weight_key
     from bench.runtime.ps import initial_weights, run_ps
     from transports import Cluster, Key
 
     variables = [Variable(0, "a", (3,), np.dtype(np.float32)), Variable(1, "b", (2, 2), np.dtype(np.float32))]
     run = TrainConfig(model="scripted", transport="local", transport_options={}, batch_size=1, steps=3, warmup=0,
-                      learning_rate=0.5, compute="replay", variables=tuple(variables), timeout_s=20)
+                      learning_rate=0.5, compute="replay", plan=scripted_plan(variables), timeout_s=20)
     layout = Layout(1)  # rank 0 is the worker, rank 1 the PS
     expected = initial_weights(run, variables)
     cluster = Cluster(("worker", "ps"))
@@ -220,7 +235,7 @@ def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in
         worker.start(cluster, 0)
         ps.start(cluster, 1)
         recording = Recording(ps)
-        serving = pool.submit(run_ps, run, recording, layout, 0, variables)
+        serving = pool.submit(run_ps, run, recording, run.plan, 0)
         try:
             weights = {v.index: worker.recv(Key(weight_key(v), 0, 1, 0), 20).copy() for v in variables}
             for step in range(run.steps):

@@ -222,6 +222,12 @@ class TransportStats:
     deserialisations: int = 0
     registrations: int = 0
     control_messages: int = 0
+    #: tensors sent from memory registered before the send (the pool, a registration made earlier): cache hits
+    sends_registered: int = 0
+    #: tensors sent from memory not registered when the send began: cache misses
+    sends_unregistered: int = 0
+    #: tensors sent by dynamic allocation (meta-data, then the receiver reads), not into a preallocated slot
+    dynamic_transfers: int = 0
 
     def __sub__(self, other: TransportStats) -> TransportStats:
         return TransportStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -304,6 +310,19 @@ class Transport(ABC):
         """Learn the statically known transfers; transports that can, preallocate for them."""
         for spec in specs:
             self.specs[(spec.name, spec.src, spec.dst)] = spec
+
+    #: whether tensors in memory from :meth:`allocate` or :meth:`register_site` are sent without any copy
+    zero_copy_sends: ClassVar[bool] = False
+
+    def registered(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s memory is registered with this transport's fabric now (False without one)."""
+        return False
+
+    def register_site(self, array: np.ndarray) -> int:
+        """Register, once, the region of process memory an allocator placed ``array`` in, so that tensors the
+        allocator places there later are sent from registered memory; returns the bytes registered (0:
+        nothing to do, or no fabric). The region is for this process's sends only: no peer may access it."""
+        return 0
 
     def allocate(self, spec: TensorSpec) -> np.ndarray:
         """Memory where a producer should build a tensor it will send (plain memory by default)."""

@@ -11,12 +11,15 @@ waits for operations in flight before tearing the device down.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from transports import fabric as fabrics
 from transports.base import (
@@ -65,6 +68,25 @@ def parse_device(value: Any) -> list[bytes]:
         except ValueError:
             raise ValueError("a worker address is not hex") from None
     return addresses
+
+
+def mapping_of(address: int) -> tuple[int, int]:
+    """``[start, end)`` of the mapping of this process's memory that holds ``address`` (``/proc/self/maps``).
+
+    ValueError when no mapping holds it, or when it is not private anonymous memory (a file, a stack):
+    only an allocator's heap regions are registered whole.
+    """
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            low, _, high = fields[0].partition("-")
+            if int(low, 16) <= address < int(high, 16):
+                if len(fields) > 5 and fields[5] and not fields[5].startswith("[anon"):
+                    raise ValueError(f"address {address:#x} is in {fields[5]}, not an allocator's anonymous memory")
+                if "rw" not in fields[1]:
+                    raise ValueError(f"address {address:#x} is in memory mapped {fields[1]}, not writable heap")
+                return int(low, 16), int(high, 16)
+    raise ValueError(f"no mapping of this process holds address {address:#x}")
 
 
 class _Operation:
@@ -123,6 +145,8 @@ class FabricTransport(Transport):
         #: blocking transfers under way: token -> (peer, channel, start), watched by the watchdog
         self._inflight: dict[object, tuple[int, Channel, float]] = {}
         self._watchdog: threading.Thread | None = None
+        #: allocator regions registered for sending from (register_site): id(region) -> (region, its view)
+        self._sites: dict[int, tuple[Any, np.ndarray]] = {}
 
     @classmethod
     def availability(cls) -> Availability:
@@ -195,6 +219,33 @@ class FabricTransport(Transport):
     def describe(self) -> dict[str, Any]:
         """The fabric actually used (for ``meta.json``)."""
         return self.device.describe() if self.device else {"fabric": self.fabric}
+
+    # registered memory the runtime asks about (allocation sites) ------------
+
+    def registered(self, array: np.ndarray) -> bool:
+        if self.device is None:
+            return False
+        return not array.nbytes or self.pool.segment_of(array) is not None or self.device.registered(array)
+
+    def register_site(self, array: np.ndarray) -> int:
+        """Register the mapping of process memory that holds ``array`` (its allocator's region), once.
+
+        The region stays registered until close: its view is kept here, so the registration cache never
+        expires it. It is for sending from only: :meth:`is_site` tells the transports never to hand
+        a peer a key to it (a tensor there that a peer must read is staged into the pool instead).
+        """
+        if self.device is None or not array.nbytes or self.registered(array):
+            return 0
+        low, high = mapping_of(array.__array_interface__["data"][0])
+        view = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
+        region = self.device.register(view)
+        with self._lock:
+            self._sites[id(region)] = (region, view)
+        return high - low
+
+    def is_site(self, region: Any) -> bool:
+        """Whether ``region`` is an allocator's region registered by :meth:`register_site` (never exported)."""
+        return id(region) in self._sites
 
     def _operation(self) -> _Operation:
         """Brackets a send or recv so that close() waits for it before tearing the device down."""

@@ -1,32 +1,69 @@
-"""The graph analyzer: which tensors cross processes, with which static shapes (the paper's section 3.4).
+"""The graph analyzer (the paper's section 3.4): which tensors cross processes, static or dynamic, and where.
 
-For parameter-server training the cross-process tensors are each trainable
-variable going from its parameter server to every worker (the weights) and its
-gradient going back (same shape). Keras models declare every variable's shape,
-so all of them are static and the transports can place them ahead of time.
+It reads the traced step function (the ``tf.function`` graph a worker runs every mini-batch), not
+only the model's variable list. In the parameter-server layout the tensors that cross processes
+are, per variable:
+
+* a trainable variable's value (``w<i>``), from its parameter server (PS) to every worker, and its
+  gradient back (``g<i>``). A dense gradient has the shape TensorFlow's shape inference gives the
+  graph's output; an embedding table's gradient is ``IndexedSlices`` (the rows the batch looked
+  up), sent as its distinct rows (``g<i>.values``) and their row numbers (``g<i>.indices``): how
+  many rows that is changes every step, so both are *dynamic*, with the graph's static row count
+  as their bound;
+* a non-trainable variable (BatchNorm's moving statistics: *state*), kept by the PS as
+  TensorFlow's PS training keeps it: its value goes to every worker with the weights (``s<i>``),
+  and each worker's update of it comes back (``u<i>``, the graph's new value of the variable).
+
+A tensor whose shape is fully known in the graph is placed statically (the receiver preallocates
+it in registered memory and the sender writes into it); the others go by dynamic allocation. For
+each sent tensor the plan names its *site*: the graph operation that allocates it, found by
+walking back through the operations that only forward a buffer (``Identity``); at run time the
+runtime traces where those tensors actually are (``bench.runtime.sites``).
+
+``Plan.specs(rank)`` is what the runtime hands to ``Transport.plan``; ``bench analyze`` prints it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from transports import TensorSpec
 
+#: operations that hand on their input's buffer: the allocation site is further up
+_FORWARDING_OPS = {"Identity", "IdentityN", "StopGradient", "Reshape", "EnsureShape", "Snapshot"}
+#: where tensors the parameter servers send come from (memory the transport gives them)
+PS_SITE = "parameter server (transport memory)"
+#: where the distinct rows of a sparse gradient are written (memory the transport gives the worker)
+DEDUP_SITE = "worker: distinct rows summed into transport memory"
+
 
 @dataclass(frozen=True)
 class Variable:
-    """A trainable variable: its index, path in the model, shape and dtype."""
+    """A model variable: its index among all the model's variables, path, shape and dtype.
+
+    ``trainable`` variables are trained by gradients; the others (*state*, e.g. BatchNorm's moving
+    statistics) are updated by the forward pass. ``sparse_rows`` is non-zero for a variable whose
+    gradient is ``IndexedSlices``: the most rows one gradient can carry (from the graph).
+    """
 
     index: int
     path: str
     shape: tuple[int, ...]
     dtype: np.dtype
+    trainable: bool = True
+    sparse_rows: int = 0
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def sparse(self) -> bool:
+        return self.sparse_rows > 0
 
 
 @dataclass(frozen=True)
@@ -49,30 +86,293 @@ class Layout:
         """Variables are placed round-robin over the parameter servers, as in the paper."""
         return self.ps(variable.index % self.servers)
 
+    def role(self, rank: int) -> str:
+        return f"worker {rank}" if rank < self.servers else f"ps {rank - self.servers}"
 
-def variables_of(model) -> list[Variable]:
-    """The trainable variables of a Keras model, in the model's order."""
+
+def variables_of(model, sparse_rows: dict[int, int] | None = None) -> list[Variable]:
+    """Every variable of a Keras model: the trainable ones in the model's order, then the state."""
+    sparse_rows = sparse_rows or {}
+    trainable = list(model.trainable_variables)
     return [
-        Variable(i, v.path, tuple(int(d) for d in v.shape), np.dtype(v.dtype))
-        for i, v in enumerate(model.trainable_variables)
+        Variable(i, v.path, tuple(int(d) for d in v.shape), np.dtype(v.dtype), i < len(trainable),
+                 sparse_rows.get(i, 0))
+        for i, v in enumerate(trainable + list(model.non_trainable_variables))
     ]
 
 
 def weight_key(variable: Variable) -> str:
-    return f"w{variable.index}"
+    """The name of the variable's value as the PS sends it: ``w<i>`` (trainable) or ``s<i>`` (state)."""
+    return f"w{variable.index}" if variable.trainable else f"s{variable.index}"
 
 
 def gradient_key(variable: Variable) -> str:
-    return f"g{variable.index}"
+    """The name of what a worker sends back: the gradient ``g<i>``, or the state's new value ``u<i>``."""
+    return f"g{variable.index}" if variable.trainable else f"u{variable.index}"
 
 
-def transfer_plan(variables: list[Variable], layout: Layout) -> list[TensorSpec]:
-    """Every cross-process tensor: weights from their PS to each worker, gradients back."""
-    specs = []
+def update_keys(variable: Variable) -> list[str]:
+    """Every tensor a worker sends for ``variable`` each step: one, or a sparse gradient's two."""
+    key = gradient_key(variable)
+    return [f"{key}.values", f"{key}.indices"] if variable.sparse else [key]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One cross-process tensor of the plan.
+
+    ``shape`` is None for a dynamic tensor; ``bound`` is then the largest shape it can take (None
+    when the graph gives no bound). ``site`` is what produces it (a graph operation, or memory the
+    transport gives).
+    """
+
+    name: str
+    role: str  # weight, gradient, state, state update
+    variable: str
+    shape: tuple[int, ...] | None
+    bound: tuple[int, ...] | None
+    dtype: np.dtype
+    src: int
+    dst: int
+    site: str
+
+    @property
+    def static(self) -> bool:
+        return self.shape is not None
+
+    @property
+    def nbytes(self) -> int | None:
+        """Its bytes (static), or the most it can have (dynamic with a bound); None when unbounded."""
+        shape = self.shape if self.shape is not None else self.bound
+        if shape is None:
+            return None
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.shape, self.dtype, self.src, self.dst)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "variable": self.variable,
+                "placement": "static" if self.static else "dynamic",
+                "shape": None if self.shape is None else list(self.shape),
+                "bound": None if self.bound is None else list(self.bound), "dtype": np.dtype(self.dtype).str,
+                "bytes": self.nbytes, "src": self.src, "dst": self.dst, "site": self.site}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Transfer:
+        shape = None if data["shape"] is None else tuple(data["shape"])
+        bound = None if data["bound"] is None else tuple(data["bound"])
+        return cls(data["name"], data["role"], data["variable"], shape, bound, np.dtype(data["dtype"]),
+                   int(data["src"]), int(data["dst"]), data["site"])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The analyzer's result: the variables, every cross-process tensor, and the registered memory it needs."""
+
+    model: str
+    servers: int
+    batch_size: int
+    variables: tuple[Variable, ...]
+    transfers: tuple[Transfer, ...] = field(repr=False)
+    #: False: the plan of a run with the analysis off (every tensor dynamic, nothing preallocated)
+    analysis: bool = True
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.servers)
+
+    @property
+    def trainable(self) -> list[Variable]:
+        return [v for v in self.variables if v.trainable]
+
+    @property
+    def state(self) -> list[Variable]:
+        return [v for v in self.variables if not v.trainable]
+
+    def of(self, rank: int) -> list[Transfer]:
+        """The tensors rank ``rank`` sends or receives."""
+        return [t for t in self.transfers if rank in (t.src, t.dst)]
+
+    def specs(self, rank: int | None = None) -> list[TensorSpec]:
+        """What ``Transport.plan`` takes: every tensor (of ``rank``, when given)."""
+        transfers = self.transfers if rank is None else self.of(rank)
+        return [t.spec() for t in transfers]
+
+    def transfer(self, name: str, src: int, dst: int) -> Transfer:
+        for t in self.transfers:
+            if (t.name, t.src, t.dst) == (name, src, dst):
+                return t
+        raise KeyError(f"no tensor '{name}' from rank {src} to rank {dst} in the plan")
+
+    def pool_bytes(self, rank: int) -> int:
+        """Registered memory rank ``rank`` needs: what it receives (static slots, dynamic bounds) and what it
+        sends from memory the transport gives it (the PS's values, a worker's sparse rows)."""
+        total = 0
+        for t in self.of(rank):
+            if t.dst == rank or (t.src == rank and t.site in (PS_SITE, DEDUP_SITE)):
+                total += t.nbytes or 0
+        return total
+
+    def without_analysis(self) -> Plan:
+        """The same tensors with the analysis off: no shape known ahead, everything by dynamic allocation."""
+        return replace(self, analysis=False,
+                       transfers=tuple(replace(t, shape=None, bound=t.shape or t.bound) for t in self.transfers))
+
+    def summary(self) -> dict[str, Any]:
+        static = [t for t in self.transfers if t.static]
+        dynamic = [t for t in self.transfers if not t.static]
+        return {
+            "tensors": len(self.transfers), "static": len(static), "dynamic": len(dynamic),
+            "static_bytes": sum(t.nbytes for t in static),
+            "dynamic_bound_bytes": sum(t.nbytes or 0 for t in dynamic),
+            "pool_bytes": {self.layout.role(rank): self.pool_bytes(rank) for rank in range(self.layout.size)},
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "servers": self.servers, "batch_size": self.batch_size, "analysis": self.analysis,
+            "variables": [{"index": v.index, "path": v.path, "shape": list(v.shape), "dtype": np.dtype(v.dtype).str,
+                           "trainable": v.trainable, "sparse_rows": v.sparse_rows} for v in self.variables],
+            "transfers": [t.to_json() for t in self.transfers],
+            "summary": self.summary(),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        variables = tuple(Variable(v["index"], v["path"], tuple(v["shape"]), np.dtype(v["dtype"]), v["trainable"],
+                                   v["sparse_rows"]) for v in data["variables"])
+        return cls(data["model"], data["servers"], data["batch_size"], variables,
+                   tuple(Transfer.from_json(t) for t in data["transfers"]), data.get("analysis", True))
+
+
+# -- reading the graph ---------------------------------------------------------------------------
+
+
+def step_function(model, loss):
+    """The step every worker runs: ``(weights, state, x, y) -> (loss, gradients, new state)``.
+
+    Weights and state come in as tensors (``stateless_call``), so values a transport received are used
+    where they are; a gradient is a tensor, or ``IndexedSlices`` for an embedding table.
+    """
+    import tensorflow as tf
+
+    @tf.function(reduce_retracing=True)
+    def step(weights, state, x, y):
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            predictions, new_state = model.stateless_call(weights, state, x, training=True)
+            value = loss(y, predictions)
+        return value, tape.gradient(value, weights), new_state
+
+    return step
+
+
+def allocation_site(tensor) -> str:
+    """The graph operation that allocates ``tensor``'s buffer: up through operations that forward one."""
+    op = tensor.op
+    seen = 0
+    while op.type in _FORWARDING_OPS and op.inputs and seen < 64:
+        op, seen = op.inputs[0].op, seen + 1
+    return f"{op.type} {op.name}"
+
+
+def traced_step(model, loss, x: np.ndarray, y: np.ndarray):
+    """The step function traced for batches shaped like ``x``, ``y``, and its concrete graph."""
+    import tensorflow as tf
+
+    step = step_function(model, loss)
+    concrete = step.get_concrete_function(
+        [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables],
+        [tf.TensorSpec(v.shape, v.dtype) for v in model.non_trainable_variables],
+        tf.TensorSpec(x.shape, tf.as_dtype(x.dtype)), tf.TensorSpec(y.shape, tf.as_dtype(y.dtype)))
+    return step, concrete
+
+
+def analyze(name: str, model, loss, x: np.ndarray, y: np.ndarray, servers: int, batch_size: int,
+            concrete=None) -> Plan:
+    """The plan of ``model`` trained on batches like ``x``, ``y`` over ``servers`` servers (see the module)."""
+    import tensorflow as tf
+
+    if concrete is None:
+        _, concrete = traced_step(model, loss, x, y)
+    _, gradients, new_state = concrete.structured_outputs
+    sparse_rows = {}
+    for i, gradient in enumerate(gradients):
+        if isinstance(gradient, tf.IndexedSlices):
+            rows = gradient.values.shape[0]
+            sparse_rows[i] = int(rows) if rows is not None else 0
+            if not sparse_rows[i]:
+                raise ValueError(f"the sparse gradient of variable {i} has no static bound on its rows; "
+                                 "the runtime needs one to place it")
+    variables = variables_of(model, sparse_rows)
+    layout = Layout(servers)
+    transfers: list[Transfer] = []
+    trainable = [v for v in variables if v.trainable]
+    outputs = dict(zip([v.index for v in trainable], gradients, strict=True))
+    outputs.update(zip([v.index for v in variables if not v.trainable], new_state, strict=True))
     for variable in variables:
         ps = layout.ps_of(variable)
-        for server in range(layout.servers):
+        role = "weight" if variable.trainable else "state"
+        for server in range(servers):
             worker = layout.worker(server)
-            specs.append(TensorSpec(weight_key(variable), variable.shape, variable.dtype, ps, worker))
-            specs.append(TensorSpec(gradient_key(variable), variable.shape, variable.dtype, worker, ps))
-    return specs
+            transfers.append(Transfer(weight_key(variable), role, variable.path, variable.shape, None,
+                                      variable.dtype, ps, worker, PS_SITE))
+            transfers.extend(_updates(variable, outputs[variable.index], worker, ps))
+    return Plan(name, servers, batch_size, tuple(variables), tuple(transfers))
+
+
+def _updates(variable: Variable, output, worker: int, ps: int) -> list[Transfer]:
+    """What a worker sends for ``variable``: its gradient (dense, or a sparse one's two parts) or new state."""
+    import tensorflow as tf
+
+    key = gradient_key(variable)
+    role = "gradient" if variable.trainable else "state update"
+    if isinstance(output, tf.IndexedSlices):
+        rows, rest = variable.sparse_rows, variable.shape[1:]
+        index_dtype = np.dtype(output.indices.dtype.as_numpy_dtype)
+        return [Transfer(f"{key}.values", role, variable.path, None, (rows, *rest), variable.dtype, worker, ps,
+                         DEDUP_SITE),
+                Transfer(f"{key}.indices", role, variable.path, None, (rows,), index_dtype, worker, ps, DEDUP_SITE)]
+    shape = tuple(output.shape.as_list()) if output.shape.is_fully_defined() else None
+    return [Transfer(key, role, variable.path, shape, None, np.dtype(output.dtype.as_numpy_dtype), worker, ps,
+                     allocation_site(output))]
+
+
+def format_plan(plan: Plan, limit: int | None = None) -> str:
+    """The plan as a table a person reads: one line per tensor and direction (workers folded), then the pools."""
+    from bench.sizes import format_size
+
+    rows = []
+    seen: set[str] = set()
+    layout = plan.layout
+    for t in plan.transfers:  # one line per tensor: the same tensor to or from every worker is one line
+        if t.name in seen:
+            continue
+        seen.add(t.name)
+        workers = "workers" if plan.servers > 1 else layout.role(0)
+        outward = t.role in ("weight", "state")
+        source, destination = (layout.role(t.src), workers) if outward else (workers, layout.role(t.dst))
+        shape = "x".join(map(str, t.shape)) if t.shape is not None else \
+            ("<=" + "x".join(map(str, t.bound)) if t.bound is not None else "?")
+        size = format_size(t.nbytes) if t.nbytes is not None else "?"
+        rows.append((t.name, t.role, "static" if t.static else "dynamic", shape or "scalar", size, source,
+                     destination, t.variable, t.site))
+    header = ("tensor", "role", "placement", "shape", "bytes", "source", "destination", "variable", "site")
+    shown = rows if limit is None else rows[:limit]
+    widths = [max(len(str(r[i])) for r in [header, *shown]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [header, *shown]]
+    if limit is not None and len(rows) > limit:
+        lines.append(f"... {len(rows) - limit} more (--all shows every tensor, --json writes them)")
+    summary = plan.summary()
+    lines.append("")
+    lines.append(f"{summary['tensors']} cross-process tensors over {plan.servers} server(s): "
+                 f"{summary['static']} static ({format_size(summary['static_bytes'])}), "
+                 f"{summary['dynamic']} dynamic (at most {format_size(summary['dynamic_bound_bytes'])})")
+    lines.append("registered memory per process: " + ", ".join(
+        f"{role} {format_size(size)}" for role, size in summary["pool_bytes"].items()))
+    return "\n".join(lines)

@@ -50,8 +50,18 @@ import numpy as np
 
 import transports
 from bench.memory import rss_mb
-from bench.runtime.analyzer import Layout, Variable, gradient_key, transfer_plan, variables_of, weight_key
-from transports import Key, fabric
+from bench.runtime.analyzer import (
+    Plan,
+    Variable,
+    analyze,
+    gradient_key,
+    step_function,
+    traced_step,
+    update_keys,
+    weight_key,
+)
+from bench.runtime.sites import AllocationSites
+from transports import Key, TensorSpec, fabric
 from transports.common import aligned_empty
 
 ALIGNMENT = 64
@@ -79,8 +89,8 @@ class TrainConfig:
     #: ``real`` runs the model; ``replay`` and ``paper`` wait ``compute_s`` per step instead (see the module)
     compute: str = "real"
     compute_s: float = 0.0
-    #: the trainable variables (from :func:`profile`); None: each process reads them off the model it builds
-    variables: tuple[Variable, ...] | None = None
+    #: the analyzer's plan (from :func:`profile`); None: each process analyses the model it builds
+    plan: Plan | None = None
     #: check the content of every tensor received (the soak): see :class:`CheckedTransport`
     check: bool = False
     #: train a task of ``bench.tasks`` on its real data (``bench converge``) instead of a model on synthetic batches
@@ -171,6 +181,10 @@ def _batch(definition, config: TrainConfig, server: int, step: int):
 
 def _build(config: TrainConfig):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow's BFC allocator on the CPU: it carves tensors out of a few large regions it keeps, so
+    # the regions that hold the tensors a worker sends can be registered once (bench.runtime.sites).
+    # Every transport and the local line run with it (set before TensorFlow is first imported).
+    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     import keras
 
     definition = definition_of(config)
@@ -179,18 +193,12 @@ def _build(config: TrainConfig):
     return definition, model
 
 
-def _step_function(model, loss):
-    import tensorflow as tf
-
-    @tf.function(reduce_retracing=True)
-    def step(weights, non_trainable, x, y):
-        with tf.GradientTape() as tape:
-            tape.watch(weights)
-            predictions, _ = model.stateless_call(weights, non_trainable, x, training=True)
-            value = loss(y, predictions)
-        return value, tape.gradient(value, weights)
-
-    return step
+def plan_of(config: TrainConfig) -> Plan:
+    """The analyzer's plan for ``config``: the model built, its step function traced for the run's batches."""
+    definition, model = _build(config)
+    x, y = _batch(definition, config, 0, 0)
+    return analyze(config.model, model, definition.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
+                   config.batch_size)
 
 
 # -- the roles -----------------------------------------------------------------
@@ -232,12 +240,17 @@ class Stopping:
                     self._ctx.send_to(rank, ("stop", self.end))
 
 
-def run_worker(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable],
+def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
                on_step: Callable[[int], None] = lambda step: None,
                on_loss: Callable[[int, float, float], None] | None = None,
                on_eval: Callable[[dict[str, Any]], None] | None = None,
                stopping: Stopping | None = None) -> StepTimes:
     """A worker's training loop; returns the timings of the timed steps.
+
+    Every step it receives every variable's value (weights and state, :attr:`Plan.variables`), computes,
+    and sends each variable's update to its PS (:func:`update_keys`: a gradient, a sparse gradient's two
+    parts, or a state's new value). In the first step it traces where the tensors it sends were produced
+    (:class:`AllocationSites`), when the transport sends from registered memory without copies.
 
     ``on_step(step)`` is called as each step begins, and with the number of steps run at the end.
     ``on_loss(step, loss, trained_s)`` gets each step's training loss (real compute only) and the
@@ -245,12 +258,15 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
     set every ``config.evaluate_every`` steps and at the last, on the weights of that step, and hands
     ``on_eval`` the task's numbers with ``step`` and ``wall_s``.
     """
+    layout = plan.layout
     rank = layout.worker(server)
+    variables = list(plan.variables)
     copies = RuntimeCopies()
     if config.replayed:
-        compute = _replayed_compute(config, transport, layout, rank, variables)
+        compute = _replayed_compute(config, transport, plan, rank)
     else:
-        compute = _model_compute(config, server)
+        compute = _model_compute(config, transport, plan, server)
+    sites = AllocationSites(transport, plan, rank) if getattr(transport, "zero_copy_sends", False) else None
     stopping = stopping or Stopping(config)
     evaluate = _evaluator(config) if config.evaluate_every and server == 0 and on_eval is not None else None
     times = StepTimes()
@@ -268,17 +284,19 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
             stats0 = transport.stats()
             times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
-        weights = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
+        values = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
         received = time.perf_counter()
         evaluated = 0.0  # seconds evaluating in this step: not training, left out of every time
         if evaluate is not None and (step % config.evaluate_every == 0 or step + 1 == stopping.poll()):
-            on_eval({"step": step, "wall_s": trained_s, **evaluate(weights)})
+            on_eval({"step": step, "wall_s": trained_s, **evaluate(values[:len(plan.trainable)])})
             evaluated = time.perf_counter() - received
             evaluating += evaluated
-        loss, grads = compute(step, weights, copies)
+        loss, updates = compute(step, values, copies)
+        if sites is not None and step == 0:  # the first mini-batch: where TensorFlow put what is sent
+            sites.trace(updates)
         computed = time.perf_counter()
-        sends = [transport.send_async(Key(gradient_key(v), step, rank, layout.ps_of(v)), g)
-                 for v, g in zip(variables, grads, strict=True)]
+        sends = [transport.send_async(Key(name, step, rank, layout.ps_of(v)), array)
+                 for v, parts in zip(variables, updates, strict=True) for name, array in parts]
         if on_loss is not None and loss is not None:
             on_loss(step, float(loss), trained_s)
         for sending in sends:
@@ -291,26 +309,81 @@ def run_worker(config: TrainConfig, transport, layout: Layout, server: int, vari
     on_step(step)
     times.extra["steps_run"] = step
     times.copied_bytes = copies.bytes
-    times.extra["model_mb"] = sum(v.nbytes for v in variables) / 2**20
+    times.extra["model_mb"] = sum(v.nbytes for v in plan.trainable) / 2**20
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
+    if sites is not None:
+        times.extra["sites"] = sites.summary()
     return times
 
 
-def _model_compute(config: TrainConfig, server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple]:
-    """One forward and backward pass of the real model on the weights received (entering TF through DLPack):
-    ``compute(step, weights, copies) -> (loss, gradients)``."""
-    definition, model = _build(config)
-    step_fn = _step_function(model, definition.loss_fn())
-    non_trainable = [v.value for v in model.non_trainable_variables]
-    if config.task:  # trace the step now, so that a convergence run's clock does not count TensorFlow's tracing
-        step_fn([v.value for v in model.trainable_variables], non_trainable, *_batch(definition, config, server, 0))
+#: what a worker's compute gives: the loss (None when replayed), and per variable the tensors to send
+Updates = list[list[tuple[str, np.ndarray]]]
 
-    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> tuple[Any, list[np.ndarray]]:
+
+def _model_compute(config: TrainConfig, transport, plan: Plan,
+                   server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple[Any, Updates]]:
+    """One forward and backward pass of the real model on the values received (entering TF through DLPack):
+    ``compute(step, values, copies) -> (loss, updates)``."""
+    definition, model = _build(config)
+    step_fn = step_function(model, definition.loss_fn())
+    rows = SparseRows(transport, plan, plan.layout.worker(server))
+    trainable = len(plan.trainable)
+    if config.task:  # trace the step now, so that a convergence run's clock does not count TensorFlow's tracing
+        state = [v.value for v in model.non_trainable_variables]
+        step_fn([v.value for v in model.trainable_variables], state, *_batch(definition, config, server, 0))
+
+    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies) -> tuple[Any, Updates]:
         x, y = _batch(definition, config, server, step)
-        loss, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
-        return loss, [RuntimeCopies.array(g) for g in grads]
+        tensors = [copies.tensor(value) for value in values]
+        loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
+        return loss, rows.updates(plan, grads, new_state)
 
     return compute
+
+
+class SparseRows:
+    """A worker's memory for its sparse gradients' distinct rows: allocated once per variable, at the bound
+    the analyzer found, from the transport (registered memory where the transport sends without copies);
+    each step's rows are written there (:func:`distinct_rows`) and sent as a view of the rows used."""
+
+    def __init__(self, transport, plan: Plan, rank: int) -> None:
+        self.buffers: dict[int, list[np.ndarray]] = {}
+        for variable in plan.trainable:
+            if variable.sparse:
+                ps = plan.layout.ps_of(variable)
+                transfers = [plan.transfer(name, rank, ps) for name in update_keys(variable)]
+                self.buffers[variable.index] = [transport.allocate(TensorSpec(t.name, t.bound, t.dtype, rank, ps))
+                                                for t in transfers]
+
+    def updates(self, plan: Plan, grads: list, new_state: list) -> Updates:
+        """What to send for every variable, from the step's gradients and new state."""
+        updates: Updates = []
+        for variable, gradient in zip(plan.trainable, grads, strict=True):
+            if variable.sparse:
+                values, indices = distinct_rows(RuntimeCopies.array(gradient.values),
+                                                RuntimeCopies.array(gradient.indices), *self.buffers[variable.index])
+                updates.append(list(zip(update_keys(variable), (values, indices), strict=True)))
+            else:
+                updates.append([(gradient_key(variable), RuntimeCopies.array(gradient))])
+        for variable, value in zip(plan.state, new_state, strict=True):
+            updates.append([(gradient_key(variable), RuntimeCopies.array(value))])
+        return updates
+
+
+def distinct_rows(values: np.ndarray, indices: np.ndarray, values_out: np.ndarray,
+                  indices_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse gradient as its distinct rows, duplicates summed (as TensorFlow's optimizers do), written into
+    ``values_out`` and ``indices_out``; returns the views of them that hold it (how many rows changes)."""
+    unique, inverse = np.unique(indices, return_inverse=True)
+    count = unique.size
+    if count > len(indices_out) or values.shape[1:] != values_out.shape[1:]:
+        raise ValueError(f"a sparse gradient of {count} rows of {values.shape[1:]} does not fit the "
+                         f"{len(indices_out)} rows of {values_out.shape[1:]} planned for it")
+    rows = values_out[:count]
+    rows[...] = 0
+    np.add.at(rows, inverse.reshape(-1), values)
+    indices_out[:count] = unique
+    return rows, indices_out[:count]
 
 
 def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, float]]:
@@ -331,34 +404,47 @@ def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, fl
     return evaluate
 
 
-def _replayed_compute(config: TrainConfig, transport, layout: Layout, rank: int,
-                      variables: list[Variable]) -> Callable[[int, list[np.ndarray], RuntimeCopies], list]:
-    """Wait the compute time instead of computing; the gradients are tensors built once where they are sent from."""
-    specs = {(s.name, s.src): s for s in transfer_plan(variables, layout) if s.src == rank}
-    gradients = []
-    for variable in variables:
-        gradient = transport.allocate(specs[(gradient_key(variable), rank)])
-        gradient[...] = 1e-3
-        gradients.append(gradient)
+def _replayed_compute(config: TrainConfig, transport, plan: Plan,
+                      rank: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple]:
+    """Wait the compute time instead of computing; the updates are tensors built once where they are sent from
+    (a sparse gradient: half its bound of distinct rows)."""
+    layout = plan.layout
+    updates: Updates = []
+    for variable in plan.variables:
+        parts = []
+        for name in update_keys(variable):
+            transfer = plan.transfer(name, rank, layout.ps_of(variable))
+            shape = transfer.shape if transfer.shape is not None else transfer.bound
+            if shape is None:
+                raise ValueError(f"replayed compute needs a bound on the shape of dynamic tensor '{name}'")
+            tensor = transport.allocate(TensorSpec(name, shape, transfer.dtype, rank, transfer.dst))
+            if transfer.shape is None:  # a sparse gradient's distinct rows
+                tensor = tensor[:max(1, min(shape[0] // 2, variable.shape[0]))]
+            if name.endswith(".indices"):
+                tensor[...] = np.arange(len(tensor))
+            else:
+                tensor[...] = 1e-3 if np.dtype(transfer.dtype).kind == "f" else 0
+            parts.append((name, tensor))
+        updates.append(parts)
 
-    def compute(step: int, weights: list[np.ndarray], copies: RuntimeCopies) -> tuple[None, list[np.ndarray]]:
-        for weight in weights:  # what entering TensorFlow would copy, it copies here too
-            copies.adoptable(weight)
+    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies) -> tuple[None, Updates]:
+        for value in values:  # what entering TensorFlow would copy, it copies here too
+            copies.adoptable(value)
         time.sleep(config.compute_s)
-        return None, gradients
+        return None, updates
 
     return compute
 
 
-def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variables: list[Variable],
-           stopping: Stopping | None = None) -> StepTimes:
-    """A parameter server's loop: serve its variables, gather gradients, apply SGD (until ``stopping``'s end)."""
+def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: Stopping | None = None) -> StepTimes:
+    """A parameter server's loop: serve its variables, gather updates, apply them (until ``stopping``'s end)."""
+    layout = plan.layout
     rank = layout.ps(server)
-    mine = [v for v in variables if layout.ps_of(v) == rank]
+    mine = [v for v in plan.variables if layout.ps_of(v) == rank]
     initial = initial_weights(config, mine)
     weights: dict[int, np.ndarray] = {}
     for variable in mine:  # the initial values, in memory the transport can send from without copies
-        spec = next(s for s in transfer_plan([variable], layout) if s.src == rank)
+        spec = plan.transfer(weight_key(variable), rank, layout.worker(0)).spec()
         weights[variable.index] = transport.allocate(spec)
         weights[variable.index][...] = initial.pop(variable.index)
     workers = [layout.worker(s) for s in range(layout.servers)]
@@ -380,25 +466,26 @@ def run_ps(config: TrainConfig, transport, layout: Layout, server: int, variable
 
 def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weights: dict[int, np.ndarray],
            workers: list[int], update: threading.Lock, stopping: Stopping | None = None) -> StepTimes:
-    """Serve ``mine`` to ``workers``: send weights, gather gradients, apply SGD (under ``update``), overlapped.
+    """Serve ``mine`` to ``workers``: send values, gather updates, apply them (under ``update``), overlapped.
 
-    The weights of step 0 go out first. Then in every step ``s`` the gradients of all variables and
-    workers are received together (``recv_each``); as soon as one variable has the gradients of every
-    worker, the PS waits for that variable's step-``s`` weight sends to finish (the transport may read
-    the array until then, and SGD writes it in place), applies SGD to it, and sends its step-``s + 1``
-    weights to every worker at once, while other variables' gradients are still arriving. Gradients
-    of one variable are averaged in the order of ``workers``, whatever order they arrive in, so the
-    result is the same as local training's.
+    The values of step 0 go out first. Then in every step ``s`` the updates of all variables and
+    workers are received together (``recv_each``); as soon as one variable has the updates of every
+    worker (a sparse gradient: both its parts), the PS waits for that variable's step-``s`` sends to
+    finish (the transport may read the array until then, and the update writes it in place), applies
+    the update (:func:`apply_update`: SGD, or the workers' mean of a state) and sends its step-``s + 1``
+    value to every worker at once, while other variables' updates are still arriving. Updates of one
+    variable are applied in the order of ``workers``, whatever order they arrive in, so the result is
+    the same as local training's.
 
     One exception: the last warm-up step sends nothing early; the first timed step begins by sending
-    all its weights, so the ledger of the timed steps holds exactly ``steps`` steps of sends and of
+    all its values, so the ledger of the timed steps holds exactly ``steps`` steps of sends and of
     receives (``extra["stats"]``).
 
-    Timings of a step: ``total`` runs from waiting for its gradients (or from sending its weights,
-    when the step begins with that) to the last variable applied and its next weights posted;
-    ``apply`` is the time in SGD alone (``apply_sgd``, including waiting for ``update``); ``comm``
-    is the rest, nearly all of it waiting for gradients, plus waiting for a variable's previous
-    weight sends to finish and posting the next ones.
+    Timings of a step: ``total`` runs from waiting for its updates (or from sending its values,
+    when the step begins with that) to the last variable applied and its next value posted;
+    ``apply`` is the time applying updates alone (including waiting for ``update``); ``comm``
+    is the rest, nearly all of it waiting for updates, plus waiting for a variable's previous
+    sends to finish and posting the next ones.
 
     With ``asynchronous`` one such loop runs per worker over shared ``weights`` and no lock is held
     around the sends: asynchronous SGD reads weights while other workers' updates land (as
@@ -408,7 +495,8 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
     stopping = stopping or Stopping(config)
     times = StepTimes()
     stats0 = transport.stats()
-    sending: dict[int, list] = {}  # variable index -> the sends of its weights for the current step
+    sending: dict[int, list] = {}  # variable index -> the sends of its value for the current step
+    parts = {v.index: len(update_keys(v)) * len(workers) for v in mine}
 
     def send_weights(variable: Variable, step: int) -> None:
         sending[variable.index] = [transport.send_async(Key(weight_key(variable), step, rank, worker),
@@ -421,23 +509,24 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
             stats0 = transport.stats()
             times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
-        if step in (0, config.warmup):  # no step before this one sent its weights
+        if step in (0, config.warmup):  # no step before this one sent its values
             for variable in mine:
                 send_weights(variable, step)
-        keys = {Key(gradient_key(v), step, worker, rank): v for v in mine for worker in workers}
-        arrived: dict[int, dict[int, np.ndarray]] = {v.index: {} for v in mine}
+        keys = {Key(name, step, worker, rank): v for v in mine for worker in workers for name in update_keys(v)}
+        arrived: dict[int, dict[tuple[int, str], np.ndarray]] = {v.index: {} for v in mine}
         applying = 0.0
-        for key, gradient in transport.recv_each(list(keys)):
+        for key, tensor in transport.recv_each(list(keys)):
             variable = keys[key]
-            arrived[variable.index][key.src] = gradient
-            if len(arrived[variable.index]) < len(workers):
+            arrived[variable.index][(key.src, key.name)] = tensor
+            if len(arrived[variable.index]) < parts[variable.index]:
                 continue
             for sent in sending.pop(variable.index):
                 sent.result(config.timeout_s)
-            gradients = [arrived[variable.index].pop(worker) for worker in workers]
+            got = arrived.pop(variable.index)
+            updates = [[got[(worker, name)] for name in update_keys(variable)] for worker in workers]
             begun = time.perf_counter()
             with update:
-                apply_sgd(variable, weights[variable.index], gradients, config.learning_rate)
+                apply_update(variable, weights[variable.index], updates, config.learning_rate)
             applying += time.perf_counter() - begun
             if step + 1 < stopping.poll() and step + 1 != config.warmup:
                 send_weights(variable, step + 1)
@@ -462,14 +551,32 @@ def _merge(loops: list[StepTimes]) -> StepTimes:
     return merged
 
 
+def apply_update(variable: Variable, value: np.ndarray, updates: list[list[np.ndarray]],
+                 learning_rate: float) -> None:
+    """Apply every worker's update of ``variable`` (in the workers' order) to its ``value``, in place.
+
+    Each update is what :func:`update_keys` names: a gradient (SGD, :func:`apply_sgd`), a sparse
+    gradient's distinct rows and their indices (:func:`apply_sparse_sgd`), or a state's new value
+    (the workers' mean, :func:`apply_state`).
+    """
+    if not variable.trainable:
+        apply_state(variable, value, [u[0] for u in updates])
+    elif variable.sparse:
+        apply_sparse_sgd(variable, value, [(u[0], u[1]) for u in updates], learning_rate)
+    else:
+        apply_sgd(variable, value, [u[0] for u in updates], learning_rate)
+
+
+def _wrong(variable: Variable, what: str, got: np.ndarray, expected: str) -> ValueError:
+    return ValueError(f"{what} for '{variable.path}' (variable {variable.index}) has {got.dtype} {got.shape}, "
+                      f"expected {expected}")
+
+
 def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray], learning_rate: float) -> None:
     """``weight -= learning_rate * mean(gradients)``, after checking every gradient's shape."""
     for gradient in gradients:
         if gradient.shape != weight.shape or gradient.dtype != weight.dtype:
-            raise ValueError(
-                f"gradient for '{variable.path}' (variable {variable.index}) has {gradient.dtype} {gradient.shape}, "
-                f"expected {weight.dtype} {weight.shape}"
-            )
+            raise _wrong(variable, "gradient", gradient, f"{weight.dtype} {weight.shape}")
     # in slices: a whole-tensor temporary of hundreds of MB would be fresh memory every step
     scale = learning_rate / len(gradients)
     flat = weight.reshape(-1)
@@ -481,50 +588,95 @@ def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray
         flat[start:stop] -= update
 
 
+def apply_sparse_sgd(variable: Variable, weight: np.ndarray, gradients: list[tuple[np.ndarray, np.ndarray]],
+                     learning_rate: float) -> None:
+    """SGD with sparse gradients: ``weight[indices] -= learning_rate / workers * values``, worker by worker,
+    after checking each gradient's rows (their width and dtype, one index per row, every index a row)."""
+    rows = weight.shape[0]
+    for values, indices in gradients:
+        if values.ndim != weight.ndim or values.shape[1:] != weight.shape[1:] or values.dtype != weight.dtype:
+            raise _wrong(variable, "sparse gradient", values, f"{weight.dtype} rows of {weight.shape[1:]}")
+        if indices.shape != values.shape[:1] or indices.dtype.kind not in "iu":
+            raise _wrong(variable, "row indices", indices, f"{len(values)} integers")
+        if indices.size and not (indices.min() >= 0 and indices.max() < rows):
+            raise ValueError(f"row indices for '{variable.path}' (variable {variable.index}) reach outside its "
+                             f"{rows} rows")
+    scale = learning_rate / len(gradients)
+    for values, indices in gradients:
+        np.subtract.at(weight, indices, scale * values)
+
+
+def apply_state(variable: Variable, state: np.ndarray, values: list[np.ndarray]) -> None:
+    """A state's new value: the mean of the workers' (a floating-point state), or the first worker's."""
+    for value in values:
+        if value.shape != state.shape or value.dtype != state.dtype:
+            raise _wrong(variable, "state", value, f"{state.dtype} {state.shape}")
+    if state.dtype.kind != "f" or len(values) == 1:
+        state[...] = values[0]
+        return
+    total = values[0].copy()
+    for value in values[1:]:
+        total += value
+    np.divide(total, len(values), out=state)
+
+
 def initial_weights(config: TrainConfig, variables: list[Variable]) -> dict[int, np.ndarray]:
     """The starting values of ``variables``: the model's (seeded), or seeded random ones when compute is replayed."""
     if config.replayed:
         return {v.index: (np.random.default_rng(config.seed + v.index).standard_normal(v.shape) * 0.05).astype(v.dtype)
                 for v in variables}
     _, model = _build(config)
-    return {v.index: np.asarray(model.trainable_variables[v.index].value) for v in variables}
+    every = list(model.trainable_variables) + list(model.non_trainable_variables)
+    return {v.index: np.asarray(every[v.index].value) for v in variables}
 
 
 def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]]:
-    """The "local" line: one process, no communication, the same SGD on the same batches."""
-    variables = list(config.variables) if config.variables is not None else model_variables(config)
-    weights = [aligned_copy(w) for w in initial_weights(config, variables).values()]
+    """The "local" line: one process, no communication, the same updates on the same batches."""
+    plan = config.plan if config.plan is not None else plan_of(config)
+    variables = list(plan.variables)
+    values = [aligned_copy(w) for w in initial_weights(config, variables).values()]
+    local = _LocalMemory()
     if config.replayed:
-        gradients = [np.full(v.shape, 1e-3, v.dtype) for v in variables]
+        replayed = _replayed_compute(config, local, plan, plan.layout.worker(0))
 
-        def compute(server: int, step: int) -> list[np.ndarray]:
-            time.sleep(config.compute_s)
-            return gradients
+        def compute(server: int, step: int) -> Updates:
+            return replayed(step, values, RuntimeCopies())[1]
     else:
         definition, model = _build(config)
-        step_fn = _step_function(model, definition.loss_fn())
-        non_trainable = [v.value for v in model.non_trainable_variables]
+        step_fn = step_function(model, definition.loss_fn())
+        trainable = len(plan.trainable)
         copies = RuntimeCopies()
+        rows = [SparseRows(local, plan, plan.layout.worker(server)) for server in range(config.servers)]
 
-        def compute(server: int, step: int) -> list[np.ndarray]:
+        def compute(server: int, step: int) -> Updates:
             x, y = _batch(definition, config, server, step)
-            _, grads = step_fn([copies.tensor(w) for w in weights], non_trainable, x, y)
-            return [RuntimeCopies.array(g) for g in grads]
+            tensors = [copies.tensor(v) for v in values]
+            _, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
+            return rows[server].updates(plan, grads, new_state)
 
     times = StepTimes()
     for step in range(config.warmup + config.steps):
         if step == config.warmup:
             times = StepTimes()
         started = time.perf_counter()
-        grads_per_server = [compute(server, step) for server in range(config.servers)]
+        per_server = [compute(server, step) for server in range(config.servers)]
         computed = time.perf_counter()
-        for variable, weight in zip(variables, weights, strict=True):
-            apply_sgd(variable, weight, [g[variable.index] for g in grads_per_server], config.learning_rate)
+        for position, (variable, value) in enumerate(zip(variables, values, strict=True)):
+            apply_update(variable, value, [[array for _, array in updates[position]] for updates in per_server],
+                         config.learning_rate)
         done = time.perf_counter()
         times.total += done - started
         times.compute += computed - started
         times.apply += done - computed
-    return times, dict(enumerate(weights))
+    return times, dict(enumerate(values))
+
+
+class _LocalMemory:
+    """What local training allocates from where a transport would: aligned process memory."""
+
+    @staticmethod
+    def allocate(spec: TensorSpec) -> np.ndarray:
+        return aligned_empty(spec.shape, spec.dtype, ALIGNMENT)
 
 
 # -- the content check (the soak) ----------------------------------------------
@@ -610,12 +762,6 @@ class CheckedTransport:
 # -- the processes -------------------------------------------------------------
 
 
-def model_variables(config: TrainConfig) -> list[Variable]:
-    """The model's trainable variables, read off a model built for the purpose (the analyzer)."""
-    _, model = _build(config)
-    return variables_of(model)
-
-
 def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     """One process of a training run: rank ``r < servers`` is worker ``r``, the others parameter servers.
 
@@ -624,14 +770,13 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     after computing one, worker 0 ``("eval", point)`` at each evaluation; a worker measures the traffic
     on its host's link over the timed steps when it has one of its own (netns).
     """
-    layout = Layout(config.servers)
-    variables = list(config.variables) if config.variables is not None else model_variables(config)
-    plan = [s for s in transfer_plan(variables, layout) if ctx.rank in (s.src, s.dst)]
+    plan = config.plan if config.plan is not None else plan_of(config)
+    layout = plan.layout
     options = {**config.transport_options, "timeout_s": config.timeout_s}
     stopping = Stopping(config, ctx)
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
-        transport.plan(plan)
+        transport.plan(plan.specs(ctx.rank))
         rss_start = rss_mb()
         if config.check:
             transport = CheckedTransport(transport, ctx, config.timeout_s)
@@ -647,7 +792,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
             def on_loss(step: int, loss: float, trained_s: float) -> None:
                 ctx.report(("loss", server, step, loss, trained_s))
 
-            times = run_worker(config, transport, layout, server, variables, on_step, on_loss,
+            times = run_worker(config, transport, plan, server, on_step, on_loss,
                                on_eval=lambda point: ctx.report(("eval", point)), stopping=stopping)
             (t0, bytes0), (t1, bytes1) = link[config.warmup], link[stopping.end]
             if bytes0 is not None:
@@ -655,7 +800,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
                 times.extra["link_seconds"] = t1 - t0
             role = "worker"
         else:
-            times = run_ps(config, transport, layout, ctx.rank - layout.servers, variables, stopping)
+            times = run_ps(config, transport, plan, ctx.rank - layout.servers, stopping)
             role = "ps"
         times.extra["fabric"] = transport.describe()
         if config.check:
@@ -672,25 +817,28 @@ def local_job(config: TrainConfig, ctx) -> StepTimes:
     return times
 
 
-def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[tuple[Variable, ...], float]:
-    """The analyzer's variables and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
+def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[Plan, float]:
+    """The analyzer's plan and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
     import tensorflow as tf
 
     definition, model = _build(config)
+    x, y = _batch(definition, config, 0, 0)
+    step_fn, concrete = traced_step(model, definition.loss_fn(), np.asarray(x), np.asarray(y))
+    plan = analyze(config.model, model, definition.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
+                   config.batch_size, concrete)
     if not steps:
-        return tuple(variables_of(model)), float("nan")
-    step_fn = _step_function(model, definition.loss_fn())
-    non_trainable = [v.value for v in model.non_trainable_variables]
+        return plan, float("nan")
+    state = [v.value for v in model.non_trainable_variables]
     weights = [tf.constant(v.value) for v in model.trainable_variables]
     seconds = []
     for step in range(2 + steps):  # two warm-up steps: tracing, then first-run allocations
-        x, y = definition.make_batch(config.batch_size, seed=config.seed + step)
+        x, y = _batch(definition, config, 0, step)
         started = time.perf_counter()
-        value, grads = step_fn(weights, non_trainable, x, y)
+        value, grads, _ = step_fn(weights, state, x, y)
         float(value)
         seconds.append(time.perf_counter() - started)
         del grads
-    return tuple(variables_of(model)), float(np.median(seconds[2:]))
+    return plan, float(np.median(seconds[2:]))
 
 
 def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> dict[str, Any]:
@@ -703,6 +851,9 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
     transport_copied = sum(s["copied_bytes"] for s in stats)
     runtime_copied = sum(t.copied_bytes for t in workers)
     described = next((t.extra["fabric"] for t in workers), {})
+    hits = sum(s.get("sends_registered", 0) for s in stats)
+    misses = sum(s.get("sends_unregistered", 0) for s in stats)
+    sites = [t.extra["sites"] for t in workers if "sites" in t.extra]
     return {
         "transport": config.label or config.transport,
         "model": config.model,
@@ -724,4 +875,10 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
         "control_messages_per_step": sum(s["control_messages"] for s in stats) / steps,
         "model_mb": workers[0].extra.get("model_mb"),
         "fabric": fabric.label(described),
+        # the graph analysis (zerocopy: on or off; rdma_cp places receives only) and what it achieved
+        "analysis": described.get("analysis", ""),
+        "dynamic_transfers_per_step": sum(s.get("dynamic_transfers", 0) for s in stats) / steps,
+        "unregistered_sends_per_step": misses / steps,
+        "registration_hit_rate": hits / (hits + misses) if hits + misses else None,
+        "site_regions": sum(site["regions"] for site in sites) if sites else None,
     }

@@ -282,6 +282,12 @@ class Device(ABC):
     def register(self, array: np.ndarray) -> MemRegion:
         """Register memory the device did not allocate (cached by address range)."""
 
+    def registered(self, array: np.ndarray) -> bool:
+        """Whether ``array``'s bytes lie in memory registered with :meth:`register` that is still live."""
+        self._cache.release_expired()
+        start = array.__array_interface__["data"][0]
+        return self._cache.find(start, start + array.nbytes) is not None
+
     @abstractmethod
     def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
         """The channel to ``peer`` (its :attr:`address`) over ``lane`` (cached).

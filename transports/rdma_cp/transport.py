@@ -17,3 +17,7 @@ class RdmaCopyTransport(ZeroCopyTransport):
 
     name = "rdma_cp"
     stages_sends = True
+
+    @classmethod
+    def modes(cls) -> dict:
+        return {}

@@ -339,8 +339,11 @@ class ZeroCopyTransport(FabricTransport):
     #: whether the sender copies every tensor into registered memory first (rdma_cp)
     stages_sends = False
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, analysis: bool = True, **options: Any) -> None:
         super().__init__(**options)
+        #: False (``zerocopy:no_analysis``): the plan's shapes are ignored, every tensor goes by dynamic
+        #: allocation and is sent from wherever it is (registered on the fly through the cache)
+        self.analysis = bool(analysis)
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: set[Key] = set()
         self._incoming: dict[tuple[str, int], _Incoming] = {}
@@ -358,6 +361,21 @@ class ZeroCopyTransport(FabricTransport):
         self._doorbell = np.zeros(1, np.uint64)
         self._poller: threading.Thread | None = None
 
+    @property
+    def zero_copy_sends(self) -> bool:
+        """Whether a tensor in registered memory is sent from where it is (the analysis on, no staging)."""
+        return self.analysis and not self.stages_sends
+
+    @classmethod
+    def modes(cls) -> dict[str, dict[str, Any]]:
+        """``zerocopy:no_analysis``: the graph analysis off (the paper's Figure 12), see ``__init__``."""
+        return {"no_analysis": {"analysis": False}}
+
+    def describe(self) -> dict[str, Any]:
+        # rdma_cp's analysis places the receives only: its sends are staged
+        analysis = ("receives" if self.stages_sends else "on") if self.analysis else "off"
+        return {**super().describe(), "analysis": analysis}
+
     def control_handlers(self) -> dict[str, Any]:
         return {"connect": self._on_connect, "verify": self._on_verify}
 
@@ -365,6 +383,8 @@ class ZeroCopyTransport(FabricTransport):
 
     def plan(self, specs) -> None:
         specs = list(specs)
+        if not self.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
+            specs = [TensorSpec(s.name, None, s.dtype, s.src, s.dst) for s in specs]
         super().plan(specs)
         incoming = [s for s in specs if s.dst == self.rank and s.shape is not None]
         outgoing = [s for s in specs if s.src == self.rank and s.shape is not None]
@@ -378,7 +398,7 @@ class ZeroCopyTransport(FabricTransport):
     def allocate(self, spec: TensorSpec) -> np.ndarray:
         if spec.shape is None:
             raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        if self.stages_sends:  # RDMA.cp: the analysis is off, tensors live in ordinary memory
+        if self.stages_sends or not self.analysis:  # the analysis is off: tensors live in ordinary memory
             return super().allocate(spec)
         return self.pool.alloc(spec.nbytes).view(spec.dtype, spec.shape)
 
@@ -548,6 +568,7 @@ class ZeroCopyTransport(FabricTransport):
         except FabricError as exc:
             raise PeerError(f"{self.name}: cannot reach {self.peer_name(key.dst)}: {exc}") from None
         array = contiguous(np.asarray(array), self.ledger)
+        self._count_source(array)
         with outgoing.lock:
             seq = outgoing.seq
             if outgoing.posted[0] <= seq:
@@ -643,6 +664,7 @@ class ZeroCopyTransport(FabricTransport):
             self._settle(self._queue.popleft(), error)
 
     def _send_queued(self, outgoing: _Outgoing, queued: _Queued) -> None:
+        self._count_source(queued.array)
         try:
             self._send_static(outgoing, queued.key, queued.array, outgoing.seq)
         except BaseException as exc:
@@ -679,27 +701,41 @@ class ZeroCopyTransport(FabricTransport):
         if self._poller is not None:
             self._poller.join(timeout=10)
 
+    def _count_source(self, array: np.ndarray) -> None:
+        """A registration-cache hit (the tensor is in registered memory already) or a miss, in the ledger."""
+        if self.registered(array):
+            self.ledger.add(sends_registered=1)
+        else:
+            self.ledger.add(sends_unregistered=1)
+
     def _flat(self, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
         """``array``'s bytes, from where they are written: the tensor itself, or (rdma_cp) a staging copy."""
         flat = array.reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
-        if not self.stages_sends:
-            return flat
-        if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < array.nbytes:
+        return self._stage(outgoing, flat) if self.stages_sends else flat
+
+    def _stage(self, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
+        """A copy of ``flat`` in the tensor's registered staging buffer (grown when too small), counted."""
+        if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < flat.nbytes:
             if outgoing.copy_buffer is not None:
                 self.pool.free(outgoing.copy_buffer)
-            outgoing.copy_buffer = self.pool.alloc(array.nbytes)
-        staged = outgoing.copy_buffer.array[: array.nbytes]
+            outgoing.copy_buffer = self.pool.alloc(flat.nbytes)
+        staged = outgoing.copy_buffer.array[: flat.nbytes]
         staged[...] = flat
-        self.ledger.add(copied_bytes=array.nbytes)
+        self.ledger.add(copied_bytes=flat.nbytes)
         return staged
 
-    def _readable(self, flat: np.ndarray) -> RemoteRegion:
-        """The descriptor a peer needs to read ``flat`` (registered: pool memory, or registered now)."""
+    def _readable(self, outgoing: _Outgoing, flat: np.ndarray) -> tuple[np.ndarray, RemoteRegion]:
+        """``flat``, or where it was staged, and the descriptor a peer needs to read it: pool memory, or
+        ``flat`` registered now. An allocator's region registered for sending (``register_site``) is
+        never handed to a peer: the tensor is staged into the pool instead (a copy, counted)."""
         region = self.pool.segment_of(flat)
         if region is None:
             region = self.device.register(flat)
+            if self.is_site(region):
+                flat = self._stage(outgoing, flat)
+                region = self.pool.segment_of(flat)
         start = flat.__array_interface__["data"][0] - region.address
-        return region.export().at(start, flat.nbytes)
+        return flat, region.export().at(start, flat.nbytes)
 
     def _write_flagged(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion, seq: int,
                        key: Key) -> None:
@@ -727,7 +763,10 @@ class ZeroCopyTransport(FabricTransport):
         if array.ndim > MAX_DIMS:
             raise ValueError(f"{self.name}: {key} has {array.ndim} dimensions; at most {MAX_DIMS} are supported")
         flat = self._flat(outgoing, array)
-        source = self._readable(flat) if array.nbytes else None
+        source = None
+        if array.nbytes:
+            flat, source = self._readable(outgoing, flat)
+        self.ledger.add(dynamic_transfers=1)
         if source is not None and len(source.rkey) > MAX_RKEY:
             raise TransportError(f"{self.name}: a remote key of {len(source.rkey)} bytes exceeds {MAX_RKEY}")
         meta = outgoing.staging.array[: META.itemsize].view(META)[0]

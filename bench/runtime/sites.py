@@ -1,0 +1,65 @@
+"""Allocation-site tracing (the paper's section 3.4, "decide tensor allocation site"), for one worker.
+
+A tensor a worker sends is produced by TensorFlow, in memory TensorFlow's allocator chose: to send it
+without a copy, that memory must be registered with the fabric, and registering per step is what the
+paper avoids. In the first mini-batch, for every tensor sent, the tracer records its allocation site
+(the graph operation the analyzer names in the plan) and where its buffer is; a buffer outside
+registered memory has its allocator region registered with the transport, once
+(``Transport.register_site``). With TensorFlow's BFC allocator (which the runtime selects) those
+regions are reused every step, so from the second step on the tensors land in registered memory:
+the transport counts, per send, whether it was (``sends_registered``, a registration-cache hit) or
+not (``sends_unregistered``).
+
+The paper redirects the allocation itself (a site in its set allocates from the RDMA allocator); from
+Python TensorFlow's allocator cannot be told where to put one operation's output, so the regions
+it uses are registered instead. They are registered for this process's sends only: a tensor there
+that a peer must read (dynamic allocation) is staged into the transport's pool, never exposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bench.runtime.analyzer import Plan
+
+
+class AllocationSites:
+    """What one worker's first mini-batch showed about where its sent tensors were produced."""
+
+    def __init__(self, transport, plan: Plan, rank: int) -> None:
+        self.transport = transport
+        self.plan = plan
+        self.rank = rank
+        #: allocation site -> tensors it produced (first step), and how many were in registered memory already
+        self.sites: dict[str, int] = {}
+        self.registered_already = 0
+        self.regions = 0
+        self.region_bytes = 0
+        #: tensors whose region could not be registered, and why
+        self.refused: dict[str, str] = {}
+
+    def trace(self, updates: list[list[tuple[str, np.ndarray]]]) -> None:
+        """The first step's tensors to send (per variable, ``(name, array)``): record their sites, and register
+        the regions holding those outside registered memory."""
+        layout = self.plan.layout
+        for variable, parts in zip(self.plan.variables, updates, strict=True):
+            for name, array in parts:
+                site = self.plan.transfer(name, self.rank, layout.ps_of(variable)).site
+                self.sites[site] = self.sites.get(site, 0) + 1
+                if self.transport.registered(array):
+                    self.registered_already += 1
+                    continue
+                try:
+                    registered = self.transport.register_site(array)
+                except ValueError as exc:
+                    self.refused[name] = str(exc)
+                    continue
+                if registered:
+                    self.regions += 1
+                    self.region_bytes += registered
+
+    def summary(self) -> dict[str, Any]:
+        return {"sites": len(self.sites), "registered_already": self.registered_already, "regions": self.regions,
+                "region_bytes": self.region_bytes, "refused": dict(list(self.refused.items())[:5])}
