@@ -142,7 +142,8 @@ def _transport_list(text: str) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5")
+#: the paper's six models, then ours beyond them (embedding: a sparse gradient of dynamic shape)
+MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5", "embedding")
 REFERENCE_RUNS = ("local", "tf_grpc")
 
 
@@ -215,7 +216,8 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
                           compute: str) -> None:
     """What ``bench model`` and ``bench scale`` share: models, transports, batches, steps, compute, launch."""
     parser.add_argument("models", type=_model_list, metavar="MODEL",
-                        help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5")
+                        help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5 (the paper's), "
+                        "embedding (a sparse gradient whose shape changes every step)")
     parser.add_argument("--transport", "--transports", dest="transports", type=_model_transport_list,
                         default=transports,
                         help="comma list of transports (name or name:mode), plus 'local' (one process, no "
@@ -231,6 +233,9 @@ def _add_training_options(parser: argparse.ArgumentParser, experiment: str, tran
     parser.add_argument("--out", type=Path, default=None,
                         help=f"results directory (default: results/{experiment}-<time>/)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="run zerocopy with the graph analysis off (as zerocopy:no_analysis): no tensor is "
+                        "placed ahead, every one goes by dynamic allocation; list both to compare (Figure 12)")
     _add_compute_option(parser, compute)
     _add_launch_options(parser)
 
@@ -445,6 +450,23 @@ def build_parser() -> Parser:
     models.add_argument("--batch-size", type=_positive_int, default=1, help="batch size for the compute time")
     models.add_argument("--steps", type=_positive_int, default=3, help="timed forward+backward steps per model")
     models.set_defaults(func=_cmd_models)
+
+    analyze = commands.add_parser(
+        "analyze", help="the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic",
+        description="Build MODEL, trace the step function every worker runs, and print the plan the runtime "
+        "hands to the transports: every tensor that crosses processes in the parameter-server layout (weights "
+        "and state from the PS, gradients and state updates back), whether its shape is static (placed ahead "
+        "in registered memory) or only known at run time (dynamic allocation, with its bound), the graph "
+        "operation that produces it, and the registered memory each process needs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    analyze.add_argument("model", metavar="MODEL", help=f"a model ({', '.join(MODEL_NAMES)}) or package.module:ATTR")
+    analyze.add_argument("--servers", type=_positive_int, default=1, help="servers, each a worker and a PS")
+    analyze.add_argument("--batch-size", type=_positive_int, default=1, help="per-worker mini-batch size")
+    analyze.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the plan as JSON")
+    analyze.add_argument("--all", action="store_true", help="list every tensor (default: the first 40)")
+    analyze.add_argument("--no-analysis", action="store_true",
+                         help="the plan zerocopy:no_analysis works with: every tensor dynamic")
+    analyze.set_defaults(func=cmd_analyze)
 
     plot = commands.add_parser("plot", help="draw the figures of a results directory beside its records")
     plot.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
@@ -922,6 +944,8 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
 
     out = args.out or default_run_dir(experiment)
     labels = list(args.transports)
+    if args.no_analysis:
+        labels = list(dict.fromkeys("zerocopy:no_analysis" if label == "zerocopy" else label for label in labels))
     if experiment == "scale" and "local" not in labels:
         labels.append("local")  # the Local line of the figure
     runs = [(m, b, t, n) for m in args.models for b in args.batch_sizes for t in labels for n in server_counts]
@@ -1009,6 +1033,35 @@ def _tf_grpc_record(config, launcher) -> dict[str, object]:
                          learning_rate=config.learning_rate, timeout_s=config.timeout_s, launcher=launcher)
     record.update(transport="tf_grpc", model=config.model, compute="real")
     return record_row(record)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from bench.runtime.analyzer import format_plan
+    from bench.runtime.ps import TrainConfig, plan_of
+
+    if args.model not in MODEL_NAMES and ":" not in args.model:
+        print(f"bench analyze: error: unknown model '{args.model}' (known: {', '.join(MODEL_NAMES)})", file=sys.stderr)
+        return EXIT_USAGE
+    config = TrainConfig(model=args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
+                         servers=args.servers)
+    try:
+        plan = plan_of(config)
+    except (ImportError, AttributeError) as exc:
+        print(f"bench analyze: error: cannot load model '{args.model}': {_error_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.no_analysis:
+        plan = plan.without_analysis()
+    print(f"bench analyze: {args.model}, batch {args.batch_size}, {args.servers} server(s)"
+          + (" (analysis off)" if args.no_analysis else ""))
+    print(format_plan(plan, limit=None if args.all else 40))
+    if args.json is not None:
+        try:
+            args.json.write_text(plan.dumps() + "\n")
+        except OSError as exc:
+            print(f"bench analyze: error: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"plan: {args.json}")
+    return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

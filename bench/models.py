@@ -172,6 +172,37 @@ def _fcn5(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     return keras.Sequential(layers, name="fcn5")
 
 
+#: the dynamic model: an embedding table of EMBED_ROWS x EMBED_DIM looked up by EMBED_TOKENS tokens per sample
+EMBED_ROWS = 100_000
+EMBED_DIM = 64
+EMBED_TOKENS = 128
+
+
+def _embedding(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
+    """A text classifier with a large embedding table: tokens -> embedding (sparse gradient) -> mean -> 256
+    -> BatchNorm -> classes. Its table's gradient is ``IndexedSlices``: the rows the batch looked up."""
+    keras = _keras()
+    layers = keras.layers
+    return keras.Sequential(
+        [
+            keras.Input(input_shape, dtype="int32"),
+            layers.Embedding(EMBED_ROWS, EMBED_DIM, name="embedding"),
+            layers.GlobalAveragePooling1D(name="mean"),
+            layers.Dense(256, activation="relu", name="hidden"),
+            layers.BatchNormalization(name="norm"),
+            layers.Dense(num_classes, name="logits"),
+        ],
+        name="embedding",
+    )
+
+
+def _token_batch(defn: ModelDef, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids drawn from a Zipf law, as words are (a few rows looked up often, most rarely), and labels."""
+    rng = np.random.default_rng(seed)
+    tokens = (rng.zipf(1.3, size=(batch_size, *defn.input_shape)) - 1) % EMBED_ROWS
+    return tokens.astype(np.int32), rng.integers(0, defn.num_classes, size=batch_size).astype(np.int32)
+
+
 # -- the registry ----------------------------------------------------------------------------------------
 
 
@@ -199,6 +230,9 @@ class ModelDef:
     paper_variables: int | None
     paper_compute_ms_per_sample: float | None
     builder: Callable[[tuple[int, ...], int], Any] = field(repr=False, compare=False)
+    #: ``(defn, batch_size, seed) -> (x, y)`` for inputs other than standard-normal floats (token ids)
+    batches: Callable[[Any, int, int], tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False,
+                                                                                   compare=False)
 
     def build(self) -> keras.Model:
         """A fresh, uncompiled model with random weights (deterministic after ``keras.utils.set_random_seed``)."""
@@ -208,6 +242,8 @@ class ModelDef:
         """A synthetic mini-batch: float32 standard-normal inputs ``(batch_size, *input_shape)`` and int32 labels."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if self.batches is not None:
+            return self.batches(self, batch_size, seed)
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((batch_size, *self.input_shape), dtype=np.float32)
         y = rng.integers(0, self.num_classes, size=batch_size).astype(np.int32)
@@ -233,6 +269,14 @@ MODELS: dict[str, ModelDef] = {
 }
 
 
+#: models beyond the paper's six: ``embedding``, whose sparse gradient has a shape known only at run time
+#: (the number of distinct rows a batch looks up), the analyzer's dynamic case
+EXTRA_MODELS: dict[str, ModelDef] = {
+    "embedding": ModelDef("embedding", "Embedding (sparse)", (EMBED_TOKENS,), PAPER_CLASSES, None, None, None,
+                          _embedding, _token_batch),
+}
+
+
 def get_model(name: str, *, num_classes: int | None = None) -> ModelDef:
     """The model definition called ``name`` (``vgg16``; case and ``-`` vs ``_`` do not matter).
 
@@ -240,9 +284,10 @@ def get_model(name: str, *, num_classes: int | None = None) -> ModelDef:
     Raises ``ValueError`` naming the known models for an unknown name.
     """
     key = name.strip().lower().replace("-", "_")
-    if key not in MODELS:
-        raise ValueError(f"unknown model '{name}' (known: {', '.join(MODELS)})")
-    defn = MODELS[key]
+    known = {**MODELS, **EXTRA_MODELS}
+    if key not in known:
+        raise ValueError(f"unknown model '{name}' (known: {', '.join(known)})")
+    defn = known[key]
     if num_classes is not None:
         if num_classes < 1:
             raise ValueError(f"num_classes must be at least 1, got {num_classes}")

@@ -75,6 +75,10 @@ COLUMNS: dict[str, list[str]] = {
         "copied_bytes_per_step", "runtime_copied_bytes_per_step", "registrations_per_step",
         "control_messages_per_step", "model_mb", "fabric", "isolated_network",
         "compute", "launcher", "link_rate", "link_peak_MBps",
+        # the graph analysis: on/off (zerocopy), what went by dynamic allocation, and how many sent tensors were
+        # in registered memory already (registration-cache hits), with the allocator regions the tracing registered
+        "analysis", "dynamic_transfers_per_step", "unregistered_sends_per_step", "registration_hit_rate",
+        "site_regions",
     ],
 }
 # bench scale: the model columns, and how throughput grows with the servers

@@ -228,7 +228,7 @@ def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in
     variables = [Variable(0, "a", (3,), np.dtype(np.float32)), Variable(1, "b", (2, 2), np.dtype(np.float32))]
     run = TrainConfig(model="scripted", transport="local", transport_options={}, batch_size=1, steps=3, warmup=0,
                       learning_rate=0.5, compute="replay", plan=scripted_plan(variables), timeout_s=20)
-    layout = Layout(1)  # rank 0 is the worker, rank 1 the PS
+
     expected = initial_weights(run, variables)
     cluster = Cluster(("worker", "ps"))
     with transports.create("local") as worker, transports.create("local") as ps, ThreadPoolExecutor(1) as pool:

@@ -29,3 +29,35 @@ class TinyMLP:
 
 
 TINY = TinyMLP()
+
+
+@dataclass(frozen=True)
+class TinyEmbedding:
+    """6 tokens of a vocabulary of 50 -> embedding of 4 (a sparse gradient) -> mean -> 5 -> BatchNorm -> 3."""
+
+    name: str = "tiny_embedding"
+
+    def build(self):
+        import keras
+
+        return keras.Sequential([
+            keras.Input((6,), dtype="int32"),
+            keras.layers.Embedding(50, 4, name="embedding"),
+            keras.layers.GlobalAveragePooling1D(name="mean"),
+            keras.layers.Dense(5, name="hidden"),
+            keras.layers.BatchNormalization(name="norm"),
+            keras.layers.Dense(3, name="logits"),
+        ])
+
+    def make_batch(self, batch_size: int, seed: int):
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, 12, (batch_size, 6)).astype(np.int32)  # few distinct: rows repeat
+        return tokens, rng.integers(0, 3, batch_size).astype(np.int32)
+
+    def loss_fn(self):
+        import keras
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+TINY_EMBEDDING = TinyEmbedding()

@@ -207,12 +207,10 @@ class Plan:
 
     def pool_bytes(self, rank: int) -> int:
         """Registered memory rank ``rank`` needs: what it receives (static slots, dynamic bounds) and what it
-        sends from memory the transport gives it (the PS's values, a worker's sparse rows)."""
-        total = 0
-        for t in self.of(rank):
-            if t.dst == rank or (t.src == rank and t.site in (PS_SITE, DEDUP_SITE)):
-                total += t.nbytes or 0
-        return total
+        sends from memory the transport gives it (the PS's values, a worker's sparse rows), once per tensor."""
+        received = sum(t.nbytes or 0 for t in self.of(rank) if t.dst == rank)
+        sent = {t.name: t.nbytes or 0 for t in self.of(rank) if t.src == rank and t.site in (PS_SITE, DEDUP_SITE)}
+        return received + sum(sent.values())
 
     def without_analysis(self) -> Plan:
         """The same tensors with the analysis off: no shape known ahead, everything by dynamic allocation."""
@@ -342,10 +340,16 @@ def _updates(variable: Variable, output, worker: int, ps: int) -> list[Transfer]
                      allocation_site(output))]
 
 
+def format_size(nbytes: int) -> str:
+    """Bytes for a person: ``800 B``, ``256.0 KB``, ``24.4 MB`` (binary units)."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def format_plan(plan: Plan, limit: int | None = None) -> str:
     """The plan as a table a person reads: one line per tensor and direction (workers folded), then the pools."""
-    from bench.sizes import format_size
-
     rows = []
     seen: set[str] = set()
     layout = plan.layout
