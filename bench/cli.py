@@ -992,7 +992,7 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
                     bar.write(f"{model:12} {label:18} batch {batch:3} x{servers}: "
                               f"{record['throughput_batches_per_s']:7.3f} batches/s, "
                               f"step {record['step_time_s']:.3f} s (compute {record['compute_s']:.3f}, "
-                              f"comm {record['comm_s']:.3f})")
+                              f"comm {record['comm_s']:.3f})" + _copy_note(record))
                 bar.update(1)
     except KeyboardInterrupt as exc:
         return _interrupted(writer, experiment, out, "the runs finished", exc, failures=failures,
@@ -1006,6 +1006,18 @@ def _train_runs(args: argparse.Namespace, launcher, experiment: str, server_coun
     if not args.no_plot and (out / "records.csv").exists():
         _draw(out, experiment)
     return 1 if failures else 0
+
+
+def _copy_note(record: dict[str, object]) -> str:
+    """What a training record says about copies and registered memory, for its progress line."""
+    note = ""
+    if isinstance(copied := record.get("copied_bytes_per_step"), int | float) and copied == copied:
+        note += f", copied {copied / 2**20:.1f} MB/step"
+    if isinstance(rate := record.get("registration_hit_rate"), float):
+        note += f", sent from registered memory {rate:.1%}"
+    if record.get("dynamic_transfers_per_step"):
+        note += f", {record['dynamic_transfers_per_step']:g} dynamic/step"
+    return note
 
 
 def _train_record(config, label: str, args: argparse.Namespace, launcher, on_step) -> dict[str, object]:

@@ -22,6 +22,7 @@ STYLE = {
     "grpc_rdma:direct": {"color": "#bcbd22", "marker": "<"},
     "rdma_cp": {"color": "#2ca02c", "marker": "^"},
     "zerocopy": {"color": "#1f77b4", "marker": "D"},
+    "zerocopy:no_analysis": {"color": "#9ecae1", "marker": "d"},
     # reference lines: the fabric library's own limit, and a copy within one process
     "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
     "ucx_perftest_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
@@ -37,6 +38,7 @@ LABELS = {
     "grpc_rdma:direct": "gRPC.RDMA direct (0-copy)",
     "rdma_cp": "RDMA.cp",
     "zerocopy": "RDMA.zerocp",
+    "zerocopy:no_analysis": "RDMA.zerocp, analysis off (dynamic allocation)",
     "ucx_perftest": "ucx_perftest put_bw (library limit)",
     "ucx_perftest_lat": "ucx_perftest put_lat (half a round trip: latency floor)",
     "ib_write_bw": "ib_write_bw (the NIC's write bandwidth)",
@@ -223,7 +225,59 @@ def plot_model(run: Run) -> list[Path]:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     written += _save(fig, run, "model_step_time")
+    if {"zerocopy", "zerocopy:no_analysis"} <= set(records["transport"]):
+        written += plot_copy_overhead(run)
     return written
+
+
+#: Figure 12's bars: the analysis on, off, and the paper's "without analysis" (the sender's copy)
+COPY_OVERHEAD = ("zerocopy", "zerocopy:no_analysis", "rdma_cp")
+
+
+def plot_copy_overhead(run: Run) -> list[Path]:
+    """Figure 12 of the paper: mini-batch time per model with the graph analysis on and off, and per step the
+    payload bytes copied and the tensors sent from memory that was not registered (at the smallest batch)."""
+    records = run.records
+    records = records[records["batch_size"] == records["batch_size"].min()]
+    names = [n for n in COPY_OVERHEAD if n in set(records["transport"])]
+    models = list(dict.fromkeys(records[records["transport"].isin(names)]["model"]))
+    fig, (time_ax, copy_ax, miss_ax) = plt.subplots(1, 3, figsize=(max(12, 2.2 * len(models) * 3), 4.6))
+    width = 0.8 / len(names)
+
+    def value(model: str, name: str, column: str) -> float:
+        rows = records[(records["model"] == model) & (records["transport"] == name)]
+        return float(rows[column].mean()) if len(rows) and column in rows else float("nan")
+
+    panels = ((time_ax, "step_time_s", 1.0, "mini-batch time (s)"),
+              (copy_ax, "copied_bytes_per_step", 2**-20, "payload copied per step (MB, all processes)"),
+              (miss_ax, "unregistered_sends_per_step", 1.0, "tensors sent from unregistered memory per step"))
+    for ax, column, scale, label in panels:
+        for i, name in enumerate(names):
+            heights = [value(m, name, column) * scale for m in models]
+            ax.bar([j + i * width for j in range(len(models))], heights, width, label=LABELS.get(name, name),
+                   color=STYLE.get(name, {}).get("color"))
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(models))], models, rotation=20)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, axis="y", alpha=0.3)
+    for j, model in enumerate(models):  # the gain of the analysis, above each model's bars
+        on, off = value(model, "zerocopy", "step_time_s"), value(model, "zerocopy:no_analysis", "step_time_s")
+        if on == on and off == off and on > 0:
+            top = max(on, off)
+            time_ax.annotate(f"{(off / on - 1) * 100:+.0f}%", (j + width * (len(names) - 1) / 2, top),
+                             ha="center", va="bottom", fontsize=8)
+    time_ax.set_title("mini-batch time (label: analysis off vs on)", fontsize=9)
+    copy_ax.set_title("copies in user space", fontsize=9)
+    miss_ax.set_title("registration-cache misses", fontsize=9)
+    handles, labels = time_ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(names), fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    servers = ", ".join(str(s) for s in sorted(set(records["servers"])))
+    notes = " · ".join(n for n in (_compute_note(records), _launch_note(records)) if n)
+    fig.suptitle(f"The graph analysis: zero copy against the same transport without it (Figure 12), batch size "
+                 f"{int(records['batch_size'].min())}, {servers} server(s)" + (f"\n{notes}" if notes else "")
+                 + "\n" + _subtitle(run), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return _save(fig, run, "copy_overhead")
 
 
 def plot_scale(run: Run) -> list[Path]:

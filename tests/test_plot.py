@@ -51,6 +51,24 @@ def test_model_figures_are_drawn(tmp_path):
     assert (tmp_path / "run" / "model_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_copy_overhead_figure_is_drawn_when_the_analysis_ran_on_and_off(tmp_path):
+    writer = RunWriter(tmp_path / "run", "model", {})
+    for model in ("vgg16", "embedding"):
+        for transport, seconds, copied, misses in (("zerocopy", 1.0, 0, 0), ("zerocopy:no_analysis", 1.2, 0, 32),
+                                                    ("rdma_cp", 1.3, 5e8, 32)):
+            writer.add({"transport": transport, "model": model, "batch_size": 1, "servers": 1, "steps": 5,
+                        "step_time_s": seconds, "throughput_batches_per_s": 1 / seconds, "compute_s": 0.5,
+                        "comm_s": 0.1, "copied_bytes_per_step": copied, "unregistered_sends_per_step": misses,
+                        "analysis": "off" if transport.endswith("no_analysis") else "on"})
+    writer.finish()
+    names = sorted(p.name for p in plot_run(tmp_path / "run"))
+    assert "copy_overhead.png" in names and "copy_overhead.svg" in names
+    svg = (tmp_path / "run" / "copy_overhead.svg").read_text()
+    assert "+20%" in svg  # the analysis's gain is written above each model's bars
+    height, width, _ = matplotlib.image.imread(tmp_path / "run" / "copy_overhead.png").shape
+    assert width > 1000
+
+
 def test_scale_figures_draw_the_local_line_and_name_replayed_compute(tmp_path):
     writer = RunWriter(tmp_path / "run", "scale", {})
     for transport, per_worker in (("zerocopy", 3.0), ("grpc_tcp", 1.0)):
