@@ -65,7 +65,7 @@ def test_the_copy_overhead_figure_is_drawn_when_the_analysis_ran_on_and_off(tmp_
     assert "copy_overhead.png" in names and "copy_overhead.svg" in names
     svg = (tmp_path / "run" / "copy_overhead.svg").read_text()
     assert "+20%" in svg  # the analysis's gain is written above each model's bars
-    height, width, _ = matplotlib.image.imread(tmp_path / "run" / "copy_overhead.png").shape
+    _, width, _ = matplotlib.image.imread(tmp_path / "run" / "copy_overhead.png").shape
     assert width > 1000
 
 
