@@ -718,7 +718,8 @@ def default_transports() -> list[str]:
     """Every transport available here, each of its modes as a line of its own."""
     labels = []
     for name in transports.available_names():
-        modes = transports.transport_class(name).modes()
+        cls = transports.transport_class(name)
+        modes = [mode for mode in cls.modes() if mode not in cls.optional_modes]
         labels += [name] if not modes else [name if i == 0 else f"{name}:{mode}" for i, mode in enumerate(modes)]
     return labels
 

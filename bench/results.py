@@ -78,7 +78,7 @@ COLUMNS: dict[str, list[str]] = {
         # the graph analysis: on/off (zerocopy), what went by dynamic allocation, and how many sent tensors were
         # in registered memory already (registration-cache hits), with the allocator regions the tracing registered
         "analysis", "dynamic_transfers_per_step", "unregistered_sends_per_step", "registration_hit_rate",
-        "site_regions",
+        "site_regions", "unregistered_tensors",
     ],
 }
 # bench scale: the model columns, and how throughput grows with the servers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -119,9 +121,38 @@ def test_model_end_to_end_with_a_tiny_model(tmp_path):
     assert (out / "model_throughput.png").is_file() and (out / "model_step_time.png").is_file()
 
 
+def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
+    pytest.importorskip("tensorflow")
+    from bench.runtime.analyzer import Plan
+    from bench.runtime.ps import TrainConfig, plan_of
+
+    result = bench("analyze", "tests.tiny_models:TINY_EMBEDDING", "--servers", "2", "--batch-size", "4", "--json",
+                   str(tmp_path / "plan.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert any(line.split()[:3] == ["g0.values", "gradient", "dynamic"] for line in lines)
+    assert any(line.split()[:3] == ["s7", "state", "static"] for line in lines)
+    assert "38 cross-process tensors over 2 server(s): 34 static" in result.stdout
+    written = Plan.from_json(json.loads((tmp_path / "plan.json").read_text()))
+    expected = plan_of(TrainConfig(model="tests.tiny_models:TINY_EMBEDDING", transport="zerocopy",
+                                   transport_options={}, batch_size=4, servers=2))
+    assert written == expected and written.transfers == expected.transfers
+
+
+def test_micro_leaves_out_zerocopy_without_the_analysis_unless_asked():
+    from bench.cli import default_transports
+
+    labels = default_transports()
+    assert "zerocopy" in labels and "zerocopy:no_analysis" not in labels
+    assert "grpc_rdma:direct" in labels or "grpc_rdma" not in labels
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
+        (["analyze", "resnet"], "unknown model 'resnet' (known: alexnet"),
+        (["analyze", "vgg16", "--servers", "0"], "at least 1"),
+        (["model", "vgg16", "--transport", "zerocopy:no_plan"], "transport 'zerocopy' has no mode 'no_plan'"),
         (["model", "resnet"], "unknown model 'resnet' (known: alexnet"),
         (["model", "vgg16", "--transport", "zercopy"], "unknown transport 'zercopy'"),
         (["model", "vgg16", "--batch-size", "0"], "at least 1"),

@@ -311,6 +311,8 @@ class Transport(ABC):
         for spec in specs:
             self.specs[(spec.name, spec.src, spec.dst)] = spec
 
+    #: modes left out of the runs that take every transport by default (``bench micro``): asked for by name only
+    optional_modes: ClassVar[tuple[str, ...]] = ()
     #: whether tensors in memory from :meth:`allocate` or :meth:`register_site` are sent without any copy
     zero_copy_sends: ClassVar[bool] = False
 

@@ -294,6 +294,8 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
         loss, updates = compute(step, values, copies)
         if sites is not None and step == 0:  # the first mini-batch: where TensorFlow put what is sent
             sites.trace(updates)
+        elif sites is not None:  # later ones: which tensors were outside registered memory, if any
+            sites.check(updates)
         computed = time.perf_counter()
         sends = [transport.send_async(Key(name, step, rank, layout.ps_of(v)), array)
                  for v, parts in zip(variables, updates, strict=True) for name, array in parts]
@@ -881,4 +883,6 @@ def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) ->
         "unregistered_sends_per_step": misses / steps,
         "registration_hit_rate": hits / (hits + misses) if hits + misses else None,
         "site_regions": sum(site["regions"] for site in sites) if sites else None,
+        "unregistered_tensors": ",".join(f"{name}:{count}" for site in sites[:1] for name, count in
+                                         site["missed"].items()) if sites else None,
     }

@@ -39,6 +39,8 @@ class AllocationSites:
         self.region_bytes = 0
         #: tensors whose region could not be registered, and why
         self.refused: dict[str, str] = {}
+        #: tensors found outside registered memory after the first step: name -> steps
+        self.missed: dict[str, int] = {}
 
     def trace(self, updates: list[list[tuple[str, np.ndarray]]]) -> None:
         """The first step's tensors to send (per variable, ``(name, array)``): record their sites, and register
@@ -60,6 +62,15 @@ class AllocationSites:
                     self.regions += 1
                     self.region_bytes += registered
 
+    def check(self, updates: list[list[tuple[str, np.ndarray]]]) -> None:
+        """A later step's tensors to send: note those outside registered memory (the transport counts them too;
+        this says which they are, for the record's ``extra``)."""
+        for parts in updates:
+            for name, array in parts:
+                if not self.transport.registered(array):
+                    self.missed[name] = self.missed.get(name, 0) + 1
+
     def summary(self) -> dict[str, Any]:
         return {"sites": len(self.sites), "registered_already": self.registered_already, "regions": self.regions,
-                "region_bytes": self.region_bytes, "refused": dict(list(self.refused.items())[:5])}
+                "region_bytes": self.region_bytes, "refused": dict(list(self.refused.items())[:5]),
+                "missed": dict(sorted(self.missed.items(), key=lambda item: -item[1])[:5])}

@@ -336,6 +336,8 @@ class ZeroCopyTransport(FabricTransport):
     """RDMA.zerocp over the fabric (UCX); see the module docstring for the protocol."""
 
     name = "zerocopy"
+    #: the analysis off is a model-training comparison (Figure 12), not a line of every micro-benchmark
+    optional_modes = ("no_analysis",)
     #: whether the sender copies every tensor into registered memory first (rdma_cp)
     stages_sends = False
 
