@@ -12,6 +12,7 @@ from bench.runtime.ps import TrainConfig, plan_of, summarize, train_locally
 from bench.training import train
 from transports import Key, TensorSpec
 
+from .test_runtime import final_weights
 from .test_zerocopy import close, pair_of
 
 pytest.importorskip("tensorflow")
@@ -76,14 +77,6 @@ def test_a_plan_survives_json_and_the_analysis_off_makes_every_tensor_dynamic():
     assert [t.nbytes for t in off.transfers] == [t.nbytes for t in plan.transfers]
 
 
-def final_values(result):
-    values = {}
-    for role, times in result["outcome"].values():
-        if role == "ps":
-            values.update(times.extra["final_weights"])
-    return values
-
-
 @pytest.mark.parametrize("label", ["zerocopy", "zerocopy:no_analysis", "grpc_tcp"])
 def test_the_dynamic_model_trains_to_the_same_values_as_locally(label):
     name, _, mode = label.partition(":")
@@ -93,7 +86,7 @@ def test_the_dynamic_model_trains_to_the_same_values_as_locally(label):
     run = config(name, options, label=label)
     _, local = train_locally(run)
     result = train(run)
-    distributed = final_values(result)
+    distributed = final_weights(result)
     assert sorted(distributed) == list(range(9))  # the weights and the BatchNorm state, all kept by the PS
     for index, value in local.items():
         np.testing.assert_allclose(distributed[index], value, rtol=1e-5, atol=1e-6, err_msg=f"variable {index}")
@@ -109,7 +102,7 @@ def test_the_parameter_servers_keep_the_batchnorm_statistics():
     run = config(servers=1, options={"fabric_transport": "shm"})
     initial = plan_of(run)
     result = train(run)
-    state = final_values(result)
+    state = final_weights(result)
     moving_mean, moving_variance = state[7], state[8]
     assert initial.variables[7].path.endswith("moving_mean")
     assert np.abs(moving_mean).max() > 0  # it starts at zeros: the workers' updates reached the PS

@@ -148,7 +148,7 @@ def test_measure_compute_returns_seconds_per_sample(built):
 
 
 def test_unknown_model_name():
-    known = r"\(known: alexnet, inception_v3, vgg16, lstm, gru, fcn5\)"
+    known = r"\(known: alexnet, inception_v3, vgg16, lstm, gru, fcn5, embedding\)"
     with pytest.raises(ValueError, match=r"unknown model 'resnet50' " + known):
         get_model("resnet50")
     assert get_model("Inception-v3") is MODELS["inception_v3"]
@@ -177,3 +177,19 @@ def test_cmd_models_prints_a_row_per_model(capsys):
     assert models.cmd_models(argparse.Namespace(models=["fcn5"], batch_size=1, steps=1)) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith("fcn5") and "204.47" in out[-1]
+
+
+def test_the_embedding_model_looks_up_token_rows_with_a_sparse_gradient():
+    import tensorflow as tf
+
+    defn = get_model("embedding")
+    assert "embedding" not in MODELS  # beyond the paper's Table 2
+    x, y = defn.make_batch(4, seed=1)
+    assert x.dtype == np.int32 and x.shape == (4, models.EMBED_TOKENS) and x.min() >= 0 and x.max() < models.EMBED_ROWS
+    assert len(np.unique(x)) < x.size  # Zipf: tokens repeat, so the distinct rows are fewer than the lookups
+    model = defn.build()
+    with tf.GradientTape() as tape:
+        loss = defn.loss_fn()(y, model(x, training=True))
+    table_gradient = tape.gradient(loss, model.trainable_variables)[0]
+    assert isinstance(table_gradient, tf.IndexedSlices)
+    assert table_gradient.values.shape == (4 * models.EMBED_TOKENS, models.EMBED_DIM)
