@@ -98,6 +98,19 @@ def test_the_dynamic_model_trains_to_the_same_values_as_locally(label):
         assert record["analysis"] == ("off" if mode else "on")
 
 
+def test_without_the_analysis_a_model_of_more_tensors_than_threads_trains():
+    # every send is dynamic and waits for its reader on one of the transport's 64 threads; the credits of
+    # tensors connected later must not queue behind them (they did: the PS waited for them forever)
+    run = TrainConfig(model="tests.tiny_models:TINY_DEEP", transport="zerocopy",
+                      transport_options={"fabric_transport": "shm", "analysis": False}, batch_size=2, servers=1,
+                      steps=1, warmup=2, learning_rate=0.1, timeout_s=60, label="zerocopy:no_analysis")
+    _, local = train_locally(run)
+    distributed = final_weights(train(run))
+    assert len(distributed) == 80
+    for index, value in local.items():
+        np.testing.assert_allclose(distributed[index], value, rtol=1e-5, atol=1e-6)
+
+
 def test_the_parameter_servers_keep_the_batchnorm_statistics():
     run = config(servers=1, options={"fabric_transport": "shm"})
     initial = plan_of(run)

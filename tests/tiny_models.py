@@ -61,3 +61,28 @@ class TinyEmbedding:
 
 
 TINY_EMBEDDING = TinyEmbedding()
+
+
+@dataclass(frozen=True)
+class TinyDeep:
+    """40 dense layers of 4 (80 variables): more tensors than a transport has threads."""
+
+    name: str = "tiny_deep"
+
+    def build(self):
+        import keras
+
+        return keras.Sequential([keras.Input((4,)), *[keras.layers.Dense(4, activation="tanh") for _ in range(39)],
+                                 keras.layers.Dense(3)])
+
+    def make_batch(self, batch_size: int, seed: int):
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((batch_size, 4)).astype(np.float32), rng.integers(0, 3, batch_size).astype(np.int32)
+
+    def loss_fn(self):
+        import keras
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+TINY_DEEP = TinyDeep()

@@ -40,7 +40,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -362,6 +362,9 @@ class ZeroCopyTransport(FabricTransport):
         self._queue: deque[_Queued] = deque()
         self._doorbell = np.zeros(1, np.uint64)
         self._poller: threading.Thread | None = None
+        #: credits for receives posted before their sender connected go out on a thread of their own: on the
+        #: transport's pool they could queue behind sends that wait for the peer, which waits for these credits
+        self._granter: ThreadPoolExecutor | None = None
 
     @property
     def zero_copy_sends(self) -> bool:
@@ -501,8 +504,12 @@ class ZeroCopyTransport(FabricTransport):
             with contextlib.suppress(TransportError):
                 self._grant(incoming.mirror, [incoming])
 
-        with contextlib.suppress(TransportClosed):
-            self._submit(grant)
+        with self._lock:
+            if self._closed.is_set():
+                return
+            if self._granter is None:
+                self._granter = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-{self.rank}-credits")
+            self._granter.submit(grant)
 
     def _credit_entry(self, dst: int) -> tuple[Block, int]:
         """A fresh entry of this rank's credit table towards ``dst`` (a new table when the last is full)."""
@@ -702,6 +709,10 @@ class ZeroCopyTransport(FabricTransport):
     def _before_device_close(self) -> None:
         if self._poller is not None:
             self._poller.join(timeout=10)
+        with self._lock:
+            granter = self._granter
+        if granter is not None:
+            granter.shutdown(wait=True, cancel_futures=True)
 
     def _count_source(self, array: np.ndarray) -> None:
         """A registration-cache hit (the tensor is in registered memory already) or a miss, in the ledger."""
