@@ -292,10 +292,6 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             evaluated = time.perf_counter() - received
             evaluating += evaluated
         loss, updates = compute(step, values, copies)
-        if sites is not None and step == 0:  # the first mini-batch: where TensorFlow put what is sent
-            sites.trace(updates)
-        elif sites is not None:  # later ones: which tensors were outside registered memory, if any
-            sites.check(updates)
         computed = time.perf_counter()
         sends = [transport.send_async(Key(name, step, rank, layout.ps_of(v)), array)
                  for v, parts in zip(variables, updates, strict=True) for name, array in parts]
@@ -303,6 +299,8 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             on_loss(step, float(loss), trained_s)
         for sending in sends:
             sending.result(config.timeout_s)
+        if sites is not None:  # where TensorFlow put what was sent: its regions registered for the next steps
+            sites.trace(updates, first=step == 0)
         done = time.perf_counter()
         times.total += done - started - evaluated
         times.compute += computed - received - evaluated

@@ -5,10 +5,11 @@ without a copy, that memory must be registered with the fabric, and registering 
 paper avoids. In the first mini-batch, for every tensor sent, the tracer records its allocation site
 (the graph operation the analyzer names in the plan) and where its buffer is; a buffer outside
 registered memory has its allocator region registered with the transport, once
-(``Transport.register_site``). With TensorFlow's BFC allocator (which the runtime selects) those
-regions are reused every step, so from the second step on the tensors land in registered memory:
-the transport counts, per send, whether it was (``sends_registered``, a registration-cache hit) or
-not (``sends_unregistered``).
+(``Transport.register_site``). The transport counts, per send, whether the tensor was in
+registered memory (``sends_registered``, a registration-cache hit) or not (``sends_unregistered``);
+after every later step the tracer registers the regions of the tensors that missed, so each region
+is registered once. With TensorFlow's BFC allocator (which the runtime selects) the regions are
+reused every step: once the allocator has stopped growing (a step or two), every tensor hits.
 
 The paper redirects the allocation itself (a site in its set allocates from the RDMA allocator); from
 Python TensorFlow's allocator cannot be told where to put one operation's output, so the regions
@@ -42,17 +43,21 @@ class AllocationSites:
         #: tensors found outside registered memory after the first step: name -> steps
         self.missed: dict[str, int] = {}
 
-    def trace(self, updates: list[list[tuple[str, np.ndarray]]]) -> None:
-        """The first step's tensors to send (per variable, ``(name, array)``): record their sites, and register
-        the regions holding those outside registered memory."""
+    def trace(self, updates: list[list[tuple[str, np.ndarray]]], first: bool) -> None:
+        """A step's tensors, once sent (per variable, ``(name, array)``): register the allocator regions of those
+        outside registered memory, so that the next steps find them there. The first step also records each
+        tensor's site; later ones note which tensors missed (the transport counted them when it sent them)."""
         layout = self.plan.layout
         for variable, parts in zip(self.plan.variables, updates, strict=True):
             for name, array in parts:
-                site = self.plan.transfer(name, self.rank, layout.ps_of(variable)).site
-                self.sites[site] = self.sites.get(site, 0) + 1
+                if first:
+                    site = self.plan.transfer(name, self.rank, layout.ps_of(variable)).site
+                    self.sites[site] = self.sites.get(site, 0) + 1
                 if self.transport.registered(array):
-                    self.registered_already += 1
+                    self.registered_already += first
                     continue
+                if not first:
+                    self.missed[name] = self.missed.get(name, 0) + 1
                 try:
                     registered = self.transport.register_site(array)
                 except ValueError as exc:
@@ -61,14 +66,6 @@ class AllocationSites:
                 if registered:
                     self.regions += 1
                     self.region_bytes += registered
-
-    def check(self, updates: list[list[tuple[str, np.ndarray]]]) -> None:
-        """A later step's tensors to send: note those outside registered memory (the transport counts them too;
-        this says which they are, for the record's ``extra``)."""
-        for parts in updates:
-            for name, array in parts:
-                if not self.transport.registered(array):
-                    self.missed[name] = self.missed.get(name, 0) + 1
 
     def summary(self) -> dict[str, Any]:
         return {"sites": len(self.sites), "registered_already": self.registered_already, "regions": self.regions,
