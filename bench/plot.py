@@ -241,7 +241,7 @@ def plot_copy_overhead(run: Run) -> list[Path]:
     records = records[records["batch_size"] == records["batch_size"].min()]
     names = [n for n in COPY_OVERHEAD if n in set(records["transport"])]
     models = list(dict.fromkeys(records[records["transport"].isin(names)]["model"]))
-    fig, (time_ax, copy_ax, miss_ax) = plt.subplots(1, 3, figsize=(max(12, 2.2 * len(models) * 3), 4.6))
+    fig, (time_ax, copy_ax, miss_ax) = plt.subplots(3, 1, figsize=(max(8.0, 1.3 * len(models) + 2), 11))
     width = 0.8 / len(names)
 
     def value(model: str, name: str, column: str) -> float:
@@ -256,7 +256,7 @@ def plot_copy_overhead(run: Run) -> list[Path]:
             heights = [value(m, name, column) * scale for m in models]
             ax.bar([j + i * width for j in range(len(models))], heights, width, label=LABELS.get(name, name),
                    color=STYLE.get(name, {}).get("color"))
-        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(models))], models, rotation=20)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(models))], models)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(True, axis="y", alpha=0.3)
@@ -266,7 +266,7 @@ def plot_copy_overhead(run: Run) -> list[Path]:
             top = max(on, off)
             time_ax.annotate(f"{(off / on - 1) * 100:+.0f}%", (j + width * (len(names) - 1) / 2, top),
                              ha="center", va="bottom", fontsize=8)
-    time_ax.set_title("mini-batch time (label: analysis off vs on)", fontsize=9)
+    time_ax.set_title("mini-batch time (label: the step time with the analysis off, against on)", fontsize=9)
     copy_ax.set_title("copies in user space", fontsize=9)
     miss_ax.set_title("registration-cache misses", fontsize=9)
     handles, labels = time_ax.get_legend_handles_labels()
@@ -276,7 +276,7 @@ def plot_copy_overhead(run: Run) -> list[Path]:
     fig.suptitle(f"The graph analysis: zero copy against the same transport without it (Figure 12), batch size "
                  f"{int(records['batch_size'].min())}, {servers} server(s)" + (f"\n{notes}" if notes else "")
                  + "\n" + _subtitle(run), fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     return _save(fig, run, "copy_overhead")
 
 
