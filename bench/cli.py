@@ -899,7 +899,8 @@ def cmd_converge(args: argparse.Namespace, launcher) -> int:
     if agreement:
         print("training loss per step, largest relative difference from " + f"{next(iter(losses))}: "
               + ", ".join(f"{label} {value:.1e}" for label, value in agreement.items()))
-    _print_converge_summary(out, BASELINE, PAPER_SPEEDUP.get(task.name))
+    if (out / "records.csv").exists():  # a run whose every transport failed recorded nothing
+        _print_converge_summary(out, BASELINE, PAPER_SPEEDUP.get(task.name))
     print(f"results: {out}")
     if not args.no_plot and (out / "records.csv").exists():
         _draw(out, "converge")

@@ -70,7 +70,7 @@ def test_a_time_limit_stops_every_rank_at_one_step(tmp_path):
     out = tmp_path / "run"
     result = bench("converge", "digits", "--transport", "zerocopy", "--time", "3", "--eval-every", "1000",
                    "--out", str(out), "--no-plot")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-3000:]
     steps = load_run(out).records.query("kind == 'step'")
     assert 3 < len(steps) < 100_000
     assert steps["step"].tolist() == list(range(len(steps)))  # both workers reported every step, none more

@@ -188,6 +188,9 @@ def _build(config: TrainConfig):
     import keras
 
     definition = definition_of(config)
+    # Keras names layers with a per-process counter: a fresh session keeps the variables' paths (the plan's) the
+    # same however many models this process built before
+    keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed)
     model = definition.build()
     return definition, model
