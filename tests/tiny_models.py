@@ -1,4 +1,4 @@
-"""A tiny model for runtime tests, importable by the spawned training processes."""
+"""Tiny models for runtime tests, importable by the spawned training processes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,17 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class _Classifier:
+    """What every tiny model shares: the loss of 3-class integer labels on logits."""
+
+    def loss_fn(self):
+        import keras
+
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 @dataclass(frozen=True)
-class TinyMLP:
+class TinyMLP(_Classifier):
     """8 inputs, a hidden layer of 16, 3 classes."""
 
     name: str = "tiny_mlp"
@@ -22,17 +31,12 @@ class TinyMLP:
         rng = np.random.default_rng(seed)
         return rng.standard_normal((batch_size, 8)).astype(np.float32), rng.integers(0, 3, batch_size).astype(np.int32)
 
-    def loss_fn(self):
-        import keras
-
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
 
 TINY = TinyMLP()
 
 
 @dataclass(frozen=True)
-class TinyEmbedding:
+class TinyEmbedding(_Classifier):
     """6 tokens of a vocabulary of 50 -> embedding of 4 (a sparse gradient) -> mean -> 5 -> BatchNorm -> 3."""
 
     name: str = "tiny_embedding"
@@ -54,17 +58,12 @@ class TinyEmbedding:
         tokens = rng.integers(0, 12, (batch_size, 6)).astype(np.int32)  # few distinct: rows repeat
         return tokens, rng.integers(0, 3, batch_size).astype(np.int32)
 
-    def loss_fn(self):
-        import keras
-
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
 
 TINY_EMBEDDING = TinyEmbedding()
 
 
 @dataclass(frozen=True)
-class TinyDeep:
+class TinyDeep(_Classifier):
     """40 dense layers of 4 (80 variables): more tensors than a transport has threads."""
 
     name: str = "tiny_deep"
@@ -78,11 +77,6 @@ class TinyDeep:
     def make_batch(self, batch_size: int, seed: int):
         rng = np.random.default_rng(seed)
         return rng.standard_normal((batch_size, 4)).astype(np.float32), rng.integers(0, 3, batch_size).astype(np.int32)
-
-    def loss_fn(self):
-        import keras
-
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 TINY_DEEP = TinyDeep()
