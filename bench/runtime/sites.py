@@ -42,6 +42,9 @@ class AllocationSites:
         self.refused: dict[str, str] = {}
         #: tensors found outside registered memory after the first step: name -> steps
         self.missed: dict[str, int] = {}
+        #: the transport's count of sends from unregistered memory when last looked at (the runtime traces a step
+        #: only when it grew, so a step where every tensor hit costs no lookups)
+        self.misses_seen = 0
 
     def trace(self, updates: list[list[tuple[str, np.ndarray]]], first: bool) -> None:
         """A step's tensors, once sent (per variable, ``(name, array)``): register the allocator regions of those
