@@ -52,9 +52,12 @@ class PlotError(ValueError):
     """Nothing to draw, or an experiment this command cannot draw."""
 
 
-def plot_run(path: Path) -> list[Path]:
-    """Draw every figure the run's experiment has; returns the files written."""
+def plot_run(path: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw every figure the run's experiment has, into ``out_dir`` (default: the run's directory);
+    returns the files written."""
     run = load_run(path)
+    if out_dir is not None:
+        run.meta["figure_dir"] = Path(out_dir)
     if run.records.empty:
         raise PlotError(f"{path}: the run has no records to draw")
     if run.experiment == "micro":
@@ -91,7 +94,7 @@ def _subtitle(run: Run) -> str:
 def _save(fig, run: Run, stem: str) -> list[Path]:
     written = []
     for fmt in FORMATS:
-        out = run.path / f"{stem}.{fmt}"
+        out = Path(run.meta.get("figure_dir") or run.path) / f"{stem}.{fmt}"
         fig.savefig(out, dpi=150, bbox_inches="tight")
         written.append(out)
     plt.close(fig)
