@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.results import ConvergeRecord
+
 #: transport whose time to target every other is compared with (the paper's baseline)
 BASELINE = "grpc_tcp"
 #: zero copy's time-to-loss advantage over gRPC over TCP in the paper's Figure 10, by task
@@ -66,47 +68,47 @@ def parse_target(text: str) -> Target:
     return Target(metric, number)
 
 
-def step_records(common: dict[str, Any], losses: dict[int, dict[int, float]], starts: dict[int, float]) -> list[dict]:
+def step_records(common: dict[str, Any], losses: dict[int, dict[int, float]],
+                 starts: dict[int, float]) -> list[ConvergeRecord]:
     """One ``step`` record per step: the mean of the workers' losses (``losses[step][server]``)."""
-    return [{**common, "kind": "step", "step": step, "wall_s": starts.get(step),
-             "train_loss": sum(by_server.values()) / len(by_server)}
+    return [ConvergeRecord(**common, kind="step", step=step, wall_s=starts.get(step),
+                           train_loss=sum(by_server.values()) / len(by_server))
             for step, by_server in sorted(losses.items())]
 
 
 def eval_records(common: dict[str, Any], evals: list[dict[str, Any]], metric: str,
-                 losses: dict[int, dict[int, float]]) -> list[dict]:
+                 losses: dict[int, dict[int, float]]) -> list[ConvergeRecord]:
     """One ``eval`` record per evaluation point."""
     rows = []
     for point in sorted(evals, key=lambda p: p["step"]):
         by_server = losses.get(point["step"], {})
-        rows.append({**common, "kind": "eval", "step": point["step"], "wall_s": point["wall_s"],
-                     "train_loss": sum(by_server.values()) / len(by_server) if by_server else None,
-                     "heldout_loss": point["heldout_loss"], "metric": metric, "metric_value": point[metric]})
+        rows.append(ConvergeRecord(**common, kind="eval", step=point["step"], wall_s=point["wall_s"],
+                                   train_loss=sum(by_server.values()) / len(by_server) if by_server else None,
+                                   heldout_loss=point["heldout_loss"], metric=metric, metric_value=point[metric]))
     return rows
 
 
-def summary_records(evaluations: list[dict[str, Any]], target: Target) -> list[dict]:
+def summary_records(evaluations: list[ConvergeRecord | dict[str, Any]], target: Target) -> list[ConvergeRecord]:
     """Per transport, the first evaluation that reached ``target``, and its time's ratio to the baseline's."""
-    first: dict[str, dict[str, Any] | None] = {}
-    for row in sorted(evaluations, key=lambda r: r["step"]):  # stable: transports stay in the order run
-        label = row["transport"]
-        first.setdefault(label, None)
-        measured = row["heldout_loss"] if target.metric == "heldout_loss" else row["metric_value"]
-        if first[label] is None and (row["metric"] == target.metric or target.metric == "heldout_loss") \
+    evaluations = [row if isinstance(row, ConvergeRecord) else ConvergeRecord.from_row(row) for row in evaluations]
+    first: dict[str, ConvergeRecord | None] = {}
+    for row in sorted(evaluations, key=lambda r: r.step):  # stable: transports stay in the order run
+        first.setdefault(row.transport, None)
+        measured = row.heldout_loss if target.metric == "heldout_loss" else row.metric_value
+        if first[row.transport] is None and (row.metric == target.metric or target.metric == "heldout_loss") \
                 and target.reached(measured):
-            first[label] = row
+            first[row.transport] = row
     baseline = first.get(BASELINE)
     rows = []
     for label, row in first.items():
-        template = next(r for r in evaluations if r["transport"] == label)
-        seconds = row["wall_s"] if row else None
-        ratio = (baseline["wall_s"] / seconds) if (row and baseline and seconds) else None
-        rows.append({key: template[key] for key in ("transport", "task", "batch_size", "servers", "learning_rate",
-                                                    "fabric") if key in template}
-                    | {"kind": "summary", "target": str(target), "steps_to_target": row["step"] if row else None,
-                       "time_to_target_s": seconds, "speedup_vs_grpc_tcp": ratio,
-                       "paper_speedup_vs_grpc_tcp": PAPER_SPEEDUP.get(template.get("task"))
-                       if label == "zerocopy" else None})
+        template = next(r for r in evaluations if r.transport == label)
+        seconds = row.wall_s if row else None
+        rows.append(ConvergeRecord(
+            kind="summary", transport=label, task=template.task, batch_size=template.batch_size,
+            servers=template.servers, learning_rate=template.learning_rate, fabric=template.fabric,
+            target=str(target), steps_to_target=row.step if row else None, time_to_target_s=seconds,
+            speedup_vs_grpc_tcp=(baseline.wall_s / seconds) if (row and baseline and seconds) else None,
+            paper_speedup_vs_grpc_tcp=PAPER_SPEEDUP.get(template.task) if label == "zerocopy" else None))
     return rows
 
 
@@ -174,10 +176,10 @@ def run_task(config, launcher, bar) -> Progress:
     return progress
 
 
-def converge(args, launcher, writer, labels: list[str], task, target: Target | None,
-             options_for: Callable[[str], dict[str, Any]]) -> tuple[list[str], dict[str, list[float]]]:
-    """Train ``task`` over every transport of ``labels`` (``options_for(label)``: its constructor options);
-    records go to ``writer``. Returns the failures and each transport's loss per step."""
+def converge(args, launcher, writer, chosen: list, task, target: Target | None,
+             options_for: Callable[[Any], dict[str, Any]]) -> tuple[list[str], dict[str, list[float]]]:
+    """Train ``task`` over every transport of ``chosen`` (``bench.options.Choice``; ``options_for(choice)``: its
+    constructor options); records go to ``writer``. Returns the failures and each transport's loss per step."""
     import dataclasses
 
     from tqdm import tqdm
@@ -190,12 +192,13 @@ def converge(args, launcher, writer, labels: list[str], task, target: Target | N
     failures: list[str] = []
     evaluations: list[dict[str, Any]] = []
     losses: dict[str, list[float]] = {}
-    for label in labels:
-        config = TrainConfig(model=task.name, transport=label.partition(":")[0], transport_options={},
+    for choice in chosen:
+        label = choice.label
+        config = TrainConfig(model=task.name, transport=choice.name, transport_options={},
                              batch_size=args.batch_size, servers=args.servers, steps=args.steps, warmup=0,
                              learning_rate=args.learning_rate, seed=args.seed, timeout_s=args.timeout, label=label,
                              task=True, data=args.data, evaluate_every=args.eval_every, time_s=args.time)
-        config = dataclasses.replace(config, transport_options=options_for(label))
+        config = dataclasses.replace(config, transport_options=options_for(choice))
         common = {"transport": label, "task": task.name, "batch_size": args.batch_size, "servers": args.servers,
                   "learning_rate": args.learning_rate}
         with tqdm(total=args.steps, unit="step", desc=f"{task.name} over {label}", dynamic_ncols=True,
@@ -216,8 +219,8 @@ def converge(args, launcher, writer, labels: list[str], task, target: Target | N
         losses[label] = progress.ordered_losses()
         last = points[-1] if points else None
         if last is not None:
-            print(f"{label:18} {len(losses[label]):5} steps in {last['wall_s']:7.1f} s: held-out {task.metric} "
-                  f"{last['metric_value']:.4g}, loss {last['heldout_loss']:.4f}")
+            print(f"{label:18} {len(losses[label]):5} steps in {last.wall_s:7.1f} s: held-out {task.metric} "
+                  f"{last.metric_value:.4g}, loss {last.heldout_loss:.4f}")
     if target is not None and evaluations:
         for row in summary_records(evaluations, target):
             writer.add(row)

@@ -38,6 +38,7 @@ import numpy as np
 import transports
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.memory import rss_mb
+from bench.results import MicroRecord, SoakRecord, latency_summary
 from bench.sizes import format_size
 from transports import Cluster, Key, TensorSpec, TransportStats, fabric
 
@@ -65,6 +66,8 @@ class Point:
     ``check``: the receiver compares every element of every tensor with what the sender wrote and
     counts the tensors that differ instead of failing at the first (the soak); otherwise it checks the
     marker (the maximum) only.
+    ``extra_copies``: the sender copies the tensor this many more times per transfer, after reading the
+    clock (``--extra-copy``: a known slow-down, counted as copied bytes, to check that comparisons catch one).
     """
 
     size_bytes: int
@@ -72,6 +75,7 @@ class Point:
     iters: int
     seconds: float | None = None
     check: bool = False
+    extra_copies: int = 0
 
     @property
     def dtype(self) -> np.dtype:
@@ -165,6 +169,7 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
         rss0 = rss_mb()
         tensor = transport.allocate(spec)
         tensor[...] = content(point)
+        scratch = np.empty_like(tensor) if point.extra_copies else None
         starts = []
         cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
         i = 0
@@ -176,6 +181,8 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             t_send = clock_ns()
+            for _ in range(point.extra_copies):
+                np.copyto(scratch, tensor)
             transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
             starts.append(t_send)
             i += 1
@@ -288,16 +295,11 @@ def ranks_of(label: str, options: dict[str, Any], points: list[Point]) -> list[R
 
 
 def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
-                  on_record: Callable[[dict[str, Any]], None],
-                  on_progress: Callable[[int, int], None] = lambda size, n: None,
-                  record_of: Callable[[str, Point, Side, Side], dict[str, Any] | list[dict[str, Any]]] | None = None,
-                  ) -> None:
-    """Measure every point over transport ``label`` built with ``options``; each record as soon as it is measured.
-
-    ``record_of(label, point, sender, receiver)`` makes the record(s) of a point (default :func:`make_record`).
-    """
+                  on_point: Callable[[Point, Side, Side], None],
+                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
+    """Measure every point over transport ``label`` built with ``options``; ``on_point(point, sender,
+    receiver)`` gets both sides' measurements of each point as soon as it is measured."""
     timeout_s = options.get("timeout_s", 120.0)
-    record_of = record_of or make_record
     sides: dict[tuple[str, int], Side] = {}
     by_size = {p.size_bytes: p for p in points}
 
@@ -308,9 +310,7 @@ def run_transport(label: str, points: list[Point], options: dict[str, Any], laun
         sides[(payload.role, payload.size_bytes)] = payload
         size = payload.size_bytes
         if ("sender", size) in sides and ("receiver", size) in sides:
-            made = record_of(label, by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
-            for record in made if isinstance(made, list) else [made]:
-                on_record(record)
+            on_point(by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
 
     try:
         # a transfer may take up to timeout_s, and the receiver reports at least every PROGRESS_EVERY_S
@@ -320,57 +320,47 @@ def run_transport(label: str, points: list[Point], options: dict[str, Any], laun
         raise MicroError(f"{label}: {exc}") from None
 
 
-def make_record(name: str, point: Point, sender: Side, receiver: Side) -> dict[str, Any]:
-    """One row of ``records.csv`` from both sides' measurements."""
+def transfer_times(sender: Side, receiver: Side) -> dict[str, np.ndarray]:
+    """Each timed transfer's time (µs): ``time_us`` from send to consumed, ``transfer_us`` from send to
+    ``recv`` returning (the columns of ``samples.csv``)."""
     starts = np.array(sender.times, dtype=np.int64)
-    received, done = np.array(receiver.times, dtype=np.int64).T
-    micros = (done - starts) / 1e3
-    mean_us = float(micros.mean())
-    per = len(starts)  # point.iters, or as many as fitted in the point's seconds
+    received, done = np.array(receiver.times, dtype=np.int64).reshape(-1, 2).T
+    return {"time_us": (done - starts) / 1e3, "transfer_us": (received - starts) / 1e3}
+
+
+def make_record(name: str, point: Point, sender: Side, receiver: Side, round: int = 1) -> MicroRecord:
+    """The record of a point from both sides' measurements."""
+    times = transfer_times(sender, receiver)
+    summary = latency_summary(times["time_us"])
+    per = len(times["time_us"])  # point.iters, or as many as fitted in the point's seconds
     both = sender.stats + receiver.stats
-    return {
-        "transport": name,
-        "size_bytes": point.size_bytes,
-        "dtype": point.dtype.name,
-        "warmup": point.warmup,
-        "iters": per,
-        "p50_us": float(np.percentile(micros, 50)),
-        "p99_us": float(np.percentile(micros, 99)),
-        "mean_us": mean_us,
-        "min_us": float(micros.min()),
-        "max_us": float(micros.max()),
-        # the same transfers split at the moment recv returned: moving the tensor, then consuming it
-        "transfer_p50_us": float(np.percentile((received - starts) / 1e3, 50)),
-        "consume_p50_us": float(np.percentile((done - received) / 1e3, 50)),
-        "throughput_MBps": point.size_bytes / 2**20 / (mean_us / 1e6),
-        "sender_cpu_s": sender.cpu_s,
-        "receiver_cpu_s": receiver.cpu_s,
-        "sender_cpu_us_per_transfer": sender.cpu_s / per * 1e6,
-        "receiver_cpu_us_per_transfer": receiver.cpu_s / per * 1e6,
-        "copied_bytes_per_transfer": both.copied_bytes / per,
-        "serialisations_per_transfer": both.serialisations / per,
-        "deserialisations_per_transfer": both.deserialisations / per,
-        "control_messages_per_transfer": both.control_messages / per,
-        "registrations": both.registrations,
-        "registrations_per_transfer": both.registrations / per,
-        "fabric": fabric.label(sender.fabric),
-    }
+    copied = both.copied_bytes + point.extra_copies * point.size_bytes * per
+    return MicroRecord(
+        transport=name, size_bytes=point.size_bytes, round=round, dtype=point.dtype.name, warmup=point.warmup,
+        iters=per, **summary,
+        transfer_p50_us=float(np.percentile(times["transfer_us"], 50)),
+        consume_p50_us=float(np.percentile(times["time_us"] - times["transfer_us"], 50)),
+        throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
+        sender_cpu_s=sender.cpu_s, receiver_cpu_s=receiver.cpu_s,
+        sender_cpu_us_per_transfer=sender.cpu_s / per * 1e6, receiver_cpu_us_per_transfer=receiver.cpu_s / per * 1e6,
+        copied_bytes_per_transfer=copied / per, serialisations_per_transfer=both.serialisations / per,
+        deserialisations_per_transfer=both.deserialisations / per,
+        control_messages_per_transfer=both.control_messages / per, registrations=both.registrations,
+        registrations_per_transfer=both.registrations / per, fabric=fabric.label(sender.fabric),
+        extra_copies=point.extra_copies)
 
 
-def soak_records(name: str, point: Point, sender: Side, receiver: Side) -> list[dict[str, Any]]:
+def soak_records(name: str, point: Point, sender: Side, receiver: Side) -> list[SoakRecord]:
     """The ``soak`` rows of a point: one per side, with tensors sent, received, corrupted and lost, and memory."""
     measured = make_record(name, point, sender, receiver)
     starts = np.array(sender.times, dtype=np.int64)
-    done = np.array(receiver.times, dtype=np.int64).T[1]
+    done = np.array(receiver.times, dtype=np.int64).reshape(-1, 2).T[1]
     common = {"phase": "micro", "transport": name, "size_bytes": point.size_bytes,
-              "seconds": float(done[-1] - starts[0]) / 1e9, "p50_us": measured["p50_us"],
-              "throughput_MBps": measured["throughput_MBps"], "fabric": measured["fabric"]}
-    rows = []
-    for side, sent, received, corrupted, lost in (
-            (sender, sender.transfers, 0, 0, 0),
-            (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers)):
-        rows.append({**common, "process": side.role, "transfers": side.transfers, "tensors_sent": sent,
-                     "tensors_received": received, "corrupted": corrupted, "lost": lost,
-                     "rss_start_mb": side.rss_start_mb, "rss_end_mb": side.rss_end_mb,
-                     "rss_growth_mb": side.rss_end_mb - side.rss_start_mb})
-    return rows
+              "seconds": float(done[-1] - starts[0]) / 1e9, "p50_us": measured.p50_us,
+              "throughput_MBps": measured.throughput_MBps, "fabric": measured.fabric}
+    return [SoakRecord(**common, process=side.role, transfers=side.transfers, tensors_sent=sent,
+                       tensors_received=received, corrupted=corrupted, lost=lost, rss_start_mb=side.rss_start_mb,
+                       rss_end_mb=side.rss_end_mb, rss_growth_mb=side.rss_end_mb - side.rss_start_mb)
+            for side, sent, received, corrupted, lost in (
+                (sender, sender.transfers, 0, 0, 0),
+                (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers))]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -51,6 +50,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 if TYPE_CHECKING:
     import keras
+
+    from bench.results import ModelsRecord
 
 MB = 2**20
 #: the paper's RNNs: hidden vector size and number of time steps (Table 2's note)
@@ -373,14 +374,12 @@ def models_table(
     batch_size: int = 1,
     *,
     steps: int = 3,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Build and measure each model (default: all six); one row per model, in order.
-
-    Rows carry ``model, variables, paper_variables, model_mb, paper_model_mb, compute_ms_per_sample,
-    paper_compute_ms_per_sample`` (and ``parameters``, ``batch_size``). ``on_row`` is called with each row
-    as soon as it is measured (the big models take a while).
+    on_row: Callable[[ModelsRecord], None] | None = None,
+) -> list[ModelsRecord]:
+    """Build and measure each model (default: all six); one record per model, in order, beside the paper's
+    Table 2. ``on_row`` is called with each record as soon as it is measured (the big models take a while).
     """
+    from bench.results import ModelsRecord
     keras = _keras()
     definitions = [get_model(name) for name in (list(names) if names else list(MODELS))]
     rows = []
@@ -392,17 +391,11 @@ def models_table(
         seconds = measure_compute(defn, batch_size=batch_size, steps=steps, model=model)
         del model
         gc.collect()
-        row = {
-            "model": defn.name,
-            "variables": info["variables"],
-            "paper_variables": defn.paper_variables,
-            "parameters": info["parameters"],
-            "model_mb": info["model_mb"],
-            "paper_model_mb": defn.paper_model_mb,
-            "batch_size": batch_size,
-            "compute_ms_per_sample": seconds * 1e3,
-            "paper_compute_ms_per_sample": defn.paper_compute_ms_per_sample,
-        }
+        row = ModelsRecord(model=defn.name, variables=info["variables"], paper_variables=defn.paper_variables,
+                           parameters=info["parameters"], model_mb=info["model_mb"],
+                           paper_model_mb=defn.paper_model_mb, batch_size=batch_size,
+                           compute_ms_per_sample=seconds * 1e3,
+                           paper_compute_ms_per_sample=defn.paper_compute_ms_per_sample)
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -440,38 +433,20 @@ def _line(cells: list[str], widths: list[int]) -> str:
     return "  ".join([first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))])
 
 
-def _header(widths: list[int]) -> list[str]:
+def table_header(widths: list[int] | None = None) -> list[str]:
+    """The table's header lines; without ``widths``, the widths of an empty table (rows then printed as they
+    come with :func:`row_line` line up with them)."""
+    widths = widths or _widths([])
     return [_line([header for _, header, _ in _COLUMNS], widths), "  ".join("-" * w for w in widths)]
 
 
-def _row_line(row: dict[str, Any], widths: list[int]) -> str:
+def row_line(row: dict[str, Any], widths: list[int] | None = None) -> str:
+    """One model's line of the table (``widths``: those :func:`table_header` was given)."""
+    widths = widths or _widths([])
     return _line([_cell(row, key, spec) for key, _, spec in _COLUMNS], widths)
 
 
 def format_models_table(rows: list[dict[str, Any]]) -> str:
     """The rows of ``models_table`` as an aligned text table (MB = 2**20 bytes; ``-`` where unknown)."""
     widths = _widths(rows)
-    return "\n".join([*_header(widths), *(_row_line(row, widths) for row in rows)])
-
-
-def cmd_models(args: Any) -> int:
-    """``bench models``: print each model's size and local compute time beside the paper's Table 2.
-
-    Reads ``args.models`` (names; empty or missing: all six), ``args.batch_size`` (default 1) and
-    ``args.steps`` (default 3). Prints the header, then one line per model as it finishes. Returns 0, or 2
-    for an unknown model name (one line on stderr).
-    """
-    names = list(getattr(args, "models", None) or MODELS)
-    batch_size = getattr(args, "batch_size", None) or 1
-    steps = getattr(args, "steps", None) or 3
-    try:
-        names = [get_model(name).name for name in names]
-    except ValueError as exc:
-        print(f"bench models: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"forward+backward at batch size {batch_size}, {steps} timed steps after one warm-up, on this machine; "
-          "paper: Table 2 of Xue et al. (EuroSys '19), on a Tesla P100 GPU", flush=True)
-    widths = _widths([])
-    print("\n".join(_header(widths)), flush=True)
-    models_table(names, batch_size, steps=steps, on_row=lambda row: print(_row_line(row, widths), flush=True))
-    return 0
+    return "\n".join([*table_header(widths), *(row_line(row, widths) for row in rows)])

@@ -78,10 +78,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, NamedTuple
 
 import numpy as np
 
+from bench.results import MicroRecord, latency_summary
 from transports import fabric
 from transports.fabric.base import FabricError, Tool
 
@@ -146,7 +147,7 @@ def fabric_label(env: dict[str, str]) -> str:
 
 def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Callable[[int], int],
                          timeout_s: float = 120, *, warmup_for: Callable[[int], int] | None = None,
-                         test: str = PERFTEST_TEST) -> list[dict[str, Any]]:
+                         test: str = PERFTEST_TEST) -> list[MicroRecord]:
     """Run ``ucx_perftest -t <test>`` once per size over loopback; one record per size.
 
     ``test`` is ``ucp_put_bw`` (the ``ucx_perftest`` line) or ``ucp_put_lat`` (the
@@ -208,7 +209,7 @@ def private_network(what: str = "ucx_perftest"):
         subprocess.run([ip, "netns", "delete", name], capture_output=True)
 
 
-def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str) -> dict[str, Any]:
+def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str) -> MicroRecord:
     """The ``micro`` record of one perftest result: ``ucx_perftest`` for a bandwidth test,
     ``ucx_perftest_lat`` for a latency test (the module docstring says what each column means)."""
     time_us = result.time_us
@@ -601,7 +602,7 @@ def verbs_label(tool: Tool, device: str | None = None) -> str:
     return f"verbs:{given('-d') or device or '?'}:{given('-i') or _VERBS_DEFAULT_IB_PORT}"
 
 
-def verbs_record(result: VerbsBandwidthResult | VerbsLatencyResult, fabric_label_: str) -> dict[str, Any]:
+def verbs_record(result: VerbsBandwidthResult | VerbsLatencyResult, fabric_label_: str) -> MicroRecord:
     """The ``micro`` record of one verbs result: ``ib_write_bw`` or ``ib_write_lat`` (the module docstring says
     what each column means)."""
     if isinstance(result, VerbsBandwidthResult):
@@ -621,7 +622,7 @@ def verbs_record(result: VerbsBandwidthResult | VerbsLatencyResult, fabric_label
 
 
 def verbs_records(sizes: list[int], tool_name: str, iters_for: Callable[[int], int], timeout_s: float = 120,
-                  fabric_transport: str = "auto") -> list[dict[str, Any]]:
+                  fabric_transport: str = "auto") -> list[MicroRecord]:
     """Run perftest's ``tool_name`` (``ib_write_bw`` or ``ib_write_lat``) once per size, server and client
     on this host; one record per size.
 
@@ -710,7 +711,7 @@ def _verbs_failed(tool: Tool, role: str, code: int | None, text: str, common: li
 # memcpy
 
 
-def memcpy_records(sizes: list[int], iters_for: Callable[[int], int]) -> list[dict[str, Any]]:
+def memcpy_records(sizes: list[int], iters_for: Callable[[int], int]) -> list[MicroRecord]:
     """Time ``np.copyto`` between two pre-touched uint8 arrays in this process; one record per size.
 
     One untimed copy per size, then ``iters_for(size)`` timed ones, each timed on its own.
@@ -731,12 +732,10 @@ def memcpy_records(sizes: list[int], iters_for: Callable[[int], int]) -> list[di
             samples[i] = time.perf_counter_ns() - t0
         cpu_s = time.process_time() - cpu0
         del src, dst
-        micros = samples / 1e3
-        mean_us = float(micros.mean())
+        summary = latency_summary(samples / 1e3)
+        mean_us = summary["mean_us"]
         records.append(_record(
-            "memcpy", size, 1, iters,
-            p50_us=float(np.percentile(micros, 50)), p99_us=float(np.percentile(micros, 99)), mean_us=mean_us,
-            min_us=float(micros.min()), max_us=float(micros.max()),
+            "memcpy", size, 1, iters, **summary,
             throughput_MBps=size / 2**20 / (mean_us / 1e6) if mean_us > 0 else math.inf,
             sender_cpu_s=cpu_s, receiver_cpu_s=0.0, copied_bytes=size, fabric="none",
         ))
@@ -758,7 +757,7 @@ class References(NamedTuple):
     ``of_reference`` denominator, and the lines to measure, in order, each ``(name, measure)``."""
 
     bandwidth_line: str
-    measures: list[tuple[str, Callable[[], list[dict[str, Any]]]]]
+    measures: list[tuple[str, Callable[[], list[MicroRecord]]]]
 
 
 def reference_measures(sizes: list[int], fabric_name: str, fabric_transport: str, iters_for: Callable[[int], int],
@@ -773,7 +772,7 @@ def reference_measures(sizes: list[int], fabric_name: str, fabric_transport: str
     if fabric_name not in FABRIC_LINES:
         raise ValueError(f"no reference lines for fabric '{fabric_name}' (known: {', '.join(FABRIC_LINES)})")
     sizes = list(sizes)
-    measures: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
+    measures: list[tuple[str, Callable[[], list[MicroRecord]]]] = []
     if fabric_name == "ucx":
         for test in (PERFTEST_TEST, PERFTEST_LATENCY_TEST):
             measures.append((PERFTEST_LINES[test], functools.partial(
@@ -798,24 +797,11 @@ def _count(value: int, what: str, size: int) -> int:
 
 def _record(name: str, size: int, warmup: int, iters: int, *, p50_us: float, p99_us: float, mean_us: float,
             min_us: float, max_us: float, throughput_MBps: float, sender_cpu_s: float, receiver_cpu_s: float,
-            copied_bytes: int, fabric: str) -> dict[str, Any]:
-    """A ``micro`` row (``bench.results.COLUMNS``); columns a reference line has no value for are left out."""
-    return {
-        "transport": name,
-        "size_bytes": size,
-        "dtype": "uint8",
-        "warmup": warmup,
-        "iters": iters,
-        "p50_us": p50_us,
-        "p99_us": p99_us,
-        "mean_us": mean_us,
-        "min_us": min_us,
-        "max_us": max_us,
-        "throughput_MBps": throughput_MBps,
-        "sender_cpu_s": sender_cpu_s,
-        "receiver_cpu_s": receiver_cpu_s,
-        "sender_cpu_us_per_transfer": sender_cpu_s / iters * 1e6,
-        "receiver_cpu_us_per_transfer": receiver_cpu_s / iters * 1e6,
-        "copied_bytes_per_transfer": copied_bytes,
-        "fabric": fabric,
-    }
+            copied_bytes: int, fabric: str) -> MicroRecord:
+    """A ``micro`` record of a reference line; what a line does not measure is NaN."""
+    return MicroRecord(
+        transport=name, size_bytes=size, dtype="uint8", warmup=warmup, iters=iters, p50_us=p50_us, p99_us=p99_us,
+        mean_us=mean_us, min_us=min_us, max_us=max_us, throughput_MBps=throughput_MBps, sender_cpu_s=sender_cpu_s,
+        receiver_cpu_s=receiver_cpu_s, sender_cpu_us_per_transfer=sender_cpu_s / iters * 1e6,
+        receiver_cpu_us_per_transfer=receiver_cpu_s / iters * 1e6, copied_bytes_per_transfer=copied_bytes,
+        fabric=fabric)

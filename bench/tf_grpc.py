@@ -52,9 +52,12 @@ import os
 import pickle
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.launch import Launcher, LauncherUnavailable, RankContext, RankFailed, RankSpec
+
+if TYPE_CHECKING:
+    from bench.results import ModelRecord
 
 TRANSPORT = "tf_grpc"
 _NAN = float("nan")
@@ -136,11 +139,11 @@ def run_tf_grpc(
     return record
 
 
-def record_row(record: dict[str, Any]) -> dict[str, Any]:
-    """The columns of ``record`` that a ``model`` ``records.csv`` takes (``bench.results.COLUMNS``)."""
-    from bench.results import COLUMNS
+def record_row(record: dict[str, Any]) -> ModelRecord:
+    """The ``model`` record of a run's result: the columns ``records.csv`` takes (the rest stays in the result)."""
+    from bench.results import ModelRecord
 
-    return {k: v for k, v in record.items() if k in COLUMNS["model"]}
+    return ModelRecord.from_row({k: v for k, v in record.items() if k in ModelRecord.columns()})
 
 
 def _choose_launcher(launcher: Launcher | None) -> tuple[Launcher, bool, str]:

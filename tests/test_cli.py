@@ -126,8 +126,11 @@ def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
     from bench.runtime.ps import TrainConfig, plan_of
 
     result = bench("analyze", "tests.tiny_models:TINY_EMBEDDING", "--servers", "2", "--batch-size", "4", "--json",
-                   str(tmp_path / "plan.json"))
+                   str(tmp_path / "plan.json"), "--out", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr[-2000:]
+    run = load_run(tmp_path / "run")  # the plan as a run: a record per tensor and direction
+    assert run.experiment == "analysis" and len(run.records) == 38
+    assert set(run.records["placement"]) == {"static", "dynamic"}
     lines = result.stdout.splitlines()
     assert any(line.split()[:3] == ["g0.values", "gradient", "dynamic"] for line in lines)
     assert any(line.split()[:3] == ["s7", "state", "static"] for line in lines)
@@ -139,9 +142,9 @@ def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
 
 
 def test_micro_leaves_out_zerocopy_without_the_analysis_unless_asked():
-    from bench.cli import default_transports
+    from bench.options import default_choices, labels
 
-    labels = default_transports()
+    labels = labels(default_choices())
     assert "zerocopy" in labels and "zerocopy:no_analysis" not in labels
     assert "grpc_rdma:direct" in labels or "grpc_rdma" not in labels
 

@@ -168,15 +168,27 @@ def test_format_models_table_aligns_and_shows_unknowns():
     assert lines[3].startswith("inception_v3") and lines[3].rstrip().endswith("-")
 
 
-def test_cmd_models_rejects_unknown_names(capsys):
-    assert models.cmd_models(argparse.Namespace(models=["nope"], batch_size=1)) == 2
+def test_bench_models_rejects_unknown_names(capsys, tmp_path):
+    from bench.commands import models as command
+
+    assert command.run(argparse.Namespace(models=["nope"], batch_size=1, steps=1, out=tmp_path / "run")) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
-def test_cmd_models_prints_a_row_per_model(capsys):
-    assert models.cmd_models(argparse.Namespace(models=["fcn5"], batch_size=1, steps=1)) == 0
+def test_bench_models_prints_a_row_per_model_and_writes_them_as_a_run(capsys, tmp_path):
+    from bench.commands import models as command
+    from bench.results import load_run
+
+    assert command.run(argparse.Namespace(models=["fcn5"], batch_size=1, steps=1, out=tmp_path / "run")) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1].startswith("fcn5") and "204.47" in out[-1]
+    assert out[-2].startswith("fcn5") and "204.47" in out[-2]
+    assert out[-1] == f"results: {tmp_path / 'run'}"
+    run = load_run(tmp_path / "run")
+    assert run.experiment == "models" and run.meta["status"] == "complete"
+    row = run.records.iloc[0]
+    assert row["model"] == "fcn5" and row["paper_model_mb"] == 204.47 and row["variables"] == 10
+    assert row["model_mb"] == pytest.approx(204.47, abs=0.01) and row["compute_ms_per_sample"] > 0
 
 
 def test_the_embedding_model_looks_up_token_rows_with_a_sparse_gradient():

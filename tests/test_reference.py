@@ -106,6 +106,7 @@ def _no_perftest_left() -> bool:
 
 def test_memcpy_records_have_the_micro_columns_for_every_size():
     records = memcpy_records(SIZES, _iters)
+    records = [r.row() for r in records]
     assert [r["size_bytes"] for r in records] == SIZES
     for record in records:
         assert set(record) >= RECORD_KEYS
@@ -127,6 +128,7 @@ def test_memcpy_records_reject_a_bad_iteration_count():
 @pytest.mark.parametrize("fabric_transport", ["shm", "tcp"])
 def test_ucx_perftest_records_over_a_fabric_transport(fabric_transport):
     records = ucx_perftest_records(SIZES, fabric_transport, _iters, timeout_s=30)
+    records = [r.row() for r in records]
     assert [r["size_bytes"] for r in records] == SIZES
     for record in records:
         assert set(record) >= RECORD_KEYS
@@ -150,6 +152,7 @@ def test_ucx_perftest_records_over_a_fabric_transport(fabric_transport):
 def test_ucx_perftest_latency_records_stop_at_1mb(fabric_transport):
     records = ucx_perftest_records([*SIZES, 2 * LATENCY_MAX_SIZE], fabric_transport, _iters, timeout_s=30,
                                    test="ucp_put_lat")
+    records = [r.row() for r in records]
     assert [r["size_bytes"] for r in records] == SIZES  # 2 MiB is past the latency line
     for record in records:
         assert set(record) >= RECORD_KEYS
@@ -188,6 +191,7 @@ def test_latency_test_runs_ucp_put_lat_pinned_up_to_1mb_only(monkeypatch, tmp_pa
     calls = _fake_perftest(tmp_path, monkeypatch, SHM_PUT_LAT_1KB)
     monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
     records = ucx_perftest_records([1024, 2 << 20], "shm", lambda size: 1000, test="ucp_put_lat")
+    records = [r.row() for r in records]
     assert [(r["transport"], r["size_bytes"], r["p50_us"]) for r in records] == [("ucx_perftest_lat", 1024, 0.110)]
     lines = calls.read_text().splitlines()
     servers = [line.split() for line in lines if "-t" not in line.split()]
@@ -233,6 +237,7 @@ def test_perftest_runs_with_the_ucx_backends_tool_environment(monkeypatch, tmp_p
     monkeypatch.delenv("UCX_TLS", raising=False)
     monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
     records = ucx_perftest_records([1024], fabric_transport, lambda size: 1000)
+    records = [r.row() for r in records]
     assert [(r["transport"], r["fabric"]) for r in records] == [("ucx_perftest", f"ucx:{tls or 'auto'}")]
     lines = seen.read_text().splitlines()
     assert len(lines) == 2  # server and client
@@ -330,6 +335,7 @@ def test_parse_captured_perftest_outputs(text, size, kind, iters, percentile_us,
 def test_the_1kb_put_bw_point_is_a_rate_not_a_transfer_time():
     # 1 KiB over shm is a short put, a store into the peer's mapped segment, posted back to back: 0.086 us a put.
     record = perftest_record(parse_perftest_output(SHM_PUT_BW_1KB, size=1024), 1024, 10, 1000, "ucx:shm")
+    record = record.row()
     assert record["transport"] == "ucx_perftest"
     assert record["throughput_MBps"] == 11346.26
     # its time is size / bandwidth, the whole run's time per put ...
@@ -341,6 +347,7 @@ def test_the_1kb_put_bw_point_is_a_rate_not_a_transfer_time():
 
 def test_the_latency_record_takes_p50_from_the_typical_latency():
     record = perftest_record(parse_perftest_output(TCP_PUT_LAT_1MB, size=1 << 20), 1 << 20, 10, 1000, "ucx:tcp")
+    record = record.row()
     assert record["transport"] == "ucx_perftest_lat"
     assert record["p50_us"] == 196.939  # the 50.0%ile column: the median round trip, halved
     assert record["mean_us"] == 987.356  # the Final row's overall latency, not its last interval's 615.158
@@ -511,6 +518,7 @@ def test_parse_ib_write_lat_refuses_cycles_and_bandwidth_tables():
 
 def test_the_ib_write_bw_record_is_a_rate_without_a_distribution():
     record = verbs_record(parse_ib_write_bw_output(IB_WRITE_BW_64KB, size=65536), "verbs:mlx5_0:1")
+    record = record.row()
     assert set(record) >= RECORD_KEYS
     assert record["transport"] == "ib_write_bw" and record["fabric"] == "verbs:mlx5_0:1"
     assert (record["size_bytes"], record["iters"], record["warmup"]) == (65536, 5000, 0)
@@ -523,6 +531,7 @@ def test_the_ib_write_bw_record_is_a_rate_without_a_distribution():
 
 def test_the_ib_write_lat_record_takes_p50_from_the_typical_latency():
     record = verbs_record(parse_ib_write_lat_output(IB_WRITE_LAT_4KB, size=4096), "verbs:mlx5_1:1")
+    record = record.row()
     assert set(record) >= RECORD_KEYS
     assert record["transport"] == "ib_write_lat"
     assert (record["p50_us"], record["mean_us"], record["p99_us"]) == (2.70, 2.72, 3.21)
@@ -565,7 +574,7 @@ def test_reference_measures_of_the_verbs_fabric():
     assert refs.bandwidth_line == REFERENCE_LINES["verbs"] == "ib_write_bw"
     assert [name for name, _ in refs.measures] == ["ib_write_bw", "ib_write_lat", "memcpy"]
     records = refs.measures[2][1]()
-    assert [(r["transport"], r["size_bytes"]) for r in records] == [("memcpy", 4096)]
+    assert [(r.transport, r.size_bytes) for r in records] == [("memcpy", 4096)]
 
 
 def test_reference_measures_of_the_ucx_fabric_run_its_perftest_lines():
@@ -574,6 +583,7 @@ def test_reference_measures_of_the_ucx_fabric_run_its_perftest_lines():
     assert [name for name, _ in measures] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
     for name, measure in measures[:2]:
         records = measure()
+        records = [r.row() for r in records]
         assert [(r["transport"], r["fabric"], r["warmup"], r["iters"]) for r in records] == [(name, "ucx:shm", 3, 50)]
 
 
@@ -602,6 +612,7 @@ def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_
 def test_ib_write_bw_runs_server_and_client_with_the_backends_arguments(monkeypatch, tmp_path):
     calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_BW_64KB)
     records = verbs_records([65536], "ib_write_bw", lambda size: 5000)
+    records = [r.row() for r in records]
     assert [(r["transport"], r["size_bytes"], r["throughput_MBps"], r["fabric"]) for r in records] == [
         ("ib_write_bw", 65536, 11031.24, "verbs:mlx5_0:1")]
     lines = [line.split() for line in calls.read_text().splitlines()]  # in either order: neither waits here
@@ -620,6 +631,7 @@ def test_ib_write_lat_runs_pinned_up_to_1mb_only(monkeypatch, tmp_path):
     ps_seen = tmp_path / "affinity"
     monkeypatch.setattr(reference, "_spawn", _logging_spawn(reference._spawn, ps_seen))
     records = verbs_records([4096, 2 << 20], "ib_write_lat", lambda size: 2)
+    records = [r.row() for r in records]
     # perftest's minimum of 5 iterations; the device from the tool's own report, perftest's default port
     assert [(r["transport"], r["size_bytes"], r["p50_us"], r["fabric"]) for r in records] == [
         ("ib_write_lat", 4096, 2.70, "verbs:mlx5_1:1")]

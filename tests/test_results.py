@@ -146,3 +146,119 @@ def test_a_size_with_two_references_has_none():
     assert filled["of_reference"].isna().tolist() == [True, True, True, False, False]
     assert filled["of_reference"].iloc[4] == 0.25
     assert "of_reference" not in records  # the caller's frame is left alone
+
+
+# schema version 2: record types, rounds, samples; version 1 directories still load
+
+from pathlib import Path  # noqa: E402
+
+V1_RUNS = Path(__file__).parent / "data" / "v1"
+
+
+@pytest.mark.parametrize("experiment", ["micro", "model", "scale", "converge", "soak"])
+def test_a_version_1_directory_written_by_the_old_code_loads(experiment):
+    from bench.results import COLUMNS
+
+    run = load_run(V1_RUNS / experiment)
+    assert run.schema_version == 1 and run.experiment == experiment and len(run.records) > 0
+    assert run.samples is None  # version 1 kept no samples
+    if "round" in COLUMNS[experiment]:
+        assert (run.records["round"] == 1).all()
+        points = run.points()
+        assert len(points) == len(run.records)  # one round: every record is a point of its own
+        assert (points["spread"] == "none").all() and (points["rounds"] == 1).all()
+
+
+def test_a_version_1_directory_plots(tmp_path):
+    from bench.plot import plot_run
+
+    for experiment in ("micro", "model", "scale", "converge"):
+        (tmp_path / experiment).mkdir()
+        written = plot_run(V1_RUNS / experiment, out_dir=tmp_path / experiment)
+        assert written and all(path.parent == tmp_path / experiment for path in written)
+    assert not list((V1_RUNS / "micro").glob("*.png"))  # nothing written into the run itself
+
+
+def test_records_are_typed_and_checked_where_they_are_made():
+    from bench.results import MicroRecord, ModelRecord, ResultsError, ScaleRecord
+
+    with pytest.raises(TypeError, match="p50_us"):
+        MicroRecord(transport="zerocopy", size_bytes=1024, iters=1)  # a required column missing
+    with pytest.raises(TypeError, match="p51_us"):
+        MicroRecord(**micro_record(), p51_us=1.0)  # a misspelt column
+    with pytest.raises(ResultsError, match="p99_us"):
+        MicroRecord.from_row({k: v for k, v in micro_record().items() if k != "p99_us"})
+    assert MicroRecord.columns()[:3] == ["transport", "size_bytes", "round"]
+    assert "round" not in MicroRecord.required()
+    assert ScaleRecord.columns()[: len(ModelRecord.columns())] == ModelRecord.columns()
+    assert set(ScaleRecord.required()) - set(ModelRecord.required()) == {"launcher", "compute", "link_rate",
+                                                                         "scaling_efficiency"}
+
+
+def test_a_record_of_another_experiment_is_refused(tmp_path):
+    from bench.results import ModelsRecord, ResultsError
+
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    record = ModelsRecord(model="fcn5", variables=10, model_mb=204.47, batch_size=1, compute_ms_per_sample=1.0)
+    with pytest.raises(ResultsError, match="ModelsRecord cannot go into a micro run"):
+        writer.add(record)
+
+
+def _rounds_run(tmp_path, times_by_round):
+    """A micro run of one size whose transports took ``times_by_round[transport][round]`` µs per transfer."""
+    import numpy as np
+
+    from bench.results import MicroRecord, latency_summary
+
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    for round_ in range(len(next(iter(times_by_round.values())))):
+        for transport, times in times_by_round.items():
+            samples = np.full(9, float(times[round_]))
+            record = MicroRecord(transport=transport, size_bytes=1 << 20, round=round_ + 1, iters=9,
+                                 **latency_summary(samples), throughput_MBps=1e6 / times[round_],
+                                 sender_cpu_s=0.0, receiver_cpu_s=0.0, copied_bytes_per_transfer=0)
+            writer.add(record)
+            writer.add_samples(record, {"time_us": samples, "transfer_us": samples / 2})
+    writer.finish()
+    return load_run(tmp_path / "run")
+
+
+def test_rounds_fold_into_one_point_with_their_range(tmp_path):
+    run = _rounds_run(tmp_path, {"zerocopy": [100, 120, 110], "rdma_cp": [200, 150, 180]})
+    assert list(run.records["round"]) == [1, 1, 2, 2, 3, 3]
+    assert len(run.samples) == 6 * 9 and set(run.samples["round"]) == {1, 2, 3}
+    points = run.points().set_index("transport")
+    assert points.loc["zerocopy", "p50_us"] == 110 and points.loc["rdma_cp", "p50_us"] == 180  # medians
+    assert (points.loc["zerocopy", "p50_us_low"], points.loc["zerocopy", "p50_us_high"]) == (100, 120)
+    assert (points.loc["rdma_cp", "p50_us_low"], points.loc["rdma_cp", "p50_us_high"]) == (150, 200)
+    assert (points["rounds"] == 3).all() and (points["spread"] == "rounds").all()
+
+
+def test_a_ratio_carries_the_range_the_spreads_allow(tmp_path):
+    from bench.results import ratio
+
+    points = _rounds_run(tmp_path, {"zerocopy": [100, 120, 110], "rdma_cp": [200, 150, 180]}).points()
+    zerocopy, rdma_cp = (points[points["transport"] == t].iloc[0] for t in ("zerocopy", "rdma_cp"))
+    slower = ratio(rdma_cp, zerocopy, "p50_us")
+    assert slower.value == pytest.approx(180 / 110)
+    assert (slower.low, slower.high) == (pytest.approx(150 / 120), pytest.approx(200 / 100))
+    assert not slower.overlap and str(slower) == "1.64x (1.25-2.00)"
+    assert ratio(zerocopy, zerocopy, "p50_us").overlap
+
+
+def test_one_round_takes_its_spread_from_the_samples(tmp_path):
+    import numpy as np
+
+    from bench.results import MicroRecord, latency_summary, median_interval
+
+    times = np.arange(1.0, 101.0)  # 1..100 µs
+    writer = RunWriter(tmp_path / "run", "micro", {})
+    record = MicroRecord(transport="zerocopy", size_bytes=1024, iters=100, **latency_summary(times),
+                         throughput_MBps=1.0, sender_cpu_s=0.0, receiver_cpu_s=0.0, copied_bytes_per_transfer=0)
+    writer.add(record)
+    writer.add_samples(record, {"time_us": times, "transfer_us": times})
+    writer.finish()
+    point = load_run(tmp_path / "run").points().iloc[0]
+    assert point["spread"] == "samples"
+    assert (point["p50_us_low"], point["p50_us_high"]) == median_interval(times) == (41.0, 60.0)
+    assert point["p50_us_low"] < point["p50_us"] < point["p50_us_high"]

@@ -14,6 +14,7 @@ from bench.results.records import (
     MicroRecord,
     ModelRecord,
     ModelsRecord,
+    Ratio,
     Record,
     ResultsError,
     ScaleRecord,
@@ -21,6 +22,7 @@ from bench.results.records import (
     latency_summary,
     median_interval,
     points,
+    ratio,
     record_type,
 )
 from bench.results.store import (
@@ -47,9 +49,10 @@ from bench.results.store import (
 )
 
 __all__ = [
-    "COLUMNS", "META_FILE", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REQUIRED_COLUMNS",
-    "SAMPLES_FILE", "SCHEMA_VERSION", "AnalysisRecord", "ConvergeRecord", "MicroRecord", "ModelRecord",
-    "ModelsRecord", "Record", "ResultsError", "Run", "RunWriter", "ScaleRecord", "SoakRecord", "default_run_dir",
-    "environment", "git_commit", "latency_summary", "load_run", "median_interval", "now_iso", "of_reference",
-    "package_versions", "points", "record_type", "reference_throughputs", "with_of_reference", "writer_alive",
+    "AnalysisRecord", "COLUMNS", "ConvergeRecord", "META_FILE", "MicroRecord", "ModelRecord", "ModelsRecord",
+    "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REQUIRED_COLUMNS", "Ratio", "Record",
+    "ResultsError", "Run", "RunWriter", "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord",
+    "default_run_dir", "environment", "git_commit", "latency_summary", "load_run", "median_interval", "now_iso",
+    "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
+    "with_of_reference", "writer_alive",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -188,9 +188,10 @@ class ScaleRecord(ModelRecord):
 
     experiment = "scale"
 
-    launcher: str
-    compute: str
-    link_rate: str
+    # required here (optional in a model record): field() drops the default the model record's class holds
+    launcher: str = field()
+    compute: str = field()
+    link_rate: str = field()
     total_batches_per_s: float | None = None
     #: throughput / (servers x the 1-server throughput of the same transport, model and batch size)
     scaling_efficiency: float
@@ -329,8 +330,8 @@ def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]
 
 def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per measured point (``key``): every numeric column the median over the point's rounds, the
-    first value of the others, ``rounds`` the number of rounds, and ``<metric>_low``/``<metric>_high`` its
-    spread (also for the throughput column, which is the metric's inverse):
+    first value of the others, ``rounds`` the number of rounds, and ``<measure>_low``/``<measure>_high`` its
+    spread (also for the throughput column, the measure's inverse):
 
     - across rounds (the lowest and highest round's value) when the point was measured in two or more;
     - else the 95% confidence interval of the median of its samples (``samples.csv``) when there are any;
@@ -342,54 +343,92 @@ def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None 
     if not cls.key or cls.measure is None or records.empty:
         return records.copy()
     key = [c for c in cls.key if c in records]
-    metric = cls.measure
-    throughput = {"p50_us": "throughput_MBps", "step_time_s": "throughput_batches_per_s"}.get(metric)
+    measure = cls.measure
+    throughput = {"p50_us": "throughput_MBps", "step_time_s": "throughput_batches_per_s"}.get(measure)
     frame = records.copy()
     if "round" not in frame:
         frame["round"] = 1
     grouped = frame.groupby(key, sort=False, dropna=False)
-    numeric = [c for c in frame.columns if c not in key and c != "round" and pd.api.types.is_numeric_dtype(frame[c])]
-    others = [c for c in frame.columns if c not in key and c not in numeric and c != "round"]
+    rest = [c for c in frame.columns if c not in key and c != "round"]
+    numeric = [c for c in rest if pd.api.types.is_numeric_dtype(frame[c])]
     folded = grouped[numeric].median() if numeric else grouped.size().to_frame("_n").drop(columns="_n")
+    others = [c for c in rest if c not in numeric]
     if others:
         folded = folded.join(grouped[others].first())
     folded["rounds"] = grouped["round"].nunique()
-    spread_columns = [c for c in (metric, throughput) if c and c in frame]
+    spread_columns = [c for c in (measure, throughput) if c and c in frame]
     for column in spread_columns:
         folded[f"{column}_low"] = grouped[column].min()
         folded[f"{column}_high"] = grouped[column].max()
     folded["spread"] = np.where(folded["rounds"] >= 2, "rounds", "none")
-    by_point = _sample_intervals(samples, cls, key) if samples is not None else {}
-    for index in folded.index[folded["rounds"] < 2]:
-        point = index if isinstance(index, tuple) else (index,)
-        interval = by_point.get(tuple(_plain(v) for v in point))
-        if interval is None or math.isnan(interval[0]):
-            continue
-        low, high = interval
-        folded.loc[index, f"{metric}_low"], folded.loc[index, f"{metric}_high"] = low, high
-        folded.loc[index, "spread"] = "samples"
-        if throughput and throughput in frame and low > 0:
-            # throughput is size (or a batch) per unit of the metric: its interval is the metric's, inverted
-            value, measured = folded.loc[index, throughput], folded.loc[index, metric]
-            folded.loc[index, f"{throughput}_low"] = value * measured / high
-            folded.loc[index, f"{throughput}_high"] = value * measured / low
-    return folded.reset_index()[[*key, *[c for c in frame.columns if c not in key and c != "round"], "rounds",
-                                 *[f"{c}_{end}" for c in spread_columns for end in ("low", "high")], "spread"]]
+    folded = folded.reset_index()
+    intervals = _sample_intervals(samples, cls, key)
+    if intervals is not None and measure in folded:
+        merged = folded[key].merge(intervals, on=key, how="left")
+        use = (folded["rounds"] < 2).to_numpy() & merged["low"].notna().to_numpy()
+        low, high = merged["low"].to_numpy(dtype=float), merged["high"].to_numpy(dtype=float)
+        if throughput in folded:
+            # throughput is size (or a batch) per unit of the measure: its interval is the measure's, inverted
+            scale = (folded[throughput] * folded[measure]).to_numpy(dtype=float)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                folded.loc[use, f"{throughput}_low"] = (scale / high)[use]
+                folded.loc[use, f"{throughput}_high"] = (scale / low)[use]
+        folded.loc[use, f"{measure}_low"] = low[use]
+        folded.loc[use, f"{measure}_high"] = high[use]
+        folded.loc[use, "spread"] = "samples"
+    return folded[[*key, *rest, "rounds", *[f"{c}_{end}" for c in spread_columns for end in ("low", "high")],
+                   "spread"]]
 
 
-def _plain(value: Any) -> Any:
-    """A key value as a plain Python value, so points from records and from samples compare equal."""
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _sample_intervals(samples: pd.DataFrame, cls: type[Record], key: list[str]) -> dict[tuple, tuple[float, float]]:
-    """Per point, the 95% interval of the median of its per-iteration metric (one sample per iteration: the
-    mean over a model run's workers)."""
+def _sample_intervals(samples: pd.DataFrame | None, cls: type[Record], key: list[str]) -> pd.DataFrame | None:
+    """Per point (the ``key`` columns), ``low`` and ``high``: the 95% interval of the median of its per-iteration
+    measure (one sample per iteration: a model run's workers averaged); None without samples."""
     value = {"p50_us": "time_us", "step_time_s": "step_time_s"}.get(cls.measure or "")
     if samples is None or samples.empty or value not in samples or any(k not in samples for k in key):
-        return {}
+        return None
     per_iteration = samples.groupby([*key, *SAMPLE_INDEX], sort=False)[value].mean().reset_index()
-    return {tuple(_plain(v) for v in (point if isinstance(point, tuple) else (point,))): median_interval(group[value])
-            for point, group in per_iteration.groupby(key, sort=False)}
+    rows = [(*(point if isinstance(point, tuple) else (point,)), *median_interval(group[value]))
+            for point, group in per_iteration.groupby(key, sort=False)]
+    return pd.DataFrame(rows, columns=[*key, "low", "high"])
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``numerator / denominator`` of two measured values, with its range from their spreads: the lowest and
+    highest ratio the two spreads allow. ``overlap`` says whether the two spreads overlap (then the runs or
+    transports cannot be told apart at this point: "same")."""
+
+    value: float
+    low: float
+    high: float
+    overlap: bool
+
+    def __str__(self) -> str:
+        if math.isnan(self.value):
+            return "-"
+        if self.low == self.value == self.high:
+            return f"{self.value:.2f}x"
+        return f"{self.value:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+
+def ratio(numerator: Mapping[str, Any], denominator: Mapping[str, Any], column: str) -> Ratio:
+    """The ratio of ``column`` between two points (rows of :func:`points`), with the range their
+    ``<column>_low``/``<column>_high`` spreads give (the value itself where a point has none)."""
+
+    def spread(row: Mapping[str, Any]) -> tuple[float, float, float]:
+        value = _number(row.get(column))
+        low, high = _number(row.get(f"{column}_low")), _number(row.get(f"{column}_high"))
+        return value, (value if math.isnan(low) else low), (value if math.isnan(high) else high)
+
+    n, n_low, n_high = spread(numerator)
+    d, d_low, d_high = spread(denominator)
+    if math.isnan(n) or math.isnan(d) or d <= 0 or d_low <= 0:
+        return Ratio(math.nan, math.nan, math.nan, False)
+    return Ratio(n / d, n_low / d_high, n_high / d_low, n_low <= d_high and d_low <= n_high)
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

@@ -116,6 +116,8 @@ class StepTimes:
     comm: float = 0.0
     apply: float = 0.0
     copied_bytes: int = 0
+    #: each timed step's seconds (workers and the local line; ``total`` is their sum)
+    steps: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -309,6 +311,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             sites.misses_seen = misses
         done = time.perf_counter()
         times.total += done - started - evaluated
+        times.steps.append(done - started - evaluated)
         times.compute += computed - received - evaluated
         times.comm += (received - started) + (done - computed)
         step += 1
@@ -672,6 +675,7 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
                          config.learning_rate)
         done = time.perf_counter()
         times.total += done - started
+        times.steps.append(done - started)
         times.compute += computed - started
         times.apply += done - computed
     return times, dict(enumerate(values))

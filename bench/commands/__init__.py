@@ -1,0 +1,11 @@
+"""The commands of ``bench``, one module each.
+
+A command module has a docstring (its ``--help`` description), ``HELP`` (its line in ``bench --help``),
+``add_arguments(parser)`` and ``run(args)``; a command that starts ranks sets ``STARTS_RANKS = True`` and
+takes ``run(args, launcher)`` (``bench.cli`` makes the launcher from ``--launcher`` and closes it). Options
+several commands share are parsed in ``bench.options``; what commands that write a run share is in
+``bench.commands.common``.
+"""
+
+#: the commands, in the order of ``bench --help``
+COMMANDS = ("info", "micro", "model", "scale", "converge", "soak", "models", "analyze", "plot", "report", "compare")

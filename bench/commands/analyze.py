@@ -1,0 +1,73 @@
+"""Build MODEL, trace the step function every worker runs, and print the plan the runtime hands to the
+transports: every tensor that crosses processes in the parameter-server layout (weights and state from the PS,
+gradients and state updates back), whether its shape is static (placed ahead in registered memory) or only known
+at run time (dynamic allocation, with its bound), the graph operation that produces it, and the registered memory
+each process needs. The plan is also written as a run (one record per tensor and direction; 'bench report' and
+'bench plot' draw the distribution of tensor sizes, the paper's Figure 7)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench import options
+from bench.commands.common import draw, open_run
+
+HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help=f"a model ({', '.join(options.MODEL_NAMES)}) or package.module:ATTR")
+    parser.add_argument("--servers", type=options.positive_int, default=1, help="servers, each a worker and a PS")
+    parser.add_argument("--batch-size", type=options.positive_int, default=1, help="per-worker mini-batch size")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the plan as JSON")
+    parser.add_argument("--all", action="store_true", help="list every tensor (default: the first 40)")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="the plan zerocopy:no_analysis works with: every tensor dynamic")
+    options.add_out(parser, "analysis")
+    options.add_no_plot(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.results import AnalysisRecord
+    from bench.runtime.analyzer import format_plan
+    from bench.runtime.ps import TrainConfig, plan_of
+
+    if args.model not in options.MODEL_NAMES and ":" not in args.model:
+        return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")
+    config = TrainConfig(model=args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
+                         servers=args.servers)
+    try:
+        plan = plan_of(config)
+    except (ImportError, AttributeError) as exc:
+        return options.fail("analyze", f"cannot load model '{args.model}': {options.error_line(exc)}")
+    if args.no_analysis:
+        plan = plan.without_analysis()
+    print(f"bench analyze: {args.model}, batch {args.batch_size}, {args.servers} server(s)"
+          + (" (analysis off)" if args.no_analysis else ""))
+    print(format_plan(plan, limit=None if args.all else 40))
+    if args.json is not None:
+        try:
+            args.json.write_text(plan.dumps() + "\n")
+        except OSError as exc:
+            return options.fail("analyze", f"cannot write {args.json}: {exc.strerror or exc}")
+        print(f"plan: {args.json}")
+    settings = {"model": args.model, "servers": args.servers, "batch_size": args.batch_size,
+                "analysis": not args.no_analysis}
+    writer = open_run(args.out, "analysis", settings)
+    if writer is None:
+        return options.EXIT_USAGE
+    summary = plan.summary()
+    for t in plan.transfers:
+        writer.add(AnalysisRecord(
+            model=args.model, servers=args.servers, batch_size=args.batch_size, analysis=plan.analysis,
+            tensor=t.name, role=t.role, placement="static" if t.static else "dynamic",
+            shape=None if t.shape is None else "x".join(map(str, t.shape)),
+            bound=None if t.bound is None else "x".join(map(str, t.bound)), dtype=str(t.dtype), bytes=t.nbytes,
+            src=t.src, dst=t.dst, variable=t.variable, site=t.site))
+    writer.finish("complete", summary=summary)
+    print(f"results: {writer.path}")
+    if not args.no_plot:
+        draw(writer.path, "analysis")
+    return 0

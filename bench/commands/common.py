@@ -1,0 +1,71 @@
+"""What the commands that write a run share: its directory, its end (complete, failed, interrupted), its figures."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from bench.options import error_line
+from bench.results import ResultsError, RunWriter, default_run_dir
+
+
+def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launcher: Any = None) -> RunWriter | None:
+    """The run's results directory (``out``, or ``results/<experiment>-<time>/``), its logs beside it; None
+    after an error line when it cannot be made."""
+    given = out is not None
+    out = out or default_run_dir(experiment)
+    if launcher is not None:
+        settings = {**settings, "launcher": launcher.describe()}
+    fix = "choose another --out" if given else "run bench from a writable directory or give --out DIR"
+    try:
+        writer = RunWriter(out, experiment, settings)
+    except FileExistsError:
+        print(f"bench {experiment}: error: {out} already exists; choose another --out", file=sys.stderr)
+        return None
+    except OSError as exc:
+        print(f"bench {experiment}: error: cannot create the results directory {out}: "
+              f"{exc.strerror or exc}; {fix}", file=sys.stderr)
+        return None
+    if launcher is not None:
+        launcher.log_dir = out / "logs"
+    return writer
+
+
+def signal_of(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """(the signal's name, the exit status it gives: 128 + its number)."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return signal.Signals(signum).name, 128 + signum
+
+
+def interrupted(writer: RunWriter, experiment: str, what: str, exc: KeyboardInterrupt, **extra: Any) -> int:
+    """Mark the run interrupted (by which signal), say where its results are; the exit status."""
+    name, status = signal_of(exc)
+    writer.finish("interrupted", reason=f"interrupted by {name}", **extra)
+    print(f"\nbench {experiment}: interrupted by {name}; {what} so far are in {writer.path}", file=sys.stderr)
+    return status
+
+
+def failed(writer: RunWriter, failures: list[str], exc: BaseException, **extra: Any) -> None:
+    """Mark the run failed by an unexpected error (the caller re-raises it)."""
+    writer.finish("failed", failures=[*failures, error_line(exc)], **extra)
+
+
+def draw(out: Path, experiment: str) -> None:
+    """The run's figures; a figure that cannot be drawn is a warning, the records are what count."""
+    from bench.plot import plot_run
+
+    if not (out / "records.csv").exists():
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            written = plot_run(out)
+    except (ResultsError, ValueError, TypeError, KeyError, OSError) as exc:
+        print(f"bench {experiment}: warning: no figures: {error_line(exc)}", file=sys.stderr)
+        return
+    for path in written:
+        if path.suffix == ".png":
+            print(f"figure: {path}")

@@ -1,0 +1,243 @@
+"""Send tensors of each size from a sender process to a receiver process, which consumes each with a reduce-max
+(the paper's Figure 8). Time per transfer runs from the sender's send() call to the receiver having reduced the
+tensor (one system-wide monotonic clock); transfers do not overlap. Records p50/p99/mean time, throughput (MB/s,
+MB = 2^20 bytes, from the mean), CPU seconds of each side and payload bytes copied per transfer; every timed
+transfer's time goes to samples.csv. With --rounds N every size is measured N times, each transport once per
+round in turn, so drift on a busy machine lands on every transport alike; the summary gives each transport's
+time relative to zerocopy with its range across the rounds."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import transports
+from bench import options
+from bench.commands.common import draw, failed, interrupted, open_run
+from bench.options import Choice
+
+HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
+STARTS_RANKS = True
+DEFAULT_SIZES = "1KB-1GB"
+#: the transport every other is compared with in the summary (the paper's RDMA.zerocp)
+BASELINE = "zerocopy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", type=options.sizes, default=DEFAULT_SIZES,
+                        help="tensor sizes, binary units (1KB = 1024 B): a range A-B stepping x4 (A-B:xN for another "
+                        "step), or a list such as 1KB,64KB,1MB")
+    parser.add_argument("--transports", type=options.transport_choices, default=None,
+                        help=f"comma list of transports (known: {', '.join(transports.names())}); a mode as "
+                        "name:mode, e.g. grpc_rdma:direct; default: every one available here (grpc_rdma in both "
+                        "modes)")
+    parser.add_argument("--iters", type=options.positive_int, default=None,
+                        help="timed transfers per size (default: about 2 GiB of traffic per size, 5 to 1000)")
+    parser.add_argument("--warmup", type=options.non_negative_int, default=None,
+                        help="untimed transfers before each size (default: a tenth of --iters, 1 to 10)")
+    parser.add_argument("--rounds", type=options.positive_int, default=1,
+                        help="measure every size this many times, interleaved: per size, every transport once, "
+                        "then again; records one row per round and the spread across rounds (each round of a "
+                        "transport is a fresh pair of processes)")
+    parser.add_argument("--extra-copy", type=options.transport_choices, default=[], metavar="TRANSPORTS",
+                        help="over these transports the sender copies each tensor once more before sending it: a "
+                        "known slow-down (counted as a copy), e.g. to check that 'bench compare' catches one")
+    options.add_timeout(parser, 120.0, "one transfer")
+    options.add_fabric_options(parser, "UCX transports for the fabric transports (zerocopy, rdma_cp, grpc_rdma): "
+                               "shm (shared memory, cma one-sided copies), tcp (also across network namespaces), or "
+                               "auto (UCX chooses); the verbs fabric takes only auto")
+    options.add_out(parser, "micro")
+    parser.add_argument("--no-references", action="store_true",
+                        help="skip the reference lines, measured before the transports: the fabric library's own "
+                        "put bandwidth (ucx_perftest ucp_put_bw, or ib_write_bw on --fabric verbs: the limit and the "
+                        "denominator of the of_reference column) and put latency up to 1MB (ucp_put_lat or "
+                        "ib_write_lat) over the same links, and memcpy in one process")
+    options.add_no_plot(parser)
+    options.add_launch_options(parser)
+
+
+def run(args: argparse.Namespace, launcher: Any) -> int:
+    from bench.micro import plan_points
+
+    chosen: list[Choice] = args.transports or options.default_choices()
+    slowed = {choice.label for choice in args.extra_copy}
+    if stray := slowed - {choice.label for choice in chosen}:
+        return options.fail("micro", f"--extra-copy {', '.join(sorted(stray))}: not among the transports measured "
+                            f"({', '.join(options.labels(chosen))})")
+    if too_big := options.sizes_problem(args.sizes):
+        return options.fail("micro", too_big)
+    points = plan_points(args.sizes, args.iters, args.warmup)
+    settings = {
+        "sizes": [p.size_bytes for p in points],
+        "transports": options.labels(chosen),
+        "iters": {str(p.size_bytes): p.iters for p in points},
+        "warmup": {str(p.size_bytes): p.warmup for p in points},
+        "rounds": args.rounds,
+        "extra_copy": sorted(slowed),
+        "timeout_s": args.timeout,
+        "fabric": args.fabric,
+        "fabric_transport": launcher.fabric_transport(args.fabric_transport),
+    }
+    writer = open_run(args.out, "micro", settings, launcher)
+    if writer is None:
+        return options.EXIT_USAGE
+    out = writer.path
+    from bench.sizes import format_size
+
+    span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
+    print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
+          + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "") + f", launcher {launcher.name} -> {out}")
+    sweep = Sweep(args, launcher, writer, chosen, slowed)
+    started = time.monotonic()
+    try:
+        # The references first: each transport's record carries its throughput as a fraction of the fabric's own
+        # bandwidth at the same size (of_reference), and records are written as they are measured.
+        if not args.no_references and launcher.name == "local":
+            sweep.measure_references(points)
+        sweep.measure(points)
+    except KeyboardInterrupt as exc:
+        return interrupted(writer, "micro", "the points finished", exc, failures=sweep.failures,
+                           fabric=sweep.fabrics, launcher=launcher.describe())
+    except BaseException as exc:
+        failed(writer, sweep.failures, exc, fabric=sweep.fabrics, launcher=launcher.describe())
+        raise
+    writer.finish("failed" if sweep.failures else "complete", failures=sweep.failures, fabric=sweep.fabrics,
+                  elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
+    print_summary(out)
+    if not args.no_plot:
+        draw(out, "micro")
+    return 1 if sweep.failures else 0
+
+
+class Sweep:
+    """The measurements of one ``bench micro`` run: reference lines, then every transport at every size (in
+    rounds when asked), each record (and its samples) written as it is measured."""
+
+    def __init__(self, args: argparse.Namespace, launcher: Any, writer: Any, chosen: list[Choice],
+                 slowed: set[str]) -> None:
+        self.args, self.launcher, self.writer, self.chosen, self.slowed = args, launcher, writer, chosen, slowed
+        self.failures: list[str] = []
+        self.fabrics: dict[str, str] = {}
+        self.reference_MBps: dict[int, float] = {}
+
+    def measure_references(self, points: list) -> None:
+        """The reference lines of the figure (see bench/reference.py): the fabric library's own put bandwidth and
+        latency (UCX's ucx_perftest, or perftest's ib_write_bw and ib_write_lat on verbs) and memcpy in one
+        process; the bandwidth line's throughput by size is kept for of_reference."""
+        from bench.reference import ReferenceUnavailable, reference_measures
+        from bench.results import of_reference
+
+        by_size = {p.size_bytes: p for p in points}
+        references = reference_measures(list(by_size), self.args.fabric, self.args.fabric_transport,
+                                        lambda n: by_size[n].iters, warmup_for=lambda n: max(1, by_size[n].warmup),
+                                        timeout_s=self.args.timeout)
+        for name, measure in references.measures:
+            print(f"reference: {name} ...", flush=True)
+            try:
+                for record in measure():
+                    if record.transport == references.bandwidth_line:
+                        self.reference_MBps[record.size_bytes] = record.throughput_MBps
+                    record.of_reference = of_reference(record.throughput_MBps,
+                                                       self.reference_MBps.get(record.size_bytes))
+                    self.writer.add(record)
+                    self.fabrics[name] = record.fabric
+            except ReferenceUnavailable as exc:
+                print(f"bench micro: warning: no {name} line: {exc}", file=sys.stderr)
+
+    def measure(self, points: list) -> None:
+        """Every transport at every point: one launch per transport over all sizes, or with --rounds, per size
+        every transport once per round (a launch each), round after round."""
+        from tqdm import tqdm
+
+        rounds = self.args.rounds
+        per_transport = sum(p.warmup + p.iters for p in points)
+        with tqdm(total=per_transport * len(self.chosen) * rounds, unit="xfer", dynamic_ncols=True,
+                  disable=None) as bar:
+            if rounds == 1:
+                for choice in self.chosen:
+                    self._run(choice, points, 1, bar)
+                return
+            for point in points:
+                for round_ in range(1, rounds + 1):
+                    for choice in self.chosen:
+                        if any(f.startswith(f"{choice.label}:") for f in self.failures):
+                            bar.update(point.warmup + point.iters)  # it failed before: not tried again
+                            continue
+                        self._run(choice, [point], round_, bar)
+
+    def _run(self, choice: Choice, points: list, round_: int, bar: Any) -> None:
+        from dataclasses import replace
+
+        from bench.micro import MicroError, make_record, run_transport, transfer_times
+        from bench.results import of_reference
+        from bench.sizes import format_size
+
+        copies = 1 if choice.label in self.slowed else 0
+        points = [replace(p, extra_copies=copies) for p in points]
+        base = bar.n
+        done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
+                       for p in points}
+        where = f" round {round_}" if self.args.rounds > 1 else ""
+
+        def progress(size: int, n: int) -> None:
+            bar.set_postfix_str(f"{choice.label} {format_size(size)}{where}")
+            bar.update(base + done_before[size] + n - bar.n)
+
+        def on_point(point: Any, sender: Any, receiver: Any) -> None:
+            record = make_record(choice.label, point, sender, receiver, round_)
+            record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(point.size_bytes))
+            self.writer.add(record)
+            self.writer.add_samples(record, transfer_times(sender, receiver))
+            self.fabrics[choice.label] = record.fabric
+
+        try:
+            run_transport(choice.label, points, choice.constructor_options(self.args, self.launcher), self.launcher,
+                          on_point, progress)
+        except MicroError as exc:
+            self.failures.append(str(exc))
+            bar.write(f"bench micro: error: {exc}")
+        bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
+
+
+def print_summary(out: Path) -> None:
+    """The run's points (rounds folded: the median, and the range across rounds), and each transport's time
+    relative to zerocopy's at the same size, with its range."""
+    from bench.results import ResultsError, load_run, ratio
+    from bench.sizes import format_size
+
+    try:
+        run = load_run(out)
+    except ResultsError:
+        return
+    points = run.points()
+
+    def number(value: float, width: int, digits: int) -> str:
+        return f"{value:>{width}.{digits}f}" if value == value else f"{'-':>{width}}"  # NaN: not measured
+
+    rounds = int(points["rounds"].max()) if len(points) else 1
+    spread = f"{'p50 range µs':>23} " if rounds > 1 else ""
+    # ucx_perftest (put_bw) has no per-transfer median: its time is size / bandwidth of a pipelined stream
+    print(f"\n{'transport':16} {'size':>6} {'iters':>5} {'p50 µs':>11} {spread}{'p99 µs':>11} {'MB/s':>9} "
+          f"{'of ref':>7} {'copied/xfer':>12}")
+    for row in points.itertuples():
+        within = f"{number(row.p50_us_low, 11, 1)}-{number(row.p50_us_high, 11, 1).strip():<11} " if rounds > 1 else ""
+        print(f"{row.transport:16} {format_size(row.size_bytes):>6} {row.iters:>5.0f} {number(row.p50_us, 11, 3)} "
+              f"{within}{number(row.p99_us, 11, 3)} {number(row.throughput_MBps, 9, 1)} "
+              f"{number(row.of_reference, 7, 3)} {format_size(int(row.copied_bytes_per_transfer)):>12}")
+    baseline = points[points["transport"] == BASELINE].set_index("size_bytes")
+    others = [t for t in dict.fromkeys(points["transport"])
+              if t != BASELINE and t.partition(":")[0] in transports.REGISTRY]  # transports, not reference lines
+    if len(baseline) and others:
+        what = "range across rounds" if rounds > 1 else "range: 95% interval of each median"
+        print(f"\ntime per transfer relative to {BASELINE} (p50 / {BASELINE}'s p50; {what}):")
+        print(f"{'size':>6}  " + "  ".join(f"{t:>24}" for t in others))
+        for size, base in baseline.iterrows():
+            cells = []
+            for label in others:
+                row = points[(points["transport"] == label) & (points["size_bytes"] == size)]
+                cells.append(str(ratio(row.iloc[0], base, "p50_us")) if len(row) else "-")
+            print(f"{format_size(int(size)):>6}  " + "  ".join(f"{c:>24}" for c in cells))
+    print(f"\nresults: {out}")

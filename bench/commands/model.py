@@ -1,0 +1,71 @@
+"""Train MODEL with synthetic data: SERVERS servers, each a worker and a parameter server, variables placed
+round-robin, synchronous SGD; every transfer goes through the transport. 'local' trains in one process without
+communication; 'tf_grpc' is TensorFlow's own ParameterServerStrategy over its C++ gRPC runtime. Records
+mini-batches per second per worker and a step-time breakdown; every timed step of every worker goes to
+samples.csv."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench import LOCAL, options
+from bench.commands.common import draw, failed, interrupted, open_run
+
+HELP = "parameter-server training of the paper's models over transports (its Figures 9 and 12)"
+STARTS_RANKS = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")
+    parser.add_argument("--servers", type=options.positive_int, default=None,
+                        help="servers, each a worker and a PS (default 1; under --launcher mpi, half the ranks)")
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help="asynchronous SGD: each PS applies every worker's gradients as they arrive")
+
+
+def run(args: argparse.Namespace, launcher: Any) -> int:
+    servers = args.servers or (launcher.world // 2 if launcher.name == "mpi" else 1)
+    return run_trainings(args, launcher, "model", [max(1, servers)])
+
+
+def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int]) -> int:
+    """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each."""
+    from bench.training import Trainings
+
+    chosen = list(args.transports)
+    if args.no_analysis:
+        chosen = [options.choose("zerocopy:no_analysis") if c.label == "zerocopy" else c for c in chosen]
+    if experiment == "scale" and not any(c.is_local for c in chosen):
+        chosen.append(options.choose(LOCAL))  # the Local line of the figure
+    chosen = list(dict.fromkeys(chosen))
+    runs = [(m, b, c, n) for m in args.models for b in args.batch_sizes for c in chosen for n in server_counts]
+    if experiment == "scale":  # the Local line is one process, drawn times the number of servers
+        runs = list(dict.fromkeys((m, b, c, 1 if c.is_local else n) for m, b, c, n in runs))
+    labels = options.labels(chosen)
+    settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
+                "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
+                "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
+                "fabric": args.fabric, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+    writer = open_run(args.out, experiment, settings, launcher)
+    if writer is None:
+        return options.EXIT_USAGE
+    print(f"bench {experiment}: {len(runs)} runs ({', '.join(args.models)} over {', '.join(labels)}, batch "
+          f"{','.join(map(str, args.batch_sizes))}, {','.join(map(str, server_counts))} server(s), {args.compute} "
+          f"compute, launcher {launcher.name}) -> {writer.path}")
+    trainings = Trainings(experiment, args, launcher, writer)
+    try:
+        trainings.run(runs)
+    except KeyboardInterrupt as exc:
+        return interrupted(writer, experiment, "the runs finished", exc, failures=trainings.failures,
+                           launcher=launcher.describe())
+    except BaseException as exc:
+        failed(writer, trainings.failures, exc, launcher=launcher.describe())
+        raise
+    writer.finish("failed" if trainings.failures else "complete", failures=trainings.failures,
+                  launcher=launcher.describe(),
+                  compute_s={f"{m}-b{b}": c.compute_s for (m, b), c in trainings.prepared.items() if c.replayed})
+    print(f"results: {writer.path}")
+    if not args.no_plot:
+        draw(writer.path, experiment)
+    return 1 if trainings.failures else 0

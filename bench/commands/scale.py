@@ -1,0 +1,27 @@
+"""Train MODEL on 1, 2, 4, ... servers (each a worker and a parameter server) over each transport and record the
+total mini-batches per second and the scaling efficiency (throughput / (servers x the 1-server throughput of the
+same transport)). The Local line is one process without communication, times the number of servers. On a
+machine with few cores, real compute competes with communication for the CPU: --compute replay (the default
+here) waits each worker's measured compute time instead."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench import options
+from bench.commands.model import run_trainings
+
+HELP = "throughput against the number of servers, per transport, with the Local line (the paper's Figure 11)"
+STARTS_RANKS = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    options.add_training_options(parser, "scale", "zerocopy,grpc_tcp", steps=10, compute="replay")
+    parser.add_argument("--servers", dest="server_counts", type=options.int_list, default=[1, 2, 4],
+                        help="comma list of server counts")
+    parser.set_defaults(asynchronous=False)
+
+
+def run(args: argparse.Namespace, launcher: Any) -> int:
+    return run_trainings(args, launcher, "scale", sorted(set(args.server_counts)))

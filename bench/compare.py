@@ -1,0 +1,569 @@
+"""What got faster or slower between two runs of one experiment (``bench compare BASE NEW``).
+
+Both runs are read with :func:`bench.results.load_run` and folded into points
+(:func:`bench.results.points`): one row per measured point (micro: transport and size; model and
+scale: transport, model, batch size and servers; converge: the ``summary`` row of each transport and
+task; models: model and batch size), its number being the median over the point's rounds. The number
+compared is the record type's ``measure`` (micro ``p50_us``, model ``step_time_s``, converge
+``time_to_target_s``, models ``compute_ms_per_sample``: lower is better), or the column ``--metric``
+names (the throughput columns and ``scaling_efficiency``, ``of_reference`` are higher-is-better, every
+other column lower-is-better).
+
+Each value comes with a range, the noise the run measured around it: the lowest and highest round when
+the point ran in two rounds or more (``bench micro --rounds N``), else the 95% confidence interval of the
+median of its timed iterations (``samples.csv``), else none (the value itself).
+
+Per point, with ``ratio = new / base`` and its range ``[new_low / base_high, new_high / base_low]``:
+
+- **same** when the two runs' ranges overlap (the ratio's range contains 1), or when the ratio is within
+  the threshold: ``1 / (1 + t) <= ratio <= 1 + t``; marked ``~`` when the ranges do not overlap but the
+  change is within the threshold, blank otherwise;
+- **slower** (``+``) when the ranges do not overlap and the value got worse by more than the threshold
+  (``ratio > 1 + t`` for a time, ``ratio < 1 / (1 + t)`` for a throughput);
+- **faster** (``-``) symmetrically: better by more than the threshold (the log of the ratio beyond
+  ``log(1 + t)`` either way, so a 2x slow-down and a 2x speed-up are as far from "same");
+- **n/a** (``?``) when one run has no value (a reference line that does not measure the number,
+  a column an old run lacks); never a failure;
+- **added** / **removed**: points only in the new / the base run; listed, never a failure.
+
+A converge transport that did not reach its target has an infinite time: reaching it no more is slower.
+
+The threshold is a percentage (``10%``) or a fraction (``0.1``); a bare number above 1 is refused as
+ambiguous (write ``150%``). Zero is allowed: then only the noise decides.
+
+Reference lines measure the machine, not this code (micro's ``ucx_perftest``, ``ucx_perftest_lat``,
+``ib_write_bw``, ``ib_write_lat`` and ``memcpy``; the model runs' ``tf_grpc``, TensorFlow's own
+runtime): they are compared and shown in a section of their own, and a slow-down there is named (it
+says the machine changed, which explains the rest) but never fails the comparison.
+
+:meth:`Comparison.exit_status` is 1 when at least one point (not a reference) is slower, else 0; the
+command gives 2 for bad input (:class:`CompareError`). Per transport (per model for ``models`` runs)
+the geometric mean of the compared points' ratios sums it up, and the last line names what got slower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.reference import FABRIC_LINES
+from bench.results import ResultsError, Run, load_run, points, record_type
+from bench.sizes import format_size
+
+#: the threshold when none is given: 10%
+DEFAULT_THRESHOLD = 0.10
+
+#: columns where more is better (every other column compared is a time, a count or a size: less is better)
+HIGHER_IS_BETTER = frozenset({"throughput_MBps", "throughput_batches_per_s", "total_batches_per_s",
+                              "scaling_efficiency", "of_reference"})
+
+#: per experiment, the lines that measure the machine or another project, not this code
+REFERENCES: dict[str, frozenset[str]] = {
+    "micro": frozenset({line for lines in FABRIC_LINES.values() for line in lines} | {"memcpy"}),
+    "model": frozenset({"tf_grpc"}),
+    "scale": frozenset({"tf_grpc"}),
+}
+
+#: key columns that do not tell points apart once the rows compared are chosen (converge: only summaries)
+_DROPPED_KEY = {"converge": ("kind", "step")}
+#: per experiment, which rows are compared
+_ROW_FILTER = {"converge": ("kind", "summary")}
+
+#: columns that say how a point was measured: when they differ between the runs, the row says so
+_SETTING_COLUMNS = ("extra_copies", "fabric", "dtype", "compute", "analysis", "launcher", "link_rate", "target")
+
+#: the spread of a point's value (see bench.results.points)
+_SPREAD_WORDS = {"rounds": "lowest to highest round", "samples": "95% interval of the median of the iterations",
+                 "none": "no spread measured"}
+
+SAME, SLOWER, FASTER, NOT_COMPARED, ADDED, REMOVED = "same", "slower", "faster", "n/a", "added", "removed"
+
+
+class CompareError(ValueError):
+    """Input that cannot be compared; the message names the problem and, after a ``;``, the fix."""
+
+
+def parse_threshold(text: str | float) -> float:
+    """A threshold as a fraction: ``"10%"`` -> 0.1, ``"0.1"`` -> 0.1; a bare number above 1 (``"10"``: 10%
+    or 10x?), a negative, NaN or infinite one is a CompareError."""
+    raw = str(text).strip()
+    percent = raw.endswith("%")
+    number = raw[:-1].strip() if percent else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise CompareError(f"--threshold '{raw}' is not a number; give a percentage such as 10% "
+                           "or a fraction such as 0.1") from None
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise CompareError(f"--threshold '{raw}' must be a finite number of at least 0; give a percentage "
+                           "such as 10% or a fraction such as 0.1")
+    if percent:
+        return value / 100
+    if value > 1:
+        raise CompareError(f"--threshold '{raw}' is ambiguous (a fraction above 1); write {value:g}% for "
+                           f"{value:g} percent, or {value * 100:g}% for {value:g} times")
+    return value
+
+
+@dataclass(frozen=True)
+class Value:
+    """One run's number for a point: the value (median over rounds), its range and where the range comes from."""
+
+    value: float
+    low: float
+    high: float
+    rounds: int
+    spread: str  # rounds | samples | none
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def measured(self) -> bool:
+        """Whether the run has a number for the point (not an empty cell)."""
+        return not math.isnan(self.value)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One point of the comparison: its key, both runs' values, the ratio new/base with its range, the verdict."""
+
+    point: tuple
+    state: str
+    reference: bool
+    base: Value | None
+    new: Value | None
+    ratio: float = math.nan
+    ratio_low: float = math.nan
+    ratio_high: float = math.nan
+    #: the ranges do not overlap (a change beyond the measured noise, whatever the threshold)
+    beyond_noise: bool = False
+    note: str = ""
+
+    @property
+    def marker(self) -> str:
+        """asv's column: ``+`` slower, ``-`` faster, ``~`` changed beyond the noise but within the threshold,
+        ``?`` not compared, blank for the same."""
+        if self.state == SAME:
+            return "~" if self.beyond_noise else " "
+        return {SLOWER: "+", FASTER: "-", NOT_COMPARED: "?"}.get(self.state, " ")
+
+    @property
+    def compared(self) -> bool:
+        """Whether both runs measured the point (same, slower or faster)."""
+        return self.state in (SAME, SLOWER, FASTER)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """Per transport (or model): how many points went which way, and the geometric mean of their ratios."""
+
+    name: str
+    reference: bool
+    counts: dict[str, int]
+    geometric_mean: float
+    #: the ratio of the point that got slowest (nan when none got slower)
+    worst: float
+
+
+@dataclass
+class Comparison:
+    """Two runs compared point by point (:func:`compare_runs`); :meth:`format` is the report,
+    :meth:`exit_status` what CI reads."""
+
+    experiment: str
+    metric: str
+    higher_is_better: bool
+    threshold: float
+    key: list[str]
+    base: Run
+    new: Run
+    rows: list[Row]
+
+    @property
+    def regressions(self) -> list[Row]:
+        """The points (not references) that got slower beyond the threshold and the noise."""
+        return [row for row in self.rows if row.state == SLOWER and not row.reference]
+
+    def exit_status(self) -> int:
+        """1 when a point (not a reference) got slower, else 0."""
+        return 1 if self.regressions else 0
+
+    @property
+    def group_column(self) -> str:
+        """The column the summary groups by: transport, or the first key column (models: the model)."""
+        return "transport" if "transport" in self.key else self.key[0]
+
+    def group_of(self, row: Row) -> str:
+        """The transport (or model) of a row."""
+        return str(row.point[self.key.index(self.group_column)])
+
+    def summaries(self) -> list[GroupSummary]:
+        """Per transport (or model), in the order of the rows: counts by state and the geometric mean ratio."""
+        groups: dict[str, list[Row]] = {}
+        for row in self.rows:
+            groups.setdefault(self.group_of(row), []).append(row)
+        out = []
+        for name, rows in groups.items():
+            counts = {state: sum(r.state == state for r in rows) for state in
+                      (SLOWER, FASTER, SAME, NOT_COMPARED, ADDED, REMOVED)}
+            ratios = [r.ratio for r in rows if r.compared and 0 < r.ratio < math.inf]
+            mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan
+            slower = [r.ratio for r in rows if r.state == SLOWER]
+            worst = (min(slower) if self.higher_is_better else max(slower)) if slower else math.nan
+            out.append(GroupSummary(name, any(r.reference for r in rows), counts, mean, worst))
+        return out
+
+    def format(self, only_changed: bool = False) -> str:
+        """The report: a header, the table (points, then references), added and removed points, the summary
+        per transport, and a last line naming what got slower. ``only_changed`` leaves out the rows that
+        are the same or that neither run measured (the summary still counts them)."""
+        return "\n".join(_format(self, only_changed))
+
+
+# -- building a comparison -----------------------------------------------------------------------------
+
+
+def compare(base_path: Path | str, new_path: Path | str, threshold: float = DEFAULT_THRESHOLD,
+            metric: str | None = None) -> Comparison:
+    """Load two run directories and compare them (:func:`compare_runs`); CompareError for bad input."""
+    runs = [_load(Path(path), label) for path, label in ((base_path, "BASE"), (new_path, "NEW"))]
+    return compare_runs(runs[0], runs[1], threshold=threshold, metric=metric)
+
+
+def _load(path: Path, label: str) -> Run:
+    fix = "give a run directory written by a bench command (results/<experiment>-<time>/)"
+    if not path.exists():
+        raise CompareError(f"{label} {path} does not exist; {fix}")
+    if not path.is_dir():
+        raise CompareError(f"{label} {path} is not a directory; {fix}")
+    try:
+        return load_run(path)
+    except ResultsError as exc:
+        text = str(exc)
+        if "is not a results directory" in text:
+            raise CompareError(f"{label} {text}; {fix}") from None
+        raise CompareError(f"{label}: {text}" + ("" if ";" in text else f"; {fix}")) from None
+
+
+def compare_runs(base: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, metric: str | None = None) -> Comparison:
+    """Compare ``new`` against ``base`` point by point on ``metric`` (default: the experiment's measure).
+
+    The semantics (ranges, threshold, references) are this module's docstring's. CompareError when the
+    runs are of different experiments, of one without a headline measure, have no point in common, or
+    ``metric`` is not a numeric column of their records.
+    """
+    if not threshold >= 0 or math.isinf(threshold):
+        raise CompareError(f"threshold {threshold!r} must be a finite number of at least 0; give e.g. 0.1 (10%)")
+    if base.experiment != new.experiment:
+        raise CompareError(f"BASE {base.path} is a {base.experiment} run and NEW {new.path} a {new.experiment} run; "
+                           "compare two runs of the same experiment")
+    experiment = base.experiment
+    cls = record_type(experiment)
+    if cls.measure is None or not cls.key:
+        comparable = ", ".join(name for name in ("micro", "model", "scale", "converge", "models"))
+        raise CompareError(f"{experiment} runs have no headline measure to compare; bench compare takes "
+                           f"{comparable} runs")
+    metric = metric or cls.measure
+    key = [c for c in cls.key if c not in _DROPPED_KEY.get(experiment, ())]
+    base_values = _values(base, metric, key)
+    new_values = _values(new, metric, key)
+    common = [p for p in base_values if p in new_values]
+    if not common:
+        raise CompareError(f"BASE and NEW have no point in common (BASE has {_point_list(base_values, key)}; "
+                           f"NEW has {_point_list(new_values, key)}); compare runs of the same "
+                           f"{' and '.join(_column_title(c) for c in key)}")
+    higher = metric in HIGHER_IS_BETTER
+    infinite_when_missing = experiment == "converge" and metric == cls.measure
+    references = REFERENCES.get(experiment, frozenset())
+    rows = []
+    for point in [*base_values, *(p for p in new_values if p not in base_values)]:
+        is_reference = "transport" in key and point[key.index("transport")] in references
+        old, now = base_values.get(point), new_values.get(point)
+        if old is None or now is None:
+            rows.append(Row(point, ADDED if old is None else REMOVED, is_reference, old, now))
+            continue
+        rows.append(_judge(point, is_reference, old, now, threshold, higher, infinite_when_missing, metric))
+    # the rows of one transport together, in the order the runs measured them (sorted() is stable)
+    group = key.index("transport") if "transport" in key else 0
+    order = {name: i for i, name in enumerate(dict.fromkeys(row.point[group] for row in rows))}
+    rows = sorted(rows, key=lambda row: order[row.point[group]])
+    return Comparison(experiment, metric, higher, threshold, key, base, new, rows)
+
+
+def _values(run: Run, metric: str, key: list[str]) -> dict[tuple, Value]:
+    """The run's points: key -> Value of ``metric``."""
+    records = run.records
+    column_filter = _ROW_FILTER.get(run.experiment)
+    samples = run.samples
+    if column_filter is not None:
+        column, wanted = column_filter
+        records = records[records[column] == wanted] if column in records else records.iloc[0:0]
+        samples = None
+    allowed = [c for c in record_type(run.experiment).columns() if c not in key and c != "round"]
+    if metric not in records or metric not in allowed or not pd.api.types.is_numeric_dtype(records[metric]):
+        numeric = [c for c in allowed if c in records and pd.api.types.is_numeric_dtype(records[c])
+                   and c not in _DROPPED_KEY.get(run.experiment, ())]
+        raise CompareError(f"--metric {metric}: {run.experiment} records of {run.path} have no numeric column "
+                           f"'{metric}'; choose one of {', '.join(numeric)}")
+    if records.empty:
+        return {}
+    folded = points(records, run.experiment, samples)
+    has_range = f"{metric}_low" in folded
+    spans = {} if has_range else _round_spans(records, metric, [c for c in folded.columns if c in
+                                                                 record_type(run.experiment).key])
+    out: dict[tuple, Value] = {}
+    for _, row in folded.iterrows():
+        point = tuple(_plain(row[c]) for c in key)
+        if point in out:  # the same point twice once the dropped key columns are gone: keep the first
+            continue
+        value = float(row[metric]) if pd.notna(row[metric]) else math.nan
+        rounds = int(row["rounds"]) if "rounds" in row and pd.notna(row["rounds"]) else 1
+        if has_range and pd.notna(row[f"{metric}_low"]):
+            low, high, spread = float(row[f"{metric}_low"]), float(row[f"{metric}_high"]), str(row["spread"])
+        else:
+            full = tuple(_plain(row[c]) for c in folded.columns if c in record_type(run.experiment).key)
+            low, high = spans.get(full, (value, value))
+            spread = "rounds" if rounds >= 2 and not math.isnan(low) else "none"
+        if spread == "rounds" and rounds < 2:
+            spread = "none"
+        settings = {c: _plain(row[c]) for c in _SETTING_COLUMNS if c in row}
+        out[point] = Value(value, low if not math.isnan(value) else math.nan,
+                           high if not math.isnan(value) else math.nan, rounds, spread, settings)
+    return out
+
+
+def _round_spans(records: pd.DataFrame, metric: str, key: list[str]) -> dict[tuple, tuple[float, float]]:
+    """For a metric without a spread from :func:`points`: per point, the lowest and highest round's value."""
+    grouped = records.groupby(key, sort=False, dropna=False)[metric]
+    lows, highs = grouped.min(), grouped.max()
+    return {tuple(_plain(v) for v in (index if isinstance(index, tuple) else (index,))):
+            (float(lows[index]), float(highs[index])) for index in lows.index}
+
+
+def _judge(point: tuple, reference: bool, old: Value, now: Value, threshold: float, higher: bool,
+           infinite_when_missing: bool, metric: str) -> Row:
+    """The verdict on one point both runs have."""
+    notes = [f"{name} {old.settings[name]} -> {now.settings[name]}" for name in old.settings
+             if name in now.settings and old.settings[name] != now.settings[name]]
+    if infinite_when_missing:  # converge: no time to the target means the target was not reached
+        old, now = _not_reached(old), _not_reached(now)
+        if math.isinf(old.value) and math.isinf(now.value):
+            notes.insert(0, "target reached in neither run")
+            return Row(point, SAME, reference, old, now, note="; ".join(notes))
+        notes[:0] = [f"target not reached in {label}" for label, v in (("base", old), ("new", now))
+                     if math.isinf(v.value)]
+    if not old.measured or not now.measured:
+        missing = [label for label, v in (("base", old), ("new", now)) if not v.measured]
+        notes.insert(0, f"no {metric} in " + (missing[0] if len(missing) == 1 else "either run"))
+        return Row(point, NOT_COMPARED, reference, old, now, note="; ".join(notes))
+    ratio = _ratio(now.value, old.value)
+    low, high = _ratio(now.low, old.high), _ratio(now.high, old.low)
+    overlap = now.low <= old.high and old.low <= now.high
+    worse = ratio < 1 / (1 + threshold) if higher else ratio > 1 + threshold
+    better = ratio > 1 + threshold if higher else ratio < 1 / (1 + threshold)
+    state = SAME if overlap else SLOWER if worse else FASTER if better else SAME
+    return Row(point, state, reference, old, now, ratio, low, high, not overlap, "; ".join(notes))
+
+
+def _not_reached(value: Value) -> Value:
+    if value.measured:
+        return value
+    return Value(math.inf, math.inf, math.inf, value.rounds, value.spread, value.settings)
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, where 0 / 0 and inf / inf are 1 (no change) and x / 0 is infinite."""
+    if a == b:
+        return 1.0
+    if b == 0:
+        return math.inf
+    return a / b
+
+
+def _plain(value: Any) -> Any:
+    """A key or setting value as a plain Python value: an integral float as an int, NaN as None."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer():
+            return int(value)
+    return value
+
+
+# -- the report ----------------------------------------------------------------------------------------
+
+
+_TITLES = {"size_bytes": "size", "batch_size": "batch"}
+
+
+def _column_title(column: str) -> str:
+    return _TITLES.get(column, column)
+
+
+def _point_text(point: tuple, key: list[str]) -> str:
+    return " ".join(_key_text(value, column) for value, column in zip(point, key, strict=True))
+
+
+def _key_text(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column == "size_bytes" and isinstance(value, int):
+        return format_size(value)
+    return str(value)
+
+
+def _point_list(values: dict[tuple, Value], key: list[str], most: int = 6) -> str:
+    if not values:
+        return "no point"
+    names = [_point_text(p, key) for p in values]
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _number(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    size = abs(x)
+    if size >= 100 or x == 0:
+        return f"{x:.0f}"
+    if size >= 10:
+        return f"{x:.1f}"
+    if size >= 0.1:
+        return f"{x:.2f}"
+    return f"{x:.2g}"
+
+
+def _scale(metric: str) -> list[tuple[float, str]]:
+    """(factor, unit) choices for a metric's values, smallest unit first: a value is shown in the largest
+    unit it reaches 1 in."""
+    if metric.endswith("_us"):
+        return [(1, "µs"), (1e3, "ms"), (1e6, "s")]
+    if metric.endswith("_ms_per_sample"):
+        return [(1, "ms")]
+    if metric.endswith("_s"):
+        return [(1e-6, "µs"), (1e-3, "ms"), (1, "s")]
+    if metric.endswith("MBps"):
+        return [(1, "MB/s"), (1024, "GB/s")]
+    if metric.endswith("per_s"):
+        return [(1, "/s")]
+    if "bytes" in metric:
+        return [(1, "B"), (1024, "KB"), (1024**2, "MB"), (1024**3, "GB")]
+    return [(1, "")]
+
+
+def _value_text(value: Value | None, metric: str) -> str:
+    if value is None:
+        return ""
+    if math.isinf(value.value):
+        return "not reached" if metric == "time_to_target_s" else "inf"
+    if not value.measured:
+        return "-"
+    units = _scale(metric)
+    factor, unit = units[0]
+    for f, u in units:
+        if abs(value.value) >= f:
+            factor, unit = f, u
+    text = _number(value.value / factor) + (f" {unit}" if unit else "")
+    if value.low != value.high:
+        text += f" [{_number(value.low / factor)}, {_number(value.high / factor)}]"
+    return text
+
+
+def _ratio_text(row: Row) -> str:
+    if not row.compared or math.isnan(row.ratio):
+        return "-" if row.compared or row.state == NOT_COMPARED else ""
+    text = _number(row.ratio)
+    if (row.ratio_low, row.ratio_high) != (row.ratio, row.ratio) and not math.isnan(row.ratio_low):
+        text += f" [{_number(row.ratio_low)}, {_number(row.ratio_high)}]"
+    return text
+
+
+def _table(comparison: Comparison, rows: list[Row]) -> list[str]:
+    header = ["", *(_column_title(c) for c in comparison.key), "base", "new", "ratio", ""]
+    body = [[row.marker, *(_key_text(v, c) for v, c in zip(row.point, comparison.key, strict=True)),
+             _value_text(row.base, comparison.metric), _value_text(row.new, comparison.metric), _ratio_text(row),
+             row.note] for row in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *body]]
+
+
+def _describe_run(label: str, run: Run, values: Iterable[Value]) -> str:
+    values = list(values)
+    spreads = sorted({v.spread for v in values})
+    rounds = sorted({v.rounds for v in values})
+    meta = run.meta
+    commit = str(meta.get("git_commit", "unknown"))
+    commit = commit[:12] + ("-dirty" if commit.endswith("-dirty") else "") if commit != "unknown" else commit
+    details = [f"commit {commit}", str(meta.get("start_time") or "no start time")]
+    if meta.get("status") not in (None, "complete"):
+        details.append(str(meta["status"]))
+    if rounds and rounds != [1]:
+        details.append(f"{'/'.join(map(str, rounds))} rounds")
+    details.append("ranges: " + ("; ".join(_SPREAD_WORDS.get(s, s) for s in spreads) if spreads else "none"))
+    return f"{label:<5} {run.path}  ({', '.join(details)})"
+
+
+def _unchanged(row: Row) -> bool:
+    """Same, or measured by neither run."""
+    return row.state == SAME or (row.state == NOT_COMPARED and not (row.base and row.base.measured)
+                                 and not (row.new and row.new.measured))
+
+
+def _format(c: Comparison, only_changed: bool) -> list[str]:
+    direction = "higher is better" if c.higher_is_better else "lower is better"
+    lines = [f"{c.experiment} runs compared on {c.metric} ({direction}), ratio new/base, "
+             f"threshold {c.threshold * 100:g}%"]
+    lines.append(_describe_run("base", c.base, [r.base for r in c.rows if r.compared and r.base]))
+    lines.append(_describe_run("new", c.new, [r.new for r in c.rows if r.compared and r.new]))
+    hosts = (c.base.meta.get("host"), c.new.meta.get("host"))
+    if hosts[0] != hosts[1]:
+        lines.append(f"note: the runs are from different hosts ({hosts[0]}, {hosts[1]}): the ratios include the "
+                     "machines' difference")
+    lines.append("")
+    present = [r for r in c.rows if r.state not in (ADDED, REMOVED)]
+    shown = [r for r in present if not (only_changed and _unchanged(r))]
+    ours = [r for r in shown if not r.reference]
+    refs = [r for r in shown if r.reference]
+    if ours:
+        lines += _table(c, ours)
+    elif only_changed:
+        lines.append("no point changed beyond the threshold and the noise")
+    if refs:
+        lines += ["", "references (they measure the machine, not this code: never a failure):"]
+        lines += _table(c, refs)
+    for state, words in ((REMOVED, "only in base (removed)"), (ADDED, "only in new (added)")):
+        points_ = [r for r in c.rows if r.state == state]
+        if points_:
+            lines += ["", f"{words}: " + ", ".join(_point_text(r.point, c.key) for r in points_)]
+    lines += ["", f"per {c.group_column} (geometric mean of the ratios):"]
+    summaries = c.summaries()
+    width = max(len(s.name) for s in summaries)
+    for s in summaries:
+        counts = ", ".join(f"{n} {state}" for state, n in s.counts.items() if n)
+        lines.append(f"  {s.name:<{width}}  {_number(s.geometric_mean):>5}  {counts}"
+                     + ("  (reference)" if s.reference else ""))
+    slowed_refs = [s.name for s in summaries if s.reference and s.counts[SLOWER]]
+    if slowed_refs:
+        lines.append(f"references slower: {', '.join(slowed_refs)} (the machine changed: weigh the rest with it)")
+    slowed = [s for s in summaries if not s.reference and s.counts[SLOWER]]
+    compared = {s.name: sum(s.counts[k] for k in (SAME, SLOWER, FASTER)) for s in summaries}
+    if slowed:
+        named = ", ".join(f"{s.name} ({s.counts[SLOWER]} of {compared[s.name]} points, ratio up to "
+                          f"{_number(s.worst)})" for s in slowed)
+        lines.append(f"slower beyond {c.threshold * 100:g}%: {named}")
+    else:
+        faster = [s.name for s in summaries if not s.reference and s.counts[FASTER]]
+        lines.append(f"nothing slower beyond {c.threshold * 100:g}%"
+                     + (f"; faster: {', '.join(faster)}" if faster else ""))
+    return lines
+

@@ -1,0 +1,345 @@
+"""Command-line options every ``bench`` command shares, parsed and checked once.
+
+Each parser here turns a string into a checked value or raises ``argparse.ArgumentTypeError`` with one
+line naming the problem; :class:`Parser` prints that line and exits 2. Transport labels are resolved
+once into a :class:`Choice` that carries what the experiment needs (the transport, its mode's options,
+whether it is the ``local`` line or TensorFlow's own ``tf_grpc``), so no command parses a label again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import transports
+from bench import LOCAL, TF_GRPC
+
+EXIT_USAGE = 2
+
+#: the paper's six models, then ours beyond them (embedding: a sparse gradient of dynamic shape)
+MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5", "embedding")
+
+#: the longest --timeout (a week): longer waits overflow the clocks of threads and sockets
+MAX_SECONDS = 7 * 24 * 3600.0
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line, with where to look, and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def fail(command: str, problem: str) -> int:
+    """Print ``bench COMMAND: error: PROBLEM`` (one line; the problem names the fix) and return exit status 2."""
+    print(f"bench {command}: error: {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# -- values ----------------------------------------------------------------------------------------------
+
+
+def sizes(text: str) -> list[int]:
+    """Tensor sizes: ``1KB-1GB`` (x4 steps), ``1KB-1MB:x2``, or ``1KB,64KB,1MB`` (binary units)."""
+    from bench.sizes import SizeError, parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except SizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected a number of at least {least}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _whole_number(text, 0)
+
+
+def int_list(text: str) -> list[int]:
+    """``1,2,4``: positive whole numbers, each once, in the order given."""
+    values = [positive_int(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a whole number or a comma list of them, e.g. 1,2,4, got '{text}'")
+    return list(dict.fromkeys(values))
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds, at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SECONDS:g} seconds (a week), got {value:g}")
+    return value
+
+
+def duration(text: str) -> float:
+    """Seconds in ``600``, ``90s``, ``10m`` or ``1h``."""
+    number = text.strip().lower()
+    unit = next((u for u in sorted(_DURATION_UNITS, key=len, reverse=True) if u and number.endswith(u)), "")
+    value = seconds(number[: len(number) - len(unit)] if unit else number)
+    if value * _DURATION_UNITS[unit] > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most a week, got '{text}'")
+    return value * _DURATION_UNITS[unit]
+
+
+def rate(text: str) -> float:
+    """A positive finite number (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
+    return value
+
+
+def model_list(text: str) -> list[str]:
+    """Model names (or ``package.module:ATTR``), comma separated."""
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"expected a model name or a comma list of them (known: "
+                                         f"{', '.join(MODEL_NAMES)}), got '{text}'")
+    for name in chosen:
+        if name not in MODEL_NAMES and ":" not in name:
+            raise argparse.ArgumentTypeError(f"unknown model '{name}' (known: {', '.join(MODEL_NAMES)})")
+    return chosen
+
+
+# -- transports ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A transport label from the command line, resolved once: ``name`` or ``name:mode``, ``local`` or ``tf_grpc``.
+
+    ``options`` are the mode's constructor options (``grpc_rdma:direct`` -> ``{"mode": "direct"}``);
+    :meth:`constructor_options` adds what the command line says about timeouts and the fabric.
+    """
+
+    label: str
+    name: str
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_local(self) -> bool:
+        """The ``local`` line (:data:`LOCAL`): the work in one process, no communication."""
+        return self.name == LOCAL
+
+    @property
+    def is_tf_grpc(self) -> bool:
+        """TensorFlow's own parameter-server training, not one of our transports."""
+        return self.name == TF_GRPC
+
+    @property
+    def uses_fabric(self) -> bool:
+        return not self.is_tf_grpc and transports.transport_class(self.name).uses_fabric
+
+    def constructor_options(self, args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
+        """The transport's constructor options: the mode's, ``timeout_s`` and, on the fabric, its backend and links."""
+        options = {**self.options, "timeout_s": args.timeout}
+        if self.uses_fabric:
+            options["fabric"] = args.fabric
+            options["fabric_transport"] = launcher.fabric_transport(args.fabric_transport)
+        return options
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def choose(label: str, *, references: tuple[str, ...] = ()) -> Choice:
+    """Resolve one label; ``references`` are the non-transport lines the command also takes (``tf_grpc``)."""
+    label = label.strip()
+    if label in references:
+        return Choice(label, label)
+    name = label.partition(":")[0]
+    if name not in transports.REGISTRY:
+        known = ", ".join(dict.fromkeys([*transports.names(), *references]))
+        raise argparse.ArgumentTypeError(f"unknown transport '{name}' (known: {known})")
+    status = transports.availability(name)
+    if not status.ok:
+        raise argparse.ArgumentTypeError(f"transport '{name}' is not available here: {status.reason}")
+    try:
+        _, options = transports.resolve(label)
+    except transports.UnknownTransport as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return Choice(label, name, options)
+
+
+def choices(text: str, *, references: tuple[str, ...] = ()) -> list[Choice]:
+    """A comma list of labels, each resolved once (duplicates dropped)."""
+    labels = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not labels:
+        known = ", ".join(dict.fromkeys([*transports.names(), *references]))
+        raise argparse.ArgumentTypeError(f"expected a comma list of transport names (known: {known}), got '{text}'")
+    return [choose(label, references=references) for label in labels]
+
+
+def transport_choices(text: str) -> list[Choice]:
+    """``--transports`` of the commands that move tensors: registered transports and their modes."""
+    return choices(text)
+
+
+def training_choices(text: str) -> list[Choice]:
+    """``--transport`` of the training commands: the transports, ``local`` and TensorFlow's ``tf_grpc``."""
+    return choices(text, references=(TF_GRPC,))
+
+
+def default_choices() -> list[Choice]:
+    """Every transport available here, each of its modes as a line of its own (optional modes left out)."""
+    labels = []
+    for name in transports.available_names():
+        cls = transports.transport_class(name)
+        modes = [mode for mode in cls.modes() if mode not in cls.optional_modes]
+        labels += [name] if not modes else [name if i == 0 else f"{name}:{mode}" for i, mode in enumerate(modes)]
+    return [choose(label) for label in labels]
+
+
+def labels(chosen: list[Choice]) -> list[str]:
+    return [choice.label for choice in chosen]
+
+
+# -- option groups ----------------------------------------------------------------------------------------
+
+
+def add_out(parser: argparse.ArgumentParser, experiment: str) -> None:
+    """``--out DIR``: where the run's results go."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"results directory (default: results/{experiment}-<time>/)")
+
+
+def add_fabric_options(parser: argparse.ArgumentParser, transport_help: str) -> None:
+    """``--fabric`` and ``--fabric-transport``: the RDMA device library under the fabric transports, and its links."""
+    from transports import fabric
+
+    parser.add_argument("--fabric", choices=fabric.names(), default=fabric.DEFAULT,
+                        help="the RDMA device library under the fabric transports (zerocopy, rdma_cp, grpc_rdma): "
+                        "ucx (UCX: shared memory and tcp here, RDMA where UCX has it) or verbs (pyverbs on an "
+                        "RDMA NIC, chosen with the RDMA_* variables); 'bench info' says which can run here")
+    offered = list(dict.fromkeys(t for name in fabric.names() for t in fabric_transports(name)))
+    parser.add_argument("--fabric-transport", choices=offered, default="auto", help=transport_help)
+
+
+def fabric_transports(name: str) -> list[str]:
+    """The ``--fabric-transport`` values fabric backend ``name`` takes."""
+    from transports import fabric
+
+    try:
+        return list(fabric.backend(name).fabric_transports)
+    except ImportError:
+        return ["auto"]
+
+
+def fabric_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--fabric`` with ``--fabric-transport`` (and ``--launcher``) cannot run here, or None."""
+    from transports import fabric
+
+    if args.fabric_transport not in fabric_transports(args.fabric):
+        return (f"--fabric-transport {args.fabric_transport}: the {args.fabric} fabric takes "
+                f"{', '.join(fabric_transports(args.fabric))}")
+    if args.fabric != fabric.DEFAULT and getattr(args, "launcher", None) == "netns":
+        return (f"--fabric {args.fabric} with --launcher netns: the emulated hosts' veth links carry no RDMA; "
+                f"use --fabric {fabric.DEFAULT}, or another launcher")
+    status = fabric.availability(args.fabric)
+    if not status.ok:
+        return f"--fabric {args.fabric}: not available here: {status.reason}"
+    return None
+
+
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """``--launcher``, ``--bind`` and ``--link-rate``: how and where the ranks of a run start."""
+    from bench.launch import LAUNCHERS
+
+    parser.add_argument("--launcher", choices=list(LAUNCHERS), default="local",
+                        help="how ranks start: " + "; ".join(f"{name}: {what}" for name, what in LAUNCHERS.items())
+                        + ". Under mpi every rank runs this same command (mpirun -np N bench ... --launcher mpi)")
+    parser.add_argument("--bind", default=None, metavar="ADDRESS|INTERFACE",
+                        help="where ranks listen (local, mpi): an address or an interface (default: loopback; under "
+                        "mpi, the host's address when ranks span hosts)")
+    parser.add_argument("--link-rate", default=None, metavar="RATE",
+                        help="netns: shape every link to RATE with tc, e.g. 10gbit, 500mbit (default: unshaped)")
+
+
+def add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--compute real|replay|paper``: how workers spend their compute time."""
+    from bench.training import COMPUTE_MODES
+
+    parser.add_argument("--compute", choices=list(COMPUTE_MODES), default=default,
+                        help="; ".join(f"{name}: {what}" for name, what in COMPUTE_MODES.items())
+                        + ". Replayed records are labelled in the 'compute' column and the figures")
+
+
+def add_no_plot(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-plot", action="store_true", help="do not draw the figures at the end")
+
+
+def add_timeout(parser: argparse.ArgumentParser, default: float, what: str) -> None:
+    parser.add_argument("--timeout", type=seconds, default=default,
+                        help=f"seconds {what} may take before the run fails naming it")
+
+
+def sizes_problem(chosen: list[int]) -> str | None:
+    """Why a tensor of the largest size cannot be measured here (sender and receiver hold one each), or None."""
+    from bench.sizes import format_size
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+    if 2 * max(chosen) > memory:
+        return (f"--sizes: {format_size(max(chosen))} does not fit twice (sender and receiver) in this machine's "
+                f"{memory / 2**30:.1f} GB of memory; choose smaller sizes")
+    return None
+
+
+def add_training_options(parser: argparse.ArgumentParser, experiment: str, default_transports: str, steps: int,
+                         compute: str) -> None:
+    """What ``bench model`` and ``bench scale`` share: models, transports, batches, steps, compute, launch."""
+    parser.add_argument("models", type=model_list, metavar="MODEL",
+                        help="model name or comma list: alexnet, inception_v3, vgg16, lstm, gru, fcn5 (the paper's), "
+                        "embedding (a sparse gradient whose shape changes every step)")
+    parser.add_argument("--transport", "--transports", dest="transports", type=training_choices,
+                        default=default_transports,
+                        help=f"comma list of transports (name or name:mode), plus '{LOCAL}' (one process, no "
+                        f"communication) and '{TF_GRPC}' (TensorFlow's own parameter-server training)")
+    parser.add_argument("--batch-size", dest="batch_sizes", type=int_list, default=[1],
+                        help="per-worker mini-batch sizes, comma list")
+    parser.add_argument("--steps", type=positive_int, default=steps, help="timed steps")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first")
+    parser.add_argument("--learning-rate", type=rate, default=0.01, help="SGD learning rate")
+    add_fabric_options(parser, "UCX transports for the fabric transports (netns: always tcp)")
+    add_timeout(parser, 600.0, "one transfer, or one step of a rank,")
+    add_out(parser, experiment)
+    add_no_plot(parser)
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="run zerocopy with the graph analysis off (as zerocopy:no_analysis): no tensor is "
+                        "placed ahead, every one goes by dynamic allocation; list both to compare (Figure 12)")
+    add_compute_option(parser, compute)
+    add_launch_options(parser)
