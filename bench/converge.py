@@ -26,12 +26,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.paper import CONVERGE_SPEEDUP
 from bench.results import ConvergeRecord
 
 #: transport whose time to target every other is compared with (the paper's baseline)
 BASELINE = "grpc_tcp"
-#: zero copy's time-to-loss advantage over gRPC over TCP in the paper's Figure 10, by task
-PAPER_SPEEDUP = {"cifar10": 2.6, "seq2seq": 3.0}
+
+
+def paper_speedup(task: str) -> float | None:
+    """Zero copy's time-to-target advantage over gRPC.TCP in the paper's Figure 10 (``bench.paper``), by task."""
+    claim = CONVERGE_SPEEDUP.get((task, BASELINE))
+    return claim.low if claim else None
+
+
 #: per metric: whether a higher value is better
 HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "heldout_loss": False}
 
@@ -108,7 +115,7 @@ def summary_records(evaluations: list[ConvergeRecord | dict[str, Any]], target: 
             servers=template.servers, learning_rate=template.learning_rate, fabric=template.fabric,
             target=str(target), steps_to_target=row.step if row else None, time_to_target_s=seconds,
             speedup_vs_grpc_tcp=(baseline.wall_s / seconds) if (row and baseline and seconds) else None,
-            paper_speedup_vs_grpc_tcp=PAPER_SPEEDUP.get(template.task) if label == "zerocopy" else None))
+            paper_speedup_vs_grpc_tcp=paper_speedup(template.task) if label == "zerocopy" else None))
     return rows
 
 

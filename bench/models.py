@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.paper import TABLE2, PaperModel
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 if TYPE_CHECKING:
@@ -222,18 +224,32 @@ class ModelDef:
     """
 
     name: str
-    paper_name: str
     input_shape: tuple[int, ...]
     num_classes: int
-    #: Table 2 of the paper: model size (MB), number of variable tensors, local computation time per sample
-    #: (ms, on a Tesla P100 GPU, single server)
-    paper_model_mb: float | None
-    paper_variables: int | None
-    paper_compute_ms_per_sample: float | None
     builder: Callable[[tuple[int, ...], int], Any] = field(repr=False, compare=False)
     #: ``(defn, batch_size, seed) -> (x, y)`` for inputs other than standard-normal floats (token ids)
     batches: Callable[[Any, int, int], tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False,
                                                                                    compare=False)
+
+    @property
+    def paper(self) -> PaperModel | None:
+        """The model's row of the paper's Table 2 (``bench.paper.TABLE2``), None for a model beyond the paper's."""
+        return TABLE2.get(self.name)
+
+    @property
+    def paper_model_mb(self) -> float | None:
+        """Table 2: the model size (MB), the sum of the variable tensors."""
+        return self.paper.model_mb if self.paper else None
+
+    @property
+    def paper_variables(self) -> int | None:
+        """Table 2: the number of variable tensors."""
+        return self.paper.variables if self.paper else None
+
+    @property
+    def paper_compute_ms_per_sample(self) -> float | None:
+        """Table 2: local computation time per sample (ms, one Tesla P100 GPU, single server)."""
+        return self.paper.compute_ms_per_sample if self.paper else None
 
     def build(self) -> keras.Model:
         """A fresh, uncompiled model with random weights (deterministic after ``keras.utils.set_random_seed``)."""
@@ -255,17 +271,16 @@ class ModelDef:
         return loss_fn()
 
 
-# Table 2 of Xue et al. (EuroSys '19): model size (MB), variable tensors, computation time (ms) per sample,
-# as given in ../shared/seeds/xue-eurosys19-fast-distributed-dl-over-rdma.md.
+# The paper's six (Table 2; its numbers are in bench/paper.py)
 MODELS: dict[str, ModelDef] = {
     defn.name: defn
     for defn in (
-        ModelDef("alexnet", "AlexNet", (224, 224, 3), PAPER_CLASSES, 176.42, 16, 7.61, _alexnet),
-        ModelDef("inception_v3", "Inception-v3", (299, 299, 3), PAPER_CLASSES, 92.90, 196, 68.32, _inception_v3),
-        ModelDef("vgg16", "VGGNet-16", (224, 224, 3), PAPER_CLASSES, 512.32, 32, 30.92, _vgg16),
-        ModelDef("lstm", "LSTM", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, 35.93, 14, 33.33, _lstm),
-        ModelDef("gru", "GRU", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, 27.92, 11, 30.44, _gru),
-        ModelDef("fcn5", "FCN-5", (FCN_INPUTS,), PAPER_CLASSES, 204.47, 10, 4.88, _fcn5),
+        ModelDef("alexnet", (224, 224, 3), PAPER_CLASSES, _alexnet),
+        ModelDef("inception_v3", (299, 299, 3), PAPER_CLASSES, _inception_v3),
+        ModelDef("vgg16", (224, 224, 3), PAPER_CLASSES, _vgg16),
+        ModelDef("lstm", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, _lstm),
+        ModelDef("gru", (RNN_STEPS, RNN_FEATURES), RNN_CLASSES, _gru),
+        ModelDef("fcn5", (FCN_INPUTS,), PAPER_CLASSES, _fcn5),
     )
 }
 
@@ -273,8 +288,7 @@ MODELS: dict[str, ModelDef] = {
 #: models beyond the paper's six: ``embedding``, whose sparse gradient has a shape known only at run time
 #: (the number of distinct rows a batch looks up), the analyzer's dynamic case
 EXTRA_MODELS: dict[str, ModelDef] = {
-    "embedding": ModelDef("embedding", "Embedding (sparse)", (EMBED_TOKENS,), PAPER_CLASSES, None, None, None,
-                          _embedding, _token_batch),
+    "embedding": ModelDef("embedding", (EMBED_TOKENS,), PAPER_CLASSES, _embedding, _token_batch),
 }
 
 

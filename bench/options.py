@@ -87,14 +87,20 @@ def int_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def seconds(text: str) -> float:
-    """A positive number of seconds, at most a week."""
+def _positive_number(text: str, unit: str = "") -> float:
+    """A finite number above zero; the error names the ``unit`` expected (``seconds``), if any."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected {unit or 'a number'}, got '{text}'") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+        raise argparse.ArgumentTypeError(f"expected a positive number{' of ' + unit if unit else ''}, got '{text}'")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A positive number of seconds, at most a week."""
+    value = _positive_number(text, "seconds")
     if value > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_SECONDS:g} seconds (a week), got {value:g}")
     return value
@@ -112,13 +118,7 @@ def duration(text: str) -> float:
 
 def rate(text: str) -> float:
     """A positive finite number (a learning rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'")
-    return value
+    return _positive_number(text)
 
 
 def model_list(text: str) -> list[str]:
@@ -245,6 +245,11 @@ def add_fabric_options(parser: argparse.ArgumentParser, transport_help: str) -> 
                         "RDMA NIC, chosen with the RDMA_* variables); 'bench info' says which can run here")
     offered = list(dict.fromkeys(t for name in fabric.names() for t in fabric_transports(name)))
     parser.add_argument("--fabric-transport", choices=offered, default="auto", help=transport_help)
+
+
+def fabric_settings(args: argparse.Namespace, launcher: Any) -> dict[str, str]:
+    """What a run's ``meta.json`` settings say of the fabric: the backend and the links it was asked for."""
+    return {"fabric": args.fabric, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
 
 
 def fabric_transports(name: str) -> list[str]:

@@ -129,6 +129,14 @@ TABLE2: dict[str, PaperModel] = {
     "fcn5": PaperModel("FCN-5", 204.47, 10, 4.88),
 }
 TABLE2_SECTION = "§5, Table 2"
+
+
+def model_name(model: str) -> str:
+    """A model as the paper names it (``vgg16`` -> ``VGGNet-16``); a model beyond the paper's as it is."""
+    known = TABLE2.get(str(model))
+    return known.name if known else str(model)
+
+
 TABLE2_QUOTE = ("The model size is the sum of the sizes of all the variable tensors in a neural network, which "
                 "corresponds to the communication volume between workers and parameter server processes in each "
                 "mini-batch. The local computation time represents the average execution time of processing one "

@@ -36,6 +36,7 @@ from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
 
+from bench.paper import model_name
 from bench.results import Run, load_run
 from bench.sizes import format_size
 
@@ -150,14 +151,6 @@ def _style(name: str) -> dict[str, Any]:
 
 def _label(name: str) -> str:
     return LABELS.get(name, name)
-
-
-def model_label(name: str) -> str:
-    """A model as the paper names it (``vgg16`` -> ``VGGNet-16``); other names as they are."""
-    from bench.models import EXTRA_MODELS, MODELS
-
-    defn = {**MODELS, **EXTRA_MODELS}.get(str(name))
-    return defn.paper_name if defn is not None else str(name)
 
 
 def _transports_in_order(records: pd.DataFrame) -> list[str]:
@@ -492,7 +485,7 @@ def _model_panels(points: pd.DataFrame) -> list[tuple[str, int | None, pd.DataFr
 
 
 def _panel_title(model: str, servers: int | None) -> str:
-    return model_label(model) + (f", {servers} server(s)" if servers is not None else "")
+    return model_name(model) + (f", {servers} server(s)" if servers is not None else "")
 
 
 def model_throughput_figure(run: Run) -> Figure:
@@ -646,7 +639,7 @@ def copy_overhead_figure(run: Run) -> Figure | None:
     time_ax.set_ylabel("mini-batch time (s)")
     copy_ax.set_ylabel("payload copied per step\n(MB, all processes)")
     miss_ax.set_ylabel("tensors sent from\nunregistered memory per step")
-    miss_ax.set_xticks(range(len(models)), [model_label(m) for m in models])
+    miss_ax.set_xticks(range(len(models)), [model_name(m) for m in models])
     for j, model in enumerate(models):  # the gain of the analysis, above each model's bars
         on, _, _ = value(model, "zerocopy", "step_time_s")
         off, _, off_high = value(model, "zerocopy:no_analysis", "step_time_s")
@@ -695,7 +688,7 @@ def _scale_figure(run: Run, column: str, ylabel: str, title: str) -> Figure:
         _integer_log_axis(ax, servers, "servers (each a worker and a parameter server)")
         ax.set_ylim(bottom=0)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{model_label(model)}, batch {batch} per worker", fontsize=10)
+        ax.set_title(f"{model_name(model)}, batch {batch} per worker", fontsize=10)
         ax.grid(True, alpha=0.3)
     _title(fig, title, run, [_notes(run.records), spread_note(points[points["transport"] != "local"])])
     return _finish(fig, axes)
@@ -811,7 +804,7 @@ def models_vs_paper_figure(run: Run) -> Figure:
     at = f"batch {batches[0]}" if len(batches) == 1 else "the batch sizes shown"
     axes[2].set_title(f"computation time per sample, one process (forward and backward): here on this machine's "
                       f"CPU at {at}, the paper on a Tesla P100 GPU", fontsize=9)
-    axes[2].set_xticks(range(len(models)), [model_label(m) for m in models])
+    axes[2].set_xticks(range(len(models)), [model_name(m) for m in models])
     axes[2].set_xlim(-0.5, len(models) - 0.5)
     _title(fig, "The benchmark models (the paper's Table 2): measured here beside the paper", run)
     return _finish(fig, axes, _entries([axes[2], axes[0]]))
@@ -849,7 +842,7 @@ def analysis_tensor_sizes_figure(run: Run) -> Figure | None:
         # at each size, the share of tensors (of bytes) at least that large
         at_least = 1 - np.arange(n) / n
         bytes_at_least = np.cumsum(values[::-1])[::-1] / values.sum()
-        label = f"{model_label(model)} ({n} tensors, {_approximate_size(values.sum())})"
+        label = f"{model_name(model)} ({n} tensors, {_approximate_size(values.sum())})"
         # from 100% before the smallest tensor down to 0 after the largest
         x = np.r_[values[0], values, values[-1]]
         count_ax.step(x, np.r_[1.0, at_least, 0.0], where="post", color=color, label=label, linewidth=1.5)

@@ -47,7 +47,8 @@ from typing import Any
 import pandas as pd
 
 from bench import paper
-from bench.results import META_FILE, ResultsError, Run, load_run, ratio
+from bench.paper import model_name
+from bench.results import META_FILE, ResultsError, Run, default_run_dir, load_run, ratio
 from bench.sizes import format_size
 
 #: short names of the lines, as the paper calls them (this suite's labels otherwise)
@@ -510,13 +511,13 @@ def _throughput_section(run: Run, label: str, points: pd.DataFrame) -> Section:
     if ZERO_COPY not in lines:
         section.tables.append(Table("figure9-throughput", "Mini-batches per second per worker (no zero-copy line)",
                                     ["model", "batch", "servers", *[_name(t) for t in lines]],
-                                    [[_model_name(m), str(b), str(s), *[_num(tput.get((t, m, b, s))) for t in lines]]
+                                    [[model_name(m), str(b), str(s), *[_num(tput.get((t, m, b, s))) for t in lines]]
                                      for m, b, s in cases]))
         section.notes.append("The run has no zerocopy (RDMA.zerocp) line, so no ratio can be set beside the paper's: "
                              "run bench model --transport zerocopy,... to get them.")
     else:
         others = [t for t in lines if t != ZERO_COPY]
-        rows = [[_model_name(m), str(b), str(s), _num(tput.get((ZERO_COPY, m, b, s))),
+        rows = [[model_name(m), str(b), str(s), _num(tput.get((ZERO_COPY, m, b, s))),
                  *[_ratio_cell(point.get((t, m, b, s)), point.get((ZERO_COPY, m, b, s)), "step_time_s")
                    for t in others]]
                 for m, b, s in cases]
@@ -533,7 +534,7 @@ def _throughput_section(run: Run, label: str, points: pd.DataFrame) -> Section:
                     continue
                 claim = paper.MODEL_SPEEDUP.get((model, paper.PAPER_LINE_OF.get(line, line)))
                 show = percent if claim and claim.percent else times
-                summary.append([_model_name(model), _name(line), _range_text(ratios, show) + _also(ratios, show),
+                summary.append([model_name(model), _name(line), _range_text(ratios, show) + _also(ratios, show),
                                 _claim_cell(claim), claim.verdict(ratios) if claim else "no paper number"])
         section.tables.append(Table("figure9-paper", "RDMA.zerocp over each line: here (over the batch sizes run) and "
                                     "in the paper (§5.2, Figure 9)",
@@ -553,11 +554,6 @@ def _also(ratios: Sequence[float | None], show: Callable[[float], str]) -> str:
     return "" if text == _MISSING else f" ({text})"
 
 
-def _model_name(model: str) -> str:
-    known = _paper_model(model)
-    return known.name if known else model
-
-
 def _copy_overhead_section(run: Run, label: str, points: pd.DataFrame) -> Section:
     claim = paper.COPY_OVERHEAD
     section = Section("figure12", "Figure 12: the cost of the sender's copy", run, label, paper=[_quote(claim)])
@@ -572,7 +568,7 @@ def _copy_overhead_section(run: Run, label: str, points: pd.DataFrame) -> Sectio
     rows, gains = [], []
     for model, batch, servers in cases:
         on = step.get((ZERO_COPY, model, batch, servers))
-        row = [_model_name(model), str(batch), str(servers), _num(on)]
+        row = [model_name(model), str(batch), str(servers), _num(on)]
         for line in lines:
             off = step.get((line, model, batch, servers))
             ratio = _ratio(off, on)
@@ -638,7 +634,7 @@ def scale_sections(run: Run, label: str) -> list[Section]:
                     row.append(times(_ratio(value, local)))
                 row.append(times(_ratio(value, total.get((line, model, batch, 1)))))
             rows.append(row)
-        section.tables.append(Table(f"figure11-{model}-{batch}", f"{_model_name(model)}, batch {batch} per worker: "
+        section.tables.append(Table(f"figure11-{model}-{batch}", f"{model_name(model)}, batch {batch} per worker: "
                                     "total mini-batches per second, and the speed-up over the Local line (one process, "
                                     "no communication) and over the same transport on one server", header, rows))
         most = max(servers) if servers else None
@@ -650,16 +646,16 @@ def scale_sections(run: Run, label: str) -> list[Section]:
             claim = paper.SCALE_OVER_LOCAL.get((model, line))
             if local:
                 ratio = _ratio(value, local)
-                comparisons.append([_model_name(model), _name(line), f"over Local at {at}", times(ratio),
+                comparisons.append([model_name(model), _name(line), f"over Local at {at}", times(ratio),
                                     _claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
             claim = paper.SCALE_OVER_ONE_SERVER.get((model, line))
             ratio = _ratio(value, total.get((line, model, batch, 1)))
-            comparisons.append([_model_name(model), _name(line), f"over 1 server at {at}", times(ratio),
+            comparisons.append([model_name(model), _name(line), f"over 1 server at {at}", times(ratio),
                                 _claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
         if ZERO_COPY in lines and "grpc_rdma" in lines:
             claim = paper.SCALE_OVER_GRPC_RDMA.get(model)
             ratio = _ratio(total.get((ZERO_COPY, model, batch, most)), total.get(("grpc_rdma", model, batch, most)))
-            comparisons.append([_model_name(model), "RDMA.zerocp", f"over gRPC.RDMA at {at}", percent(ratio),
+            comparisons.append([model_name(model), "RDMA.zerocp", f"over gRPC.RDMA at {at}", percent(ratio),
                                 _claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
     section.tables.append(Table("figure11-paper", f"Speed-ups at the most servers run, beside the paper's at "
                                 f"{paper.SCALE_SERVERS} servers (§5.2, Figure 11)",
@@ -1100,13 +1096,7 @@ def render_markdown(report: Report, figure_names: dict[Path, str]) -> str:
 
 def default_report_path(root: Path = Path("results"), suffix: str = ".html") -> Path:
     """``results/report-<YYYYmmdd-HHMMSS><suffix>``, made unique if the name is taken."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = root / f"report-{stamp}{suffix}"
-    n = 2
-    while path.exists():
-        path = root / f"report-{stamp}-{n}{suffix}"
-        n += 1
-    return path
+    return default_run_dir("report", root, suffix)
 
 
 def write_report(paths: Sequence[Path], html_path: Path | None = None, markdown_path: Path | None = None,

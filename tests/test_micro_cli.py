@@ -66,3 +66,74 @@ def test_micro_without_references_leaves_of_reference_empty(tmp_path):
     assert records["of_reference"].isna().all()
     assert "of ref" in result.stdout
 
+
+
+def test_rounds_interleave_the_transports_per_size_and_keep_every_transfer(tmp_path):
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB,4KB", "--iters", "4", "--warmup", "1", "--transports", "zerocopy,grpc_tcp",
+                   "--rounds", "2", "--no-references", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = load_run(out)
+    # per size: every transport once, then again
+    assert list(zip(run.records["size_bytes"], run.records["round"], run.records["transport"], strict=True)) == [
+        (1024, 1, "zerocopy"), (1024, 1, "grpc_tcp"), (1024, 2, "zerocopy"), (1024, 2, "grpc_tcp"),
+        (4096, 1, "zerocopy"), (4096, 1, "grpc_tcp"), (4096, 2, "zerocopy"), (4096, 2, "grpc_tcp")]
+    assert run.meta["settings"]["rounds"] == 2
+    # every timed transfer of every round is in samples.csv, and its median is the record's
+    assert len(run.samples) == 8 * 4
+    for record in run.records.itertuples():
+        times = run.samples[(run.samples["transport"] == record.transport)
+                            & (run.samples["size_bytes"] == record.size_bytes)
+                            & (run.samples["round"] == record.round)]["time_us"]
+        assert list(run.samples.loc[times.index, "iteration"]) == [0, 1, 2, 3]
+        assert times.median() == pytest.approx(record.p50_us)
+    points = run.points()
+    assert len(points) == 4 and (points["rounds"] == 2).all() and (points["spread"] == "rounds").all()
+    # the summary sets grpc_tcp beside zerocopy with the range across the rounds
+    lines = result.stdout.splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("time per transfer relative to zerocopy"))
+    assert "range across rounds" in lines[heading]
+    ratio_line = next(line for line in lines[heading:] if line.strip().startswith("1KB"))
+    assert "x (" in ratio_line and ratio_line.rstrip().endswith(")")
+
+
+def test_an_extra_copy_is_made_and_counted_over_the_transports_named_only(tmp_path):
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "64KB", "--iters", "3", "--warmup", "1", "--transports", "zerocopy,rdma_cp",
+                   "--extra-copy", "zerocopy", "--no-references", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_run(out).records.set_index("transport")
+    assert records.loc["zerocopy", "extra_copies"] == 1 and records.loc["rdma_cp", "extra_copies"] == 0
+    # zerocopy copies nothing of its own: what it copies now is the one copy asked for
+    assert records.loc["zerocopy", "copied_bytes_per_transfer"] == 65536
+    assert records.loc["rdma_cp", "copied_bytes_per_transfer"] == 65536  # its own staging copy, nothing more
+
+
+def test_an_extra_copy_over_a_transport_not_measured_is_refused(tmp_path):
+    result = bench("micro", "--sizes", "1KB", "--transports", "zerocopy", "--extra-copy", "grpc_tcp",
+                   "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "bench micro: error: --extra-copy grpc_tcp: not among the transports measured (zerocopy)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_compared_with_itself_has_not_changed(tmp_path):
+    out = tmp_path / "run"
+    assert bench("micro", "--sizes", "1KB,4KB", "--iters", "5", "--transports", "zerocopy,grpc_tcp",
+                 "--no-references", "--no-plot", "--out", str(out)).returncode == 0
+    result = bench("compare", str(out), str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.rstrip().endswith("nothing slower beyond 10%")
+    assert "\n+" not in result.stdout and "\n-" not in result.stdout  # no point marked slower or faster
+
+
+def test_bench_help_lists_every_command_with_its_line():
+    from bench.cli import command_module
+    from bench.commands import COMMANDS
+
+    result = bench("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split()).replace("- ", "-")  # argparse wraps lines after a hyphen
+    for name in COMMANDS:
+        assert f"{name} {' '.join(command_module(name).HELP.split())}" in text, name

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
     """Each transport trains the task to its target; records, a summary, figures."""
-    from bench.converge import BASELINE, PAPER_SPEEDUP, converge, losses_agree, parse_target
+    from bench.converge import BASELINE, converge, losses_agree, paper_speedup, parse_target
     from bench.tasks import get_task
 
     try:
@@ -92,8 +92,8 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     settings = {"task": task.name, "data": args.data, "transports": labels, "servers": args.servers,
                 "batch_size": args.batch_size, "steps": args.steps, "time_s": args.time,
                 "learning_rate": args.learning_rate, "eval_every": args.eval_every, "seed": args.seed,
-                "target": str(target) if target else None, "metric": task.metric, "fabric": args.fabric,
-                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+                "target": str(target) if target else None, "metric": task.metric,
+                **options.fabric_settings(args, launcher)}
     writer = open_run(args.out, "converge", settings, launcher)
     if writer is None:
         return options.EXIT_USAGE
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         print("training loss per step, largest relative difference from " + f"{next(iter(losses))}: "
               + ", ".join(f"{label} {value:.1e}" for label, value in agreement.items()))
     if (out / "records.csv").exists():  # a run whose every transport failed recorded nothing
-        print_summary(out, BASELINE, PAPER_SPEEDUP.get(task.name))
+        print_summary(out, BASELINE, paper_speedup(task.name))
     print(f"results: {out}")
     if not args.no_plot:
         draw(out, "converge")

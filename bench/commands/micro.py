@@ -78,8 +78,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
         "timeout_s": args.timeout,
-        "fabric": args.fabric,
-        "fabric_transport": launcher.fabric_transport(args.fabric_transport),
+        **options.fabric_settings(args, launcher),
     }
     writer = open_run(args.out, "micro", settings, launcher)
     if writer is None:

@@ -46,7 +46,7 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
     settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
                 "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
-                "fabric": args.fabric, "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+                **options.fabric_settings(args, launcher)}
     writer = open_run(args.out, experiment, settings, launcher)
     if writer is None:
         return options.EXIT_USAGE

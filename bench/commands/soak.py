@@ -58,8 +58,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     trained = [choice for choice in chosen if args.steps and not choice.is_local]
     settings = {"transports": options.labels(chosen), "sizes": args.sizes, "seconds_per_point": share,
                 "model": model, "steps": args.steps, "batch_size": args.batch_size, "compute": args.compute,
-                "timeout_s": args.timeout, "fabric": args.fabric,
-                "fabric_transport": launcher.fabric_transport(args.fabric_transport)}
+                "timeout_s": args.timeout, **options.fabric_settings(args, launcher)}
     writer = open_run(args.out, "soak", settings, launcher)
     if writer is None:
         return options.EXIT_USAGE

@@ -100,13 +100,14 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def default_run_dir(experiment: str, root: Path = Path("results")) -> Path:
-    """``results/<experiment>-<YYYYmmdd-HHMMSS>``, made unique if that name is taken."""
+def default_run_dir(experiment: str, root: Path = Path("results"), suffix: str = "") -> Path:
+    """``results/<experiment>-<YYYYmmdd-HHMMSS><suffix>``, made unique if that name is taken (a report's file
+    takes a ``suffix``, a run's directory none)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = root / f"{experiment}-{stamp}"
+    path = root / f"{experiment}-{stamp}{suffix}"
     n = 2
     while path.exists():
-        path = root / f"{experiment}-{stamp}-{n}"
+        path = root / f"{experiment}-{stamp}-{n}{suffix}"
         n += 1
     return path
 
