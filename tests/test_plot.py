@@ -465,7 +465,7 @@ def test_the_models_figure_draws_measured_beside_the_paper(tmp_path):
                                                                                   + [512.32, 204.47]))
     assert sorted(b.get_height() for b in _bars(compute_ax)) == pytest.approx(
         sorted([30.92 * 5, 4.88 * 5, 1.5, 30.92, 4.88]))
-    assert [t.get_text() for t in compute_ax.get_xticklabels()] == ["VGGNet-16", "FCN-5", "Embedding (sparse)"]
+    assert [t.get_text() for t in compute_ax.get_xticklabels()] == ["VGGNet-16", "FCN-5", "embedding"]
     for ax in (size_ax, variables_ax, compute_ax):
         assert ax.get_ylim()[0] == 0
     _assert_legends_cover_no_axes(fig)

@@ -123,7 +123,7 @@ def _check_record(record: dict, servers: int, steps: int = 4) -> None:
     assert len(devices) == 4
     assert all(d.startswith("/job:ps/") for d in devices.values()), devices
     assert {d.split("/task:")[1].split("/")[0] for d in devices.values()} == {str(i) for i in range(servers)}
-    assert set(record_row(record)) >= set(REQUIRED_COLUMNS["model"])
+    assert set(record_row(record).row()) >= set(REQUIRED_COLUMNS["model"])
 
 
 @needs_netns
