@@ -312,10 +312,7 @@ def _values(run: Run, metric: str, key: list[str]) -> dict[tuple, Value]:
                            f"'{metric}'; choose one of {', '.join(numeric)}")
     if records.empty:
         return {}
-    folded = points(records, run.experiment, samples)
-    has_range = f"{metric}_low" in folded
-    spans = {} if has_range else _round_spans(records, metric, [c for c in folded.columns if c in
-                                                                 record_type(run.experiment).key])
+    folded = points(records, run.experiment, samples, also=[metric])
     out: dict[tuple, Value] = {}
     for _, row in folded.iterrows():
         point = tuple(_plain(row[c]) for c in key)
@@ -323,26 +320,16 @@ def _values(run: Run, metric: str, key: list[str]) -> dict[tuple, Value]:
             continue
         value = float(row[metric]) if pd.notna(row[metric]) else math.nan
         rounds = int(row["rounds"]) if "rounds" in row and pd.notna(row["rounds"]) else 1
-        if has_range and pd.notna(row[f"{metric}_low"]):
-            low, high, spread = float(row[f"{metric}_low"]), float(row[f"{metric}_high"]), str(row["spread"])
+        if pd.notna(row[f"{metric}_low"]):
+            low, high = float(row[f"{metric}_low"]), float(row[f"{metric}_high"])
         else:
-            full = tuple(_plain(row[c]) for c in folded.columns if c in record_type(run.experiment).key)
-            low, high = spans.get(full, (value, value))
-            spread = "rounds" if rounds >= 2 and not math.isnan(low) else "none"
-        if spread == "rounds" and rounds < 2:
-            spread = "none"
+            low = high = value
+        # a column other than the measure has a spread across rounds only (no interval from the samples)
+        spread = str(row["spread"]) if metric == record_type(run.experiment).measure or rounds >= 2 else "none"
         settings = {c: _plain(row[c]) for c in _SETTING_COLUMNS if c in row}
         out[point] = Value(value, low if not math.isnan(value) else math.nan,
                            high if not math.isnan(value) else math.nan, rounds, spread, settings)
     return out
-
-
-def _round_spans(records: pd.DataFrame, metric: str, key: list[str]) -> dict[tuple, tuple[float, float]]:
-    """For a metric without a spread from :func:`points`: per point, the lowest and highest round's value."""
-    grouped = records.groupby(key, sort=False, dropna=False)[metric]
-    lows, highs = grouped.min(), grouped.max()
-    return {tuple(_plain(v) for v in (index if isinstance(index, tuple) else (index,))):
-            (float(lows[index]), float(highs[index])) for index in lows.index}
 
 
 def _judge(point: tuple, reference: bool, old: Value, now: Value, threshold: float, higher: bool,

@@ -328,9 +328,11 @@ def transfer_times(sender: Side, receiver: Side) -> dict[str, np.ndarray]:
     return {"time_us": (done - starts) / 1e3, "transfer_us": (received - starts) / 1e3}
 
 
-def make_record(name: str, point: Point, sender: Side, receiver: Side, round: int = 1) -> MicroRecord:
-    """The record of a point from both sides' measurements."""
-    times = transfer_times(sender, receiver)
+def make_record(name: str, point: Point, sender: Side, receiver: Side, round: int = 1,
+                times: dict[str, np.ndarray] | None = None) -> MicroRecord:
+    """The record of a point from both sides' measurements (``times``: their :func:`transfer_times`, if the
+    caller has them already)."""
+    times = times if times is not None else transfer_times(sender, receiver)
     summary = latency_summary(times["time_us"])
     per = len(times["time_us"])  # point.iters, or as many as fitted in the point's seconds
     both = sender.stats + receiver.stats

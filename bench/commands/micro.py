@@ -119,6 +119,7 @@ class Sweep:
                  slowed: set[str]) -> None:
         self.args, self.launcher, self.writer, self.chosen, self.slowed = args, launcher, writer, chosen, slowed
         self.failures: list[str] = []
+        self.failed: set[str] = set()  # labels of the transports that failed: not tried again in later rounds
         self.fabrics: dict[str, str] = {}
         self.reference_MBps: dict[int, float] = {}
 
@@ -162,7 +163,7 @@ class Sweep:
             for point in points:
                 for round_ in range(1, rounds + 1):
                     for choice in self.chosen:
-                        if any(f.startswith(f"{choice.label}:") for f in self.failures):
+                        if choice.label in self.failed:
                             bar.update(point.warmup + point.iters)  # it failed before: not tried again
                             continue
                         self._run(choice, [point], round_, bar)
@@ -186,10 +187,11 @@ class Sweep:
             bar.update(base + done_before[size] + n - bar.n)
 
         def on_point(point: Any, sender: Any, receiver: Any) -> None:
-            record = make_record(choice.label, point, sender, receiver, round_)
+            times = transfer_times(sender, receiver)
+            record = make_record(choice.label, point, sender, receiver, round_, times)
             record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(point.size_bytes))
             self.writer.add(record)
-            self.writer.add_samples(record, transfer_times(sender, receiver))
+            self.writer.add_samples(record, times)
             self.fabrics[choice.label] = record.fabric
 
         try:
@@ -197,6 +199,7 @@ class Sweep:
                           on_point, progress)
         except MicroError as exc:
             self.failures.append(str(exc))
+            self.failed.add(choice.label)
             bar.write(f"bench micro: error: {exc}")
         bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
 

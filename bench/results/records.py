@@ -328,10 +328,12 @@ def median_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float]
     return float(ordered[low]), float(ordered[high])
 
 
-def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None = None) -> pd.DataFrame:
+def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None = None,
+           also: Sequence[str] = ()) -> pd.DataFrame:
     """One row per measured point (``key``): every numeric column the median over the point's rounds, the
     first value of the others, ``rounds`` the number of rounds, and ``<measure>_low``/``<measure>_high`` its
-    spread (also for the throughput column, the measure's inverse):
+    spread (also for the throughput column, the measure's inverse, and across rounds only for the columns
+    ``also`` names):
 
     - across rounds (the lowest and highest round's value) when the point was measured in two or more;
     - else the 95% confidence interval of the median of its samples (``samples.csv``) when there are any;
@@ -356,7 +358,7 @@ def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None 
     if others:
         folded = folded.join(grouped[others].first())
     folded["rounds"] = grouped["round"].nunique()
-    spread_columns = [c for c in (measure, throughput) if c and c in frame]
+    spread_columns = list(dict.fromkeys(c for c in (measure, throughput, *also) if c and c in frame))
     for column in spread_columns:
         folded[f"{column}_low"] = grouped[column].min()
         folded[f"{column}_high"] = grouped[column].max()
