@@ -1,6 +1,16 @@
-"""Fixtures shared by the tests: a started pair of transports for every registered name."""
+"""Fixtures shared by the tests: a started pair of transports for every registered name, and the marks of
+cases that need an RDMA device.
+
+A case on an RDMA device (the verbs fabric, or UCX's ``rdma`` fabric transport) carries the mark
+``rdma``. Where no device is, it skips saying why; the Soft-RoCE session (``tests/test_softroce.py``
+runs ``pytest -m rdma`` in a guest with a kernel RDMA device, ``TENSOR_BENCH_REQUIRE_RDMA=1``) fails
+such a case instead, so none is skipped for want of a device there.
+"""
 
 from __future__ import annotations
+
+import functools
+import os
 
 import pytest
 
@@ -8,6 +18,37 @@ import transports
 from transports import Cluster, fabric
 
 SHORT_TIMEOUT_S = 20.0
+#: set in the Soft-RoCE session: a case that needs an RDMA device fails where it would skip
+REQUIRE_RDMA = os.environ.get("TENSOR_BENCH_REQUIRE_RDMA") == "1"
+
+
+def on_rdma(backend: str, fabric_transport: str = "auto") -> bool:
+    """Whether a fabric backend and transport carry data over an RDMA device (and nothing else)."""
+    return backend == "verbs" or fabric_transport == "rdma"
+
+
+@functools.cache
+def _fabric_status(backend: str, fabric_transport: str) -> fabric.Availability:
+    return fabric.availability(backend, fabric_transport)
+
+
+def fabric_marks(backend: str = fabric.DEFAULT, fabric_transport: str = "auto") -> list:
+    """The marks of a case on ``backend`` over ``fabric_transport``: ``rdma`` for cases on an RDMA device, and
+    a skip with the reason where the fabric cannot run here (in the Soft-RoCE session, a failure instead)."""
+    rdma = on_rdma(backend, fabric_transport)
+    marks = [pytest.mark.rdma] if rdma else []
+    status = _fabric_status(backend, fabric_transport)
+    if not status.ok:
+        label = f"{backend} fabric" + (f" over {fabric_transport}" if fabric_transport != "auto" else "")
+        reason = f"{label}: {status.reason}"
+        marks.append(pytest.mark.rdma_missing(reason) if rdma and REQUIRE_RDMA else pytest.mark.skip(reason=reason))
+    return marks
+
+
+def pytest_runtest_setup(item):
+    missing = item.get_closest_marker("rdma_missing")
+    if missing is not None:
+        pytest.fail(f"an RDMA case could not run on this machine's RDMA device: {missing.args[0]}", pytrace=False)
 
 
 def transport_params():
@@ -19,8 +60,9 @@ def transport_params():
         marks = [] if status.ok else [pytest.mark.skip(reason=f"{name} not available here: {status.reason}")]
         variants = transports.transport_class(name).variants() if status.ok else {"": {}}
         for label, options in variants.items():
-            backend = fabric.availability(options["fabric"]) if "fabric" in options else status
-            marked = marks if backend.ok else [pytest.mark.skip(reason=f"{options['fabric']} fabric: {backend.reason}")]
+            marked = list(marks)
+            if "fabric" in options or "fabric_transport" in options:
+                marked += fabric_marks(options.get("fabric", fabric.DEFAULT), options.get("fabric_transport", "auto"))
             params.append(pytest.param((name, options), marks=marked, id=f"{name}-{label}" if label else name))
     return params
 

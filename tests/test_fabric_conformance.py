@@ -24,20 +24,16 @@ import pytest
 from transports import fabric
 from transports.fabric.base import Device, FabricError, FabricInterrupted, FabricTimeout, RemoteRegion
 
+from .conftest import fabric_marks
 from .processes import held_resources
 
 ROOT = Path(__file__).resolve().parent.parent
 #: (backend, --fabric-transport) of every case
-MODES = [("ucx", "shm"), ("ucx", "tcp"), ("verbs", "auto")]
+MODES = [("ucx", "shm"), ("ucx", "tcp"), ("ucx", "rdma"), ("verbs", "auto")]
 
 
 def _params():
-    params = []
-    for name, mode in MODES:
-        status = fabric.availability(name)
-        marks = [] if status.ok else [pytest.mark.skip(reason=f"{name} fabric: {status.reason}")]
-        params.append(pytest.param((name, mode), marks=marks, id=f"{name}-{mode}"))
-    return params
+    return [pytest.param((name, mode), marks=fabric_marks(name, mode), id=f"{name}-{mode}") for name, mode in MODES]
 
 
 def open_device(mode: tuple[str, str], **options) -> Device:

@@ -155,7 +155,8 @@ class FabricTransport(Transport):
 
     @classmethod
     def variants(cls) -> dict[str, dict[str, Any]]:
-        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}, "verbs": {"fabric": "verbs"}}
+        return {"shm": {"fabric_transport": "shm"}, "tcp": {"fabric_transport": "tcp"}, "verbs": {"fabric": "verbs"},
+                "ucx-rdma": {"fabric_transport": "rdma"}}
 
     def control_handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         """The control-path operations this transport serves, besides ``ping`` and ``hello``."""

@@ -46,13 +46,14 @@ def backend(name: str) -> type[Device]:
     return getattr(importlib.import_module(module), cls)
 
 
-def availability(name: str) -> Availability:
-    """Whether backend ``name`` can run here, and if not, why; an import failure is reported, not raised."""
+def availability(name: str, fabric_transport: str = "auto") -> Availability:
+    """Whether backend ``name`` can run here over ``fabric_transport``, and if not, why; an import failure is
+    reported, not raised."""
     try:
         cls = backend(name)
     except ImportError as exc:
         return Availability(False, f"cannot import {BACKENDS[name][0]}: {exc}")
-    return cls.availability()
+    return cls.availability(fabric_transport)
 
 
 def open_device(name: str = DEFAULT, fabric_transport: str = "auto", progress_threads: int = 1,

@@ -227,13 +227,20 @@ class Device(ABC):
 
     @classmethod
     @abstractmethod
-    def availability(cls) -> Availability:
-        """Whether this backend can run here (its library loads, a device exists), and if not, why."""
+    def availability(cls, fabric_transport: str = "auto") -> Availability:
+        """Whether this backend can run here (its library loads, a device exists), over ``fabric_transport`` (one
+        of :attr:`fabric_transports`: those that need hardware say whether it is here), and if not, why."""
 
     @classmethod
     @abstractmethod
     def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
         """The RDMA_* variables set in ``settings`` that this backend cannot honour, each with the reason."""
+
+    @classmethod
+    def rdma_reach(cls, ports: list[str]) -> list[str]:
+        """This backend's links that reach one of the RDMA ``ports`` (``device:port``, e.g. ``rxe0:1``), each as
+        ``link/device:port`` (``rc_verbs/rxe0:1``); empty when none does, or when the backend cannot tell."""
+        return []
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:

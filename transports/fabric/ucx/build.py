@@ -586,32 +586,57 @@ static ucs_status_t tt_status(ucs_status_ptr_t ptr)
 """
 
 
-def ucx_home() -> tuple[Path, bool]:
-    """Where UCX's include/ and lib/ are, and whether it is a system install (not the wheel)."""
-    if os.environ.get(UCX_HOME_VARIABLE):
-        return Path(os.environ[UCX_HOME_VARIABLE]), True
-    import libucx  # the PyPI wheel libucx-cu12
-
-    return Path(libucx.__file__).parent, False
+#: the binding of the libucx-cu12 wheel (always built) and of a system UCX (built when UCX_HOME_VARIABLE is set)
+WHEEL_MODULE, SYSTEM_MODULE = "transports.fabric.ucx._ucp", "transports.fabric.ucx._ucp_system"
 
 
-def make_ffibuilder() -> FFI:
-    home, system = ucx_home()
+def system_home() -> Path | None:
+    """The system UCX install ``$TENSOR_BENCH_UCX_HOME`` names, or None (the wheel only)."""
+    value = os.environ.get(UCX_HOME_VARIABLE)
+    return Path(value) if value else None
+
+
+def library_dir(home: Path) -> Path:
+    """Where ``libucp.so`` of the UCX under ``home`` is: ``lib/``, ``lib64/`` or Debian's ``lib/<multiarch>/``."""
+    candidates = [home / "lib", home / "lib64", *sorted((home / "lib").glob("*-linux-gnu*"))]
+    for candidate in candidates:
+        if any(candidate.glob("libucp.so*")):
+            return candidate
+    raise FileNotFoundError(f"{UCX_HOME_VARIABLE}={home}: no libucp.so under {', '.join(map(str, candidates))} "
+                            f"(on Debian: apt install libucx-dev, then {UCX_HOME_VARIABLE}=/usr)")
+
+
+def make_ffibuilder(home: Path | None = None) -> FFI:
+    """The binding of the UCX under ``home`` (a system install), or of the libucx-cu12 wheel when None."""
+    if home is None:
+        import libucx  # the PyPI wheel libucx-cu12
+
+        include, lib, module, origin = Path(libucx.__file__).parent / "include", None, WHEEL_MODULE, "libucx-cu12"
+    else:
+        if not (home / "include" / "ucp" / "api" / "ucp.h").is_file():
+            raise FileNotFoundError(f"{UCX_HOME_VARIABLE}={home}: no include/ucp/api/ucp.h there (the UCX headers; "
+                                    f"on Debian: apt install libucx-dev)")
+        include, lib, module, origin = home / "include", library_dir(home), SYSTEM_MODULE, str(home)
     ffibuilder = FFI()
-    ffibuilder.cdef(CDEF)
+    ffibuilder.cdef(CDEF + "const char *tt_built_against(void);\n")
+    quoted = origin.replace("\\", "\\\\").replace('"', '\\"')
     ffibuilder.set_source(
-        "transports.fabric.ucx._ucp",
-        SHIM,
-        include_dirs=[str(home / "include")],
-        library_dirs=[str(home / "lib")],
+        module,
+        SHIM + f'\nstatic const char *tt_built_against(void) {{ return "{quoted}"; }}\n',
+        include_dirs=[str(include)],
+        library_dirs=[str(lib)] if lib else [],
         libraries=["ucp", "uct", "ucs"],
         # a system UCX is found through the rpath; the wheel's is loaded by libucx first
-        extra_link_args=[f"-Wl,-rpath,{home / 'lib'}"] if system else [],
+        extra_link_args=[f"-Wl,-rpath,{lib}"] if lib else [],
     )
     return ffibuilder
 
 
 ffibuilder = make_ffibuilder()
+#: built too when TENSOR_BENCH_UCX_HOME is set at install time (setup.py); used when it is set at run time
+system_ffibuilder = make_ffibuilder(system_home()) if system_home() else None
 
 if __name__ == "__main__":
     ffibuilder.compile(verbose=True)
+    if system_ffibuilder is not None:
+        system_ffibuilder.compile(verbose=True)

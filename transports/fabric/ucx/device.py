@@ -46,7 +46,8 @@ MAX_BLOB = 8192
 #: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
 UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
-FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp"}
+#: "rdma": UCX's RC transports (rc_verbs, rc_mlx5, with UD to set them up) and nothing else
+FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp", "rdma": "rc"}
 #: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
 MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
@@ -61,26 +62,47 @@ _load_error: str | None = None
 
 
 def load() -> tuple[Any, Any]:
-    """The cffi module, loading the UCX libraries first; raises FabricError saying why it cannot."""
+    """The cffi module, loading the UCX libraries first; raises FabricError saying why it cannot.
+
+    With ``$TENSOR_BENCH_UCX_HOME`` set, the binding built against that UCX (``_ucp_system``, built by
+    ``pip install`` when the variable was set then); otherwise the libucx-cu12 wheel's (``_ucp``).
+    """
     global _ffi, _lib, _load_error
     if _lib is not None:
         return _ffi, _lib
     if _load_error is not None:
         raise FabricError(_load_error)
+    home = os.environ.get(UCX_HOME_VARIABLE)
     try:
-        if not os.environ.get(UCX_HOME_VARIABLE):
+        if home:
+            from transports.fabric.ucx._ucp_system import ffi, lib
+        else:
             import libucx
 
             libucx.load_library()
-        from transports.fabric.ucx._ucp import ffi, lib
+            from transports.fabric.ucx._ucp import ffi, lib
     except ImportError as exc:
-        _load_error = (
-            f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py builds it "
-            f"(it needs the libucx-cu12 wheel, or {UCX_HOME_VARIABLE} pointing at a UCX install)"
-        )
+        if home:
+            _load_error = (f"{UCX_HOME_VARIABLE}={home}, but the binding for a system UCX is not built ({exc}); "
+                           f"reinstall with '{UCX_HOME_VARIABLE}={home} pip install -e .' so setup.py builds it "
+                           f"(it needs that UCX's headers: on Debian, apt install libucx-dev)")
+        else:
+            _load_error = (f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py "
+                           f"builds it (it needs the libucx-cu12 wheel)")
         raise FabricError(_load_error) from None
+    built = ffi.string(lib.tt_built_against()).decode()
+    if home and os.path.realpath(built) != os.path.realpath(home):
+        _load_error = (f"{UCX_HOME_VARIABLE}={home}, but the system binding was built against {built}; reinstall "
+                       f"with '{UCX_HOME_VARIABLE}={home} pip install -e .', or set {UCX_HOME_VARIABLE}={built}")
+        raise FabricError(_load_error)
     _ffi, _lib = ffi, lib
     return ffi, lib
+
+
+def built_against() -> str:
+    """Where the UCX in use comes from: ``libucx-cu12`` (the wheel) or the system install's directory."""
+    load()
+    return _ffi.string(_lib.tt_built_against()).decode()
 
 
 def accepts_setting(name: str, value: str) -> bool:
@@ -120,6 +142,33 @@ def ucx_settings(settings: RdmaSettings, accepts=accepts_setting) -> tuple[dict[
         else:
             no_effect[variable] = f"this UCX has no setting UCX_{name} ({meaning}; it needs InfiniBand transports)"
     return config, no_effect
+
+
+def active_rdma_ports(root: Path = Path("/sys/class/infiniband")) -> dict[str, bool]:
+    """``device:port`` of every RDMA port here whose state is ACTIVE -> whether the device is software (Soft-RoCE
+    or siw: it has a parent network device); empty when the kernel has no RDMA devices."""
+    found: dict[str, bool] = {}
+    try:
+        devices = sorted(root.iterdir())
+    except OSError:
+        return found
+    for device in devices:
+        for port in sorted((device / "ports").glob("*")):
+            try:
+                active = (port / "state").read_text().split(":")[-1].strip() == "ACTIVE"
+            except OSError:
+                continue
+            if active:
+                found[f"{device.name}:{port.name}"] = (device / "parent").exists()
+    return found
+
+
+def no_rdma_reason(detail: str) -> str:
+    """Why UCX reaches no RDMA device: ``detail`` (UCX's words), what this UCX is and the fixes."""
+    origin = built_against()
+    which = "the libucx-cu12 wheel (shared memory and tcp only)" if origin == "libucx-cu12" else f"the UCX in {origin}"
+    return (f"{which} has no RC transport on an active RDMA port ({detail}); use --fabric verbs, or reinstall "
+            f"against a UCX with verbs ({UCX_HOME_VARIABLE}=/usr pip install -e . with Debian's libucx-dev)")
 
 
 def ucx_home() -> Path:
@@ -542,6 +591,20 @@ class UcxFlagSet(FlagSet):
         _ffi.memmove(self._done, bytes(self._count), self._count)
 
 
+def parse_ucx_info(text: str) -> dict[str, list[str]]:
+    """UCX transport -> its devices, in the order ``ucx_info -d`` lists them (``{"tcp": ["eth0", "lo"],
+    "rc_verbs": ["rxe0:1"], ...}``)."""
+    offered: dict[str, list[str]] = {}
+    transport = None
+    for line in text.splitlines():
+        words = line.strip("# ").split(":", 1)
+        if len(words) == 2 and words[0].strip() == "Transport":
+            transport = words[1].strip()
+        elif len(words) == 2 and words[0].strip() == "Device" and transport:
+            offered.setdefault(transport, []).append(words[1].strip())
+    return offered
+
+
 class UcxDevice(Device):
     """A UCP context with ``progress_threads`` workers; see the module docstring.
 
@@ -553,7 +616,8 @@ class UcxDevice(Device):
 
     name = "ucx"
     fabric_transports: ClassVar[dict[str, str]] = {
-        "auto": "UCX chooses among all it offers", "shm": "shared memory only (posix, sysv, cma)", "tcp": "TCP only"}
+        "auto": "UCX chooses among all it offers", "shm": "shared memory only (posix, sysv, cma)", "tcp": "TCP only",
+        "rdma": "RDMA only (UCX's rc transports on an RDMA device); an error where this UCX reaches none"}
     reference_tools = ("ucx_perftest", "ucx_info")
 
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
@@ -572,14 +636,15 @@ class UcxDevice(Device):
         self.peer_errors = False
         self.settings = settings or RdmaSettings()
         mapped, self.settings_without_effect = ucx_settings(self.settings)
-        network = {"NET_DEVICES": ",".join(interfaces)} if interfaces and not os.environ.get("UCX_NET_DEVICES") else {}
-        self.config = {**network, **mapped, **(config or {})}
+        self.config = {**self._network_config(fabric_transport, interfaces), **mapped, **(config or {})}
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
-        _check(_lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), _ffi.new("char *[]", names),
-                            _ffi.new("char *[]", values), len(names), context),
-               f"initialising UCX with transports '{fabric_transport}' and settings {self.config}")
+        status = _lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), _ffi.new("char *[]", names),
+                              _ffi.new("char *[]", values), len(names), context)
+        if status != _lib.UCS_OK and fabric_transport == "rdma":
+            raise FabricError(f"ucx: --fabric-transport rdma: {no_rdma_reason(_reason(status))}")
+        _check(status, f"initialising UCX with transports '{fabric_transport}' and settings {self.config}")
         self.context = context[0]
         self._activity = threading.Condition()
         self._lock = threading.Lock()
@@ -597,16 +662,63 @@ class UcxDevice(Device):
         self._worker_handles = _ffi.new("ucp_worker_h[]", [worker.handle for worker in self._workers])
 
     @classmethod
-    def availability(cls) -> Availability:
+    def availability(cls, fabric_transport: str = "auto") -> Availability:
+        """Whether the binding loads; for ``rdma``, also whether this UCX has an RC transport on an active RDMA port."""
         try:
             load()
         except FabricError as exc:
             return Availability(False, str(exc))
+        if fabric_transport != "rdma":
+            return Availability(True)
+        if not active_rdma_ports():
+            return Availability(False, "no RDMA device with an active port here (bench doctor says more)")
+        config = cls._network_config(fabric_transport, ())
+        context = _ffi.new("ucp_context_h *")
+        status = _lib.tt_init(FABRIC_TRANSPORTS["rdma"].encode(), _ffi.new("char *[]", [_ffi.new("char[]", k.encode())
+                                                                                      for k in config]),
+                              _ffi.new("char *[]", [_ffi.new("char[]", v.encode()) for v in config.values()]),
+                              len(config), context)
+        if status != _lib.UCS_OK:
+            return Availability(False, no_rdma_reason(_reason(status)))
+        _lib.ucp_cleanup(context[0])
         return Availability(True)
+
+    @staticmethod
+    def _network_config(fabric_transport: str, interfaces: list[str] | tuple[str, ...]) -> dict[str, str]:
+        """UCX settings for the network devices: TCP restricted to ``interfaces`` (where the cluster's addresses
+        are), RDMA ports left usable beside them; Soft-RoCE's quirk of UD wire-up worked around."""
+        config: dict[str, str] = {}
+        ports = active_rdma_ports()
+        if interfaces and not os.environ.get("UCX_NET_DEVICES") and fabric_transport != "rdma":
+            # without the RDMA ports in the list, naming the interfaces would shut UCX off RDMA
+            config["NET_DEVICES"] = ",".join([*interfaces, *ports])
+        if any(soft for soft in ports.values()) and "UCX_UD_ETH_DGID_CHECK" not in os.environ \
+                and accepts_setting("UD_ETH_DGID_CHECK", "n"):
+            # rxe (Soft-RoCE) fails UD's destination-GID check on its IPv4-mapped GIDs, so RC connections,
+            # which UD sets up, never come up (UCX's "UD endpoint ... unhandled timeout error")
+            config["UD_ETH_DGID_CHECK"] = "n"
+        return config
 
     @classmethod
     def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
         return ucx_settings(settings)[1]
+
+    @classmethod
+    def rdma_reach(cls, ports: list[str]) -> list[str]:
+        """The transports of this UCX that list one of ``ports`` (``rxe0:1``) as a device, e.g. ``rc_verbs/rxe0:1``
+        (from ``ucx_info -d``); empty when none does or ucx_info cannot run."""
+        import subprocess
+
+        if not ports:
+            return []
+        try:
+            tool = cls.tool("ucx_info")
+            listed = subprocess.run([str(tool.path), "-d"], capture_output=True, text=True, timeout=60,
+                                    env=tool.environment)
+        except (OSError, subprocess.SubprocessError, FabricError):
+            return []
+        return [f"{transport}/{device}" for transport, devices in parse_ucx_info(listed.stdout).items()
+                for device in devices if device in ports]
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
@@ -774,7 +886,8 @@ class UcxDevice(Device):
         with self._lock:
             channels = list(self._channels.values())
         for channel in channels:
-            used.update(re.findall(r"\b(\w+)/[\w:.-]+", channel.info()))
+            # the lanes of the endpoint ("lane[0]:  0:rc_verbs/rxe0:1.0 md[0] ..."): the transports that carry data
+            used.update(re.findall(r"lane\[\d+\]:\s+\d+:(\w+)/", channel.info()))
         return {
             "fabric": "ucx",
             "used": sorted(used),

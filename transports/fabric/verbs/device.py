@@ -502,7 +502,7 @@ class VerbsDevice(Device):
                              f"(known: {', '.join(cls.fabric_transports)})")
 
     @classmethod
-    def availability(cls) -> Availability:
+    def availability(cls, fabric_transport: str = "auto") -> Availability:
         try:
             pv = _pyverbs()
         except ImportError:
@@ -518,6 +518,16 @@ class VerbsDevice(Device):
     def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
         """None: verbs applies every RDMA_* variable (queue depth as each queue pair's send and receive depth)."""
         return {}
+
+    @classmethod
+    def rdma_reach(cls, ports: list[str]) -> list[str]:
+        """``rc/DEVICE:PORT`` for each of ``ports`` that pyverbs lists with the port active; empty without pyverbs."""
+        try:
+            hardware = _hardware(_pyverbs())
+        except (ImportError, FabricError):
+            return []
+        return [f"rc/{device.name}:{port.number}" for device in hardware for port in device.ports
+                if port.active and f"{device.name}:{port.number}" in ports]
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
