@@ -256,6 +256,17 @@ class Ledger:
             return TransportStats(**self._counts)
 
 
+#: keys a message names before it counts the rest
+KEYS_NAMED = 5
+
+
+def keys_text(keys: Iterable[Key]) -> str:
+    """The keys a message names: the first :data:`KEYS_NAMED` of them, then how many more."""
+    keys = list(keys)
+    named = ", ".join(str(key) for key in keys[:KEYS_NAMED])
+    return named + (f" and {len(keys) - KEYS_NAMED} more" if len(keys) > KEYS_NAMED else "")
+
+
 class Transport(ABC):
     """Moves tensors between the ranks of a cluster.
 
@@ -366,10 +377,8 @@ class Transport(ABC):
             for future in as_completed(pending, timeout):
                 yield pending.pop(future), future.result()
         except FutureTimeout:
-            missing = ", ".join(str(key) for key in list(pending.values())[:5])
-            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
             raise TransportTimeout(
-                f"{self.name}: recv of {missing}{more} did not complete within {timeout:g} s "
+                f"{self.name}: recv of {keys_text(pending.values())} did not complete within {timeout:g} s "
                 f"(peer {self.peer_name(next(iter(pending.values())).src)})"
             ) from None
 

@@ -312,15 +312,18 @@ class FabricTransport(Transport):
             raise PeerError(f"{self.name}: {what}: peer {self.peer_name(peer)} failed: {reason}")
 
     def _await(self, wait: Callable[[float], Any], what: Callable[[], str],
-               peers: Callable[[], list[tuple[int, Channel | None]]], deadline: float) -> Any:
+               peers: Callable[[], list[tuple[int, Channel | None]]], deadline: float,
+               timeout: float | None = None) -> Any:
         """The first answer of ``wait(slice_s)`` (a wait in the fabric that returns None when a slice of
         time passes without it); between slices, no more often than once a second, check the close,
-        the deadline and that the peers ``peers()`` still live. ``what()`` names what is awaited."""
+        the deadline and that the peers ``peers()`` still live. ``what()`` names what is awaited;
+        ``timeout``: the time the deadline allowed (the transport's timeout when None), for the message."""
         while True:
             now = time.monotonic()
             if now > deadline:
                 names = ", ".join(self.peer_name(peer) for peer, _ in peers()[:3])
-                raise TransportTimeout(f"{self.name}: {what()} did not complete within {self.timeout_s:g} s "
+                allowed = self.timeout_s if timeout is None else timeout
+                raise TransportTimeout(f"{self.name}: {what()} did not complete within {allowed:g} s "
                                        f"(peer {names})")
             try:
                 answer = wait(min(LIVENESS_EVERY_S, deadline - now))

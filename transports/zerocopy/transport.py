@@ -56,6 +56,7 @@ from transports.base import (
     TransportTimeout,
     contiguous,
     dtype_problem,
+    keys_text,
 )
 from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
@@ -802,7 +803,8 @@ class ZeroCopyTransport(FabricTransport):
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
         """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
         self._check_key(key, "recv")
-        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        timeout = self.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         with self._operation():
             incoming = self._incoming_slot(key.name, key.src)
             with incoming.lock:
@@ -812,7 +814,7 @@ class ZeroCopyTransport(FabricTransport):
                     waiter = incoming.waiter = self.device.flag_set([incoming.flag])
                 waiter.reset()
                 peers = [(key.src, incoming.channel)]
-                self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline)
+                self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline, timeout)
                 return self._take(incoming, key)
 
     def recv_async(self, key: Key) -> Future:
@@ -822,7 +824,8 @@ class ZeroCopyTransport(FabricTransport):
     def recv_each(self, keys, timeout: float | None = None):
         """All receives posted at once (credits: one write per sender), then one wait over all their flags."""
         keys = self._check_keys(keys)
-        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        timeout = self.timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         with self._operation():
             incomings = [self._incoming_slot(key.name, key.src) for key in keys]
             if len({id(incoming) for incoming in incomings}) != len(incomings):
@@ -835,14 +838,13 @@ class ZeroCopyTransport(FabricTransport):
                 pending = dict(enumerate(keys))
 
                 def what() -> str:
-                    first = next(iter(pending.values()))
-                    return f"recv of {first}" + (f" and {len(pending) - 1} more" if len(pending) > 1 else "")
+                    return f"recv of {keys_text(pending.values())}"
 
                 def peers() -> list[tuple[int, Channel | None]]:
                     return list({key.src: incomings[i].channel for i, key in pending.items()}.items())
 
                 while pending:
-                    index = self._await(flags.wait_any, what, peers, deadline)
+                    index = self._await(flags.wait_any, what, peers, deadline, timeout)
                     flags.done(index)
                     key = pending.pop(index)
                     yield key, self._take(incomings[index], key)
