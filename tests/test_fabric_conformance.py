@@ -43,7 +43,7 @@ def open_device(mode: tuple[str, str], **options) -> Device:
 
 def connect(a: Device, b: Device, lane: int = 0):
     """``a``'s channel to ``b``, agreeing with ``b`` directly where the backend needs an exchange."""
-    return a.channel(b.address, lane, exchange=b.accept)
+    return a.channel(b.address, lane, exchange=lambda request: b.accept(request, a.address))
 
 
 @pytest.fixture(params=_params())
@@ -254,7 +254,9 @@ device = fabric.open_device(sys.argv[1], sys.argv[2])
 region = device.alloc(1 << 20)
 print(json.dumps({"address": [a.hex() for a in device.address], "region": region.export().to_json()}), flush=True)
 for line in sys.stdin:  # connection requests, until the parent kills this process
-    print(json.dumps(device.accept(json.loads(line))), flush=True)
+    request = json.loads(line)
+    peer = [bytes.fromhex(h) for h in request.pop("peer")]
+    print(json.dumps(device.accept(request, peer)), flush=True)
 """
 
 
@@ -271,7 +273,7 @@ def test_a_dead_peer_ends_a_transfer_within_its_timeout(mode):
         region = RemoteRegion.from_json(hello["region"])
 
         def exchange(request):
-            peer.stdin.write(json.dumps(request) + "\n")
+            peer.stdin.write(json.dumps({**request, "peer": [h.hex() for h in a.address]}) + "\n")
             peer.stdin.flush()
             return json.loads(peer.stdout.readline())
 

@@ -204,7 +204,7 @@ def test_rtr_refuses_another_link_layer():
 def test_rts_attributes_defaults_and_settings():
     attrs = setup.rts_attributes(4242, peer_of(IB, rd_atomic=4), 16, RdmaSettings())
     assert attrs.fields == {"qp_state": setup.IBV_QPS_RTS, "sq_psn": 4242, "timeout": 14, "retry_cnt": 7,
-                            "rnr_retry": 7, "max_rd_atomic": 4}
+                            "rnr_retry": 6, "max_rd_atomic": 4}  # a finite RNR retry
     assert attrs.mask == (setup.IBV_QP_STATE | setup.IBV_QP_SQ_PSN | setup.IBV_QP_TIMEOUT | setup.IBV_QP_RETRY_CNT
                           | setup.IBV_QP_RNR_RETRY | setup.IBV_QP_MAX_QP_RD_ATOMIC)
     tuned = setup.rts_attributes(1, peer_of(IB), 2, RdmaSettings(timeout=20, retry_count=0))
@@ -565,7 +565,7 @@ def test_plain_attributes_become_pyverbs_qp_attrs():
 
     rts = verbs_device.qp_attr(pv, setup.rts_attributes(1234, peer_of(IB, rd_atomic=8), 16, settings))
     assert (rts.qp_state, rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic) == (
-        3, 1234, 18, 5, 7, 8)
+        3, 1234, 18, 5, setup.RNR_RETRY, 8)
 
 
 # -- the device over a simulated NIC ---------------------------------------------------------------------
@@ -584,7 +584,7 @@ class _FakeNic:
 
         nic = self
         self.memmove = ctypes.memmove
-        self.qps, self.mrs = {}, {}
+        self.qps, self.mrs, self.posted = {}, {}, []
         qp_numbers, keys = itertools.count(100), itertools.count(0x1000)
 
         class Error(Exception):
@@ -626,9 +626,25 @@ class _FakeNic:
             def close(self):
                 nic.mrs.pop(self.rkey, None)
 
+        class CompChannel:  # opens no descriptor: the progress threads nap instead of sleeping on events
+            def __init__(self, context):
+                pass
+
+            def get_cq_event(self, cq):
+                raise AssertionError("no descriptor was ready, so no event may be taken")
+
+            def close(self):
+                pass
+
         class CQ:
             def __init__(self, context, cqe, cq_context, channel, vector):
                 self.cqe, self.entries, self.lock = cqe, [], threading.Lock()
+
+            def req_notify(self):
+                pass
+
+            def ack_events(self, count):
+                pass
 
             def poll(self, count):
                 with self.lock:
@@ -668,7 +684,9 @@ class _FakeNic:
                 elif status == nic.IBV_WC_SUCCESS and local.length:
                     pair = (local.addr, wr.addr) if wr.opcode == 4 else (wr.addr, local.addr)
                     nic.memmove(*pair, local.length)
-                self.cq.push(wr_id=wr.wr_id, status=status, qp_num=self.qp_num)
+                if wr.send_flags & 2 or status != nic.IBV_WC_SUCCESS:  # unsignaled: a completion only on error
+                    self.cq.push(wr_id=wr.wr_id, status=status, qp_num=self.qp_num)
+                nic.posted.append(wr)
                 if wr.opcode == 1 and status == nic.IBV_WC_SUCCESS:  # IBV_WR_RDMA_WRITE_WITH_IMM
                     target.recvs -= 1
                     target.cq.push(wr_id=0, status=0, qp_num=target.qp_num, opcode=nic.IBV_WC_RECV_RDMA_WITH_IMM,
@@ -680,6 +698,7 @@ class _FakeNic:
         class SendWR:
             def __init__(self, wr_id, opcode, num_sge, sg, send_flags, imm_data):
                 self.wr_id, self.opcode, self.sg, self.imm_data = wr_id, opcode, sg, imm_data
+                self.send_flags = send_flags
 
             def set_wr_rdma(self, rkey, addr):
                 self.rkey, self.addr = rkey, addr
@@ -691,7 +710,7 @@ class _FakeNic:
             pyverbs_error=SimpleNamespace(PyverbsError=Error),
             pd=SimpleNamespace(PD=lambda context: SimpleNamespace(close=lambda: None)),
             mr=SimpleNamespace(MR=MR),
-            cq=SimpleNamespace(CQ=CQ, cqe_status_to_str=lambda s: status(s).name.lower()),
+            cq=SimpleNamespace(CQ=CQ, CompChannel=CompChannel, cqe_status_to_str=lambda s: status(s).name.lower()),
             qp=SimpleNamespace(QP=QP, QPCap=SimpleNamespace, QPInitAttr=SimpleNamespace, QPAttr=SimpleNamespace),
             addr=SimpleNamespace(GID=SimpleNamespace, GlobalRoute=SimpleNamespace, AHAttr=SimpleNamespace),
             wr=SimpleNamespace(SGE=lambda addr, length, lkey: SimpleNamespace(addr=addr, length=length, lkey=lkey),
@@ -720,7 +739,7 @@ def _connected(devices, lane=0):
 
     def exchange(request):
         exchanges.append(request)
-        return b.accept(request)
+        return b.accept(request, a.address)
 
     return a.channel(b.address, lane, exchange), exchanges
 
@@ -740,7 +759,7 @@ def test_simulated_devices_connect_once_per_peer_and_both_ways(simulated):
     assert back.failed() is None
     assert all(qp.state == 3 for qp in nic.qps.values())  # every queue pair reached RTS
     with pytest.raises(ValueError, match="has 1 lanes, this device 2"):
-        b.accept({**exchanges[0], "lanes": exchanges[0]["lanes"][:1]})
+        b.accept({**exchanges[0], "lanes": exchanges[0]["lanes"][:1]}, a.address)
     described = a.describe()
     assert described["used"] == ["rc/mlx5_0:1"] and described["lanes_per_peer"] == 2
     assert fabric.label(described) == "verbs:rc/mlx5_0:1"
@@ -881,3 +900,60 @@ def test_every_fabric_transport_runs_on_the_verbs_backend_of_the_simulated_nic(m
         for transport in pair:
             transport.close()
     assert all(transport.device.registrations() == 0 for transport in pair)
+
+
+def test_simulated_data_and_flag_are_one_completion(simulated):
+    nic, (a, b) = simulated
+    channel, _ = _connected((a, b))
+    target, flag = b.alloc(256), b.alloc(64)
+    nic.posted.clear()
+    channel.write_flagged(np.full(256, 3, np.uint8), target.export(), np.ones(1, np.uint8), flag.export().at(0, 1))
+    data, trailer = nic.posted
+    assert not data.send_flags & 2 and trailer.send_flags & 2  # the data unsignaled, the flag's completion waited for
+    assert (target.array == 3).all() and flag.array[0] == 1
+    assert channel._slots._value == 8  # both send queue entries were freed by the one completion
+
+
+def test_simulated_accept_takes_a_request_only_from_the_device_it_names(simulated, monkeypatch):
+    nic, (a, b) = simulated
+    c = VerbsDevice(settings=RdmaSettings(queue_depth=8), lanes_per_peer=2)
+    try:
+        forged = []
+
+        def exchange(request):  # a's request, but b is told it comes from c's rank
+            forged.append(request)
+            return b.accept(request, c.address)
+
+        with pytest.raises(FabricError, match="names another device"):
+            a.channel(b.address, 0, exchange)
+        assert forged and b.registrations() == 0 and len(nic.qps) == 0  # nothing made for it
+    finally:
+        c.close()
+
+
+def test_simulated_devices_connecting_to_each_other_at_once_keep_one_connection(simulated):
+    nic, (a, b) = simulated
+    both_asked = threading.Barrier(2, timeout=10)
+    requests = {}
+
+    def exchange_to(target, source):
+        def exchange(request):
+            requests[source] = request
+            both_asked.wait()  # each side has sent its request before either is served
+            return target.accept(request, source.address)
+        return exchange
+
+    results = {}
+    threads = [threading.Thread(target=lambda d=d, t=t: results.__setitem__(d, d.channel(t.address, 0,
+                                                                                           exchange_to(t, d))))
+               for d, t in ((a, b), (b, a))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    ab, ba = results[a], results[b]
+    assert nic.qps[ab.qp_num].peer == ba.qp_num and nic.qps[ba.qp_num].peer == ab.qp_num  # one connection
+    assert len(nic.qps) == 4  # two lanes each side, the deferred side's own dropped
+    target = b.alloc(64)
+    ab.write_flagged(np.full(64, 5, np.uint8), target.export())
+    assert (target.array == 5).all()

@@ -285,8 +285,16 @@ class FabricTransport(Transport):
         return {"device": [a.hex() for a in self.device.address]}
 
     def _on_fabric(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A peer's device asks ours to agree on a connection (verbs: queue pair numbers); ValueError if malformed."""
-        return self.device.accept(request)
+        """A peer's device asks ours to agree on a connection (verbs: queue pair numbers); ValueError if malformed.
+
+        The request names the asking rank; the device takes it only for the device that rank's own
+        control server (at its address in the cluster) says it has.
+        """
+        rank = request.pop("rank", None)
+        if type(rank) is not int or not 0 <= rank < self.cluster.size or rank == self.rank:
+            raise ValueError(f"a fabric request must name the asking rank, another of the cluster's "
+                             f"{self.cluster.size}, not {rank!r:.20}")
+        return self.device.accept(request, self._peer_device(rank))
 
     def _channel(self, rank: int, lane: int = 0, device: list[bytes] | None = None) -> Channel:
         """The fabric channel to rank ``rank`` over ``lane``; ``device``: its device address, when already known.
@@ -294,7 +302,7 @@ class FabricTransport(Transport):
         A backend that must agree on the connection with the peer's device does it over the control path.
         """
         def exchange(request: dict[str, Any]) -> dict[str, Any]:
-            reply = self._peer(rank).call("fabric", timeout=self.timeout_s, **request)
+            reply = self._peer(rank).call("fabric", timeout=self.timeout_s, rank=self.rank, **request)
             self.ledger.add(control_messages=1)
             return reply
 

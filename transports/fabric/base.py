@@ -259,11 +259,13 @@ class Device(ABC):
     def registrations(self) -> int:
         """How many regions are registered now (those whose memory died are released first)."""
 
-    def accept(self, request: dict[str, Any]) -> dict[str, Any]:
+    def accept(self, request: dict[str, Any], peer: list[bytes]) -> dict[str, Any]:
         """Serve a peer's connection request (the other end of the ``exchange`` given to :meth:`channel`).
 
-        ValueError says what is wrong with a malformed request. Backends whose channels need no
-        handshake (UCX connects from the address alone) refuse every request.
+        ``peer``: the requester's :attr:`address` as the requester's own control server gives it (not as
+        the request says): a request for another device is refused. ValueError says what is wrong with a
+        malformed or refused request. Backends whose channels need no handshake (UCX connects from the
+        address alone) refuse every request.
         """
         raise ValueError(f"the {self.name} fabric takes no connection requests")
 

@@ -1,20 +1,24 @@
 """The ``verbs`` fabric: reliable-connected queue pairs on an RDMA NIC, through rdma-core's pyverbs.
 
 The paper's RDMA device (its Table 1 and section 3.1) as it describes it: ``num_cqs`` completion
-queues (``progress_threads``), each polled by its own progress thread, and ``num_qps_per_peer``
-RC queue pairs per peer (``lanes_per_peer``), lane ``i`` on CQ ``i % num_cqs``. Every work request
-is signaled; its completion, routed by ``wr_id``, completes the Future the caller holds. Queue
-pairs are agreed with the peer once per peer over the control path (``channel(..., exchange)``
-here, :meth:`VerbsDevice.accept` there). The decisions that need no hardware (device, port and
-GID choice, queue-pair attributes, the exchange's encoding, lane mapping) are in ``setup.py``.
+queues (``progress_threads``), each served by its own progress thread, and ``num_qps_per_peer``
+RC queue pairs per peer (``lanes_per_peer``), lane ``i`` on CQ ``i % num_cqs``. A work request's
+completion, routed by ``wr_id``, completes the Future the caller holds. A flagged write posts the
+data unsignaled and the trailer (whose last byte is the flag) signaled right behind it on the same
+queue pair: RC executes a queue pair's requests in order and the send queue completes in order, so
+the trailer's one completion says both are at the peer, and the peer sees the data before the flag
+(the in-order placement one-sided protocols on RC rely on; the fabric conformance suite checks it
+on the device). Queue pairs are agreed with the peer once per peer over the control path
+(``channel(..., exchange)`` here, :meth:`VerbsDevice.accept` there, which takes a request only from
+the device it claims to be); when two devices connect to each other at once, the connection of
+the one with the smaller address stands. The decisions that need no hardware (device, port and GID
+choice, queue-pair attributes, the exchange's encoding, lane mapping) are in ``setup.py``.
 
 pyverbs is imported only when a device is opened or asked whether it can run, so this module
-imports without it. A progress thread polls its CQ (spinning briefly while work requests are
-outstanding, otherwise napping up to :data:`transports.fabric.waits.MAX_NAP_S`) rather than
-sleeping on a completion channel: pyverbs exposes no completion channel descriptor to wait on
-with a timeout, and its ``get_cq_event`` blocks until an event, which a stopping thread may never
-get. A caller blocked on a transfer polls the CQ itself for a moment first, which saves the
-hand-off to the progress thread for small transfers.
+imports without it. A progress thread sleeps on its CQ's completion channel (``select`` on the
+channel's descriptor: pyverbs' own blocking wait holds the GIL); a caller blocked on a transfer
+polls the CQ itself for a moment first, which saves the wake-up for small transfers. Soft-RoCE
+(``rdma_rxe``) in ``tools/softroce``'s guest is where this runs in the tests.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ import importlib
 import importlib.metadata
 import itertools
 import os
+import select
 import shutil
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -65,6 +71,7 @@ from transports.fabric.verbs.setup import (
     PortInfo,
     QpAttributes,
     choose,
+    connect_deferral,
     connect_reply,
     connect_request,
     cq_index,
@@ -84,6 +91,7 @@ from transports.fabric.verbs.setup import (
     rtr_attributes,
     rts_attributes,
     spread,
+    wins,
 )
 
 PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
@@ -97,8 +105,8 @@ RECV_WR_ID = 0
 CQES_PER_QP = 2
 #: a blocked caller re-checks interrupts and its deadline this often
 WAIT_SLICE_S = 0.05
-#: a progress thread with work requests outstanding naps at most this long between polls
-BUSY_NAP_S = 0.00005
+#: how long a device whose connection request the peer deferred waits for the peer's own
+CONNECT_WAIT_S = 60.0
 
 _MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "qp", "wr", "pyverbs_error")
 
@@ -227,17 +235,54 @@ class VerbsRegion(MemRegion):
             self.device._forget(self)
 
 
-class _Poller:
-    """One completion queue and the progress thread that polls it (one of the paper's ``num_cqs``)."""
+#: one completion channel is made at a time, so that the descriptor it opens is told from others (see _event_fd)
+_CHANNEL_LOCK = threading.Lock()
+#: what /proc/self/fd shows for a completion channel's descriptor
+EVENT_FD_TARGET = "anon_inode:[infinibandevent]"
 
-    def __init__(self, device: VerbsDevice, index: int, cq) -> None:
+
+def _descriptors() -> dict[str, str]:
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    return found
+
+
+def _event_fd(pv: SimpleNamespace, context):
+    """A completion channel of ``context`` and its file descriptor (None if it cannot be found).
+
+    pyverbs does not expose the descriptor, and its ``get_cq_event`` blocks holding the GIL (every
+    thread of the process stops until an event comes), so the progress thread waits with ``select``
+    on the descriptor and takes the event only once one is there. The descriptor is the one the
+    channel's creation opened, found in ``/proc/self/fd``.
+    """
+    with _CHANNEL_LOCK:
+        before = _descriptors()
+        channel = pv.cq.CompChannel(context)
+        opened = [int(fd) for fd, target in _descriptors().items() if fd not in before and target == EVENT_FD_TARGET]
+    return channel, opened[0] if len(opened) == 1 else None
+
+
+class _Poller:
+    """One completion queue and the progress thread that handles its completions (one of the paper's ``num_cqs``).
+
+    The thread sleeps on the CQ's completion channel (armed with ``req_notify``, waited for with
+    ``select`` beside a pipe that :meth:`stop` writes); a caller blocked on a transfer polls the CQ
+    itself for a moment first (:meth:`VerbsDevice._await`), which saves the wake-up for small transfers.
+    """
+
+    def __init__(self, device: VerbsDevice, index: int, cqes: int) -> None:
+        pv = device._pv
         self.device = device
-        self.cq = cq
-        self.cqes = cq.cqe
+        self.events, self.event_fd = _event_fd(pv, device.context)
+        self.cq = pv.cq.CQ(device.context, cqes, None, self.events, 0)
+        self.cqes = self.cq.cqe
         self.lock = threading.Lock()  # one poller of the CQ at a time (the thread or a blocked caller)
         self.closed = False
         self.outstanding = 0  # send work requests in flight on this CQ (under the device's lock)
         self.queue_pairs = 0
+        self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"verbs-progress-{index}", daemon=True)
 
     def start(self) -> None:
@@ -273,29 +318,58 @@ class _Poller:
                 self.cqes = self.cq.cqe
             self.queue_pairs += 1
 
+    def _sleep(self) -> None:
+        """Until the CQ raises an event (a completion after arming) or :meth:`stop`; a nap where there is no
+        descriptor to wait on."""
+        watched = [self._wake_read] + ([self.event_fd] if self.event_fd is not None else [])
+        ready, _, _ = select.select(watched, [], [], None if self.event_fd is not None else waits.MAX_NAP_S)
+        if self.event_fd in ready:
+            self.events.get_cq_event(self.cq)  # one is there: this returns at once
+            self.cq.ack_events(1)
+
     def _run(self) -> None:
         stopping = self.device._stopping
-        nap = waits.FIRST_NAP_S
+        pv = self.device._pv
         while not stopping.is_set():
             try:
-                found = self.poll_once()
-            except self.device._pv.pyverbs_error.PyverbsError as exc:
-                self.device._poller_failed(self, f"polling a completion queue failed: {exc}")
+                if self.poll_once():
+                    continue
+                self.cq.req_notify()
+                if self.poll_once():  # completions that came before the CQ was armed raise no event
+                    continue
+                self._sleep()
+            except pv.pyverbs_error.PyverbsError as exc:
+                self.device._poller_failed(self, f"waiting for completions failed: {exc}")
                 return
-            if found:
-                nap = waits.FIRST_NAP_S
-                continue
-            if self.outstanding:
-                stopping.wait(BUSY_NAP_S)
-            else:
-                stopping.wait(nap)
-                nap = min(nap * 2, waits.MAX_NAP_S)
 
     def stop(self) -> None:
+        os.write(self._wake_write, b"x")
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         with self.lock:
             self.closed = True
+
+    def close(self) -> None:
+        """Destroy the CQ and its completion channel (after :meth:`stop` and the queue pairs)."""
+        self.cq.close()
+        self.events.close()
+        for fd in (self._wake_read, self._wake_write):
+            os.close(fd)
+
+
+@dataclass
+class _Pending:
+    """A signaled work request in flight: who waits for it, and what the NIC may still use."""
+
+    future: Future
+    channel: VerbsChannel
+    what: str
+    #: the local buffers of it and of an unsignaled write before it (kept alive until the NIC is done)
+    buffers: tuple[np.ndarray, ...]
+    #: their regions (not evicted from the cache while busy)
+    regions: tuple[VerbsRegion, ...]
+    #: the send queue entries its completion frees: its own and the unsignaled write's
+    slots: int
 
 
 class VerbsChannel(Channel):
@@ -331,33 +405,69 @@ class VerbsChannel(Channel):
                               f"bytes: is the peer on another fabric?)")
         return int.from_bytes(remote.rkey, "little")
 
-    def _post(self, opcode: int, local: np.ndarray, remote: RemoteRegion, what: str, imm: int = 0) -> Future:
-        """Post one signaled work request; its future completes with the work completion."""
+    def _work(self, opcode: int, local: np.ndarray, remote: RemoteRegion, what: str, signaled: bool = True,
+              imm: int = 0):
+        """A work request of ``local`` to (or from) ``remote``, and the region of ``local``."""
+        device = self.device
+        rkey = self._rkey(remote, local.nbytes, what) if local.nbytes else 0
+        sge, region = device._sge(local)
+        flags = device._pv.enums.IBV_SEND_SIGNALED if signaled else 0
+        work = device._pv.wr.SendWR(wr_id=next(device._wr_ids), opcode=opcode, num_sge=1, sg=[sge],
+                                    send_flags=flags, imm_data=imm)
+        work.set_wr_rdma(rkey, remote.addr)
+        return work, region
+
+    def _take_slots(self, count: int, what: str) -> None:
+        """``count`` free send queue entries, waited for while the queue is full."""
+        taken = 0
+        try:
+            while taken < count:
+                if self._slots.acquire(timeout=WAIT_SLICE_S):
+                    taken += 1
+                    continue
+                self.device._check_open()
+                if self.device._interrupted.is_set():
+                    raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
+        except BaseException:
+            for _ in range(taken):
+                self._slots.release()
+            raise
+
+    def _post(self, opcode: int, local: np.ndarray, remote: RemoteRegion, what: str, imm: int = 0,
+              lead: tuple[np.ndarray, RemoteRegion] | None = None) -> Future:
+        """Post one signaled work request; its future completes with the work completion.
+
+        ``lead``: the data and target of an RDMA write posted unsignaled right before it on this queue pair:
+        the send queue completes in order, so this request's completion is the lead's too (an error of the
+        lead's fails the connection, and this request with it).
+        """
         device = self.device
         future: Future = Future()
         try:
             device._check_open()
             if self._error is not None:
                 raise FabricError(f"verbs: {what} on a failed connection: {self._error}")
-            rkey = self._rkey(remote, local.nbytes, what) if local.nbytes else 0
-            sge, region = device._sge(local)
-            work = device._pv.wr.SendWR(wr_id=next(device._wr_ids), opcode=opcode, num_sge=1, sg=[sge],
-                                        send_flags=device._pv.enums.IBV_SEND_SIGNALED, imm_data=imm)
-            work.set_wr_rdma(rkey, remote.addr)
-            while not self._slots.acquire(timeout=WAIT_SLICE_S):  # the send queue is full
-                device._check_open()
-                if device._interrupted.is_set():
-                    raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
+            works, regions, buffers = [], [], []
+            if lead is not None and lead[0].nbytes:
+                work, region = self._work(device._pv.enums.IBV_WR_RDMA_WRITE, lead[0], lead[1], what, signaled=False)
+                works.append(work), regions.append(region), buffers.append(lead[0])
+            work, region = self._work(opcode, local, remote, what, imm=imm)
+            works.append(work), regions.append(region), buffers.append(local)
+            self._take_slots(len(works), what)
         except FabricError as exc:
             future.set_exception(exc)
             return future
-        device._track(work.wr_id, future, self, what, local, region)
+        device._track(work.wr_id, _Pending(future, self, what, tuple(buffers), tuple(r for r in regions if r),
+                                           len(works)))
         try:
             with self._post_lock:
-                self.qp.post_send(work)
+                for posting in works:
+                    self.qp.post_send(posting)
                 self._last = future
         except device._pv.pyverbs_error.PyverbsError as exc:
             device._untrack(work.wr_id)
+            if len(works) > 1:  # an unsignaled write may be in the queue with nothing to complete it
+                device._fail_channel(self, f"posting {what} failed: {exc}")
             settle(future, error=FabricError(f"verbs: posting {what} failed: {exc}"))
         return future
 
@@ -392,14 +502,16 @@ class VerbsChannel(Channel):
 
     def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
                       trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
-        """The data write, waited for, then the trailer's: a peer that sees the flag sees the data."""
+        """The data write unsignaled, the trailer's signaled behind it, one completion waited for (see the module
+        docstring: a peer that sees the flag sees the data)."""
         deadline = time.monotonic() + timeout
         write = self.device._pv.enums.IBV_WR_RDMA_WRITE
-        if data.nbytes:
-            self._blocking(self._post(write, data, remote, "RDMA write"), deadline, "RDMA write")
-        if trailer is not None:
-            self._blocking(self._post(write, trailer, trailer_remote, "RDMA write of a flag"), deadline,
-                           "RDMA write of a flag")
+        if trailer is None:
+            if data.nbytes:
+                self._blocking(self._post(write, data, remote, "RDMA write"), deadline, "RDMA write")
+            return
+        what = "RDMA write of data and its flag" if data.nbytes else "RDMA write of a flag"
+        self._blocking(self._post(write, trailer, trailer_remote, what, lead=(data, remote)), deadline, what)
 
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         if local.nbytes:
@@ -457,15 +569,18 @@ class VerbsDevice(Device):
         self._stopping = threading.Event()  # close(): progress threads end
         self._closed = False
         self._wr_ids = itertools.count(RECV_WR_ID + 1)
-        #: wr_id -> (future, channel, what, local buffer kept alive, its region) of send work requests in flight
-        self._pending: dict[int, tuple[Future, VerbsChannel, str, np.ndarray, VerbsRegion | None]] = {}
+        #: wr_id -> the signaled send work requests in flight
+        self._pending: dict[int, _Pending] = {}
         self._allocated: dict[tuple[int, int], VerbsRegion] = {}
         self._cache: RegistrationCache[VerbsRegion] = RegistrationCache()
         self._registrations_made = 0
         self._peers: dict[bytes, list[VerbsChannel]] = {}  # peer address -> its lanes
-        self._extra: list[VerbsChannel] = []  # lanes of a second connection with a peer (both sides connected at once)
+        self._extra: list[VerbsChannel] = []  # lanes of a connection a later one with the same peer replaced
         self._by_qp: dict[int, VerbsChannel] = {}
         self._connecting: dict[bytes, threading.Lock] = {}
+        self._outgoing: set[bytes] = set()  # peers this device is connecting to now (in channel())
+        self._incoming: set[bytes] = set()  # peers whose connection request accept() is serving now
+        self._connected = threading.Condition(self._lock)  # a connection was recorded (_keep)
         self.context = pv.device.Context(name=self.choice.device)
         try:
             attr = self.context.query_device()
@@ -480,8 +595,7 @@ class VerbsDevice(Device):
             # the key of the zero-length scatter entries of receives and empty writes (not counted as a registration)
             self._scratch = pv.mr.MR(self.pd, ALIGNMENT, IBV_ACCESS_LOCAL_WRITE, address=start_of(self._scratch_memory))
             initial = min(self._max_cqe, CQES_PER_QP * depth)
-            self._pollers = [_Poller(self, index, pv.cq.CQ(self.context, initial, None, None, 0))
-                             for index in range(progress_threads)]
+            self._pollers = [_Poller(self, index, initial) for index in range(progress_threads)]
         except pv.pyverbs_error.PyverbsError as exc:
             self.context.close()
             raise FabricError(f"verbs: setting up {self.choice.device}: {exc}") from None
@@ -677,24 +791,42 @@ class VerbsDevice(Device):
             channel.close()
 
     def _keep(self, peer: bytes, lanes: list[VerbsChannel]) -> list[VerbsChannel]:
-        """Record a connection; the first with a peer serves its channels, a second one (both sides connected
-        at the same time) still delivers what the peer sends on it."""
-        with self._lock:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
+        """Record a connection with ``peer`` and wake whoever waits for it. A second one (the peer connected
+        again: its first attempt failed on its side) replaces the first for sending; the first still delivers
+        what the peer sent on it."""
+        with self._connected:
+            closed = self._closed
+            if not closed:
                 if peer in self._peers:
-                    self._extra.extend(lanes)
-                else:
-                    self._peers[peer] = lanes
+                    self._extra.extend(self._peers[peer])
+                self._peers[peer] = lanes
+                self._connected.notify_all()
         if closed:
             self._discard(lanes)
             self._check_open()
-        return self._peers[peer]
+        return lanes
+
+    def _wait_connected(self, peer: bytes, timeout: float) -> list[VerbsChannel]:
+        """The lanes the peer's own connection (accepted here) brings, once it has come."""
+        deadline = time.monotonic() + timeout
+        with self._connected:
+            while peer not in self._peers:
+                self._check_open()
+                if self._interrupted.is_set():
+                    raise FabricInterrupted("verbs: waiting for a peer's connection was interrupted (closing)")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise FabricTimeout(f"verbs: the peer deferred to its own connection, which did not come in "
+                                        f"{timeout:g} s")
+                self._connected.wait(min(remaining, WAIT_SLICE_S))
+            return self._peers[peer]
 
     def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
-        """Lane ``lane`` to ``peer``: the first call for a peer agrees on all its queue pairs with one exchange."""
+        """Lane ``lane`` to ``peer``: the first call for a peer agrees on all its queue pairs with one exchange.
+
+        The peer may defer (it is connecting to us at the same time and its connection stands, see
+        :func:`setup.wins`, or it is connected already): ours are dropped and its connection is used.
+        """
         if not peer:
             raise FabricError("verbs: a peer address is empty")
         key = bytes(peer[0])
@@ -713,9 +845,16 @@ class VerbsDevice(Device):
         except ValueError as exc:
             raise FabricError(f"verbs: the peer's address is malformed: {exc}") from None
         with connecting:
-            with self._lock:
+            with self._connected:
+                while key in self._incoming and key not in self._peers:  # the peer's own request is being served
+                    self._check_open()
+                    self._connected.wait(WAIT_SLICE_S)
                 lanes = self._peers.get(key)
-            if lanes is None:
+                if lanes is None:
+                    self._outgoing.add(key)
+            if lanes is not None:
+                return lanes[index]
+            try:
                 lanes = self._new_lanes(key)
                 try:
                     reply = exchange(connect_request(self._address, [channel.endpoint for channel in lanes]))
@@ -726,19 +865,39 @@ class VerbsDevice(Device):
                 except BaseException:
                     self._discard(lanes)
                     raise
-                self._connect_lanes(lanes, remote, theirs)
-                lanes = self._keep(key, lanes)
+                if theirs is None:
+                    self._discard(lanes)
+                    lanes = self._wait_connected(key, CONNECT_WAIT_S)
+                else:
+                    self._connect_lanes(lanes, remote, theirs)
+                    lanes = self._keep(key, lanes)
+            finally:
+                with self._lock:
+                    self._outgoing.discard(key)
         return lanes[index]
 
-    def accept(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Queue pairs for a requester (ValueError if the request is malformed), connected to its own; the reply
-        carries ours. A later ``channel(requester)`` uses them without another exchange."""
+    def accept(self, request: dict[str, Any], peer: list[bytes]) -> dict[str, Any]:
+        """Queue pairs for the requester (ValueError if the request is malformed, or names another device than
+        ``peer``, the requester's address as its own control server gives it), connected to its own; the reply
+        carries ours. A later ``channel(requester)`` uses them without another exchange. To a peer connected
+        already, or one we are connecting to and whose connection yields to ours, the reply defers."""
         raw, remote, theirs = parse_request(request, self.lanes_per_peer)
+        if not peer or raw != bytes(peer[0]):
+            raise ValueError("a verbs connect request names another device than the rank that sent it: refused")
         self._check_open()
-        lanes = self._new_lanes(raw)
-        self._connect_lanes(lanes, remote, theirs)
-        reply = connect_reply([channel.endpoint for channel in lanes])
-        self._keep(raw, lanes)
+        with self._lock:
+            if raw in self._peers or raw in self._incoming or (raw in self._outgoing and wins(self._address, raw)):
+                return connect_deferral()
+            self._incoming.add(raw)
+        try:
+            lanes = self._new_lanes(raw)
+            self._connect_lanes(lanes, remote, theirs)
+            reply = connect_reply([channel.endpoint for channel in lanes])
+            self._keep(raw, lanes)
+        finally:
+            with self._connected:
+                self._incoming.discard(raw)
+                self._connected.notify_all()
         return reply
 
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
@@ -764,24 +923,23 @@ class VerbsDevice(Device):
 
     # -- completions --------------------------------------------------------------------------------
 
-    def _track(self, wr_id: int, future: Future, channel: VerbsChannel, what: str, local: np.ndarray,
-               region: VerbsRegion | None) -> None:
+    def _track(self, wr_id: int, pending: _Pending) -> None:
         with self._lock:
-            self._pending[wr_id] = (future, channel, what, local, region)
-            channel.poller.outstanding += 1
-            if region is not None:
+            self._pending[wr_id] = pending
+            pending.channel.poller.outstanding += 1
+            for region in pending.regions:
                 region.busy += 1
 
-    def _untrack(self, wr_id: int):
+    def _untrack(self, wr_id: int) -> _Pending | None:
         with self._lock:
             entry = self._pending.pop(wr_id, None)
             if entry is not None:
-                channel, region = entry[1], entry[4]
-                channel.poller.outstanding -= 1
-                if region is not None:
+                entry.channel.poller.outstanding -= 1
+                for region in entry.regions:
                     region.busy -= 1
         if entry is not None:
-            entry[1]._slots.release()
+            for _ in range(entry.slots):
+                entry.channel._slots.release()
         return entry
 
     def _completed(self, wc) -> None:
@@ -792,14 +950,18 @@ class VerbsDevice(Device):
             return
         entry = self._untrack(wc.wr_id)
         if entry is None:
+            if not success:  # an unsignaled write failed: the connection is broken
+                with self._lock:
+                    channel = self._by_qp.get(wc.qp_num)
+                if channel is not None:
+                    self._fail_channel(channel, _status_text(self._pv, wc.status, wc.vendor_err))
             return
-        future, channel, what, _, _ = entry
         if success:
-            settle(future)
+            settle(entry.future)
             return
         reason = _status_text(self._pv, wc.status, wc.vendor_err)
-        self._fail_channel(channel, reason)
-        settle(future, error=FabricError(f"verbs: {what} failed: {reason}"))
+        self._fail_channel(entry.channel, reason)
+        settle(entry.future, error=FabricError(f"verbs: {entry.what} failed: {reason}"))
 
     def _received(self, wc, success: bool) -> None:
         """A receive completed: an immediate arrived (re-post the receive), or the queue pair failed."""
@@ -826,7 +988,7 @@ class VerbsDevice(Device):
             if channel._error is not None:
                 return
             channel._error = reason
-            doomed = [(future, what) for future, owner, what, _, _ in self._pending.values() if owner is channel]
+            doomed = [(entry.future, entry.what) for entry in self._pending.values() if entry.channel is channel]
         for future, what in doomed:
             settle(future, error=FabricError(f"verbs: {what} failed: {reason}"))
         if not channel.closed:
@@ -888,7 +1050,7 @@ class VerbsDevice(Device):
         futures of transfers in flight (their buffers stay referenced until the NIC completes them)."""
         self._interrupted.set()
         with self._lock:
-            futures = [entry[0] for entry in self._pending.values()]
+            futures = [entry.future for entry in self._pending.values()]
         for future in futures:
             settle(future, error=FabricInterrupted("verbs: the transfer was interrupted (the device is closing)"))
         with self._activity:
@@ -931,15 +1093,15 @@ class VerbsDevice(Device):
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
-        for future, *_ in pending:
-            settle(future, error=FabricError("verbs: the device is closed"))
+        for entry in pending:
+            settle(entry.future, error=FabricError("verbs: the device is closed"))
         for channel in lanes:
             channel.close()
         for region in self._cache.live():
             region.release()
         self._scratch.close()
         for poller in self._pollers:
-            poller.cq.close()
+            poller.close()
         self.pd.close()
         self.context.close()
         with self._activity:

@@ -66,10 +66,12 @@ ACCESS_FLAGS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REM
 DEFAULT_TIMEOUT = 14
 #: RDMA_QP_RETRY_COUNT when unset: the most verbs allows
 DEFAULT_RETRY_COUNT = 7
-#: retries after "receiver not ready" (no receive posted for an immediate): 7 means forever
-RNR_RETRY = 7
-#: how long a receiver without a posted receive tells the sender to wait (12: 0.64 ms)
-MIN_RNR_TIMER = 12
+#: retries after "receiver not ready" (no receive posted for an immediate): 6, the most short of forever (7), so a
+#: receiver that stops posting receives fails the sender's transfer (IBV_WC_RNR_RETRY_EXC_ERR) instead of hanging it
+RNR_RETRY = 6
+#: how long a receiver without a posted receive tells the sender to wait (31: 491.52 ms): with RNR_RETRY, a
+#: receiver gets about 3 s to post receives again before the transfer fails
+MIN_RNR_TIMER = 31
 #: hops a globally routed (RoCE, or InfiniBand with RDMA_GID_INDEX) packet may take
 HOP_LIMIT = 64
 #: outstanding RDMA reads per queue pair asked for (capped by what both devices allow)
@@ -435,6 +437,18 @@ def connect_reply(lanes: list[LaneEndpoint]) -> dict[str, Any]:
     return {"verbs": 1, "lanes": [lane.to_json() for lane in lanes]}
 
 
+def connect_deferral() -> dict[str, Any]:
+    """What ``accept`` answers a peer it is connected to, or connecting to itself and :func:`wins`: "drop your
+    queue pairs, mine are on their way" (the requester then takes the connection the other side makes)."""
+    return {"verbs": 1, "defer": True}
+
+
+def wins(ours: bytes, theirs: bytes) -> bool:
+    """Whether this device's connection stands when two devices connect to each other at once: the smaller
+    address's (both sides compare the same two addresses, so exactly one wins)."""
+    return ours < theirs
+
+
 def _lanes(data: Any, lanes_per_peer: int, what: str) -> list[LaneEndpoint]:
     lanes = data.get("lanes")
     if not isinstance(lanes, list):
@@ -475,8 +489,14 @@ def parse_request(data: Any, lanes_per_peer: int) -> tuple[bytes, DeviceAddress,
     return raw, decode_address(raw), _lanes(data, lanes_per_peer, "connect request")
 
 
-def parse_reply(data: Any, lanes_per_peer: int) -> list[LaneEndpoint]:
-    """The accepting peer's queue pairs, lane by lane; ValueError says what is wrong."""
+def parse_reply(data: Any, lanes_per_peer: int) -> list[LaneEndpoint] | None:
+    """The accepting peer's queue pairs, lane by lane, or None when it deferred (:func:`connect_deferral`);
+    ValueError says what is wrong."""
+    if isinstance(data, dict) and "defer" in data:
+        _envelope(data, {"verbs", "defer"}, "connect reply")
+        if data["defer"] is not True:
+            raise ValueError(f"a verbs connect reply's 'defer' must be true, not {data['defer']!r:.20}")
+        return None
     _envelope(data, {"verbs", "lanes"}, "connect reply")
     return _lanes(data, lanes_per_peer, "connect reply")
 
