@@ -263,19 +263,40 @@ def fabric_transports(name: str) -> list[str]:
 
 
 def fabric_problem(args: argparse.Namespace) -> str | None:
-    """Why ``--fabric`` with ``--fabric-transport`` (and ``--launcher``) cannot run here, or None."""
+    """Why ``--fabric`` with ``--fabric-transport`` (and ``--launcher``) cannot run here, or None.
+
+    Also refuses a run on the fabric that would quietly go without RDMA: ``--fabric-transport auto`` on a machine
+    with an ACTIVE RDMA port that the fabric cannot reach (``bench.doctor.unreached_rdma``); runs whose transports
+    use no fabric (grpc_tcp, local) are not held to it. A command that diagnoses the fabric itself (``bench
+    doctor``, ``diagnoses_fabric``) is only held to the choice being offered.
+    """
     from transports import fabric
 
     if args.fabric_transport not in fabric_transports(args.fabric):
         return (f"--fabric-transport {args.fabric_transport}: the {args.fabric} fabric takes "
                 f"{', '.join(fabric_transports(args.fabric))}")
-    if args.fabric != fabric.DEFAULT and getattr(args, "launcher", None) == "netns":
+    if getattr(args, "diagnoses_fabric", False):
+        return None
+    netns = getattr(args, "launcher", None) == "netns"
+    if args.fabric != fabric.DEFAULT and netns:
         return (f"--fabric {args.fabric} with --launcher netns: the emulated hosts' veth links carry no RDMA; "
                 f"use --fabric {fabric.DEFAULT}, or another launcher")
-    status = fabric.availability(args.fabric)
+    status = fabric.availability(args.fabric, "tcp" if netns else args.fabric_transport)
     if not status.ok:
-        return f"--fabric {args.fabric}: not available here: {status.reason}"
+        asked = "" if args.fabric_transport == "auto" or netns else f" --fabric-transport {args.fabric_transport}"
+        return f"--fabric {args.fabric}{asked}: not available here: {status.reason}"
+    if args.fabric_transport == "auto" and not netns and _uses_fabric(args):  # netns runs tcp whatever is asked
+        from bench.doctor import unreached_rdma
+
+        return unreached_rdma(args.fabric)
     return None
+
+
+def _uses_fabric(args: argparse.Namespace) -> bool:
+    """Whether the transports asked for (``--transports``; none given: every one available) include one on the
+    fabric."""
+    chosen = getattr(args, "transports", None)
+    return chosen is None or any(isinstance(choice, Choice) and choice.uses_fabric for choice in chosen)
 
 
 def add_launch_options(parser: argparse.ArgumentParser) -> None:

@@ -8,4 +8,5 @@ several commands share are parsed in ``bench.options``; what commands that write
 """
 
 #: the commands, in the order of ``bench --help``
-COMMANDS = ("info", "micro", "model", "scale", "converge", "soak", "models", "analyze", "plot", "report", "compare")
+COMMANDS = ("info", "doctor", "micro", "model", "scale", "converge", "soak", "models", "analyze", "plot", "report",
+            "compare")

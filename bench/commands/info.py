@@ -1,5 +1,6 @@
-"""Versions of the software underneath, the transports, the fabric backends (with what UCX offers here) and the
-launchers, and for each whether it can run on this machine and, if not, why."""
+"""Versions of the software underneath, the transports, the fabric backends (with what UCX offers here), the RDMA
+devices (ports, states, GIDs) and which fabric reaches them, and the launchers, and for each whether it can run on
+this machine and, if not, why."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import transports
 from bench.results import package_versions
 
-HELP = "versions, transports, fabrics and launchers: whether each can run here"
+HELP = "versions, transports, fabrics, RDMA devices and launchers: whether each can run here"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:10} {'available' if status.ok else 'not available: ' + status.reason}")
     print("\nfabric:")
     for line in _fabric_info():
+        print(f"  {line}")
+    print("\nRDMA devices:")
+    for line in _rdma_info():
         print(f"  {line}")
     print("\nlaunchers (--launcher):")
     for name, status in _launcher_info().items():
@@ -59,12 +63,9 @@ def _launcher_info() -> dict[str, str]:
 
 def _fabric_info() -> list[str]:
     """Each fabric backend: whether it can run here and why not, its --fabric-transport choices, and for
-    one that runs what it offers (UCX: the transports and devices of ``ucx_info -d``)."""
-    import re
-    import subprocess
-
+    one that runs what it offers (UCX: the version and the transports and devices of ``ucx_info -d``)."""
+    from bench.doctor import ucx_library
     from transports import fabric
-    from transports.fabric.base import FabricError
 
     lines = []
     for name in fabric.names():
@@ -76,25 +77,39 @@ def _fabric_info() -> list[str]:
         lines.append(f"{name:6} available (--fabric {name}; --fabric-transport {'|'.join(backend.fabric_transports)})")
         if "ucx_info" not in backend.reference_tools:
             continue
-        try:
-            tool = backend.tool("ucx_info")
-            info = subprocess.run([str(tool.path), "-v"], capture_output=True, text=True, timeout=30,
-                                  env=tool.environment)
-            version = re.search(r"version:?\s*([\w.]+)", info.stdout)
-            lines.append(f"       ucx {version.group(1)}" if version else "")
-            info = subprocess.run([str(tool.path), "-d"], capture_output=True, text=True, timeout=30,
-                                  env=tool.environment)
-        except (OSError, subprocess.SubprocessError, FabricError) as exc:
-            lines.append(f"       ucx_info could not run: {exc}")
+        library = ucx_library(backend)
+        if library.error is not None:
+            lines.append(f"       ucx_info could not run: {library.error}")
             continue
-        offered: dict[str, list[str]] = {}
-        transport = None
-        for line in info.stdout.splitlines():
-            words = line.strip("# ").split(":", 1)
-            if len(words) == 2 and words[0].strip() == "Transport":
-                transport = words[1].strip()
-            elif len(words) == 2 and words[0].strip() == "Device" and transport:
-                offered.setdefault(transport, []).append(words[1].strip())
+        if library.version:
+            lines.append(f"       ucx {library.version} ({library.origin})")
         lines += [f"       ucx transport {carrier:8} devices: {', '.join(devices)}"
-                  for carrier, devices in offered.items()]
-    return [line for line in lines if line]
+                  for carrier, devices in library.transports.items()]
+    return lines
+
+
+def _rdma_info() -> list[str]:
+    """The RDMA devices sysfs shows, their ports and GIDs, and per fabric backend which of its links reach the
+    active ports (or why there is no device at all)."""
+    from bench.doctor import describe_devices
+    from transports import fabric
+    from transports.fabric.rdma_devices import active_ports, missing_reason, read_devices, sysfs_root
+
+    root = sysfs_root()
+    if (missing := missing_reason(root)) is not None:
+        return [f"none: {missing}"]
+    devices = read_devices(root)
+    lines = describe_devices(devices)
+    ports = [port.name for port in active_ports(devices)]
+    if not ports:
+        return [*lines, "no port is ACTIVE: no fabric can use them ('bench doctor' says why and the fix)"]
+    for name in fabric.names():
+        status = fabric.availability(name)
+        if not status.ok:
+            lines.append(f"--fabric {name:6} cannot use them: {status.reason}")
+            continue
+        reach = fabric.backend(name).rdma_reach(ports)
+        lines.append(f"--fabric {name:6} " + (f"reaches them over {', '.join(reach)}" if reach else
+                                              f"reaches none of {', '.join(ports)} ('bench doctor --fabric {name}' "
+                                              "says why and the fix)"))
+    return lines

@@ -237,10 +237,19 @@ class Device(ABC):
         """The RDMA_* variables set in ``settings`` that this backend cannot honour, each with the reason."""
 
     @classmethod
+    def links(cls) -> dict[str, list[str]]:
+        """The links this backend offers here: carrier -> its devices (UCX: its transports, ``{"tcp": ["lo",
+        "eth0"], "rc_verbs": ["rxe0:1"]}``; verbs: ``{"rc": ["rxe0:1"]}``); empty when it cannot tell."""
+        return {}
+
+    @classmethod
     def rdma_reach(cls, ports: list[str]) -> list[str]:
         """This backend's links that reach one of the RDMA ``ports`` (``device:port``, e.g. ``rxe0:1``), each as
-        ``link/device:port`` (``rc_verbs/rxe0:1``); empty when none does, or when the backend cannot tell."""
-        return []
+        ``carrier/device:port`` (``rc_verbs/rxe0:1``); empty when none does, or when the backend cannot tell."""
+        if not ports:
+            return []
+        return [f"{carrier}/{device}" for carrier, devices in cls.links().items() for device in devices
+                if device in ports]
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:

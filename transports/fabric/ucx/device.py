@@ -14,6 +14,7 @@ import ctypes
 import os
 import re
 import select
+import subprocess
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from transports.fabric.base import (
     RemoteRegion,
     Tool,
 )
+from transports.fabric.rdma_devices import active_ports, read_devices
 from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings
 
@@ -142,25 +144,6 @@ def ucx_settings(settings: RdmaSettings, accepts=accepts_setting) -> tuple[dict[
         else:
             no_effect[variable] = f"this UCX has no setting UCX_{name} ({meaning}; it needs InfiniBand transports)"
     return config, no_effect
-
-
-def active_rdma_ports(root: Path = Path("/sys/class/infiniband")) -> dict[str, bool]:
-    """``device:port`` of every RDMA port here whose state is ACTIVE -> whether the device is software (Soft-RoCE
-    or siw: it has a parent network device); empty when the kernel has no RDMA devices."""
-    found: dict[str, bool] = {}
-    try:
-        devices = sorted(root.iterdir())
-    except OSError:
-        return found
-    for device in devices:
-        for port in sorted((device / "ports").glob("*")):
-            try:
-                active = (port / "state").read_text().split(":")[-1].strip() == "ACTIVE"
-            except OSError:
-                continue
-            if active:
-                found[f"{device.name}:{port.name}"] = (device / "parent").exists()
-    return found
 
 
 def no_rdma_reason(detail: str) -> str:
@@ -670,7 +653,7 @@ class UcxDevice(Device):
             return Availability(False, str(exc))
         if fabric_transport != "rdma":
             return Availability(True)
-        if not active_rdma_ports():
+        if not active_ports(read_devices()):
             return Availability(False, "no RDMA device with an active port here (bench doctor says more)")
         config = cls._network_config(fabric_transport, ())
         context = _ffi.new("ucp_context_h *")
@@ -688,12 +671,13 @@ class UcxDevice(Device):
         """UCX settings for the network devices: TCP restricted to ``interfaces`` (where the cluster's addresses
         are), RDMA ports left usable beside them; Soft-RoCE's quirk of UD wire-up worked around."""
         config: dict[str, str] = {}
-        ports = active_rdma_ports()
+        devices = read_devices()
+        ports = [port.name for port in active_ports(devices)]
         if interfaces and not os.environ.get("UCX_NET_DEVICES") and fabric_transport != "rdma":
             # without the RDMA ports in the list, naming the interfaces would shut UCX off RDMA
             config["NET_DEVICES"] = ",".join([*interfaces, *ports])
-        if any(soft for soft in ports.values()) and "UCX_UD_ETH_DGID_CHECK" not in os.environ \
-                and accepts_setting("UD_ETH_DGID_CHECK", "n"):
+        soft_roce = any(device.kind == "Soft-RoCE" and any(port.active for port in device.ports) for device in devices)
+        if soft_roce and "UCX_UD_ETH_DGID_CHECK" not in os.environ and accepts_setting("UD_ETH_DGID_CHECK", "n"):
             # rxe (Soft-RoCE) fails UD's destination-GID check on its IPv4-mapped GIDs, so RC connections,
             # which UD sets up, never come up (UCX's "UD endpoint ... unhandled timeout error")
             config["UD_ETH_DGID_CHECK"] = "n"
@@ -704,21 +688,15 @@ class UcxDevice(Device):
         return ucx_settings(settings)[1]
 
     @classmethod
-    def rdma_reach(cls, ports: list[str]) -> list[str]:
-        """The transports of this UCX that list one of ``ports`` (``rxe0:1``) as a device, e.g. ``rc_verbs/rxe0:1``
-        (from ``ucx_info -d``); empty when none does or ucx_info cannot run."""
-        import subprocess
-
-        if not ports:
-            return []
+    def links(cls) -> dict[str, list[str]]:
+        """The transports of this UCX and their devices, from its ``ucx_info -d``; empty when that cannot run."""
         try:
             tool = cls.tool("ucx_info")
             listed = subprocess.run([str(tool.path), "-d"], capture_output=True, text=True, timeout=60,
                                     env=tool.environment)
         except (OSError, subprocess.SubprocessError, FabricError):
-            return []
-        return [f"{transport}/{device}" for transport, devices in parse_ucx_info(listed.stdout).items()
-                for device in devices if device in ports]
+            return {}
+        return parse_ucx_info(listed.stdout)
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:

@@ -634,14 +634,14 @@ class VerbsDevice(Device):
         return {}
 
     @classmethod
-    def rdma_reach(cls, ports: list[str]) -> list[str]:
-        """``rc/DEVICE:PORT`` for each of ``ports`` that pyverbs lists with the port active; empty without pyverbs."""
+    def links(cls) -> dict[str, list[str]]:
+        """``{"rc": [DEVICE:PORT, ...]}``: the active ports pyverbs lists; empty without pyverbs or a device."""
         try:
             hardware = _hardware(_pyverbs())
         except (ImportError, FabricError):
-            return []
-        return [f"rc/{device.name}:{port.number}" for device in hardware for port in device.ports
-                if port.active and f"{device.name}:{port.number}" in ports]
+            return {}
+        ports = [f"{device.name}:{port.number}" for device in hardware for port in device.ports if port.active]
+        return {"rc": ports} if ports else {}
 
     @classmethod
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
