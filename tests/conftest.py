@@ -45,6 +45,16 @@ def fabric_marks(backend: str = fabric.DEFAULT, fabric_transport: str = "auto") 
     return marks
 
 
+#: the Soft-RoCE session's counts (tests/test_softroce.py), printed at the end of the run
+SOFTROCE_SUMMARY = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    summary = config.stash.get(SOFTROCE_SUMMARY, None)
+    if summary is not None:
+        terminalreporter.write_line(summary)
+
+
 def pytest_runtest_setup(item):
     missing = item.get_closest_marker("rdma_missing")
     if missing is not None:

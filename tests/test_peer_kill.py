@@ -32,6 +32,7 @@ import pytest
 import transports
 from transports import Cluster, Key, PeerError, TransportError, TransportTimeout
 
+from .conftest import fabric_marks
 from .processes import children_of, open_files
 
 #: the survivor's timeout: the bound within which a dead peer must be named
@@ -53,6 +54,15 @@ VARIANTS = [pytest.param(("grpc_tcp", {}), id="grpc_tcp")] + [
         ("rdma_cp", {"fabric_transport": "tcp"}, "rdma_cp-tcp"),
         ("zerocopy", {"fabric_transport": "shm"}, "zerocopy-shm"),
         ("zerocopy", {"fabric_transport": "tcp"}, "zerocopy-tcp"),
+    ]
+] + [
+    # on an RDMA device (the Soft-RoCE guest): a dead peer's queue pairs fail, and the survivor names it
+    pytest.param((name, options), id=label, marks=fabric_marks(options.get("fabric", "ucx"),
+                                                               options.get("fabric_transport", "auto")))
+    for name, options, label in [
+        ("zerocopy", {"fabric": "verbs"}, "zerocopy-verbs"),
+        ("grpc_rdma", {"mode": "buffered", "fabric": "verbs"}, "grpc_rdma-buffered-verbs"),
+        ("zerocopy", {"fabric_transport": "rdma"}, "zerocopy-ucx-rdma"),
     ]
 ]
 SENDER, RECEIVER = 0, 1  # ranks: the sender is rank 0, the receiver rank 1

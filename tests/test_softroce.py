@@ -1,0 +1,133 @@
+"""The Soft-RoCE test bed (``tools/softroce``) and, in one guest boot per test session, every RDMA case of the suite.
+
+The cases that need an RDMA device carry the mark ``rdma`` (``tests/conftest.py``); on a machine without
+one they skip. Here a guest with a kernel RDMA device (``rdma_rxe`` on its NIC, ``rxe0``) runs them all with
+``pytest -m rdma``, where a case that cannot run on the device fails instead of skipping; the count of cases
+run goes into the session's summary. The guest boots once for this module (about 10 s under QEMU's
+software emulation) and is stopped after it; where the test bed cannot run (no QEMU, no Debian packages:
+``.ci/run`` installs them) these tests skip with the one line that says why.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import SOFTROCE_SUMMARY
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "softroce"
+#: the RDMA session's bound (CI's budget is 45 minutes in all; the session takes about 10 under emulation)
+SESSION_TIMEOUT_S = 2700
+
+
+def _load_tool():
+    loader = importlib.machinery.SourceFileLoader("softroce", str(TOOL))
+    spec = importlib.util.spec_from_loader("softroce", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+softroce = _load_tool()
+
+
+@pytest.fixture(scope="module")
+def guest():
+    """One booted guest for the module's tests; skipped with the reason where the test bed cannot run."""
+    if os.environ.get("TENSOR_BENCH_REQUIRE_RDMA"):
+        pytest.skip("already inside the RDMA session")
+    try:
+        softroce.prepare(install=False, say=lambda line: None)
+    except softroce.Unavailable as exc:
+        pytest.skip(f"the Soft-RoCE test bed cannot run here: {exc}")
+    booted = softroce.Guest(install=False, say=lambda line: None)
+    try:
+        booted.start()
+    except BaseException:
+        booted.close()
+        raise
+    yield booted
+    qemu = booted.qemu
+    booted.close()
+    assert qemu.poll() is not None  # QEMU is gone with the guest
+
+
+def test_a_command_s_output_and_exit_code_come_back(guest):
+    chunks: list[bytes] = []
+    code = guest.run(["sh", "-c", "echo to-stdout; echo to-stderr >&2; cat /sys/class/infiniband/rxe0/ports/1/state;"
+                      " pwd; exit 3"], timeout=300, output=chunks.append)
+    text = b"".join(chunks).decode()
+    assert code == 3
+    assert "to-stdout" in text and "to-stderr" in text
+    assert "ACTIVE" in text  # a kernel RDMA device, up
+    assert str(Path.cwd()) in text  # the command ran where this process is
+
+
+def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
+    """The tool as a user runs it, with too short a time: it exits 124 and neither QEMU nor its files remain.
+
+    The tool runs under a small parent that adopts orphans (a child subreaper), so a QEMU left behind would
+    show up as that parent's child; the check counts only the processes of this test."""
+    try:
+        softroce.prepare(install=False, say=lambda line: None)
+    except softroce.Unavailable as exc:
+        pytest.skip(f"the Soft-RoCE test bed cannot run here: {exc}")
+    reaper = textwrap.dedent(f"""
+        import ctypes, json, os, subprocess, sys, time
+        ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans come to this process
+        code = subprocess.call([sys.executable, {str(TOOL)!r}, "--timeout", "3", "--no-install", "sleep", "600"],
+                               env={{**os.environ, "TMPDIR": {str(tmp_path)!r}}})
+        time.sleep(1)
+        left = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    stat = open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(stat[1]) == os.getpid():
+                    left.append(open(f"/proc/{{pid}}/cmdline").read().replace("\\0", " "))
+        print(json.dumps({{"code": code, "left": left}}))
+    """)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", reaper], capture_output=True, text=True, timeout=120)
+    outcome = __import__("json").loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["code"] == softroce.EXIT_TIMEOUT, result.stderr
+    assert "did not finish" in result.stderr or "time ran out" in result.stderr
+    assert outcome["left"] == []  # no QEMU adopted by the reaper: none outlived the tool
+    assert list(tmp_path.iterdir()) == []  # the job directory went with it
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.timeout(SESSION_TIMEOUT_S + 300)
+def test_every_rdma_case_passes_on_the_guest_s_device(guest, request):
+    """``pytest -m rdma`` in the guest: every case on an RDMA device (verbs, UCX over rc_verbs) runs and passes."""
+    chunks: list[bytes] = []
+    started = time.monotonic()
+    env = {"TENSOR_BENCH_REQUIRE_RDMA": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if not os.environ.get("TENSOR_BENCH_UCX_HOME"):
+        env["TENSOR_BENCH_UCX_HOME"] = "/usr"  # Debian's UCX with verbs, for the ucx fabric's rdma cases
+    code = guest.run([sys.executable, "-m", "pytest", "-q", "-m", "rdma", "-p", "no:cacheprovider", "-rfEs",
+                      "tests"], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env, output=chunks.append)
+    text = b"".join(chunks).decode(errors="replace")
+    counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", text)}
+    summary = (f"Soft-RoCE guest (rxe0): {counts.get('passed', 0)} RDMA cases passed, {counts.get('failed', 0)} "
+               f"failed, {counts.get('error', 0) + counts.get('errors', 0)} errors, {counts.get('skipped', 0)} "
+               f"skipped, in {time.monotonic() - started:.0f} s")
+    request.config.stash[SOFTROCE_SUMMARY] = summary
+    tail = "\n".join(text.splitlines()[-60:])
+    assert code == 0, f"{summary}\n{tail}"
+    assert counts.get("passed", 0) >= 400, f"{summary}: fewer RDMA cases than the suite has\n{tail}"
+    # skips inside a case (a transport without the feature a case is about) are allowed; none for want of a device
+    assert "no RDMA device" not in text and "rdma_missing" not in text, tail
+
