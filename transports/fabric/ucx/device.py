@@ -718,6 +718,8 @@ class UcxDevice(Device):
                                                              env.get("LD_LIBRARY_PATH")) if p)
         if FABRIC_TRANSPORTS[fabric_transport]:  # "auto" leaves UCX_TLS alone (unset, or the user's own)
             env["UCX_TLS"] = FABRIC_TRANSPORTS[fabric_transport]
+        for setting, value in cls._network_config(fabric_transport, ()).items():  # as the fabric's own devices
+            env.setdefault(f"UCX_{setting}", value)
         return Tool(name, path, env)
 
     @property
