@@ -10,6 +10,7 @@ import socket
 import struct
 
 from bench.launch.base import LaunchError
+from transports.fabric.rdma_devices import active_ports, read_devices
 
 _SIOCGIFADDR = 0x8915
 
@@ -52,8 +53,11 @@ def resolve_bind(bind: str | None, hostnames: list[str]) -> str:
 
 
 def ucx_devices(address: str) -> dict[str, str]:
-    """``UCX_NET_DEVICES`` for ranks listening on ``address``: UCX over tcp listens there too (unless set already)."""
+    """``UCX_NET_DEVICES`` for ranks listening on ``address`` (unless set already): UCX over tcp listens there
+    too, and the RDMA ports here stay usable (naming only the interface would shut UCX off them)."""
     if "UCX_NET_DEVICES" in os.environ:
         return {"UCX_NET_DEVICES": os.environ["UCX_NET_DEVICES"]}
     device = "lo" if ipaddress.ip_address(address).is_loopback else interface_of(address)
-    return {"UCX_NET_DEVICES": device} if device else {}
+    if not device:
+        return {}
+    return {"UCX_NET_DEVICES": ",".join([device, *(port.name for port in active_ports(read_devices()))])}
