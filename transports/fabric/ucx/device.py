@@ -677,7 +677,9 @@ class UcxDevice(Device):
             # without the RDMA ports in the list, naming the interfaces would shut UCX off RDMA
             config["NET_DEVICES"] = ",".join([*interfaces, *ports])
         soft_roce = any(device.kind == "Soft-RoCE" and any(port.active for port in device.ports) for device in devices)
-        if soft_roce and "UCX_UD_ETH_DGID_CHECK" not in os.environ and accepts_setting("UD_ETH_DGID_CHECK", "n"):
+        uses_ud = fabric_transport in ("auto", "rdma")  # shm and tcp have no UD (UCX warns of a setting unused)
+        if soft_roce and uses_ud and "UCX_UD_ETH_DGID_CHECK" not in os.environ \
+                and accepts_setting("UD_ETH_DGID_CHECK", "n"):
             # rxe (Soft-RoCE) fails UD's destination-GID check on its IPv4-mapped GIDs, so RC connections,
             # which UD sets up, never come up (UCX's "UD endpoint ... unhandled timeout error")
             config["UD_ETH_DGID_CHECK"] = "n"
