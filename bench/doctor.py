@@ -51,6 +51,8 @@ UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 UCX_VERBS_FIX = f"reinstall against a UCX with verbs ({UCX_HOME_VARIABLE}=/usr pip install -e .)"
 PYVERBS_FIX = ("pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), or apt install "
                "python3-pyverbs and tools/use-system-pyverbs .venv")
+NO_DRIVER_FIX = ("run where the kernel has RDMA support, or try the RDMA paths on Soft-RoCE in a QEMU guest: "
+                 "tools/softroce .venv/bin/bench doctor --fabric verbs")
 NO_DEVICE_FIX = ("load the NIC's driver (e.g. modprobe mlx5_ib), or add Soft-RoCE to try the RDMA paths: "
                  "modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0")
 PERFTEST = ("ib_write_bw", "ib_write_lat")
@@ -122,7 +124,8 @@ def rdma_checks(devices: list[RdmaDevice], missing: str | None, settings: RdmaSe
     why there is none. ``settings``: the RDMA_* variables, or the error reading them."""
     bad = _state(True, needs.rdma, needs.rdma_wanted)
     if missing is not None or not any(device.ports for device in devices):
-        return [Check("rdma", bad, f"none: {missing or f'no device under {root} has a port'}", NO_DEVICE_FIX)]
+        fix = NO_DRIVER_FIX if missing and "cannot load a driver" in missing else NO_DEVICE_FIX
+        return [Check("rdma", bad, f"none: {missing or f'no device under {root} has a port'}", fix)]
     checks = []
     if isinstance(settings, str):
         checks.append(Check("rdma settings", bad, settings, "correct or unset that variable"))

@@ -139,10 +139,18 @@ def sysfs_root(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(environ.get(SYSFS_VARIABLE) or DEFAULT_ROOT)
 
 
-def missing_reason(root: Path | None = None) -> str | None:
+def loads_modules(modules: Path = Path("/proc/modules")) -> bool:
+    """Whether this kernel can load modules (an RDMA driver, ``rdma_rxe``) at all."""
+    return modules.exists()
+
+
+def missing_reason(root: Path | None = None, modules: Path = Path("/proc/modules")) -> str | None:
     """Why there is no RDMA device to read at ``root``, or None when it holds devices."""
     root = sysfs_root() if root is None else root
     if not root.is_dir():
+        if not loads_modules(modules):
+            return (f"{root} does not exist: this kernel has no RDMA support built in and cannot load a driver "
+                    f"(no {modules})")
         return f"{root} does not exist (no RDMA driver loaded)"
     if not any(root.iterdir()):
         return f"{root} is empty (an RDMA driver is loaded, but it found no device)"
