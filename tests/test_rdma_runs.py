@@ -33,13 +33,13 @@ def bench(*args, timeout=1200):
 ])
 def test_micro_runs_on_the_device_beside_its_reference_lines(tmp_path, options, lines, carried):
     out = tmp_path / "run"
-    result = bench("micro", *options, "--sizes", "1KB,256KB", "--iters", "5", "--warmup", "2",
+    result = bench("micro", *options, "--sizes", "64KB", "--iters", "5", "--warmup", "1",
                    "--transports", "zerocopy,rdma_cp", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records.set_index(["transport", "size_bytes"])
     for line in lines:  # the fabric's own tools, on the same device
-        assert (line, 1024) in records.index, sorted(records.index)
-    for size in (1024, 256 << 10):
+        assert (line, 64 << 10) in records.index, sorted(records.index)
+    for size in (64 << 10,):
         zerocopy = records.loc[("zerocopy", size)]
         assert zerocopy["fabric"].startswith(carried), zerocopy["fabric"]  # RDMA carried it, nothing else
         assert zerocopy["copied_bytes_per_transfer"] == 0  # zero copy on the device
@@ -47,6 +47,7 @@ def test_micro_runs_on_the_device_beside_its_reference_lines(tmp_path, options, 
         assert records.loc[("rdma_cp", size), "copied_bytes_per_transfer"] == size  # the sender's one copy
 
 
+@pytest.mark.long  # three TensorFlow processes under emulation: about 3 minutes, left out of CI's session
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("options", [pytest.param(["--fabric", "verbs"], marks=fabric_marks("verbs"), id="verbs")])
 def test_model_trains_on_the_device(tmp_path, options):

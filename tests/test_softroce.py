@@ -109,16 +109,29 @@ def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
     assert time.monotonic() - started < 60
 
 
+def rdma_files() -> list[str]:
+    """The test modules that hold rdma cases, collected here: under emulation the guest then imports only those
+    (collecting every module there, TensorFlow's included, costs minutes)."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "rdma", "-p",
+                             "no:cacheprovider", "tests"], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "TENSOR_BENCH_REQUIRE_RDMA": "1"})
+    files = sorted({line.split("::", 1)[0] for line in listed.stdout.splitlines() if "::" in line})
+    assert files, f"no rdma cases collected:\n{listed.stdout[-2000:]}{listed.stderr[-2000:]}"
+    return files
+
+
 @pytest.mark.timeout(SESSION_TIMEOUT_S + 300)
 def test_every_rdma_case_passes_on_the_guest_s_device(guest, request):
-    """``pytest -m rdma`` in the guest: every case on an RDMA device (verbs, UCX over rc_verbs) runs and passes."""
+    """``pytest -m rdma`` in the guest: every case on an RDMA device (verbs, UCX over rc_verbs) runs and passes, but
+    those marked ``long`` (minutes each under emulation: run them with ``tools/softroce .venv/bin/pytest -m rdma``)."""
     chunks: list[bytes] = []
     started = time.monotonic()
     env = {"TENSOR_BENCH_REQUIRE_RDMA": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     if not os.environ.get("TENSOR_BENCH_UCX_HOME"):
         env["TENSOR_BENCH_UCX_HOME"] = "/usr"  # Debian's UCX with verbs, for the ucx fabric's rdma cases
-    code = guest.run([sys.executable, "-m", "pytest", "-q", "-m", "rdma", "-p", "no:cacheprovider", "-rfEs",
-                      "tests"], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env, output=chunks.append)
+    code = guest.run([sys.executable, "-m", "pytest", "-q", "-m", "rdma and not long", "-p", "no:cacheprovider",
+                      "-rfEs", *rdma_files()], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env,
+                     output=chunks.append)
     text = b"".join(chunks).decode(errors="replace")
     counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", text)}
     summary = (f"Soft-RoCE guest (rxe0): {counts.get('passed', 0)} RDMA cases passed, {counts.get('failed', 0)} "
@@ -127,7 +140,7 @@ def test_every_rdma_case_passes_on_the_guest_s_device(guest, request):
     request.config.stash[SOFTROCE_SUMMARY] = summary
     tail = "\n".join(text.splitlines()[-60:])
     assert code == 0, f"{summary}\n{tail}"
-    assert counts.get("passed", 0) >= 400, f"{summary}: fewer RDMA cases than the suite has\n{tail}"
+    assert counts.get("passed", 0) >= 300, f"{summary}: fewer RDMA cases than the suite has\n{tail}"
     # skips inside a case (a transport without the feature a case is about) are allowed; none for want of a device
     assert "no RDMA device" not in text and "rdma_missing" not in text, tail
 

@@ -447,18 +447,19 @@ class VerbsChannel(Channel):
             device._check_open()
             if self._error is not None:
                 raise FabricError(f"verbs: {what} on a failed connection: {self._error}")
-            works, regions, buffers = [], [], []
+            parts = []  # (work request, region, buffer): the unsignaled lead first
             if lead is not None and lead[0].nbytes:
-                work, region = self._work(device._pv.enums.IBV_WR_RDMA_WRITE, lead[0], lead[1], what, signaled=False)
-                works.append(work), regions.append(region), buffers.append(lead[0])
-            work, region = self._work(opcode, local, remote, what, imm=imm)
-            works.append(work), regions.append(region), buffers.append(local)
+                parts.append((*self._work(device._pv.enums.IBV_WR_RDMA_WRITE, lead[0], lead[1], what, signaled=False),
+                              lead[0]))
+            parts.append((*self._work(opcode, local, remote, what, imm=imm), local))
+            works = [work for work, _, _ in parts]
+            work = works[-1]
             self._take_slots(len(works), what)
         except FabricError as exc:
             future.set_exception(exc)
             return future
-        device._track(work.wr_id, _Pending(future, self, what, tuple(buffers), tuple(r for r in regions if r),
-                                           len(works)))
+        device._track(work.wr_id, _Pending(future, self, what, tuple(buffer for _, _, buffer in parts),
+                                           tuple(region for _, region, _ in parts if region), len(works)))
         try:
             with self._post_lock:
                 for posting in works:
