@@ -22,6 +22,7 @@ evaluating (evaluation is the benchmark's, not the training's).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -214,7 +215,7 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
                 progress = run_task(config, launcher, bar)
             except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
                 failures.append(f"{label}: {exc}")
-                bar.write(f"bench converge: error: {task.name} over {label}: {exc}")
+                bar.write(f"bench converge: error: {task.name} over {label}: {exc}", file=sys.stderr)
                 continue
         common["fabric"] = fabric.label(progress.fabric)
         for row in step_records(common, progress.losses, progress.starts):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -200,7 +201,7 @@ class Trainings:
                 except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
                     self.failures.append(f"{what}: {exc}")
                     bar.write(f"bench {self.experiment}: error: {model} over {choice.label}, batch {batch}, "
-                              f"{servers} server(s): {exc}")
+                              f"{servers} server(s): {exc}", file=sys.stderr)
                 else:
                     self.writer.add(record)
                     if samples is not None:

@@ -200,7 +200,7 @@ class Sweep:
         except MicroError as exc:
             self.failures.append(str(exc))
             self.failed.add(choice.label)
-            bar.write(f"bench micro: error: {exc}")
+            bar.write(f"bench micro: error: {exc}", file=sys.stderr)
         bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
 
 
