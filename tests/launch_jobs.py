@@ -93,3 +93,26 @@ def link_traffic(ctx):
         thread.join()
     after = ctx.link_bytes()
     return {"address": ctx.cluster.addresses[ctx.rank], "received": after[1] - before[1], "got": got[0]}
+
+
+def fail_after_telling(ctx):
+    """Rank 1 tells rank 0 it is going, then fails of its own; rank 0 fails on hearing it (as on a vanished peer)."""
+    from transports import PeerError
+
+    if ctx.rank == 1:
+        ctx.send_to(0, "going")
+        time.sleep(0.5)
+        raise ValueError("rank 1 broke of its own")
+    ctx.receive()
+    raise PeerError("rank 1 closed its connection")
+
+
+def stop_self(ctx):
+    """Report this process's pid, then stop it (SIGSTOP: its heartbeats stop too); nothing continues it."""
+    ctx.report(("pid", os.getpid()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def wait_for_anything(ctx):
+    ctx.report(("pid", os.getpid()))
+    return ctx.receive()

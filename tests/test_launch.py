@@ -89,6 +89,27 @@ def test_a_silent_run_ends_after_its_timeout_naming_the_ranks(local):
         local.run([RankSpec(jobs.silent, "quiet")], 3)
 
 
+def test_a_rank_that_fails_of_its_own_is_the_cause_not_the_peer_that_failed_on_it(local):
+    # rank 0's failure (a consequence) reaches the coordinator first; rank 1 said it failed, then exited 0
+    with pytest.raises(RankFailed) as failed:
+        local.run([RankSpec(jobs.fail_after_telling, "waiter"), RankSpec(jobs.fail_after_telling, "bad")], BOUND_S)
+    message = str(failed.value)
+    assert message.startswith("rank 1 (bad) failed: ValueError: rank 1 broke of its own"), message
+    assert "died" not in message and "exit code" not in message, message
+    assert failed.value.rank == 1 and failed.value.kind == "failed"
+
+
+def test_a_rank_that_stops_answering_is_named_as_the_silent_one(local):
+    pids = []
+    with pytest.raises(RankFailed) as failed:
+        local.run([RankSpec(jobs.wait_for_anything, "waiter"), RankSpec(jobs.stop_self, "stopped")], 10,
+                  on_report=lambda rank, payload: pids.append(payload[1]))
+    message = str(failed.value)
+    assert message.startswith("rank 1 (stopped) stopped answering: nothing from its process for"), message
+    assert failed.value.rank == 1 and failed.value.kind == "silent"
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
 def test_a_rank_that_cannot_start_is_named_with_its_log():
     with create("local") as launcher, pytest.raises(RankFailed, match=r"rank 0 \(broken\) (failed|died)") as failed:
         launcher.run([RankSpec(functools.partial(jobs.hello, missing=1), "broken")], BOUND_S)

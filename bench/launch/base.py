@@ -16,7 +16,13 @@ reports (progress, measurements), relayed messages between ranks, and at the end
 result and its peak memory, or its error. The connection is also how each side learns that the
 other is gone: a rank whose coordinator vanished exits at once, and a rank whose connection ends
 before its result is reported as dead, by name. A run also ends, naming the ranks that have not
-finished, when no rank has said anything for ``timeout_s``.
+finished, when no rank has said anything for ``timeout_s``; every rank's process sends a heartbeat
+meanwhile (which is not progress), so the one that stopped answering (stopped, or stuck holding
+Python's lock) is named as the silent one, not the healthy ranks waiting on it.
+
+When several ranks fail, one is the cause: a rank that died (its process ended without a word) before
+any that failed; then the first failure that is the rank's own, not a peer's that vanished or a wait
+that ran out; the others follow it in the message ("; then ...").
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ _POLL_S = 0.2
 _STOP_GRACE_S = 30.0
 #: seconds a rank's failure waits for another rank's death to show, which would be its cause
 CAUSE_GRACE_S = 3.0
+#: seconds between a rank process's heartbeats
+HEARTBEAT_S = 1.0
 
 
 class LaunchError(RuntimeError):
@@ -67,6 +75,7 @@ class RankFailed(LaunchError):
         self.rank = rank
         self.name = name
         self.kind = kind
+        self.waited = False  # a failure that followed from another rank's (see Failed)
 
     def with_log(self, tail: str) -> RankFailed:
         """The same failure, ending with the end of the rank's log."""
@@ -151,9 +160,19 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """rank -> coordinator, last: the job raised."""
+    """rank -> coordinator, last: the job raised.
+
+    ``waited``: the error is a consequence of another rank (a peer that vanished or refused, a wait that ran
+    out), so another rank's own failure, if there is one, is the cause.
+    """
 
     error: str
+    waited: bool = False
+
+
+@dataclass(frozen=True)
+class Alive:
+    """rank -> coordinator, every HEARTBEAT_S: the rank's process is running (not progress)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +181,14 @@ class Stop:
 
 
 # -- process helpers --------------------------------------------------------------------------
+
+
+def waited_on_others(exc: BaseException) -> bool:
+    """Whether a job's error is a consequence of another rank: a peer that failed, vanished or timed out."""
+    from transports import PeerError, TransportClosed, TransportTimeout
+
+    return isinstance(exc, PeerError | TransportTimeout | TransportClosed | TimeoutError) or (
+        isinstance(exc, LaunchError) and not isinstance(exc, RankFailed))
 
 
 def describe_error(exc: BaseException) -> str:
@@ -286,14 +313,22 @@ def serve_rank(conn: Connection, rank: int, in_own_process: bool) -> None:
                     os._exit(0)
                 return
 
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            try:
+                ctx._send(Alive())
+            except OSError:
+                return
+
     threading.Thread(target=listen, name=f"rank-{rank}-hub", daemon=True).start()
+    threading.Thread(target=beat, name=f"rank-{rank}-heartbeat", daemon=True).start()
     reset_peak_rss()
     try:
         result = assignment.spec.job(ctx)
     except BaseException as exc:  # the coordinator decides what a failure means
         done.set()
         with contextlib.suppress(OSError):
-            ctx._send(Failed(describe_error(exc)))
+            ctx._send(Failed(describe_error(exc), waited_on_others(exc)))
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         return
@@ -383,6 +418,8 @@ class _RankState:
     conn: Connection | None = None
     result: RankResult | None = None
     pending: list[Relay] = field(default_factory=list)  # relayed before the rank connected
+    heard_at: float | None = None  # time.monotonic() of its last message, heartbeats included
+    failure: RankFailed | None = None  # its job raised (the run ends; one failure is named the cause)
 
 
 def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: float,
@@ -418,21 +455,16 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
                     continue
                 if isinstance(message, Report):
                     silence_s = timeout_s  # the run is under way
-                deadline = time.monotonic() + silence_s
-                try:
-                    _handle(rank, message, states, on_report)
-                except RankFailed as failed:
-                    raise _root_cause(failed, states, exited) from None
+                if not isinstance(message, Alive):
+                    deadline = time.monotonic() + silence_s
+                _handle(rank, message, states, on_report)
+                if states[rank].failure is not None:
+                    raise _root_cause(states[rank].failure, states, exited, on_report) from None
             for rank, how in exited().items():
                 if states[rank].result is None and not _has_unread(states[rank]):
                     raise RankFailed(rank, states[rank].spec.name, f"died ({how})", "died")
             if time.monotonic() > deadline:
-                silent = [f"rank {i} ({s.spec.name})" for i, s in enumerate(states)
-                          if s.result is None and not s.spec.service]
-                first = next(i for i, s in enumerate(states) if s.result is None and not s.spec.service)
-                raise RankFailed(first, states[first].spec.name,
-                                 f"did not finish: no rank said anything for {silence_s:g} s "
-                                 f"(still running: {', '.join(silent)})", "silent")
+                raise _fell_silent(states, silence_s)
         _stop_services(hub, states, by_conn, cluster, on_report, link_interface)
     finally:
         for conn in list(by_conn):
@@ -440,21 +472,65 @@ def coordinate(hub: Hub, ranks: list[RankSpec], cluster: Cluster, timeout_s: flo
     return [s.result for s in states]
 
 
-def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[], dict[int, str]],
-                grace_s: float = CAUSE_GRACE_S) -> RankFailed:
-    """A rank that died is the cause of the others' failures (they fail when their peer is gone): name it.
+def _fell_silent(states: list[_RankState], silence_s: float) -> RankFailed:
+    """No progress for ``silence_s``: name the rank whose process stopped answering, else the first still running.
 
-    A killed process closes its sockets before the kernel reports it dead (its memory, then its files,
-    then its exit), and a big process on a busy machine takes a while over it: its peers can fail and
-    say so before it is seen to be gone. So a failure waits up to ``grace_s`` for a death to show.
+    A rank whose heartbeats stopped too (stopped, or stuck holding Python's lock) is what the others wait on;
+    when every process still beats, nobody is at fault alone (a deadlock, or a wait longer than the timeout).
     """
+    now = time.monotonic()
+    running = [i for i, s in enumerate(states) if s.result is None and not s.spec.service]
+    still = ", ".join(f"rank {i} ({states[i].spec.name})" for i in running)
+    quiet = [(now - s.heard_at, i) for i, s in enumerate(states)
+             if s.result is None and s.heard_at is not None and now - s.heard_at > max(3 * HEARTBEAT_S, silence_s / 2)]
+    if quiet:
+        age, rank = max(quiet)
+        return RankFailed(rank, states[rank].spec.name,
+                          f"stopped answering: nothing from its process for {age:.0f} s (stopped, or hung "
+                          f"holding Python's lock?), and no rank made progress for {silence_s:g} s "
+                          f"(still running: {still})", "silent")
+    return RankFailed(running[0], states[running[0]].spec.name,
+                      f"did not finish: no rank said anything for {silence_s:g} s (still running: {still})",
+                      "silent")
+
+
+def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[], dict[int, str]],
+                on_report: Callable[[int, Any], None] = lambda rank, payload: None,
+                grace_s: float = CAUSE_GRACE_S) -> RankFailed:
+    """One failure, one cause: a rank that died, else the first failure that is a rank's own; the rest follow.
+
+    A rank that died is the cause of the others' failures (they fail when their peer is gone). A killed process
+    closes its sockets before the kernel reports it dead (its memory, then its files, then its exit), and a big
+    process on a busy machine takes a while over it: its peers can fail and say so before it is seen to be
+    gone (and a failure that looks like a rank's own, a library's "connection reset", may be one). So every
+    failure waits up to ``grace_s`` for a death to show, reading meanwhile what the others say. A rank whose
+    process ended after it said it failed (exit code 0) did not die: what it said is read first.
+    """
+    failures = [failed]
     end = time.monotonic() + grace_s
     while True:
+        for state in states:  # what the others said before they went: their failures
+            while state.failure is None and state.result is None and _has_unread(state):
+                try:
+                    _handle(states.index(state), state.conn.recv(), states, on_report)
+                except (EOFError, OSError):
+                    break
+            if state.failure is not None and state.failure not in failures:
+                failures.append(state.failure)
         for rank, how in exited().items():
-            if rank != failed.rank and states[rank].result is None:
-                return RankFailed(rank, states[rank].spec.name, f"died ({how}); then {failed}", "died")
-        if time.monotonic() > end:
-            return failed
+            state = states[rank]
+            if rank != failed.rank and state.result is None and state.failure is None and not _has_unread(state):
+                return RankFailed(rank, state.spec.name, f"died ({how}); then {failed}", "died")
+        if time.monotonic() > end:  # no death showed: the first failure of a rank's own, else the first
+            own = [f for f in failures if not f.waited]
+            cause = (own or failures)[0]
+            then = "".join(f"; then {f}" for f in failures if f is not cause)
+            if not then:
+                return cause
+            named = RankFailed(cause.rank, cause.name, "", cause.kind)
+            named.args = (f"{cause}{then}",)
+            named.waited = cause.waited
+            return named
         time.sleep(0.05)
 
 
@@ -498,6 +574,9 @@ def _admit(hub: Hub, states: list[_RankState], by_conn: dict[Connection, int], c
 
 def _handle(rank: int, message: Any, states: list[_RankState], on_report: Callable[[int, Any], None]) -> None:
     state = states[rank]
+    state.heard_at = time.monotonic()
+    if isinstance(message, Alive):
+        return
     if isinstance(message, Report):
         on_report(rank, message.payload)
     elif isinstance(message, Relay):
@@ -514,7 +593,8 @@ def _handle(rank: int, message: Any, states: list[_RankState], on_report: Callab
     elif isinstance(message, Finished):
         state.result = RankResult(rank, state.spec.name, message.result, message.peak_rss_mb)
     elif isinstance(message, Failed):
-        raise RankFailed(rank, state.spec.name, f"failed: {message.error}")
+        state.failure = RankFailed(rank, state.spec.name, f"failed: {message.error}")
+        state.failure.waited = message.waited
 
 
 def _stop_services(hub: Hub, states: list[_RankState], by_conn: dict[Connection, int], cluster: Cluster,
@@ -539,6 +619,8 @@ def _stop_services(hub: Hub, states: list[_RankState], by_conn: dict[Connection,
                 _handle(rank, conn.recv(), states, on_report)
             except (EOFError, OSError):  # gone without a word: its peak memory is unknown
                 states[rank].result = RankResult(rank, states[rank].spec.name, None, float("nan"))
+            if states[rank].failure is not None:
+                raise states[rank].failure
     for rank in services:
         if states[rank].result is None:
             states[rank].result = RankResult(rank, states[rank].spec.name, None, float("nan"))
