@@ -87,6 +87,12 @@ def test_single_message_transfer_copies_three_times():
         (lambda m: TensorChunk(dtype="<f4", shape=[3], total_bytes=99).SerializeToString(), "does not match"),
         (lambda m: TensorChunk(dtype="O", shape=[1], total_bytes=8).SerializeToString(), "Python objects"),
         (lambda m: TensorChunk(dtype="nonsense", shape=[1], total_bytes=8).SerializeToString(), "unknown dtype"),
+        # numpy's parser raises SyntaxError and ValueError too (they escaped the receiver before)
+        (lambda m: TensorChunk(dtype="f4,,", shape=[1], total_bytes=8).SerializeToString(), "unknown dtype"),
+        (lambda m: TensorChunk(dtype="(1000000000,1000000000)f4", shape=[1], total_bytes=8).SerializeToString(),
+         "unknown dtype"),
+        (lambda m: TensorChunk(dtype="f4,i4", shape=[1], total_bytes=8).SerializeToString(), "structured dtype"),
+        (lambda m: TensorChunk(dtype="<f4", shape=[2**32, 2**32], total_bytes=0).SerializeToString(), "spans more"),
         (lambda m: TensorChunk(dtype="<f4", shape=[2], total_bytes=8, offset=4, content=b"12345678")
          .SerializeToString(), "outside the tensor"),
         (lambda m: b"\x0f", "wire type"),

@@ -21,6 +21,11 @@ the payload in user space, per transfer:
   (plus one assembling copy when the tensor came in several chunks).
 
 All of them are recorded in the ledger.
+
+The receiver trusts no sender's description of a tensor: before it allocates, the dtype, shape and size
+a chunk announces must be consistent, within this machine's memory, and (for a tensor the plan gives a
+shape) exactly the planned ones (``wire.py``); anything else fails that receive with a PeerError naming
+the sender, and the transport goes on.
 """
 
 from __future__ import annotations
@@ -326,7 +331,10 @@ class GrpcTcpTransport(Transport):
             metadata=self._metadata,
             wait_for_ready=True,
         )
-        assembler = TensorAssembler(self.ledger)
+        spec = self.specs.get((key.name, key.src, key.dst))
+        # as zerocopy's static placement: a tensor the plan gives a shape must arrive as planned
+        planned = (spec.dtype, spec.shape) if spec is not None and spec.shape is not None else None
+        assembler = TensorAssembler(self.ledger, expected=planned)
         error: TransportError | None = None
         try:
             async for message in call:
@@ -339,7 +347,7 @@ class GrpcTcpTransport(Transport):
             else:
                 error = PeerError(f"grpc_tcp: recv of {key} from {peer} failed: {exc.code().name}: {exc.details()}")
         except WireError as exc:
-            error = PeerError(f"grpc_tcp: {peer} sent a malformed message for {key}: {exc}")
+            error = PeerError(f"grpc_tcp: refused what {peer} sent for {key}: {exc}")
         except BaseException:
             call.cancel()  # cancelled (the caller gave up, or close()): the sender learns at once
             raise
@@ -347,7 +355,7 @@ class GrpcTcpTransport(Transport):
             # raised outside the handler, with the call finished and dropped: neither the error's
             # traceback nor its context keeps gRPC's call (and with it the connection) alive
             call.cancel()
-            del call
+            del call, assembler  # nor does the half-built tensor stay alive with the error
             raise error
         # grpcio copied the payload out of its slices into the message bytes
         self.ledger.add(

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from transports.base import Ledger
+from transports.base import Ledger, dtype_problem
+from transports.grpc_rdma.transport import memory_bytes  # the fabric transports' bound, reused
 from transports.grpc_tcp.tensor_pb2 import TensorChunk
 
 # protobuf and gRPC cap one message below 2 GiB; chunks stay well under it.
@@ -32,6 +33,9 @@ MAX_CHUNK_BYTES = 1 << 30
 DEFAULT_CHUNK_BYTES = 16 << 20
 CONTENT_ALIGNMENT = 64
 
+#: the most dimensions a received tensor may have: what this numpy can build (NPY_MAXDIMS)
+MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+
 _PADDING_TAG = bytes([7 << 3 | 2])
 _CONTENT_TAG = bytes([8 << 3 | 2])
 _CONTENT_FIELD = 8
@@ -39,7 +43,8 @@ _LENGTH_DELIMITED = 2
 
 
 class WireError(ValueError):
-    """A message that is not a well-formed tensor chunk."""
+    """A message this receiver does not accept: not a well-formed tensor chunk, one describing a tensor
+    it cannot hold, or not the tensor its plan expects."""
 
 
 def _varint(value: int) -> bytes:
@@ -106,8 +111,14 @@ class Chunk:
     content: memoryview
 
 
-def decode_chunk(message: bytes) -> Chunk:
-    """Parse one message; the content stays a view of ``message`` (no copy)."""
+def decode_chunk(message: bytes, limit: int | None = None) -> Chunk:
+    """Parse one message; the content stays a view of ``message`` (no copy).
+
+    The tensor it describes is checked before anyone allocates for it: a dtype that can travel as raw
+    bytes, a shape numpy can build whose size (:func:`shape_bytes`) is at most ``limit`` bytes (default:
+    this machine's memory) and is the ``total_bytes`` announced, and content within those bytes.
+    """
+    limit = memory_bytes() if limit is None else limit
     buf = memoryview(message)
     header = bytearray()
     content = memoryview(b"")
@@ -142,14 +153,12 @@ def decode_chunk(message: bytes) -> Chunk:
         raise WireError(f"malformed tensor chunk: {exc}") from exc
     try:
         dtype = np.dtype(fields.dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses comma lists and sub-array shapes too
         raise WireError(f"unknown dtype {fields.dtype!r}") from exc
-    if dtype.hasobject:
-        raise WireError(f"dtype {fields.dtype!r} holds Python objects and cannot be transferred")
+    if (problem := dtype_problem(dtype)) is not None:
+        raise WireError(problem)
     shape = tuple(fields.shape)
-    if any(d < 0 for d in shape):
-        raise WireError(f"negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = shape_bytes(dtype, shape, limit)
     if fields.total_bytes != expected:
         raise WireError(f"total_bytes {fields.total_bytes} does not match {dtype} {shape} ({expected} bytes)")
     if fields.offset < 0 or fields.offset + len(content) > expected:
@@ -157,23 +166,53 @@ def decode_chunk(message: bytes) -> Chunk:
     return Chunk(dtype, shape, expected, fields.offset, content)
 
 
-class TensorAssembler:
-    """Rebuilds a tensor from its chunks; a single-chunk tensor is a zero-copy view."""
+def shape_bytes(dtype: np.dtype, shape: tuple[int, ...], limit: int) -> int:
+    """The bytes of a ``dtype`` tensor of ``shape`` a peer announced, checked so that numpy can build it
+    and this receiver can hold it: at most :data:`MAX_DIMS` dimensions, none negative, and the product of
+    the item size and the non-zero dimensions (what numpy checks, even for an empty tensor) at most
+    ``limit``. Multiplied in Python integers, stopping past ``limit``: nothing wraps around."""
+    if len(shape) > MAX_DIMS:
+        raise WireError(f"a shape of {len(shape)} dimensions, more than the {MAX_DIMS} numpy supports")
+    extent = dtype.itemsize
+    for d in shape:
+        if d < 0:
+            raise WireError(f"negative dimension in shape {shape}")
+        extent *= d or 1
+        if extent > limit:
+            break
+    if extent > limit:
+        raise WireError(f"{dtype.str} {shape} spans more than the {limit} bytes this receiver can hold")
+    return 0 if 0 in shape else extent
 
-    def __init__(self, ledger: Ledger) -> None:
+
+class TensorAssembler:
+    """Rebuilds a tensor from its chunks; a single-chunk tensor is a zero-copy view.
+
+    Every chunk is checked (:func:`decode_chunk`: at most ``limit`` bytes, by default this machine's
+    memory) before it is stored, and the first one, which sizes the buffer, also against ``expected``
+    (the plan's dtype and shape, if it has them).
+    """
+
+    def __init__(self, ledger: Ledger, *, limit: int | None = None,
+                 expected: tuple[np.dtype, tuple[int, ...]] | None = None) -> None:
         self._ledger = ledger
+        self._limit = memory_bytes() if limit is None else limit
+        self._expected = expected
         self._first: Chunk | None = None
         self._buffer: np.ndarray | None = None
         self._single: memoryview | None = None
         self._filled = 0
 
     def add(self, message: bytes) -> None:
-        chunk = decode_chunk(message)
+        chunk = decode_chunk(message, self._limit)
         if self._first is not None and self._filled == self._first.total_bytes:
             raise WireError(f"a chunk arrived after all {self._filled} bytes of the tensor")
         if not chunk.content and chunk.total_bytes:
             raise WireError(f"an empty chunk at offset {chunk.offset} of a tensor of {chunk.total_bytes} bytes")
         if self._first is None:
+            if self._expected is not None and (chunk.dtype, chunk.shape) != self._expected:
+                dtype, shape = self._expected
+                raise WireError(f"it is {chunk.dtype.str} {chunk.shape}, where the plan says {dtype.str} {shape}")
             self._first = chunk
         elif (chunk.dtype, chunk.shape) != (self._first.dtype, self._first.shape):
             raise WireError("chunks of one tensor disagree on its dtype or shape")
