@@ -153,22 +153,29 @@ def scale_record(record: ModelRecord, singles: dict[tuple, float]) -> ScaleRecor
 
 def soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[SoakRecord]:
     """The ``soak`` rows of a training run with ``check`` on: one per process (worker, PS), with tensors sent,
-    received, corrupted and lost, and resident memory at the start of the timed steps and at the end."""
+    received, corrupted and lost, and resident memory (the process's :class:`~bench.stats.MemoryVerdict`: once
+    settled, at the end, and its trend's growth in between)."""
     step_time = summarize(config, outcome)["step_time_s"]
     layout = Layout(config.servers)
     rows = []
     for rank, (role, times) in sorted(outcome.items()):
         check = times.extra["check"]
+        memory = check["memory"]
         server = rank if role == "worker" else rank - layout.servers
         rows.append(SoakRecord(phase="model", transport=config.label or config.transport, model=config.model,
                                process=f"{role} {server}", seconds=times.total,
                                transfers=config.warmup + config.steps, tensors_sent=check["tensors_sent"],
                                tensors_received=check["tensors_received"], corrupted=check["corrupted"],
-                               lost=check["lost"], rss_start_mb=check["rss_start_mb"],
-                               rss_end_mb=check["rss_end_mb"],
-                               rss_growth_mb=check["rss_end_mb"] - check["rss_start_mb"], step_time_s=step_time,
+                               lost=check["lost"], rss_start_mb=memory.start_mb, rss_end_mb=memory.end_mb,
+                               rss_growth_mb=memory.growth_mb, step_time_s=step_time,
                                fabric=fabric.label(times.extra.get("fabric"))))
     return rows
+
+
+def soak_memory(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[Any]:
+    """Each process's :class:`~bench.stats.MemoryVerdict` of a training run with ``check`` on, in the order of
+    :func:`soak_records`' rows."""
+    return [times.extra["check"]["memory"] for _, (_, times) in sorted(outcome.items())]
 
 
 # -- bench model and bench scale: every model x batch size x transport x server count -----------------------

@@ -2,15 +2,20 @@
 duration is split evenly over transports and sizes; 10 minutes in all by default), then --steps steps of 'bench
 model MODEL' (1 server; not for 'local', which sends nothing). The content of every tensor received is checked:
 the micro-benchmark's receiver compares every element with what the sender wrote; in training each tensor's
-CRC-32 travels beside it (through the launcher) and is checked on arrival. records.csv has one row per process of
-each point: tensors sent, received, corrupted (must be 0), lost (must be 0), and resident memory at the start and
-end (meta.json: the totals, and this process's own memory). Exit status 1 if any tensor was corrupted or lost or
-a run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10 minutes of
-transfers, then 1000 training steps per transport); '--duration 20s --steps 20' is a quick look."""
+CRC-32 travels beside it (through the launcher) and is checked on arrival. Every process samples its resident
+memory as it goes, and the soak keeps nothing that grows with the transfers (streaming statistics, a bounded
+trace), so memory can only grow when something leaks: after settling (the first minute of a point or training
+run, or its first third when shorter), a process leaks when the trend of its memory rises more than 2 MB.
+records.csv has one row per process of each point: tensors sent, received, corrupted (must be 0), lost (must be
+0), and resident memory once settled, at the end, and its growth in between (meta.json: the totals, every
+process's memory verdict, and this process's own). Exit status 1 if any tensor was corrupted or lost, a process
+leaked or a run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10
+minutes of transfers, then 1000 training steps per transport); '--duration 20s --steps 20' is a quick look."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from bench import options
@@ -40,13 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
-    """Every transport's micro-benchmark and a training run, every tensor checked."""
+    """Every transport's micro-benchmark and a training run, every tensor checked, every process's memory judged."""
     from bench.launch import LaunchError
-    from bench.memory import rss_mb
-    from bench.micro import MicroError, Point, run_transport, soak_records
+    from bench.micro import Point
     from bench.runtime.ps import TrainConfig
     from bench.sizes import format_size
-    from bench.training import TrainingError, prepare, train
+    from bench.soak import SoakError, run_transport, soak_records
+    from bench.stats import LeakCriterion, RssTrace
+    from bench.training import TrainingError, prepare, soak_memory, train
     from bench.training import soak_records as model_soak_records
 
     chosen = args.transports or options.default_choices()
@@ -56,9 +62,11 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     share = args.duration / (len(chosen) * len(args.sizes))
     points = [Point(size, warmup=10, iters=0, seconds=share, check=True) for size in args.sizes]
     trained = [choice for choice in chosen if args.steps and not choice.is_local]
+    criterion = LeakCriterion()
     settings = {"transports": options.labels(chosen), "sizes": args.sizes, "seconds_per_point": share,
                 "model": model, "steps": args.steps, "batch_size": args.batch_size, "compute": args.compute,
-                "timeout_s": args.timeout, **options.fabric_settings(args, launcher)}
+                "timeout_s": args.timeout, "leak_criterion": dataclasses.asdict(criterion),
+                **options.fabric_settings(args, launcher)}
     writer = open_run(args.out, "soak", settings, launcher)
     if writer is None:
         return options.EXIT_USAGE
@@ -67,12 +75,12 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
           f"{share:g} s each, then {args.steps} steps of {model} over "
           f"{', '.join(options.labels(trained)) or 'none'} -> {out}", flush=True)
     failures: list[str] = []
-    rows: list[Any] = []
-    own_rss = {"start": round(rss_mb(), 1)}  # this process's (the coordinator's); the ranks' are in the records
+    rows: list[tuple[Any, Any]] = []  # (record, its process's memory verdict)
+    own = RssTrace().start()  # this process's (the coordinator's); the ranks' are in the records
 
-    def record(row: Any) -> None:
+    def record(row: Any, memory: Any) -> None:
         writer.add(row)
-        rows.append(row)
+        rows.append((row, memory))
 
     try:
         for choice in chosen:
@@ -80,8 +88,10 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
             try:
                 run_transport(choice.label, points, choice.constructor_options(args, launcher), launcher,
                               lambda point, sender, receiver, label=choice.label: [
-                                  record(row) for row in soak_records(label, point, sender, receiver)])
-            except MicroError as exc:
+                                  record(row, side.memory) for row, side in
+                                  zip(soak_records(label, point, sender, receiver), (sender, receiver), strict=True)],
+                              criterion)
+            except SoakError as exc:
                 failures.append(str(exc))
                 options.fail("soak", str(exc))
         for choice in trained:
@@ -93,31 +103,52 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
                 config = prepare(config, launcher)
                 config.transport_options = choice.constructor_options(args, launcher)
                 config.transport_options.pop("timeout_s")  # the runtime's timeout is the config's
-                for row in model_soak_records(config, train(config, launcher)["outcome"]):
-                    record(row)
+                outcome = train(config, launcher)["outcome"]
+                for row, memory in zip(model_soak_records(config, outcome), soak_memory(config, outcome), strict=True):
+                    record(row, memory)
             except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
                 failures.append(f"{model} over {choice}: {exc}")
                 options.fail("soak", f"{model} over {choice}: {exc}")
     except KeyboardInterrupt as exc:
+        own.stop()
         return interrupted(writer, "soak", "the points checked", exc, failures=failures, launcher=launcher.describe())
     except BaseException as exc:
+        own.stop()
         failed(writer, failures, exc, launcher=launcher.describe())
         raise
-    bad = [row for row in rows if row.corrupted or row.lost]
-    totals = {key: sum(int(getattr(row, key)) for row in rows) for key in ("tensors_sent", "corrupted", "lost")}
-    own_rss["end"] = round(rss_mb(), 1)
-    writer.finish("failed" if failures or bad else "complete", failures=failures, launcher=launcher.describe(),
-                  coordinator_rss_mb=own_rss, **totals)
+    own.stop()
+    coordinator = own.judge(criterion)
+    bad = [row for row, _ in rows if row.corrupted or row.lost]
+    leaks = [f"{row.transport} {row.phase} {_what(row, format_size)} {row.process}" for row, memory in rows
+             if memory.leak] + (["the coordinator (bench)"] if coordinator.leak else [])
+    totals = {key: sum(int(getattr(row, key)) for row, _ in rows) for key in ("tensors_sent", "corrupted", "lost")}
+    memory = [{"transport": row.transport, "phase": row.phase, "what": _what(row, format_size),
+               "process": row.process, **verdict.as_dict()} for row, verdict in rows]
+    writer.finish("failed" if failures or bad or leaks else "complete", failures=failures,
+                  launcher=launcher.describe(), coordinator_rss_mb={"start": round(coordinator.first_mb, 1),
+                                                                    "end": round(coordinator.end_mb, 1)},
+                  memory=memory, coordinator_memory=coordinator.as_dict(), leaks=leaks, **totals)
     print(f"\n{'transport':18} {'phase':5} {'size/model':>10} {'process':>9} {'sent':>9} {'received':>9} "
-          f"{'corrupt':>7} {'lost':>5} {'RSS MB start':>12} {'end':>8}")
-    for row in rows:
-        what = format_size(int(row.size_bytes)) if row.phase == "micro" else row.model
-        print(f"{row.transport:18} {row.phase:5} {what:>10} {row.process:>9} {row.tensors_sent:>9} "
-              f"{row.tensors_received:>9} {row.corrupted:>7} {row.lost:>5} {row.rss_start_mb:>12.1f} "
-              f"{row.rss_end_mb:>8.1f}")
+          f"{'corrupt':>7} {'lost':>5} {'RSS MB first':>12} {'settled':>8} {'end':>8} {'growth':>7} {'range':>6} "
+          f"{'judged s':>8}  memory")
+    for row, verdict in rows:
+        print(f"{row.transport:18} {row.phase:5} {_what(row, format_size):>10} {row.process:>9} {row.tensors_sent:>9} "
+              f"{row.tensors_received:>9} {row.corrupted:>7} {row.lost:>5} " + _memory_columns(verdict))
     print(f"{'(this process)':18} {'':5} {'':>10} {'bench':>9} {'':>9} {'':>9} {'':>7} {'':>5} "
-          f"{own_rss['start']:>12.1f} {own_rss['end']:>8.1f}")
-    print(f"\n{totals['tensors_sent']} tensors sent, {totals['corrupted']} corrupted, {totals['lost']} lost"
-          + (f"; {len(failures)} run(s) failed" if failures else ""))
+          + _memory_columns(coordinator))
+    print(f"\n{totals['tensors_sent']} tensors sent, {totals['corrupted']} corrupted, {totals['lost']} lost, "
+          f"{len(leaks)} process(es) leaking (memory's trend rose more than {criterion.tolerance_mb:g} MB after "
+          f"settling)" + (f"; {len(failures)} run(s) failed" if failures else ""))
+    for leak in leaks:
+        print(f"leak: {leak}")
     print(f"results: {out}")
-    return 1 if failures or bad else 0
+    return 1 if failures or bad or leaks else 0
+
+
+def _what(row: Any, format_size: Any) -> str:
+    return format_size(int(row.size_bytes)) if row.phase == "micro" else str(row.model)
+
+
+def _memory_columns(verdict: Any) -> str:
+    return (f"{verdict.first_mb:>12.1f} {verdict.start_mb:>8.1f} {verdict.end_mb:>8.1f} {verdict.growth_mb:>+7.2f} "
+            f"{verdict.range_mb:>6.2f} {verdict.judged_s:>8.0f}  {verdict.word}")

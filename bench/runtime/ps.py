@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 import transports
-from bench.memory import rss_mb
 from bench.runtime.analyzer import (
     Plan,
     Variable,
@@ -61,6 +60,7 @@ from bench.runtime.analyzer import (
     weight_key,
 )
 from bench.runtime.sites import AllocationSites
+from bench.stats import RssTrace
 from transports import Key, TensorSpec, fabric
 from transports.common import aligned_empty
 
@@ -287,7 +287,6 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             times = StepTimes()
             copies.bytes = 0
             stats0 = transport.stats()
-            times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
         values = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
         received = time.perf_counter()
@@ -311,7 +310,8 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             sites.misses_seen = misses
         done = time.perf_counter()
         times.total += done - started - evaluated
-        times.steps.append(done - started - evaluated)
+        if not config.check:  # the soak keeps no list that grows with its steps (its records want the mean)
+            times.steps.append(done - started - evaluated)
         times.compute += computed - received - evaluated
         times.comm += (received - started) + (done - computed)
         step += 1
@@ -516,7 +516,6 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
         if step == config.warmup:
             times = StepTimes()
             stats0 = transport.stats()
-            times.extra["rss_start_mb"] = rss_mb()
         started = time.perf_counter()
         if step in (0, config.warmup):  # no step before this one sent its values
             for variable in mine:
@@ -787,9 +786,9 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan(plan.specs(ctx.rank))
-        rss_start = rss_mb()
         if config.check:
             transport = CheckedTransport(transport, ctx, config.timeout_s)
+            memory = RssTrace().start()  # this process's memory through the run, sampled by a thread
         if ctx.rank < layout.servers:
             server = ctx.rank
             link: dict[str, Any] = {}
@@ -814,10 +813,9 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
             role = "ps"
         times.extra["fabric"] = transport.describe()
         if config.check:
+            memory.stop()
             # the ranks finish at about the same time: a notice still on its way has a second to arrive
-            # memory at the start of the timed steps (after warm-up built the model), else after the transport started
-            times.extra["check"] = {**transport.counts(), "rss_start_mb": times.extra.get("rss_start_mb", rss_start),
-                                    "rss_end_mb": rss_mb()}
+            times.extra["check"] = {**transport.counts(), "memory": memory.judge()}
     return role, times
 
 

@@ -1,0 +1,229 @@
+"""The soak's transfers (``bench soak``): the micro-benchmark's pairing, kept going for a time, in constant memory.
+
+A sender and a receiver (one process each; both in one process for ``local``) move one size after
+another, each for ``Point.seconds`` after its warm-up, as ``bench micro`` does (:mod:`bench.micro`):
+the receiver says it is ready for transfer ``i`` (through the coordinator), the sender reads the
+clock and sends, the receiver consumes the tensor (a reduce-max), reads the clock, then compares every
+element with what the sender wrote and counts the tensors that differ.
+
+Unlike ``bench micro`` neither side keeps a list of clock readings: a soak goes on for hours, and
+memory that grows with every transfer is what it exists to find. The receiver's ready signal for
+transfer ``i`` carries its two clock readings of transfer ``i - 1``, so the sender, which knows when it
+sent that one, adds the transfer's time to a :class:`~bench.stats.StreamingStats` (a fixed-size
+histogram) and forgets it. Each side samples its own resident memory into a bounded
+:class:`~bench.stats.RssTrace` as it goes and judges it at the end of the point
+(:class:`~bench.stats.LeakCriterion`): memory settles for the point's first minute (its first third
+when shorter), then its trend may rise at most 2 MB.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import transports
+from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.micro import (
+    PROGRESS_EVERY_S,
+    RECEIVER,
+    SENDER,
+    SILENCE_SLACK_S,
+    STARTUP_S,
+    PeerSignals,
+    Point,
+    Progress,
+    clock_ns,
+    content,
+    marker,
+)
+from bench.results import SoakRecord
+from bench.sizes import format_size
+from bench.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
+from transports import Cluster, Key, fabric
+
+
+class SoakError(RuntimeError):
+    """A transport's soak failed; the message names the transport and the rank."""
+
+
+@dataclass(frozen=True)
+class SoakSide:
+    """One side's account of one point: transfers (warm-up included), what the receiver found corrupted,
+    the sender's streaming statistics of the timed transfers, and this process's memory verdict."""
+
+    role: str
+    size_bytes: int
+    transfers: int
+    memory: MemoryVerdict
+    corrupted: int = 0
+    #: sender: µs from send to the receiver having consumed the tensor, and to ``recv`` returning
+    time_us: StreamingStats | None = None
+    transfer_us: StreamingStats | None = None
+    #: sender: seconds from the first timed send to the last transfer consumed
+    seconds: float = math.nan
+    fabric: dict[str, Any] | None = None
+
+
+def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None],
+                criterion: LeakCriterion) -> None:
+    """Send transfer after transfer as the receiver asks; time each one from the readings it sends back."""
+    for point in points:
+        spec = point.spec
+        trace = RssTrace()
+        trace.sample(force=True)
+        tensor = transport.allocate(spec)
+        tensor[...] = content(point)
+        time_us, transfer_us = StreamingStats(), StreamingStats()
+        first = t_send = last = 0
+        i = 0
+        while True:
+            kind, ready, received, done = ctrl.recv()  # the receiver's readings of transfer i - 1, if any
+            if received is not None and i - 1 >= point.warmup:
+                time_us.add((done - t_send) / 1e3)
+                transfer_us.add((received - t_send) / 1e3)
+                last = done
+            if kind == "done":
+                break
+            if ready != i:
+                raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
+                                   f"{format_size(point.size_bytes)}, it said {ready!r}")
+            tensor.flat[-1] = marker(i, point.dtype)
+            t_send = clock_ns()
+            if i == point.warmup:
+                first = t_send
+            transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
+            i += 1
+            trace.sample()
+        trace.sample(force=True)
+        report(SoakSide("sender", point.size_bytes, i, trace.judge(criterion), time_us=time_us,
+                        transfer_us=transfer_us, seconds=(last - first) / 1e9 if last else math.nan,
+                        fabric=transport.describe()))
+        del tensor
+
+
+def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None],
+                  criterion: LeakCriterion) -> None:
+    """Receive for each point's seconds after its warm-up, checking every element of every tensor."""
+    for point in points:
+        spec = point.spec
+        trace = RssTrace()
+        trace.sample(force=True)
+        expected = content(point).reshape(-1)[:-1]
+        corrupted = 0
+        readings: tuple[int, int] | tuple[None, None] = (None, None)
+        ends = math.inf
+        reported = time.monotonic()
+        i = 0
+        while i < point.warmup or time.monotonic() < ends:
+            if i == point.warmup:
+                ends = time.monotonic() + (point.seconds or 0.0)
+            ctrl.send(("ready", i, *readings))
+            tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
+            t_received = clock_ns()
+            largest = tensor.max()
+            t_done = clock_ns()
+            readings = (t_received, t_done)
+            wrong = (tensor.shape != spec.shape or largest != marker(i, point.dtype)
+                     or not np.array_equal(tensor.reshape(-1)[:-1], expected))
+            corrupted += bool(wrong)
+            del tensor
+            i += 1
+            trace.sample()
+            if (now := time.monotonic()) - reported >= PROGRESS_EVERY_S:  # the watchdog wants signs of life
+                report(Progress(point.size_bytes, i))
+                reported = now
+        ctrl.send(("done", i, *readings))
+        trace.sample(force=True)
+        report(SoakSide("receiver", point.size_bytes, i, trace.judge(criterion), corrupted=corrupted))
+
+
+def role_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
+    """A rank of the soak: rank 0 sends, rank 1 receives."""
+    with transports.create(transports.resolve(label)[0], **options) as transport:
+        transport.start(ctx.cluster, ctx.rank)
+        transport.plan([p.spec for p in points])
+        loop = sender_loop if ctx.rank == SENDER else receiver_loop
+        loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, criterion)
+
+
+def pair_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
+    """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
+    ctrl_send, ctrl_recv = mp.Pipe()
+    failures: list[BaseException] = []
+    pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
+    cluster = Cluster.on_loopback(2, token=ctx.cluster.token)
+
+    def role(loop, transport, ctrl) -> None:
+        try:
+            loop(transport, points, ctrl, ctx.report, criterion)
+        except BaseException as exc:
+            failures.append(exc)
+            ctrl.close()  # the other side must not wait for a signal that will never come
+
+    try:
+        for rank, transport in enumerate(pair):
+            transport.start(cluster, rank)
+            transport.plan([p.spec for p in points])
+        threads = [threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
+                   threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+    finally:
+        for transport in pair:
+            transport.close()
+
+
+def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
+                  on_point: Callable[[Point, SoakSide, SoakSide], None],
+                  criterion: LeakCriterion | None = None) -> None:
+    """Soak every point over transport ``label`` built with ``options``; ``on_point(point, sender, receiver)``
+    gets both sides' accounts of each point as soon as it is done."""
+    criterion = criterion or LeakCriterion()
+    timeout_s = options.get("timeout_s", 120.0)
+    sides: dict[tuple[str, int], SoakSide] = {}
+    by_size = {p.size_bytes: p for p in points}
+    same_process = transports.transport_class(transports.resolve(label)[0]).same_process_only
+    job = functools.partial(pair_job if same_process else role_job, label, options, points, criterion)
+    ranks = ([RankSpec(job, "sender+receiver")] if same_process
+             else [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)])
+
+    def on_report(rank: int, payload: Any) -> None:
+        if not isinstance(payload, SoakSide):
+            return  # progress: signs of life for the watchdog
+        sides[(payload.role, payload.size_bytes)] = payload
+        size = payload.size_bytes
+        if ("sender", size) in sides and ("receiver", size) in sides:
+            on_point(by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
+
+    try:
+        launcher.run(ranks, timeout_s + SILENCE_SLACK_S, on_report, label=f"soak-{label}", startup_s=STARTUP_S)
+    except LaunchError as exc:
+        raise SoakError(f"{label}: {exc}") from None
+
+
+def soak_records(name: str, point: Point, sender: SoakSide, receiver: SoakSide) -> list[SoakRecord]:
+    """The ``soak`` rows of a point, one per side: tensors sent, received, corrupted and lost, the transfers'
+    median time and throughput, and memory (once settled, at the end, and its trend's growth in between)."""
+    time_us = sender.time_us or StreamingStats()
+    common = {"phase": "micro", "transport": name, "size_bytes": point.size_bytes, "seconds": sender.seconds,
+              "p50_us": time_us.percentile(50),
+              "throughput_MBps": point.size_bytes / 2**20 / (time_us.mean / 1e6) if time_us.count else math.nan,
+              "fabric": fabric.label(sender.fabric)}
+    return [SoakRecord(**common, process=side.role, transfers=side.transfers, tensors_sent=sent,
+                       tensors_received=received, corrupted=corrupted, lost=lost, rss_start_mb=side.memory.start_mb,
+                       rss_end_mb=side.memory.end_mb, rss_growth_mb=side.memory.growth_mb)
+            for side, sent, received, corrupted, lost in (
+                (sender, sender.transfers, 0, 0, 0),
+                (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers))]
