@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.paper import CONVERGE_SPEEDUP
-from bench.results import ConvergeRecord
+from bench.results import ConvergeRecord, DiskError
 
 #: transport whose time to target every other is compared with (the paper's baseline)
 BASELINE = "grpc_tcp"
@@ -218,11 +218,17 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
                 bar.write(f"bench converge: error: {task.name} over {label}: {exc}", file=sys.stderr)
                 continue
         common["fabric"] = fabric.label(progress.fabric)
-        for row in step_records(common, progress.losses, progress.starts):
-            writer.add(row)
-        points = eval_records(common, progress.evals, task.metric, progress.losses)
-        for row in points:
-            writer.add(row)
+        try:
+            for row in step_records(common, progress.losses, progress.starts):
+                writer.add(row)
+            points = eval_records(common, progress.evals, task.metric, progress.losses)
+            for row in points:
+                writer.add(row)
+        except DiskError as exc:  # a full or failing disk: stop; the transports recorded before stay
+            failures.append(str(exc))
+            print(f"bench converge: error: {exc} (the transports recorded before are in {writer.path})",
+                  file=sys.stderr)
+            return failures, losses
         evaluations += points
         losses[label] = progress.ordered_losses()
         last = points[-1] if points else None
@@ -230,6 +236,10 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
             print(f"{label:18} {len(losses[label]):5} steps in {last.wall_s:7.1f} s: held-out {task.metric} "
                   f"{last.metric_value:.4g}, loss {last.heldout_loss:.4f}")
     if target is not None and evaluations:
-        for row in summary_records(evaluations, target):
-            writer.add(row)
+        try:
+            for row in summary_records(evaluations, target):
+                writer.add(row)
+        except DiskError as exc:
+            failures.append(str(exc))
+            print(f"bench converge: error: {exc} (the transports' records are in {writer.path})", file=sys.stderr)
     return failures, losses

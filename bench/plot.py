@@ -2,8 +2,9 @@
 
 Each experiment has its figures (:data:`FIGURES`): a builder per file stem takes the run and returns a
 matplotlib ``Figure``, or None when the run lacks what that figure draws (a run without ``samples.csv`` has
-no distribution figure). :func:`plot_run` saves each as PNG and SVG; :func:`figures` and :func:`draw` hand
-back the figures unsaved, for tests and for reports that lay them out themselves.
+no distribution figure). :func:`plot_run` saves each as PNG and SVG (each file written whole, then renamed
+into place, so a full disk leaves the old figure rather than half a new one); :func:`figures` and
+:func:`draw` hand back the figures unsaved, for tests and for reports that lay them out themselves.
 
 Every figure keeps to the same rules:
 
@@ -17,6 +18,7 @@ Every figure keeps to the same rules:
 
 from __future__ import annotations
 
+import io
 import textwrap
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,7 +39,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
 
 from bench.paper import model_name
-from bench.results import Run, load_run
+from bench.results import Run, load_run, replace_file
 from bench.sizes import format_size
 
 FORMATS = ("png", "svg")
@@ -130,11 +132,15 @@ def draw(run: Run, stem: str) -> Figure | None:
 def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     """Save ``fig`` as ``out_dir/stem.png`` and ``.svg`` (cropped to what is drawn, legend included) and close it."""
     written = []
-    for fmt in FORMATS:
-        out = Path(out_dir) / f"{stem}.{fmt}"
-        fig.savefig(out, dpi=150, bbox_inches="tight")
-        written.append(out)
-    plt.close(fig)
+    try:
+        for fmt in FORMATS:
+            out = Path(out_dir) / f"{stem}.{fmt}"
+            drawn = io.BytesIO()
+            fig.savefig(drawn, format=fmt, dpi=150, bbox_inches="tight")
+            replace_file(out, drawn.getvalue())  # a full disk leaves the old figure, never half a new one
+            written.append(out)
+    finally:
+        plt.close(fig)
     return written
 
 

@@ -35,7 +35,6 @@ import base64
 import html
 import math
 import re
-import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -48,7 +47,7 @@ import pandas as pd
 
 from bench import paper
 from bench.paper import model_name
-from bench.results import META_FILE, ResultsError, Run, default_run_dir, load_run, ratio
+from bench.results import META_FILE, ResultsError, Run, default_run_dir, load_run, ratio, replace_file
 from bench.sizes import format_size
 
 #: short names of the lines, as the paper calls them (this suite's labels otherwise)
@@ -1115,7 +1114,8 @@ def write_report(paths: Sequence[Path], html_path: Path | None = None, markdown_
                 on_warning(warning)
         if html_path is not None:
             html_path.parent.mkdir(parents=True, exist_ok=True)
-            html_path.write_text(render_html(report), encoding="utf-8")
+            # written whole, then renamed over the old page: a full disk keeps the old page, not half a new one
+            replace_file(html_path, render_html(report))
             written.append(html_path)
         if markdown_path is not None:
             markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1126,10 +1126,10 @@ def write_report(paths: Sequence[Path], html_path: Path | None = None, markdown_
                         continue
                     run_dir = figure.png.parent.name  # the run's number
                     name = f"{markdown_path.stem}-{run_dir}-{_safe(figure.stem)}.png"
-                    shutil.copyfile(figure.png, markdown_path.parent / name)
+                    replace_file(markdown_path.parent / name, figure.png.read_bytes())
                     names[figure.png] = name
                     written.append(markdown_path.parent / name)
-            markdown_path.write_text(render_markdown(report, names), encoding="utf-8")
+            replace_file(markdown_path, render_markdown(report, names))
             written.insert(1 if html_path is not None else 0, markdown_path)
     return written
 

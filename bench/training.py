@@ -19,7 +19,7 @@ import numpy as np
 from bench import LOCAL, TF_GRPC
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
-from bench.results import ModelRecord, ScaleRecord, SoakRecord
+from bench.results import DiskError, ModelRecord, ScaleRecord, SoakRecord
 from bench.runtime.analyzer import Layout
 from bench.runtime.ps import StepTimes, TrainConfig, local_job, profile, rank_job, resolve_model, summarize
 from transports import fabric
@@ -210,9 +210,15 @@ class Trainings:
                     bar.write(f"bench {self.experiment}: error: {model} over {choice.label}, batch {batch}, "
                               f"{servers} server(s): {exc}", file=sys.stderr)
                 else:
-                    self.writer.add(record)
-                    if samples is not None:
-                        self.writer.add_samples(record, samples)
+                    try:
+                        self.writer.add(record)
+                        if samples is not None:
+                            self.writer.add_samples(record, samples)
+                    except DiskError as exc:  # a full or failing disk: stop; the runs recorded before stay
+                        self.failures.append(str(exc))
+                        bar.write(f"bench {self.experiment}: error: {exc} (the runs recorded before are in "
+                                  f"{self.writer.path})", file=sys.stderr)
+                        return
                     bar.write(f"{model:12} {choice.label:18} batch {batch:3} x{servers}: "
                               f"{record.throughput_batches_per_s:7.3f} batches/s, step {record.step_time_s:.3f} s "
                               f"(compute {record.compute_s:.3f}, comm {record.comm_s:.3f})" + copy_note(record))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import warnings
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import error_line
-from bench.results import ResultsError, RunWriter, default_run_dir
+from bench.results import DiskError, ResultsError, RunWriter, default_run_dir, disk_failed, is_disk_error
 
 
 def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launcher: Any = None) -> RunWriter | None:
@@ -26,6 +27,8 @@ def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launch
         print(f"bench {experiment}: error: {out} already exists; choose another --out", file=sys.stderr)
         return None
     except OSError as exc:
+        if is_disk_error(exc):
+            fix = "free space there or choose another --out" if given else "free space or give --out DIR elsewhere"
         print(f"bench {experiment}: error: cannot create the results directory {out}: "
               f"{exc.strerror or exc}; {fix}", file=sys.stderr)
         return None
@@ -50,14 +53,25 @@ def interrupted(writer: RunWriter, experiment: str, what: str, exc: KeyboardInte
 
 def failed(writer: RunWriter, failures: list[str], exc: BaseException, **extra: Any) -> None:
     """Mark the run failed by an unexpected error (the caller re-raises it)."""
-    writer.finish("failed", failures=[*failures, error_line(exc)], **extra)
+    # the error being raised is what the run died of: should the disk refuse meta.json too, the old one stays
+    with contextlib.suppress(DiskError):
+        writer.finish("failed", failures=[*failures, error_line(exc)], **extra)
+
+
+def disk_full(writer: RunWriter, experiment: str, exc: DiskError, failures: list[str], **extra: Any) -> int:
+    """A write of the run refused by a full or failing disk: the run stops, marked failed with the reason (if
+    meta.json can still be rewritten), with one line naming the file and the fix; the exit status (1). Every point
+    written before stays readable (rows are appended whole)."""
+    writer.finish("failed", failures=[*failures, str(exc)], **extra)
+    print(f"bench {experiment}: error: {exc} (the points measured before are in {writer.path})", file=sys.stderr)
+    return 1
 
 
 def draw(out: Path, experiment: str) -> None:
     """The run's figures; a figure that cannot be drawn is a warning, the records are what count."""
     from bench.plot import plot_run
 
-    if not (out / "records.csv").exists():
+    if not (out / "records.csv").exists() or disk_failed(out):  # no figures onto a disk that refused a row
         return
     try:
         with warnings.catch_warnings():

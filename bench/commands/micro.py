@@ -16,8 +16,9 @@ from typing import Any
 
 import transports
 from bench import options
-from bench.commands.common import draw, failed, interrupted, open_run
+from bench.commands.common import disk_full, draw, failed, interrupted, open_run
 from bench.options import Choice
+from bench.results import DiskError
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
 STARTS_RANKS = True
@@ -97,14 +98,16 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         if not args.no_references and launcher.name == "local":
             sweep.measure_references(points)
         sweep.measure(points)
+        writer.finish("failed" if sweep.failures else "complete", failures=sweep.failures, fabric=sweep.fabrics,
+                      elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
     except KeyboardInterrupt as exc:
         return interrupted(writer, "micro", "the points finished", exc, failures=sweep.failures,
                            fabric=sweep.fabrics, launcher=launcher.describe())
+    except DiskError as exc:  # a full or failing disk: one line, the run marked failed, its points kept
+        return disk_full(writer, "micro", exc, sweep.failures, fabric=sweep.fabrics, launcher=launcher.describe())
     except BaseException as exc:
         failed(writer, sweep.failures, exc, fabric=sweep.fabrics, launcher=launcher.describe())
         raise
-    writer.finish("failed" if sweep.failures else "complete", failures=sweep.failures, fabric=sweep.fabrics,
-                  elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
     print_summary(out)
     if not args.no_plot:
         draw(out, "micro")

@@ -5,6 +5,7 @@ copy overhead), scale, converge, models (Table 2) and analysis (tensor sizes) ru
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 
@@ -19,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bench.plot import PlotError, plot_run
-    from bench.results import ResultsError
+    from bench.results import DiskError, ResultsError
 
     try:
         with warnings.catch_warnings():  # matplotlib's complaints about odd values would break the one-line error
@@ -27,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
             written = plot_run(args.results_dir)
     except (ResultsError, PlotError) as exc:
         return options.fail("plot", str(exc))
+    except DiskError as exc:  # a full or failing disk: figures there before are left as they were
+        print(f"bench plot: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         return options.fail("plot", f"cannot write the figures into {args.results_dir}: {exc.strerror or exc}; copy "
                             "the run somewhere writable and plot it there")

@@ -2,7 +2,8 @@
 models, analysis and soak runs, in any mix), and beside each the measured ratios (how many times faster zero copy
 is than each other transport), the paper's numbers for the same figure, and sentences from each run's meta.json
 and records on why they differ (fabric, cores, replayed compute, launcher, batch sizes, servers). The HTML page is
-self-contained (figures embedded, no network needed); the Markdown form refers to PNG files written beside it. A
+self-contained (figures embedded, no network needed); the Markdown form refers to PNG files written beside it.
+Each file is written whole and then renamed into place: on a full disk (exit status 1) a page there before stays. A
 directory without meta.json stands for the runs directly inside it. The runs are only read."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def outputs(out: Path | None, chosen: str | None) -> tuple[Path | None, Path | N
 
 def run(args: argparse.Namespace) -> int:
     from bench.report import ReportError, write_report
-    from bench.results import ResultsError
+    from bench.results import DiskError, ResultsError
 
     html_path, markdown_path = outputs(getattr(args, "out", None), getattr(args, "format", None))
     try:
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
                                on_warning=lambda text: print(f"bench report: warning: {text}", file=sys.stderr))
     except (ReportError, ResultsError) as exc:
         return options.fail("report", str(exc))
+    except DiskError as exc:  # a full or failing disk: the page there before (if any) is left as it was
+        print(f"bench report: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         where = exc.filename or html_path or markdown_path
         return options.fail("report", f"cannot write {where}: {exc.strerror or exc}; choose another --out")

@@ -19,7 +19,8 @@ import dataclasses
 from typing import Any
 
 from bench import options
-from bench.commands.common import failed, interrupted, open_run
+from bench.commands.common import disk_full, failed, interrupted, open_run
+from bench.results import DiskError
 
 HELP = "a long run that checks every tensor: nothing corrupted, nothing lost, memory flat (not for CI)"
 STARTS_RANKS = True
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     except KeyboardInterrupt as exc:
         own.stop()
         return interrupted(writer, "soak", "the points checked", exc, failures=failures, launcher=launcher.describe())
+    except DiskError as exc:  # a full or failing disk: one line, the run marked failed, its points kept
+        own.stop()
+        return disk_full(writer, "soak", exc, failures, launcher=launcher.describe())
     except BaseException as exc:
         own.stop()
         failed(writer, failures, exc, launcher=launcher.describe())

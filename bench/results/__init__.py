@@ -3,10 +3,12 @@ that time iterations, ``samples.csv``.
 
 ``meta.json`` says what ran, where and with what; ``records.csv`` has one row per measured point (one
 record type per experiment, :mod:`bench.results.records`); ``samples.csv`` every timed iteration. Records
-are appended as they are measured, so an interrupted run keeps what it finished. Plots, reports and
-comparisons read only these files, so runs can be compared long after they were made.
+are appended as they are measured, whole or not at all, so an interrupted run, or one whose disk filled up, keeps
+what it finished; every file is written by :mod:`bench.results.files` (write, then rename; or a whole append).
+Plots, reports and comparisons read only these files, so runs can be compared long after they were made.
 """
 
+from bench.results.files import DiskError, append_whole, disk_failed, is_disk_error, replace_file
 from bench.results.records import (
     RECORD_TYPES,
     AnalysisRecord,
@@ -32,6 +34,7 @@ from bench.results.store import (
     RECORDS_FILE,
     REFERENCE_LINES,
     REQUIRED_COLUMNS,
+    RESERVE_FILE,
     SAMPLES_FILE,
     SCHEMA_VERSION,
     Run,
@@ -49,10 +52,10 @@ from bench.results.store import (
 )
 
 __all__ = [
-    "AnalysisRecord", "COLUMNS", "ConvergeRecord", "META_FILE", "MicroRecord", "ModelRecord", "ModelsRecord",
-    "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REQUIRED_COLUMNS", "Ratio", "Record",
-    "ResultsError", "Run", "RunWriter", "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord",
-    "default_run_dir", "environment", "git_commit", "latency_summary", "load_run", "median_interval", "now_iso",
-    "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
-    "with_of_reference", "writer_alive",
+    "AnalysisRecord", "COLUMNS", "ConvergeRecord", "DiskError", "META_FILE", "MicroRecord", "ModelRecord",
+    "ModelsRecord", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REQUIRED_COLUMNS",
+    "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter", "SAMPLES_FILE", "SCHEMA_VERSION",
+    "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed", "environment", "git_commit",
+    "is_disk_error", "latency_summary", "load_run", "median_interval", "now_iso", "of_reference", "package_versions",
+    "points", "ratio", "record_type", "reference_throughputs", "replace_file", "with_of_reference", "writer_alive",
 ]

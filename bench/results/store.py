@@ -3,12 +3,18 @@
 The columns are the record types' (:mod:`bench.results.records`); this module writes them as they are
 measured (a signal waits until a row is whole), reads them back, checks their schema version and
 upgrades older versions' records to the current meaning.
+
+A full or failing disk costs a run no point it has measured (:mod:`bench.results.files`): rows are appended
+whole or not at all, ``meta.json`` is replaced by rename, and a room kept free beside it
+(:data:`RESERVE_FILE`) is given up when a row is refused, so ``meta.json`` can still say ``failed`` and why.
+A reader skips (and warns about) a last row cut short by a writer that could not finish it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -26,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.results.files import DiskError, append_whole, replace_file
 from bench.results.records import RECORD_TYPES, Record, ResultsError, points, record_type
 
 #: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
@@ -36,6 +43,10 @@ READABLE_VERSIONS = (1, 2)
 META_FILE = "meta.json"
 RECORDS_FILE = "records.csv"
 SAMPLES_FILE = "samples.csv"
+#: space a running writer holds in its directory and gives up when the disk refuses a row, so that ``meta.json``
+#: can still be rewritten to say the run failed and why (removed when the run ends)
+RESERVE_FILE = ".meta.json.reserve"
+RESERVE_BYTES = 16 * 1024
 
 #: columns every record of an experiment carries (more are allowed): the record types' required fields
 REQUIRED_COLUMNS: dict[str, list[str]] = {name: cls.required() for name, cls in RECORD_TYPES.items()}
@@ -177,6 +188,8 @@ class RunWriter:
     def __init__(self, path: Path, experiment: str, settings: dict[str, Any]) -> None:
         self.record_type = record_type(experiment)
         self.path = path
+        #: the disk error that stopped a write, once one did
+        self.disk_error: DiskError | None = None
         path.mkdir(parents=True, exist_ok=False)
         self.meta: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
@@ -190,7 +203,13 @@ class RunWriter:
             "settings": settings,
             **environment(),
         }
-        self._write_meta()
+        try:
+            self._write_meta()
+        except BaseException:
+            with contextlib.suppress(OSError):  # no run began: leave no empty directory behind
+                path.rmdir()
+            raise
+        self._hold_reserve()
 
     def add(self, record: Record | dict[str, Any]) -> None:
         """Append one measured point to ``records.csv`` (a mapping is checked against the record type first)."""
@@ -215,25 +234,50 @@ class RunWriter:
         self._append(SAMPLES_FILE, columns, rows)
 
     def _append(self, name: str, columns: list[str], rows: list[dict[str, Any]]) -> None:
-        path = self.path / name
-        with _signals_held(), open(path, "a", newline="") as f:
-            new_file = f.tell() == 0
-            # optional columns a record lacks (a reference line has no CPU split, say) stay empty
-            writer = csv.DictWriter(f, fieldnames=columns)
-            if new_file:
-                writer.writeheader()
-            writer.writerows(rows)
+        # the rows go to the file in one write, whole or not at all (see bench.results.files.append_whole)
+        if self.disk_error is not None:
+            raise self.disk_error  # the disk refused a row already: no later row may land after the gap
+        header, body = io.StringIO(), io.StringIO()
+        csv.DictWriter(header, fieldnames=columns).writeheader()
+        # optional columns a record lacks (a reference line has no CPU split, say) stay empty
+        csv.DictWriter(body, fieldnames=columns).writerows(rows)
+        with _signals_held():
+            try:
+                append_whole(self.path / name, body.getvalue(), header=header.getvalue())
+            except DiskError as exc:
+                self.disk_error = exc
+                self._release_reserve()  # room for meta.json to say so
+                raise
 
     def finish(self, status: str = "complete", **extra: Any) -> None:
-        """Record the end time, the outcome and anything learnt during the run."""
+        """Record the end time, the outcome and anything learnt during the run.
+
+        After a disk error the run is ``failed`` with the error as its ``reason``; should ``meta.json`` still
+        not be rewritable then, the old one stays as it was (and this does not raise again).
+        """
+        if self.disk_error is not None:
+            status = "failed"
+            extra.setdefault("reason", str(self.disk_error))
         self.meta.update(end_time=now_iso(), status=status, **extra)
-        self._write_meta()
+        try:
+            self._write_meta()
+        except DiskError as exc:
+            if self.disk_error is None:
+                self.disk_error = exc
+                raise
+        self._release_reserve()
 
     def _write_meta(self) -> None:
-        tmp = self.path / (META_FILE + ".tmp")
         with _signals_held():
-            tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
-            tmp.replace(self.path / META_FILE)
+            replace_file(self.path / META_FILE, json.dumps(self.meta, indent=2, default=str) + "\n")
+
+    def _hold_reserve(self) -> None:
+        with contextlib.suppress(OSError):  # best effort: a disk this full fails the first row instead
+            replace_file(self.path / RESERVE_FILE, bytes(RESERVE_BYTES), durable=False)
+
+    def _release_reserve(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.path / RESERVE_FILE).unlink(missing_ok=True)
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -276,7 +320,9 @@ class Run:
         """Every timed iteration (``samples.csv``), or None for a run that kept none (version 1, or an
         experiment that times no iterations)."""
         if not hasattr(self, "_samples"):
-            self._samples = _read_csv(self.path / SAMPLES_FILE) if (self.path / SAMPLES_FILE).is_file() else None
+            file = self.path / SAMPLES_FILE
+            # an empty file: the first samples were refused (a full disk); the records still stand
+            self._samples = _read_csv(file) if file.is_file() and file.stat().st_size else None
         return self._samples
 
     def points(self) -> pd.DataFrame:
@@ -329,11 +375,34 @@ def load_run(path: Path) -> Run:
 
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
-        return pd.read_csv(path)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path} cannot be read ({exc.strerror or _first_line(exc)})") from None
+    data = _without_torn_row(path, data)
+    try:
+        return pd.read_csv(io.BytesIO(data))
     except pd.errors.EmptyDataError:
         raise ResultsError(f"{path} is empty: the run recorded no point") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
+    except (UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
         raise ResultsError(f"{path} cannot be read as CSV ({_first_line(exc)})") from None
+
+
+#: (path, size) of the files whose torn last row was warned about, so a file read twice warns once
+_warned_torn: set[tuple[str, int]] = set()
+
+
+def _without_torn_row(path: Path, data: bytes) -> bytes:
+    """``data`` without a last row cut short (no line end after it: a writer that ran out of disk, or was killed,
+    mid-row), with a warning on stderr; a whole file comes back unchanged."""
+    whole = data.rfind(b"\n") + 1
+    if whole in (0, len(data)):  # nothing cut, or not even the header is whole (the reader says what is wrong)
+        return data
+    key = (str(path), len(data))
+    if key not in _warned_torn:
+        _warned_torn.add(key)
+        print(f"warning: {path}: its last row is cut short (the disk filled up or the run was killed while writing "
+              "it); that row is skipped", file=sys.stderr)
+    return data[:whole]
 
 
 def writer_alive(meta: dict[str, Any]) -> bool:

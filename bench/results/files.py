@@ -1,0 +1,122 @@
+"""Writing results files so that a full or failing disk never leaves one half written.
+
+Every file a run, a report or a plot writes goes through one of two helpers:
+
+- :func:`replace_file` writes the whole content to a temporary file beside the target and renames it over the
+  target: a reader sees the old file or the new one, never a mix; on failure the temporary file is removed and
+  the old file stays as it was.
+- :func:`append_whole` appends rows with one ``write`` and, should the disk take only part of them, truncates
+  the file back to its size before: a row is there whole or not at all.
+
+A write that fails because the disk is full or failing (:data:`DISK_ERRNOS`) raises :class:`DiskError`, an
+``OSError`` naming the file and the fix; the directories it happened in are remembered for the rest of the
+process (:func:`disk_failed`), so a command does not try to draw figures onto a disk that just refused a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+#: the errors of a full (ENOSPC, EDQUOT: over quota) or failing (EIO) disk, or one turned read-only under a run
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+_failed_dirs: set[Path] = set()
+
+
+class DiskError(OSError):
+    """A results file could not be written whole: the disk is full or failing. ``str()`` is one line naming the
+    file, the cause and the fix."""
+
+    def __init__(self, code: int, path: Path, fix: str = "free space there or choose another --out") -> None:
+        super().__init__(code, os.strerror(code), str(path))
+        self.path = Path(path)
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.strerror}; {self.fix}"
+
+
+def is_disk_error(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full or failing (rather than, say, a missing directory or permission)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_ERRNOS
+
+
+def disk_failed(directory: Path) -> bool:
+    """Whether a write into ``directory`` failed on a full or failing disk earlier in this process."""
+    return Path(directory).absolute() in _failed_dirs
+
+
+def _disk_error(exc: OSError, path: Path) -> OSError:
+    """``exc`` as a :class:`DiskError` for ``path`` when it is one (remembering the directory), else as it was."""
+    if not is_disk_error(exc):
+        return exc
+    _failed_dirs.add(Path(path).absolute().parent)
+    return exc if isinstance(exc, DiskError) else DiskError(exc.errno or errno.EIO, path)
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # the disk took nothing and said nothing: call it full
+            raise DiskError(errno.ENOSPC, path)
+        view = view[written:]
+
+
+def replace_file(path: Path, data: bytes | str, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` whole or not at all: into ``.<name>.tmp-<pid>`` beside it, flushed to the disk
+    (``durable``), then renamed over ``path``. On any failure the temporary file is removed and ``path`` keeps
+    its old content (or stays absent). Disk errors are raised as :class:`DiskError`."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            _write_all(fd, data, path)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, OSError):
+            raise _disk_error(exc, path) from None
+        raise
+
+
+def append_whole(path: Path, data: bytes | str, header: bytes | str = b"") -> None:
+    """Append ``data`` to ``path`` (created if absent; ``header`` goes first into a file that is empty) in one
+    ``write``; should the disk take only part of it, the file is truncated back to its size before, so no row is
+    left half written. Disk errors are raised as :class:`DiskError`."""
+    path = Path(path)
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    header = header.encode("utf-8") if isinstance(header, str) else header
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise _disk_error(exc, path) from None
+    try:
+        before = os.fstat(fd).st_size
+        whole = (header + data) if before == 0 else data
+        try:
+            written = os.write(fd, whole)
+            if written != len(whole):  # a short write: the disk filled up part way
+                raise DiskError(errno.ENOSPC, path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                if before == 0:
+                    path.unlink()  # the file this began: no empty file (not even a header) stays behind
+                else:
+                    os.ftruncate(fd, before)
+            if isinstance(exc, OSError):
+                raise _disk_error(exc, path) from None
+            raise
+    finally:
+        os.close(fd)
