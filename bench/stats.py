@@ -173,7 +173,7 @@ class RssTrace:
         if capacity < 4 or capacity % 2:
             raise ValueError(f"an RssTrace holds an even number of at least 4 samples, not {capacity}")
         self.capacity = capacity
-        self.interval_s = interval_s
+        self.interval_s = self._interval0_s = interval_s
         self._read, self._clock = read, clock
         self._times = np.empty(capacity)
         self._mb = np.empty(capacity)
@@ -199,6 +199,13 @@ class RssTrace:
             self._times[self._size] = now
             self._mb[self._size] = self.last_mb
             self._size += 1
+
+    def restart(self) -> None:
+        """Forget every sample so far (and the coarser spacing): the trace begins again now."""
+        with self._lock:
+            self._size = 0
+            self.interval_s = self._interval0_s
+        self.sample(force=True)
 
     def samples(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the sample times (s) and resident memory (MB)."""

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from bench.results import load_run
+from tests.tiny_models import TinyMLP
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -141,3 +143,201 @@ def test_the_training_check_counts_corrupted_and_lost_tensors():
     checked.recv(Key("g0", 0, 0, 1))
     checked.recv(Key("g1", 0, 0, 1))  # g2 announced, never received
     assert checked.counts(drain_s=0.01) == {"tensors_sent": 3, "tensors_received": 2, "corrupted": 1, "lost": 1}
+
+
+# -- streaming statistics: constant memory, numpy's percentiles within the histogram's error --------------------
+
+
+@pytest.mark.parametrize("name", ["lognormal", "uniform", "bimodal", "few", "constant"])
+def test_streaming_percentiles_match_numpy_within_the_stated_error(name):
+    from bench.stats import RELATIVE_ERROR, StreamingStats
+
+    rng = np.random.default_rng(7)
+    values = {
+        "lognormal": rng.lognormal(3, 1.5, 20_000),  # µs-like latencies with a long tail
+        "uniform": rng.uniform(0.5, 5e6, 5_000),
+        "bimodal": np.concatenate([rng.normal(40, 2, 3_000), rng.normal(9_000, 300, 300)]),
+        "few": np.array([3.0, 1e4, 17.5]),
+        "constant": np.full(1_000, 42.0),
+    }[name]
+    stats = StreamingStats()
+    for value in values:
+        stats.add(float(value))
+    assert stats.count == len(values)
+    assert (stats.min, stats.max) == (values.min(), values.max())
+    assert stats.mean == pytest.approx(values.mean(), rel=1e-12)
+    for q in (0, 1, 10, 25, 50, 75, 90, 99, 99.9, 100):
+        want = np.percentile(values, q)
+        assert abs(stats.percentile(q) - want) <= RELATIVE_ERROR * want * (1 + 1e-9), q
+    assert RELATIVE_ERROR < 0.01
+
+
+def test_streaming_stats_take_the_same_memory_however_many_values_and_merge():
+    import pickle
+
+    from bench.stats import StreamingStats
+
+    few, many = StreamingStats(), StreamingStats()
+    few.add(5.0)
+    for value in np.random.default_rng(1).exponential(100, 100_000):
+        many.add(float(value))
+    assert abs(len(pickle.dumps(few)) - len(pickle.dumps(many))) <= 16  # what a rank reports: a fixed size
+    both = pickle.loads(pickle.dumps(many))
+    both.merge(few)
+    assert (both.count, both.min, both.total) == (many.count + 1, many.min, many.total + 5.0)
+    assert StreamingStats().summary()["p50_us"] != StreamingStats().summary()["p50_us"]  # NaN when empty
+
+
+def test_the_rss_trace_is_bounded_and_judges_a_trend_not_noise():
+    from bench.stats import LeakCriterion, RssTrace
+
+    now = [0.0]
+    memory = iter(())
+    trace = RssTrace(capacity=16, interval_s=1.0, read=lambda: next(memory), clock=lambda: now[0])
+    rng = np.random.default_rng(3)
+    # flat with noise (a temporary buffer alive at some samples), 600 s
+    memory = iter(100 + rng.choice([0.0, 0.0, 0.0, 1.5], 10_000))
+    for second in range(600):
+        now[0] = float(second)
+        trace.sample()
+    times, _ = trace.samples()
+    assert len(times) <= 16 and times[0] == 0 and times[-1] > 500  # it spans the whole run, coarser
+    assert np.allclose(np.diff(times), np.diff(times)[0])  # evenly
+    flat = trace.judge(LeakCriterion())
+    assert flat.leak is False and flat.range_mb == pytest.approx(1.5)
+
+    leaking = RssTrace(capacity=16, interval_s=1.0, read=lambda: 100 + now[0] * 0.01, clock=lambda: now[0])
+    for second in range(600):  # 0.6 MB a minute
+        now[0] = float(second)
+        leaking.sample()
+    verdict = leaking.judge(LeakCriterion())
+    assert verdict.leak is True and verdict.growth_mb == pytest.approx(0.01 * (600 - 60), rel=0.1)
+    short = RssTrace(read=lambda: 100.0, clock=lambda: now[0])
+    short.sample()
+    assert short.judge().leak is None  # too short to judge
+
+
+# -- the soak's own verdict: a deliberate leak is reported, a clean run is flat ---------------------------------
+
+
+class Keeping:
+    """A job that keeps what it received: a copy of a received tensor every ``every_s`` (``local`` hands over
+    the sender's one array, so keeping the reference alone would keep nothing new)."""
+
+    def __init__(self, transport, every_s: float) -> None:
+        import time
+
+        self._transport, self.every_s, self._clock = transport, every_s, time.monotonic
+        self.kept: list[np.ndarray] = []
+        self._last = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+    def recv(self, key):
+        tensor = self._transport.recv(key)
+        if self.every_s and self._clock() - self._last >= self.every_s:
+            self.kept.append(tensor.copy())
+            self._last = self._clock()
+        return tensor
+
+
+def soak_in_process(leak_every_s: float):
+    """One 64KB point of the soak's transfers (bench.soak's loops, both sides in this process over ``local``)
+    for 4 s, the receiver wrapped in :class:`Keeping`; both sides' accounts."""
+    import multiprocessing as mp
+    import threading
+
+    import transports
+    from bench import soak
+    from bench.micro import Point
+    from bench.stats import LeakCriterion
+    from transports import Cluster
+
+    point = Point(65536, warmup=10, iters=0, seconds=4.0, check=True)
+    criterion = LeakCriterion(settle_s=1.0)
+    sides: list = []
+    pair = [transports.create("local") for _ in range(2)]
+    cluster = Cluster.on_loopback(2)
+    for rank, transport in enumerate(pair):
+        transport.start(cluster, rank)
+    receiver = Keeping(pair[1], leak_every_s)
+    ctrl_send, ctrl_recv = mp.Pipe()
+    threads = [threading.Thread(target=soak.sender_loop, args=(pair[0], [point], ctrl_send, sides.append, criterion)),
+               threading.Thread(target=soak.receiver_loop, args=(receiver, [point], ctrl_recv, sides.append,
+                                                                 criterion))]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        for transport in pair:
+            transport.close()
+    accounts = {side.role: side for side in sides if isinstance(side, soak.SoakSide)}
+    return point, accounts["sender"], accounts["receiver"], receiver.kept
+
+
+def test_a_job_that_keeps_received_tensors_is_reported_as_a_leak():
+    from bench import soak
+
+    point, sender, receiver, kept = soak_in_process(leak_every_s=0.005)  # up to 12 MB a second of copies
+    assert len(kept) > 100
+    assert receiver.memory.leak is True
+    assert receiver.memory.growth_mb > 2
+    rows = soak.soak_records("local", point, sender, receiver)
+    assert rows[1].process == "receiver" and rows[1].rss_growth_mb == receiver.memory.growth_mb
+    assert (rows[1].corrupted, rows[1].lost) == (0, 0)
+
+
+def test_a_clean_soak_is_flat_and_keeps_no_per_transfer_lists():
+    point, sender, receiver, kept = soak_in_process(leak_every_s=0)
+    assert not kept
+    assert receiver.memory.leak is False and sender.memory.leak is False
+    assert sender.transfers == receiver.transfers > point.warmup and receiver.corrupted == 0
+    # the sender timed every transfer after warm-up from the readings the receiver sent back, in a fixed histogram
+    assert sender.time_us.count == sender.transfers - point.warmup
+    assert 0 < sender.time_us.percentile(50) <= sender.time_us.max
+    assert sender.transfer_us.max <= sender.time_us.max
+
+
+#: what LEAKY's worker keeps (in the rank's process)
+_kept: list[np.ndarray] = []
+
+
+@dataclass(frozen=True)
+class LeakyMLP(TinyMLP):
+    """The tiny MLP, whose every batch leaves 64 KB behind: a job that keeps what it no longer needs."""
+
+    name: str = "leaky_mlp"
+
+    def make_batch(self, batch_size: int, seed: int):
+        _kept.append(np.ones(1 << 14, np.float32))
+        return super().make_batch(batch_size, seed)
+
+
+LEAKY = LeakyMLP()
+
+
+@pytest.mark.parametrize("model", ["tests.tiny_models:TINY", "tests.test_soak:LEAKY"])
+def test_bench_soak_reports_the_training_process_that_leaks_and_only_it(tmp_path, model):
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "soak"
+    done = bench("soak", "--transports", "grpc_tcp", "--sizes", "1KB", "--duration", "1", "--steps", "600",
+                 "--model", model, "--timeout", "60", "--out", str(out))
+    run = load_run(out)
+    verdicts = {(m["phase"], m["process"]): m for m in run.meta["memory"]}
+    assert (run.meta["corrupted"], run.meta["lost"]) == (0, 0)
+    assert verdicts[("model", "worker 0")]["judged_s"] > 0
+    if model.endswith("LEAKY"):
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert run.meta["leaks"] == [f"grpc_tcp model {model} worker 0"]
+        assert f"leak: grpc_tcp model {model} worker 0" in done.stdout
+        assert verdicts[("model", "worker 0")]["leak"] is True
+        assert verdicts[("model", "worker 0")]["growth_mb"] > 2
+        records = run.records
+        assert records[records["process"] == "worker 0"]["rss_growth_mb"].item() > 2
+    else:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert run.meta["leaks"] == [] and ", 0 process(es) leaking" in done.stdout
+        assert verdicts[("model", "worker 0")]["leak"] is False and verdicts[("model", "ps 0")]["leak"] is False

@@ -704,15 +704,20 @@ class CheckedTransport:
     arrives) computes the CRC-32 of what arrived and counts it as corrupted when it differs. Tensors
     announced but never received are counted as lost (:meth:`counts`). Everything else goes to the
     wrapped transport.
+
+    ``memory``: the rank's :class:`~bench.stats.RssTrace`, started afresh when the first tensor of step
+    ``timed_from`` arrives, so that it covers the timed steps (the model built and traced, warm-up done).
     """
 
-    def __init__(self, transport, ctx, timeout_s: float) -> None:
+    def __init__(self, transport, ctx, timeout_s: float, memory: RssTrace | None = None,
+                 timed_from: int = 0) -> None:
         self._transport = transport
         self._ctx = ctx
         self._timeout_s = timeout_s
         self._notices: dict[tuple[str, int, int], int] = {}
         self._lock = threading.Lock()
         self.sent = self.received = self.corrupted = 0
+        self._memory, self._timed_from = memory, timed_from
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -752,6 +757,9 @@ class CheckedTransport:
             want = self._notices.pop((key.name, key.step, key.src))
             self.received += 1
             self.corrupted += got != want
+            if self._memory is not None and key.step >= self._timed_from:
+                self._memory.restart()
+                self._memory = None
 
     def _take(self, notice: Any) -> None:
         if not (isinstance(notice, tuple) and len(notice) == 5 and notice[0] == "crc"):
@@ -787,8 +795,8 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan(plan.specs(ctx.rank))
         if config.check:
-            transport = CheckedTransport(transport, ctx, config.timeout_s)
-            memory = RssTrace().start()  # this process's memory through the run, sampled by a thread
+            memory = RssTrace().start()  # this process's memory through the timed steps, sampled by a thread
+            transport = CheckedTransport(transport, ctx, config.timeout_s, memory, config.warmup)
         if ctx.rank < layout.servers:
             server = ctx.rank
             link: dict[str, Any] = {}
