@@ -13,9 +13,10 @@ import signal
 import sys
 from types import ModuleType
 
+from bench import quiet_tensorflow
 from bench.commands import COMMANDS
 from bench.commands.common import signal_of
-from bench.options import EXIT_USAGE, Parser, fabric_problem
+from bench.options import EXIT_USAGE, Parser, extras_problem, fabric_problem
 
 
 class Interrupted(KeyboardInterrupt):
@@ -67,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     # MPI every process needs that before the coordinator's first assignment arrives
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow.install()
     args = build_parser().parse_args(argv)
     module = args.module
-    if hasattr(args, "fabric") and (problem := fabric_problem(args)):
+    problem = extras_problem(args.command, getattr(module, "EXTRAS", ()))
+    if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))):
         print(f"bench {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:

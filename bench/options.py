@@ -42,6 +42,22 @@ def fail(command: str, problem: str) -> int:
     return EXIT_USAGE
 
 
+#: the optional parts of the install (pyproject's extras) a command may need: the modules that show each is there
+EXTRAS = {"models": ("tensorflow", "keras", "sklearn")}
+
+
+def extras_problem(command: str, extras: tuple[str, ...]) -> str | None:
+    """The one line naming an extra ``bench COMMAND`` needs and this install lacks, and how to add it; else None."""
+    import importlib.util
+
+    for extra in extras:
+        missing = [module for module in EXTRAS[extra] if importlib.util.find_spec(module) is None]
+        if missing:
+            return (f"'bench {command}' needs the '{extra}' extra ({', '.join(missing)} not installed here): "
+                    f"pip install -e '.[{extra}]' in the checkout, or pip install 'tensor-transport-bench[{extra}]'")
+    return None
+
+
 def error_line(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()

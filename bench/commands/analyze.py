@@ -15,6 +15,9 @@ from bench.commands.common import draw, open_run
 
 HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
 
+#: the optional part of the install it needs (checked before anything starts)
+EXTRAS = ("models",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",

@@ -33,6 +33,9 @@ def _target(text: str) -> Any:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
+#: the optional part of the install it needs (checked before anything starts)
+EXTRAS = ("models",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (parser.description or "") + " Tasks (no download needed for the first two): " + "; ".join(

@@ -15,6 +15,9 @@ from bench.commands.common import draw, failed, interrupted, open_run
 HELP = "parameter-server training of the paper's models over transports (its Figures 9 and 12)"
 STARTS_RANKS = True
 
+#: the optional part of the install it needs (checked before anything starts)
+EXTRAS = ("models",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")

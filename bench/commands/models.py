@@ -11,6 +11,9 @@ from bench.commands.common import open_run
 
 HELP = "the paper's Table 2 measured here: model size, variables, local compute time per sample"
 
+#: the optional part of the install it needs (checked before anything starts)
+EXTRAS = ("models",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("models", nargs="?", type=options.model_list, default=None, metavar="MODEL[,MODEL]",

@@ -15,6 +15,9 @@ from bench.commands.model import run_trainings
 HELP = "throughput against the number of servers, per transport, with the Local line (the paper's Figure 11)"
 STARTS_RANKS = True
 
+#: the optional part of the install it needs (checked before anything starts)
+EXTRAS = ("models",)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "scale", "zerocopy,grpc_tcp", steps=10, compute="replay")

@@ -23,6 +23,7 @@ from typing import Any
 
 from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
+from bench.quiet_tensorflow import is_start_up_noise
 from transports import Cluster
 from transports.base import free_port, release_cluster_ports
 
@@ -31,15 +32,6 @@ _EXIT_GRACE_S = 30.0
 _TERM_GRACE_S = 5.0
 #: characters of a rank's log an error quotes
 _LOG_TAIL_CHARS = 2500
-#: lines TensorFlow logs at start-up whatever TF_CPP_MIN_LOG_LEVEL says: left out of error messages
-_START_UP_NOISE = (
-    "All log messages before absl::InitializeLog() is called",
-    "oneDNN custom operations are on",
-    "Could not find cuda drivers on your machine",
-    "failed call to cuInit",
-    "TF-TRT Warning",
-    "Unable to register cu",
-)
 
 
 def describe_exit(returncode: int) -> str:
@@ -56,7 +48,7 @@ def log_tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
         text = path.read_bytes().decode(errors="replace")
     except OSError:
         return ""
-    lines = [line for line in text.splitlines() if not any(noise in line for noise in _START_UP_NOISE)]
+    lines = [line for line in text.splitlines() if not is_start_up_noise(line)]
     return "\n".join(lines)[-chars:].strip()
 
 

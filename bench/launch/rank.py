@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 
+from bench import quiet_tensorflow
 from bench.launch.base import connect, serve_rank
 
 #: from <linux/prctl.h>
@@ -48,6 +49,7 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    quiet_tensorflow.install()
     address, rank = hub_address(argv[0]), int(argv[1])
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if len(argv) > 2 and not die_with_parent(int(argv[2])):

@@ -1,0 +1,48 @@
+"""A command that needs an optional part of the install says so in one line, before it starts anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench.quiet_tensorflow import START_UP_NOISE
+
+#: runs bench's entry point with TensorFlow hidden, as on an install without the 'models' extra
+WITHOUT_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None; from bench.cli import main; "
+                      "sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("argv", [
+    ["model", "vgg16", "--transport", "zerocopy"],
+    ["models", "fcn5"],
+    ["scale", "fcn5", "--transport", "grpc_tcp"],
+    ["converge", "--transport", "grpc_tcp"],
+])
+def test_a_command_that_needs_tensorflow_names_the_extra_before_it_starts(tmp_path, argv):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_TENSORFLOW, *argv, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"bench {argv[0]}: error: 'bench {argv[0]}' needs the 'models' extra "
+                               "(tensorflow not installed here): pip install -e '.[models]'"), lines[0]
+    assert not out.exists()  # no results directory, and no rank was started
+
+
+def test_tensorflow_says_nothing_at_start_up_in_benchs_processes(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "models", "fcn5", "--steps", "1",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if any(noise in line for noise in START_UP_NOISE)] == []
+    assert done.stdout.splitlines()[-2].startswith("fcn5")
+
+
+def test_the_readme_installs_what_its_first_command_and_the_missions_second_need():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = next(line for line in readme.splitlines() if "pip install" in line and "bench micro" in line)
+    assert "'.[models]'" in first or '".[models]"' in first, first
