@@ -40,6 +40,7 @@ const char *ucp_get_version_string(void);
 
 ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context);
 ucs_status_t tt_config_accepts(const char *name, const char *value);
+int tt_offers_transport(const char *name);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
@@ -103,6 +104,7 @@ SHIM = r"""
 #include <string.h>
 #include <time.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 /* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
 static ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context)
@@ -159,6 +161,58 @@ static ucs_status_t tt_config_accepts(const char *name, const char *value)
     status = ucp_config_modify(config, name, value);
     ucp_config_release(config);
     return status;
+}
+
+/* 1 when this UCX offers transport `name` on this host, else 0. Asked only of the shared-memory
+   transports (posix, sysv, xpmem, knem, cma), whose UCT component and memory domain bear the transport's
+   name: the component's memory domains are opened and their transports listed, as UCP does. */
+static int tt_offers_transport(const char *name)
+{
+    uct_component_h *components;
+    unsigned count, c, m, t, resources;
+    int found = 0;
+    if (uct_query_components(&components, &count) != UCS_OK) {
+        return 0;
+    }
+    for (c = 0; c < count && !found; c++) {
+        uct_component_attr_t attr;
+        uct_md_resource_desc_t *mds;
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+        if (uct_component_query(components[c], &attr) != UCS_OK || strcmp(attr.name, name) != 0 ||
+            attr.md_resource_count == 0) {
+            continue;
+        }
+        mds = calloc(attr.md_resource_count, sizeof(*mds));
+        if (mds == NULL) {
+            break;
+        }
+        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+        attr.md_resources = mds;
+        if (uct_component_query(components[c], &attr) == UCS_OK) {
+            for (m = 0; m < attr.md_resource_count && !found; m++) {
+                uct_md_config_t *config;
+                uct_md_h md;
+                uct_tl_resource_desc_t *tls;
+                if (uct_md_config_read(components[c], NULL, NULL, &config) != UCS_OK) {
+                    continue;
+                }
+                if (uct_md_open(components[c], mds[m].md_name, config, &md) == UCS_OK) {
+                    if (uct_md_query_tl_resources(md, &tls, &resources) == UCS_OK) {
+                        for (t = 0; t < resources; t++) {
+                            found = found || strcmp(tls[t].tl_name, name) == 0;
+                        }
+                        uct_release_tl_resource_list(tls);
+                    }
+                    uct_md_close(md);
+                }
+                uct_config_release(config);
+            }
+        }
+        free(mds);
+    }
+    uct_release_component_list(components);
+    return found;
 }
 
 #define TT_DOORBELL_AM 1

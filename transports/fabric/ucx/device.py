@@ -50,6 +50,20 @@ UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
 #: "rdma": UCX's RC transports (rc_verbs, rc_mlx5, with UD to set them up) and nothing else
 FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp", "rdma": "rc"}
+#: the UCX transport never used: its SysV segments are created mode 0660 (UCT_MM_SYSV_PERM in UCX's
+#: uct/sm/mm/sysv/mm_sysv.c, fixed at build time, no setting changes it, a umask does not apply to SysV IPC),
+#: so any process of the owner's group could shmat the worker's FIFO and every region UCP allocated (the pool's
+#: tensors: UCX_ALLOC_PRIO puts md:sysv first). Without it, UCX's posix transport carries shared memory and
+#: allocates the regions: files made mode 0600, unlinked at once and reached by a peer through
+#: /proc/<pid>/fd/<fd>, which only a process allowed to ptrace the owner may open (the same user); cma, for
+#: registered user memory, needs that same permission. A put over posix is the same memcpy into a shared mapping.
+GROUP_SHARED_TRANSPORT = "sysv"
+#: the UCX_TLS aliases that take in sysv, with their transports (ucp_tl_aliases in UCX's ucp/core/ucp_context.c)
+_SHARED_MEMORY_ALIASES = {
+    "mm": ("posix", "sysv", "xpmem"),
+    "sm": ("posix", "sysv", "xpmem", "knem", "cma"),
+    "shm": ("posix", "sysv", "xpmem", "knem", "cma"),
+}
 #: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
 MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
@@ -92,6 +106,11 @@ def load() -> tuple[Any, Any]:
             _load_error = (f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py "
                            f"builds it (it needs the libucx-cu12 wheel)")
         raise FabricError(_load_error) from None
+    if not hasattr(lib, "tt_offers_transport"):  # built by an older checkout: the shim has changed since
+        _load_error = (f"the UCX binding ({'system' if home else 'libucx-cu12'}) was built from an older shim "
+                       f"(transports/fabric/ucx/build.py); reinstall with "
+                       f"'{f'{UCX_HOME_VARIABLE}={home} ' if home else ''}pip install -e .' to rebuild it")
+        raise FabricError(_load_error)
     built = ffi.string(lib.tt_built_against()).decode()
     if home and os.path.realpath(built) != os.path.realpath(home):
         _load_error = (f"{UCX_HOME_VARIABLE}={home}, but the system binding was built against {built}; reinstall "
@@ -111,6 +130,48 @@ def accepts_setting(name: str, value: str) -> bool:
     """Whether this UCX build knows the setting ``UCX_<name>`` and takes ``value`` for it."""
     load()
     return _lib.tt_config_accepts(name.encode(), str(value).encode()) == _lib.UCS_OK
+
+
+_offered: dict[str, bool] = {}
+
+
+def offers_transport(name: str) -> bool:
+    """Whether this UCX offers the shared-memory transport ``name`` (posix, xpmem, knem, cma) here; cached."""
+    load()
+    if name not in _offered:
+        _offered[name] = bool(_lib.tt_offers_transport(name.encode()))
+    return _offered[name]
+
+
+def owner_only_tls(requested: str, offers=offers_transport) -> str:
+    """The UCX_TLS that gives ``requested`` (a UCX_TLS value; "" or "all": every transport) without sysv.
+
+    See :data:`GROUP_SHARED_TRANSPORT` for why. An exclusion list (``^a,b``) gains sysv; an alias that
+    takes it in (``shm``, ``sm``, ``mm``) is spelt out as its other transports that this UCX offers
+    (``offers(name)``; naming one it lacks would make UCX warn); a list that asks for nothing else is an error.
+    """
+    text = requested.strip()
+    if text in ("", "all"):
+        return f"^{GROUP_SHARED_TRANSPORT}"
+    names = [name.strip() for name in text.lstrip("^").split(",") if name.strip()]
+    if text.startswith("^"):
+        if GROUP_SHARED_TRANSPORT in names or any(name in _SHARED_MEMORY_ALIASES for name in names):
+            return text
+        return f"^{','.join([*names, GROUP_SHARED_TRANSPORT])}"
+    if GROUP_SHARED_TRANSPORT not in names and not any(name in _SHARED_MEMORY_ALIASES for name in names):
+        return text
+    chosen: list[str] = []
+    for name in names:
+        if name in _SHARED_MEMORY_ALIASES:
+            members = [m for m in _SHARED_MEMORY_ALIASES[name] if m != GROUP_SHARED_TRANSPORT and offers(m)]
+        else:
+            members = [] if name == GROUP_SHARED_TRANSPORT else [name]
+        chosen += [member for member in members if member not in chosen]
+    if not chosen:
+        raise FabricError(f"ucx: UCX_TLS={requested} leaves no transport: the fabric does not use UCX's "
+                          f"{GROUP_SHARED_TRANSPORT} transport (its segments are open to the owner's whole group); "
+                          f"posix carries shared memory instead (UCX_TLS=posix,cma)")
+    return ",".join(chosen)
 
 
 def ucx_settings(settings: RdmaSettings, accepts=accepts_setting) -> tuple[dict[str, str], dict[str, str]]:
@@ -599,7 +660,8 @@ class UcxDevice(Device):
 
     name = "ucx"
     fabric_transports: ClassVar[dict[str, str]] = {
-        "auto": "UCX chooses among all it offers", "shm": "shared memory only (posix, sysv, cma)", "tcp": "TCP only",
+        "auto": "UCX chooses among all it offers but sysv", "shm": "shared memory only (posix, cma; never sysv)",
+        "tcp": "TCP only",
         "rdma": "RDMA only (UCX's rc transports on an RDMA device); an error where this UCX reaches none"}
     reference_tools = ("ucx_perftest", "ucx_info")
 
@@ -620,10 +682,14 @@ class UcxDevice(Device):
         self.settings = settings or RdmaSettings()
         mapped, self.settings_without_effect = ucx_settings(self.settings)
         self.config = {**self._network_config(fabric_transport, interfaces), **mapped, **(config or {})}
+        #: UCX_TLS as given to UCX: ``config``'s TLS, else the fabric transport's (auto: the user's UCX_TLS, else
+        #: all), never with sysv (see GROUP_SHARED_TRANSPORT)
+        self.tls = owner_only_tls(self.config.pop("TLS", None) or FABRIC_TRANSPORTS[fabric_transport]
+                                  or os.environ.get("UCX_TLS", ""))
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
-        status = _lib.tt_init(FABRIC_TRANSPORTS[fabric_transport].encode(), _ffi.new("char *[]", names),
+        status = _lib.tt_init(self.tls.encode(), _ffi.new("char *[]", names),
                               _ffi.new("char *[]", values), len(names), context)
         if status != _lib.UCS_OK and fabric_transport == "rdma":
             raise FabricError(f"ucx: --fabric-transport rdma: {no_rdma_reason(_reason(status))}")
@@ -657,8 +723,8 @@ class UcxDevice(Device):
             return Availability(False, "no RDMA device with an active port here (bench doctor says more)")
         config = cls._network_config(fabric_transport, ())
         context = _ffi.new("ucp_context_h *")
-        status = _lib.tt_init(FABRIC_TRANSPORTS["rdma"].encode(), _ffi.new("char *[]", [_ffi.new("char[]", k.encode())
-                                                                                      for k in config]),
+        status = _lib.tt_init(owner_only_tls(FABRIC_TRANSPORTS["rdma"]).encode(),
+                              _ffi.new("char *[]", [_ffi.new("char[]", k.encode()) for k in config]),
                               _ffi.new("char *[]", [_ffi.new("char[]", v.encode()) for v in config.values()]),
                               len(config), context)
         if status != _lib.UCS_OK:
@@ -875,7 +941,7 @@ class UcxDevice(Device):
             "used": sorted(used),
             "ucx_version": _ffi.string(_lib.ucp_get_version_string()).decode(),
             "fabric_transport": self.fabric_transport,
-            "ucx_tls": FABRIC_TRANSPORTS[self.fabric_transport] or "all",
+            "ucx_tls": self.tls,
             "progress_threads": len(self._workers),
             "lanes_per_peer": self.lanes_per_peer,
             "ucx_config": self.config,
