@@ -26,7 +26,10 @@ InfiniBand.
 The page is self-contained (figures embedded as PNG ``data:`` URIs, no script, no network); the Markdown
 form has the same tables and refers to the figures as PNG files written beside it. Figures come from
 :func:`bench.plot.plot_run`, drawn into a temporary directory; a run whose figures fail keeps its tables
-and gets a one-line note. matplotlib is only imported when figures are drawn.
+and gets a one-line note. matplotlib is only imported when figures are drawn. Nothing is clipped: a table wider
+than its column scrolls sideways in a box of its own (the scroll bar right under it), a figure is never shown at
+less than half its pixels (:data:`MIN_FIGURE_SCALE`: 8-point text stays 8 CSS pixels high) and one too wide for the
+column beside the tables gets the page's width below them.
 """
 
 from __future__ import annotations
@@ -924,11 +927,14 @@ h3 { font-size: 1rem; margin: 1rem 0 0.4rem; }
 .run { color: #555; font-size: 0.9rem; margin-top: 0; }
 .pair { display: flex; flex-wrap: wrap; gap: 1.5rem; align-items: flex-start; }
 .figures { flex: 1 1 560px; min-width: 320px; }
-.numbers { flex: 1 1 480px; min-width: 320px; overflow-x: auto; }
-figure { margin: 0 0 1rem; }
-figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+.numbers { flex: 1 1 480px; min-width: 320px; }
+.run, li, blockquote, figcaption, caption { overflow-wrap: anywhere; }
+figure { margin: 0 0 1rem; overflow-x: auto; }
+figure img { max-width: 100%; height: auto; border: 1px solid #ddd; box-sizing: border-box; }
+figure.wide { margin-top: 0.5rem; }
 figcaption { font-size: 0.8rem; color: #666; }
-table { border-collapse: collapse; margin: 0.3rem 0 1rem; font-size: 0.85rem; }
+.scroll { overflow-x: auto; max-width: 100%; margin: 0.3rem 0 1rem; }
+table { border-collapse: collapse; font-size: 0.85rem; }
 caption { text-align: left; font-size: 0.85rem; color: #333; padding-bottom: 0.3rem; caption-side: top; }
 th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f0f4f8; }
@@ -951,11 +957,43 @@ def _h(text: Any) -> str:
 
 
 def _html_table(table: Table) -> str:
+    """The table in a box of its own that scrolls sideways when the table is wider than the page gives it (the
+    scroll bar right under the table, not under the whole column)."""
     head = "".join(f"<th>{_h(c)}</th>" for c in table.header)
     body = "".join("<tr>" + "".join(f'<td class="n">{_h(c)}</td>' if _NUMERIC.match(str(c)) else f"<td>{_h(c)}</td>"
                                     for c in row) + "</tr>" for row in table.rows)
-    return (f'<table data-table="{_h(table.name)}"><caption>{_h(table.caption)}</caption>'
-            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    return (f'<div class="scroll"><table data-table="{_h(table.name)}"><caption>{_h(table.caption)}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+
+#: figures are drawn at 150 dots per inch; shown at their drawn size a dot is this many CSS pixels (96 per inch)
+_PIXELS_PER_DOT = 96 / 150
+#: never shown smaller than this share of their dots: 8-point text (legends) stays 8 CSS pixels high; a figure that
+#: would have to shrink more scrolls sideways instead
+MIN_FIGURE_SCALE = 0.5
+#: a figure wider than this (in dots) cannot be shown at MIN_FIGURE_SCALE beside the tables: it gets the page's width
+WIDE_FIGURE_DOTS = 1300
+
+
+def _png_width(data: bytes) -> int | None:
+    """The width in pixels of a PNG (from its IHDR chunk), or None when ``data`` is not one."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big")
+
+
+def _html_figure(figure: Figure) -> tuple[str, bool]:
+    """The figure embedded as a PNG ``data:`` URI, sized to be readable; whether it is wide."""
+    png = figure.png.read_bytes()
+    data = base64.b64encode(png).decode("ascii")
+    width = _png_width(png)
+    wide = width is not None and width > WIDE_FIGURE_DOTS
+    size = (f' style="width: {round(width * _PIXELS_PER_DOT)}px; min-width: {round(width * MIN_FIGURE_SCALE)}px"'
+            if width else "")
+    kind = ' class="wide"' if wide else ""
+    return (f'<figure{kind}><img src="data:image/png;base64,{data}" '
+            f'alt="{_h(figure.stem)}" data-figure="{_h(figure.stem)}"{size}>'
+            f"<figcaption>{_h(figure.stem)}</figcaption></figure>"), wide
 
 
 def _anchor(index: int, section: Section) -> str:
@@ -986,15 +1024,14 @@ def render_html(report: Report) -> str:
                          f"{_h(section.run.experiment)} · {_h(section.run.meta.get('status', '?'))} · started "
                          f"{_h(section.run.meta.get('start_time', '?'))}</p>")
         parts.append('<div class="pair">')
-        if section.figures or section.figure_note:
+        drawn = [_html_figure(figure) for figure in section.figures]
+        beside = [html_ for html_, wide in drawn if not wide]
+        if beside or section.figure_note:
             parts.append('<div class="figures">')
-        for figure in section.figures:
-            data = base64.b64encode(figure.png.read_bytes()).decode("ascii")
-            parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{_h(figure.stem)}" '
-                         f'data-figure="{_h(figure.stem)}"><figcaption>{_h(figure.stem)}</figcaption></figure>')
+        parts += beside
         if section.figure_note:
             parts.append(f'<p class="figure-note">{_h(section.figure_note)}</p>')
-        if section.figures or section.figure_note:
+        if beside or section.figure_note:
             parts.append("</div>")
         parts.append('<div class="numbers">')
         if section.paper:
@@ -1006,7 +1043,9 @@ def render_html(report: Report) -> str:
         if section.notes:
             parts.append("<h3>Why the numbers differ</h3><ul class=\"notes\">"
                          + "".join(f"<li>{_h(n)}</li>" for n in section.notes) + "</ul>")
-        parts.append("</div></div></section>")
+        parts.append("</div></div>")
+        parts += [html_ for html_, wide in drawn if wide]  # below the pair, the page's width: readable
+        parts.append("</section>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

@@ -18,7 +18,7 @@ import pytest
 from bench import paper
 from bench.commands import report as command
 from bench.report import write_report
-from bench.results import RunWriter
+from bench.results import MicroRecord, RunWriter
 from tests.test_results import micro_record
 
 SHARED_MEMORY = "ucx:cma,posix,sysv"
@@ -40,6 +40,33 @@ def micro_run(path: Path) -> Path:
                                     fabric="none" if transport == "grpc_tcp" else SHARED_MEMORY))
         writer.add(micro_record(transport="ucx_perftest", size_bytes=size, p50_us=float("nan"), p99_us=float("nan"),
                                 mean_us=base / 4, throughput_MBps=size / 2**20 / base * 4e6, fabric="ucx:auto"))
+    writer.finish()
+    return path
+
+
+def wide_micro_run(path: Path) -> Path:
+    """A sweep as wide as bench micro's default: every transport and mode, sizes 1KB to 1GB, 3 rounds, samples (a
+    ratio table of 8 columns with ranges, a distribution figure of 66 boxes)."""
+    writer = RunWriter(path, "micro", {"fabric": "ucx", "fabric_transport": "shm",
+                                       "launcher": {"launcher": "local", "bind": "127.0.0.1"}})
+    rng = np.random.default_rng(0)
+    lines = {"zerocopy": 1.0, "rdma_cp": 1.5, "grpc_rdma": 4.0, "grpc_rdma:direct": 3.0, "grpc_tcp": 10.0,
+             "local": 0.5}
+    for size in (1 << k for k in range(10, 31, 2)):
+        base = 10.0 + size / 2**20 * 200
+        for round_ in (1, 2, 3):
+            writer.add(micro_record(transport="ucx_perftest", size_bytes=size, round=round_, p50_us=float("nan"),
+                                    p99_us=float("nan"), mean_us=base / 4, throughput_MBps=size / 2**20 / base * 4e6,
+                                    fabric="ucx:auto"))
+            for transport, factor in lines.items():
+                time_us = base * factor * (1 + 0.1 * rng.random())
+                record = MicroRecord.from_row(micro_record(
+                    transport=transport, size_bytes=size, round=round_, p50_us=time_us, p99_us=2 * time_us,
+                    mean_us=time_us, throughput_MBps=size / 2**20 / time_us * 1e6, of_reference=0.25,
+                    fabric="none" if transport in ("grpc_tcp", "local") else SHARED_MEMORY))
+                writer.add(record)
+                times = time_us * (1 + 0.2 * rng.random(50))
+                writer.add_samples(record, {"time_us": times, "transfer_us": times * 0.9})
     writer.finish()
     return path
 
@@ -501,3 +528,66 @@ def test_a_browser_shows_every_figure_and_table(reported, tmp_path):
     colours = np.unique(rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2])
     assert len(colours) > 50  # figures and tables, not a blank or one-colour page
     assert (pixels.min(axis=2) < 0.5).mean() > 0.01  # dark ink on a good part of it
+
+
+#: appended to a copy of the page: in the window it is shown in, how wide the page is against the window, which
+#: tables cannot be read to their last column (clipped, off the page, or scrolling in a box whose scroll bar is not
+#: right under the table), how many needed scrolling, and which figures are shown at less than half their dots
+#: (8-point text under 8 CSS pixels)
+_REACH = """<script>
+window.addEventListener('load', function () {
+  var width = window.innerWidth, unreachable = [], scrolled = 0, small = [];
+  Array.from(document.querySelectorAll('table[data-table]')).forEach(function (table) {
+    var box = null, clipped = false;
+    for (var el = table.parentElement; el && el !== document.body; el = el.parentElement) {
+      var overflow = getComputedStyle(el).overflowX;
+      if (overflow === 'auto' || overflow === 'scroll') { box = el; break; }
+      if (overflow === 'hidden' || overflow === 'clip') { clipped = true; break; }
+    }
+    var header = table.querySelector('tr').children, last = header[header.length - 1], ok = !clipped;
+    if (ok && box) {
+      if (box.scrollWidth > box.clientWidth + 1) scrolled++;
+      box.scrollLeft = box.scrollWidth;
+      var b = box.getBoundingClientRect(), t = table.getBoundingClientRect(), c = last.getBoundingClientRect();
+      ok = c.right <= Math.min(b.right, width) + 1 && c.left >= b.left - 1 && b.bottom - t.bottom < 40;
+      box.scrollLeft = 0;
+    } else if (ok) {
+      ok = last.getBoundingClientRect().right <= width + 1;
+    }
+    if (!ok) unreachable.push(table.getAttribute('data-table'));
+  });
+  Array.from(document.images).forEach(function (img) {
+    if (img.getBoundingClientRect().width < 0.5 * img.naturalWidth - 1) small.push(img.getAttribute('data-figure'));
+  });
+  var out = document.createElement('div');
+  out.id = 'reach-check';
+  out.setAttribute('data-window', width);
+  out.setAttribute('data-page', document.documentElement.scrollWidth);
+  out.setAttribute('data-unreachable', unreachable.join(' '));
+  out.setAttribute('data-scrolled', scrolled);
+  out.setAttribute('data-images', document.images.length);
+  out.setAttribute('data-small', small.join(' '));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+@pytest.mark.skipif(_browser() is None, reason="no chromium, chromium-browser or google-chrome on PATH "
+                    "(apt-get install chromium)")
+def test_in_a_1300_px_window_nothing_is_clipped_and_figures_are_readable(tmp_path):
+    browser = _browser()
+    runs = [wide_micro_run(tmp_path / "runs" / "micro"), converge_run(tmp_path / "runs" / "converge")]
+    page = tmp_path / "report.html"
+    write_report(runs, page)
+    checked = tmp_path / "checked.html"
+    checked.write_text(page.read_text().replace("</body>", _REACH + "</body>"))
+    dom = _run_browser(browser, "--window-size=1300,1000", "--virtual-time-budget=10000", "--dump-dom",
+                       checked.as_uri())
+    found = re.search(r'<div id="reach-check"([^>]*)>', dom.stdout)
+    assert found, f"the page did not finish loading in {browser}: {dom.stderr[-2000:]}"
+    values = dict(re.findall(r'data-(\w+)="([^"]*)"', found.group(1)))
+    assert values["window"] == "1300"
+    assert int(values["page"]) <= 1300  # no part of the page off to the right
+    assert values["unreachable"] == ""  # every table readable to its last column where it stands
+    assert int(values["scrolled"]) >= 1  # Figure 8's ratio table is wider than its column: it scrolls
+    assert int(values["images"]) >= 5 and values["small"] == ""  # micro's distribution and converge's figures too
