@@ -1,4 +1,5 @@
-"""This process's memory, read from ``/proc/self/status`` (written once for the launcher and the experiments)."""
+"""This process's memory, read from ``/proc/self/status``, and the machine's (written once for the launcher and the
+experiments)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def reset_peak_rss() -> None:
     """Start this process's peak memory afresh (a process that runs several ranks in turn, under MPI)."""
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory (bytes), None where it cannot be told."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None

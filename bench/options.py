@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5", "embed
 #: the longest --timeout (a week): longer waits overflow the clocks of threads and sockets
 MAX_SECONDS = 7 * 24 * 3600.0
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(min|h|m|s|)\s*")
 
 
 class Parser(argparse.ArgumentParser):
@@ -123,13 +124,20 @@ def seconds(text: str) -> float:
 
 
 def duration(text: str) -> float:
-    """Seconds in ``600``, ``90s``, ``10m`` or ``1h``."""
+    """Seconds in ``600``, ``90s``, ``10m``, ``1h``, or parts of them: ``1m30s``, ``1h 30m``."""
     number = text.strip().lower()
-    unit = next((u for u in sorted(_DURATION_UNITS, key=len, reverse=True) if u and number.endswith(u)), "")
-    value = seconds(number[: len(number) - len(unit)] if unit else number)
-    if value * _DURATION_UNITS[unit] > MAX_SECONDS:
+    parts = _DURATION_PART.findall(number)
+    if not parts or _DURATION_PART.sub("", number).strip():
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 600, 90s, 10m, 1h or 1m30s, got '{text}'")
+    total = sum(float(value) * _DURATION_UNITS[unit] for value, unit in parts)
+    if len(parts) > 1 and "" in (unit for _, unit in parts):
+        raise argparse.ArgumentTypeError(f"give every part of '{text}' its unit (h, m, s), e.g. 1m30s")
+    if not math.isfinite(total) or total <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got '{text}'")
+    if total > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"expected at most a week, got '{text}'")
-    return value * _DURATION_UNITS[unit]
+    return total
 
 
 def rate(text: str) -> float:
@@ -349,15 +357,35 @@ def add_timeout(parser: argparse.ArgumentParser, default: float, what: str) -> N
 
 def sizes_problem(chosen: list[int]) -> str | None:
     """Why a tensor of the largest size cannot be measured here (sender and receiver hold one each), or None."""
+    from bench.memory import machine_memory_bytes
     from bench.sizes import format_size
 
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
-    if 2 * max(chosen) > memory:
+    memory = machine_memory_bytes()
+    if memory is not None and 2 * max(chosen) > memory:
         return (f"--sizes: {format_size(max(chosen))} does not fit twice (sender and receiver) in this machine's "
                 f"{memory / 2**30:.1f} GB of memory; choose smaller sizes")
+    return None
+
+
+def batch_problem(models: list[str], batch_sizes: list[int]) -> str | None:
+    """Why a batch cannot be held here: one batch of a model's input alone beyond the machine's memory; else None.
+
+    A lower bound (the activations need more): it catches a batch size that could only end in MemoryError.
+    """
+    from bench.memory import machine_memory_bytes
+    from bench.models import get_model
+
+    memory = machine_memory_bytes()
+    if memory is None:
+        return None
+    for name in models:
+        if ":" in name:
+            continue  # a model of the user's: known only once its module is imported, in the ranks
+        sample = 4 * math.prod(get_model(name).input_shape)  # float32 or int32 elements
+        for batch in batch_sizes:
+            if batch * sample > memory:
+                return (f"--batch-size {batch}: one batch of {name}'s input alone is {batch * sample / 2**30:.1f} GB, "
+                        f"more than this machine's {memory / 2**30:.1f} GB of memory; choose a smaller batch size")
     return None
 
 

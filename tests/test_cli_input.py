@@ -64,9 +64,14 @@ SAFE = {
     (["model", "fcn5", "--learning-rate", "fast"], "--learning-rate: expected a number, got 'fast'"),
     (["models", "--batch-size", "0"], "--batch-size: expected a number of at least 1"),
     (["micro", "--sizes", "1TB"], "--sizes: 1TB does not fit twice"),
-    (["soak", "--duration", "0"], "--duration: expected a positive number of seconds"),
-    (["soak", "--duration", "10y"], "--duration: expected seconds, got '10y'"),
-    (["soak", "--duration", "nan"], "--duration: expected a positive number of seconds"),
+    (["soak", "--duration", "0"], "--duration: expected a positive duration, got '0'"),
+    (["soak", "--duration", "10y"], "--duration: expected a duration such as 600, 90s, 10m, 1h or 1m30s, got '10y'"),
+    (["soak", "--duration", "nan"], "--duration: expected a duration such as"),
+    (["soak", "--duration", "1m30"], "--duration: give every part of '1m30' its unit (h, m, s), e.g. 1m30s"),
+    # an address not on this host (TEST-NET-2): probed by binding (which sends nothing), before any run starts
+    (["micro", "--bind", "198.51.100.77"], "--bind 198.51.100.77: cannot listen there"),
+    # a batch whose input alone is beyond the machine's memory
+    (["model", "fcn5", "--batch-size", "99999999999"], "--batch-size 99999999999: one batch of fcn5's input alone"),
     (["soak", "--steps", "-1"], "--steps: expected a number of at least 0"),
     (["soak", "--transports", "nope"], "unknown transport 'nope'"),
 ])
@@ -76,6 +81,28 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, fragment):
     command, *rest = args
     one_line_error(bench(command, *SAFE[command], *(["--out", str(tmp_path / "out")] if command != "models" else []),
                          *rest), fragment)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("600", 600), ("90s", 90), ("10m", 600), ("1h", 3600),
+                                               ("1m30s", 90), ("1h 30m", 5400), ("2.5m", 150), ("1min", 60)])
+def test_durations_take_units_and_parts_of_them(text, seconds):
+    from bench.options import duration
+
+    assert duration(text) == seconds
+
+
+def test_no_run_directory_is_left_by_a_bind_address_not_here(tmp_path):
+    one_line_error(bench("micro", *SAFE["micro"], "--out", str(tmp_path / "out"), "--bind", "198.51.100.77"),
+                   "it is not an address of this host")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_failure_lines_go_to_stderr(tmp_path):
+    result = bench("micro", "--sizes", "1KB", "--iters", "1", "--warmup", "0", "--transports", "grpc_tcp",
+                   "--no-references", "--no-plot", "--timeout", "0.01", "--out", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "error:" not in result.stdout, result.stdout
+    assert "bench micro: error: grpc_tcp: rank " in result.stderr, result.stderr
 
 
 def test_the_default_results_directory_in_a_read_only_directory(tmp_path):

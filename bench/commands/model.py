@@ -45,6 +45,8 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
     runs = [(m, b, c, n) for m in args.models for b in args.batch_sizes for c in chosen for n in server_counts]
     if experiment == "scale":  # the Local line is one process, drawn times the number of servers
         runs = list(dict.fromkeys((m, b, c, 1 if c.is_local else n) for m, b, c, n in runs))
+    if problem := options.batch_problem(args.models, args.batch_sizes):
+        return options.fail(experiment, problem)
     labels = options.labels(chosen)
     settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,

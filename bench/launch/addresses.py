@@ -33,11 +33,25 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def _here(address: str) -> str:
+    """``address`` if a socket can listen on it here (probed: binding sends nothing), else a LaunchError."""
+    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as exc:
+            mine = [f"{name} {found}" for _, name in socket.if_nameindex() if (found := interface_address(name))]
+            raise LaunchError(f"--bind {address}: cannot listen there ({exc.strerror or exc}): it is not an "
+                              f"address of this host (here: {', '.join(mine)}); give one of these, or an "
+                              "interface name") from None
+    return address
+
+
 def resolve_bind(bind: str | None, hostnames: list[str]) -> str:
     """The address to listen on: ``bind`` (an address, or an interface), or the default for ranks on these hosts."""
     if bind:
         with contextlib.suppress(ValueError):
-            return str(ipaddress.ip_address(bind))
+            return _here(str(ipaddress.ip_address(bind)))
         address = interface_address(bind)
         if address is None:
             raise LaunchError(f"--bind {bind}: no such address or network interface here "
