@@ -8,7 +8,8 @@ size, after warm-up transfers, each timed transfer goes like this:
    launcher's coordinator), that it is ready for transfer ``i`` and calls ``recv``;
 2. the sender reads the clock (``t_send``) and calls ``send``;
 3. the receiver gets the tensor, consumes it with a reduce-max (as in the
-   paper), checks the result, and reads the clock (``t_done``).
+   paper) and reads the clock (``t_done``); then, outside the timed interval,
+   it checks what arrived (see *the data check*).
 
 *Time per transfer* is ``t_done - t_send``: from the sender handing the
 tensor over to the receiver having consumed it. The receiver also reads the
@@ -20,6 +21,16 @@ overlapping, so the time is a latency, not a pipelined rate. Throughput is
 ``size / mean time per transfer`` in MB/s with MB = 2**20 bytes. CPU seconds
 are those of each side's process (all its threads) over the timed transfers.
 Copied bytes come from the transports' ledgers (both sides, per transfer).
+
+*The data check.* The sender fills its tensor with a known pattern (:func:`fill`: random values below 1
+that repeat every ``PERIOD`` elements, a prime, so that no piece moved by a power-of-two offset matches),
+and writes into the last element a marker that the reduce-max must find. A transfer of
+``FULL_CHECK_BYTES`` or more, which transports move in pieces (lanes, chunks, work requests) where a marker
+shows only that the last piece landed, is checked byte for byte: before each of them the sender also stamps
+every 4 KiB of the tensor with a value of that transfer (so that a piece left over from the transfer
+before is caught too), and the receiver compares every byte with the pattern, chunk by chunk (no second
+copy of the tensor in memory), after reading the clock. Smaller transfers are checked by the marker,
+and every byte with ``Point.check`` (the soak).
 """
 
 from __future__ import annotations
@@ -48,6 +59,15 @@ MIN_ITERS = 5
 MAX_ITERS = 1000
 SENDER, RECEIVER = 0, 1
 
+#: a transfer of this many bytes or more is checked byte for byte (see the module docstring)
+FULL_CHECK_BYTES = 64 << 10
+#: the fill pattern repeats every PERIOD elements (a prime)
+PERIOD = 1_048_573
+#: the stamps of a checked transfer: one element per this many bytes
+STAMP_BYTES = 4096
+#: elements filled or compared at a time (a multiple of every stamp stride)
+CHUNK = 1 << 20
+
 
 #: the receiver reports its progress at least this often (and after every transfer slower than that), so the
 #: launcher's watchdog measures liveness, not the length of a point
@@ -64,8 +84,8 @@ class Point:
 
     ``seconds``: timed transfers go on for this long instead of ``iters`` of them (the soak).
     ``check``: the receiver compares every element of every tensor with what the sender wrote and
-    counts the tensors that differ instead of failing at the first (the soak); otherwise it checks the
-    marker (the maximum) only.
+    counts the tensors that differ instead of failing at the first (the soak); otherwise it checks every
+    byte of transfers of ``FULL_CHECK_BYTES`` or more and the marker (the maximum) of smaller ones.
     ``extra_copies``: the sender copies the tensor this many more times per transfer, after reading the
     clock (``--extra-copy``: a known slow-down, counted as copied bytes, to check that comparisons catch one).
     """
@@ -81,6 +101,11 @@ class Point:
     def dtype(self) -> np.dtype:
         # float32 as tensors usually are; bytes when the size is not a whole number of floats
         return np.dtype(np.float32 if self.size_bytes % 4 == 0 else np.uint8)
+
+    @property
+    def stamped(self) -> bool:
+        """Whether its transfers carry stamps and are checked byte for byte (see the module docstring)."""
+        return self.size_bytes >= FULL_CHECK_BYTES
 
     @property
     def spec(self) -> TensorSpec:
@@ -107,13 +132,80 @@ def clock_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
+@functools.cache
+def _pattern(dtype: np.dtype) -> np.ndarray:
+    """The fill pattern's period, followed by its first ``CHUNK`` elements again: any ``CHUNK`` elements of
+    the pattern are one slice of it. Values below 1 (float32) or 0 and 1 (uint8): below every marker."""
+    rng = np.random.default_rng(2019)
+    if dtype == np.uint8:
+        period = rng.integers(0, 2, size=PERIOD, dtype=np.uint8)
+    else:
+        period = rng.random(PERIOD, dtype=np.float32)
+    pattern = np.concatenate([period, period[:CHUNK]])
+    pattern.flags.writeable = False
+    return pattern
+
+
+def _stamps(i: int, pages: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The stamps of transfer ``i`` on ``pages`` (indices of its 4 KiB pieces): a hash of the page and the
+    transfer, below 1 (float32) or 0 and 1 (uint8), different in every page from transfer ``i - 1``'s."""
+    mixed = (pages.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)  # 24 bits
+    if dtype == np.uint8:
+        return ((mixed + np.uint64(i & 1)) & np.uint64(1)).astype(np.uint8)
+    mixed = (mixed + np.uint64((i * 0x3779B1) & 0xFFFFFF)) & np.uint64(0xFFFFFF)
+    return mixed.astype(np.float32) / np.float32(1 << 24)
+
+
+def _stride(dtype: np.dtype) -> int:
+    return STAMP_BYTES // dtype.itemsize
+
+
 def content(point: Point) -> np.ndarray:
-    """What the sender puts in the tensor of ``point`` (before the marker): the same on both sides."""
-    rng = np.random.default_rng(point.size_bytes)
-    shape = point.spec.shape
-    if point.dtype == np.uint8:
-        return rng.integers(0, 2, size=shape, dtype=np.uint8)
-    return rng.random(shape, dtype=np.float32)
+    """What the sender puts in the tensor of ``point`` before stamps and marker: the same on both sides.
+
+    The whole tensor at once (for small points and tests); the sender fills its tensor in chunks (:func:`fill`).
+    """
+    return np.resize(_pattern(point.dtype)[:PERIOD], point.spec.shape[0])
+
+
+def fill(flat: np.ndarray) -> None:
+    """Write the fill pattern into ``flat`` (a 1-D tensor), a chunk at a time."""
+    pattern = _pattern(flat.dtype)
+    for start in range(0, flat.size, CHUNK):
+        count = min(CHUNK, flat.size - start)
+        offset = start % PERIOD
+        flat[start : start + count] = pattern[offset : offset + count]
+
+
+def prepare(flat: np.ndarray, point: Point, i: int) -> None:
+    """Before transfer ``i``: its stamps (a checked point's) and its marker, into the sender's filled tensor."""
+    if point.stamped:
+        stride = _stride(flat.dtype)
+        flat[::stride] = _stamps(i, np.arange(-(-flat.size // stride)), flat.dtype)
+    flat[-1] = marker(i, flat.dtype)
+
+
+def first_wrong(flat: np.ndarray, point: Point, i: int) -> int | None:
+    """The index of the first element of ``flat`` (transfer ``i`` of ``point``, as received) that differs from
+    what the sender wrote, or None. Compared as integers (every bit: -0.0 is not 0.0), a chunk at a time."""
+    dtype = flat.dtype
+    pattern, stride = _pattern(dtype), _stride(dtype)
+    bits = np.dtype(f"u{dtype.itemsize}")
+    expected = np.empty(min(CHUNK, flat.size), dtype)
+    for start in range(0, flat.size, CHUNK):
+        count = min(CHUNK, flat.size - start)
+        offset = start % PERIOD
+        want = expected[:count]
+        want[...] = pattern[offset : offset + count]
+        if point.stamped:  # chunks start on a stamp: CHUNK is a multiple of the stride
+            first = start // stride
+            want[::stride] = _stamps(i, np.arange(first, first + -(-count // stride)), dtype)
+        if start + count == flat.size:
+            want[-1] = marker(i, dtype)
+        got = flat[start : start + count]
+        if not np.array_equal(got.view(bits), want.view(bits)):
+            return start + int(np.flatnonzero(got.view(bits) != want.view(bits))[0])
+    return None
 
 
 def _cpu_seconds(per_thread: bool) -> float:
@@ -168,7 +260,8 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
         spec = point.spec
         rss0 = rss_mb()
         tensor = transport.allocate(spec)
-        tensor[...] = content(point)
+        flat = tensor.reshape(-1)
+        fill(flat)
         scratch = np.empty_like(tensor) if point.extra_copies else None
         starts = []
         cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
@@ -177,7 +270,7 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
             if signal != i:  # the receiver is done with transfer i - 1
                 raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
                                    f"{format_size(point.size_bytes)}, it said {signal!r}")
-            tensor.flat[-1] = marker(i, point.dtype)
+            prepare(flat, point, i)
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             t_send = clock_ns()
@@ -189,14 +282,14 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
         report(Side("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
                     transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
                     rss_end_mb=rss_mb()))
-        del tensor
+        del tensor, flat
 
 
 def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], None], per_thread_cpu: bool) -> None:
     for point in points:
         spec = point.spec
         rss0 = rss_mb()
-        expected = content(point).reshape(-1)[:-1] if point.check else None
+        full = point.check or point.stamped  # every byte compared, or the marker only
         dones = []
         corrupted = 0
         total = point.warmup + point.iters
@@ -215,15 +308,18 @@ def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], 
             largest = tensor.max()
             t_done = clock_ns()
             dones.append((t_received, t_done))
-            wrong = tensor.shape != spec.shape or largest != marker(i, point.dtype)
-            if expected is not None:
-                wrong = wrong or not np.array_equal(tensor.reshape(-1)[:-1], expected)
+            wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
+            where = None
+            if full and not wrong:
+                where = first_wrong(tensor.reshape(-1), point, i)
+                wrong = where is not None
+            if point.check:
                 corrupted += bool(wrong)
             elif wrong:
-                raise RuntimeError(
-                    f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: shape {tensor.shape}, "
-                    f"max {largest} (expected {spec.shape}, {marker(i, point.dtype)})"
-                )
+                found = (f"element {where} of {tensor.size} differs from what the sender wrote" if where is not None
+                         else f"shape {tensor.shape}, {tensor.dtype}, max {largest} (expected {spec.shape}, "
+                              f"{spec.dtype}, {marker(i, point.dtype)})")
+                raise RuntimeError(f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: {found}")
             del tensor
             i += 1
             now = time.monotonic()
