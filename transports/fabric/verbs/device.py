@@ -107,6 +107,10 @@ CQES_PER_QP = 2
 WAIT_SLICE_S = 0.05
 #: how long a device whose connection request the peer deferred waits for the peer's own
 CONNECT_WAIT_S = 60.0
+#: the most bytes one work request moves: a scatter-gather entry's length is 32 bits and a port takes
+#: messages of at most its max_msg_sz (2 GiB on InfiniBand and RoCE), so a larger transfer is posted as
+#: several work requests of at most this many bytes, in order on one queue pair
+MAX_WR_BYTES = 1 << 30
 
 _MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "qp", "wr", "pyverbs_error")
 
@@ -387,6 +391,7 @@ class VerbsChannel(Channel):
         self.qp_num = self.qp.qp_num
         self.psn = new_psn()
         self.recv_wr = pv.wr.RecvWR(wr_id=RECV_WR_ID, num_sge=1, sg=[device._empty_sge()])
+        self.depth = depth
         self._slots = threading.BoundedSemaphore(depth)  # free send queue entries
         self._post_lock = threading.Lock()
         self._last: Future | None = None  # the future of the last work request posted
@@ -404,6 +409,19 @@ class VerbsChannel(Channel):
             raise FabricError(f"verbs: a remote key of {len(remote.rkey)} bytes is malformed (verbs keys have 4 "
                               f"bytes: is the peer on another fabric?)")
         return int.from_bytes(remote.rkey, "little")
+
+    def _pieces(self, local: np.ndarray, remote: RemoteRegion, what: str) -> list[tuple[np.ndarray, RemoteRegion]]:
+        """``local`` and its target cut into pieces of at most ``MAX_WR_BYTES``, in order (itself when it fits)."""
+        limit = MAX_WR_BYTES
+        if local.nbytes <= limit:
+            return [(local, remote)]
+        if local.nbytes > remote.length:
+            raise ValueError(f"{what} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
+        if not local.flags.c_contiguous:
+            raise ValueError("verbs transfers need C-contiguous memory")
+        flat = local.reshape(-1).view(np.uint8)
+        return [(flat[offset : offset + limit], remote.at(offset, min(limit, local.nbytes - offset)))
+                for offset in range(0, local.nbytes, limit)]
 
     def _work(self, opcode: int, local: np.ndarray, remote: RemoteRegion, what: str, signaled: bool = True,
               imm: int = 0):
@@ -440,24 +458,57 @@ class VerbsChannel(Channel):
         ``lead``: the data and target of an RDMA write posted unsignaled right before it on this queue pair:
         the send queue completes in order, so this request's completion is the lead's too (an error of the
         lead's fails the connection, and this request with it).
+
+        A transfer of more than ``MAX_WR_BYTES`` (lead or request) is posted as several work requests of at
+        most that size, in order (a write with immediate: plain writes, the immediate on the last), all
+        unsignaled but the last; when they are more than the send queue holds, in batches of at most its
+        depth, each ending with a signaled request that frees the batch's entries. The returned future is
+        the last request's, whose completion is every earlier one's too.
         """
         device = self.device
+        enums = device._pv.enums
         future: Future = Future()
         try:
             device._check_open()
             if self._error is not None:
                 raise FabricError(f"verbs: {what} on a failed connection: {self._error}")
-            parts = []  # (work request, region, buffer): the unsignaled lead first
+            steps = []  # (opcode, buffer, target, immediate): the unsignaled lead first
             if lead is not None and lead[0].nbytes:
-                parts.append((*self._work(device._pv.enums.IBV_WR_RDMA_WRITE, lead[0], lead[1], what, signaled=False),
-                              lead[0]))
-            parts.append((*self._work(opcode, local, remote, what, imm=imm), local))
-            works = [work for work, _, _ in parts]
-            work = works[-1]
-            self._take_slots(len(works), what)
+                steps += [(enums.IBV_WR_RDMA_WRITE, piece, target, 0) for piece, target in self._pieces(*lead, what)]
+            pieces = self._pieces(local, remote, what)
+            plain = enums.IBV_WR_RDMA_WRITE if opcode == enums.IBV_WR_RDMA_WRITE_WITH_IMM else opcode
+            steps += [(plain, piece, target, 0) for piece, target in pieces[:-1]]
+            steps.append((opcode, *pieces[-1], imm))
         except FabricError as exc:
             future.set_exception(exc)
             return future
+        batches = [steps[start : start + self.depth] for start in range(0, len(steps), self.depth)]
+        for number, batch in enumerate(batches):
+            last = number == len(batches) - 1
+            batch_future = future if last else Future()
+            try:
+                if number and self._error is not None:  # an earlier batch failed
+                    raise FabricError(f"verbs: {what} on a failed connection: {self._error}")
+                parts = [(*self._work(code, buffer, target, what, signaled=n == len(batch) - 1, imm=value), buffer)
+                         for n, (code, buffer, target, value) in enumerate(batch)]
+                self._take_slots(len(parts), what)
+            except FabricError as exc:
+                if number:  # the batches before are in flight, this transfer will not complete
+                    device._fail_channel(self, f"posting {what} failed: {exc}")
+                settle(future, error=exc)
+                return future
+            if not self._post_batch(parts, batch_future, what, first=number == 0):
+                if not last:
+                    settle(future, error=batch_future.exception())
+                return future
+        return future
+
+    def _post_batch(self, parts: list, future: Future, what: str, first: bool) -> bool:
+        """Post ``parts`` ((work request, region, buffer), all unsignaled but the last), whose last completes
+        ``future``; False when posting failed (``future`` then holds the error)."""
+        device = self.device
+        works = [work for work, _, _ in parts]
+        work = works[-1]
         device._track(work.wr_id, _Pending(future, self, what, tuple(buffer for _, _, buffer in parts),
                                            tuple(region for _, region, _ in parts if region), len(works)))
         try:
@@ -467,10 +518,11 @@ class VerbsChannel(Channel):
                 self._last = future
         except device._pv.pyverbs_error.PyverbsError as exc:
             device._untrack(work.wr_id)
-            if len(works) > 1:  # an unsignaled write may be in the queue with nothing to complete it
+            if len(works) > 1 or not first:  # an unsignaled write may be in the queue with nothing to complete it
                 device._fail_channel(self, f"posting {what} failed: {exc}")
             settle(future, error=FabricError(f"verbs: posting {what} failed: {exc}"))
-        return future
+            return False
+        return True
 
     def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
         return self._post(self.device._pv.enums.IBV_WR_RDMA_WRITE, local, remote, "RDMA write")
