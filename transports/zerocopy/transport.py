@@ -36,6 +36,7 @@ peers are alive.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import zlib
@@ -61,7 +62,7 @@ from transports.base import (
 from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, parse_device
+from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, memory_bytes, parse_device
 
 MAX_DIMS = 8
 MAX_RKEY = 1024
@@ -82,8 +83,12 @@ TRAILER_AT = aligned(META.itemsize)
 CONTROL_BYTES = TRAILER_AT + TRAILER
 
 
-#: the largest tensor a peer may announce on the dynamic path (the receiver allocates it)
-MAX_DYNAMIC_BYTES = 1 << 30  # the largest size bench micro measures
+#: the largest tensor a peer may announce on the dynamic path, where the receiver allocates what the peer
+#: announces: a bound on what one meta-data record can make it allocate (and never more than its memory).
+#: Static placement has no such bound: the receiver placed the slot itself, for any size its memory holds.
+MAX_DYNAMIC_BYTES = 1 << 30
+#: the largest size an array can have: a static slot a peer describes is checked against it
+MAX_ARRAY_BYTES = int(np.iinfo(np.intp).max)
 #: a write of this many bytes or more is spread over every lane to the peer
 SPREAD_BYTES = 1 << 20
 COUNTERS_BYTES = 16  # [receives posted, reads done], uint64 each
@@ -128,7 +133,11 @@ def _dtype(value: Any) -> np.dtype:
 
 
 def _shape(value: Any, dtype: np.dtype, limit: int) -> tuple[tuple[int, ...], int]:
-    """A shape from a peer and its size in bytes, which must not exceed ``limit``."""
+    """A shape from a peer and its size in bytes, which must not exceed ``limit``.
+
+    The product is checked as it grows (after every dimension), so no shape, however large its
+    dimensions, computes more than a number just past ``limit``.
+    """
     if not isinstance(value, list | tuple) or len(value) > MAX_DIMS:
         raise ValueError(f"'shape' must be a list of at most {MAX_DIMS} dimensions")
     shape = tuple(_int(d, "shape", 0, limit) for d in value)
@@ -185,8 +194,11 @@ class ConnectReply:
     dtype: np.dtype | None = None
 
     @classmethod
-    def parse(cls, reply: Any) -> ConnectReply:
-        """Checks every field; ValueError says what is wrong."""
+    def parse(cls, reply: Any, limit: int = MAX_ARRAY_BYTES) -> ConnectReply:
+        """Checks every field; ValueError says what is wrong.
+
+        A static slot's shape and dtype must describe at most ``limit`` bytes and exactly the slot's length.
+        """
         if not isinstance(reply, dict) or reply.get("mode") not in ("static", "dynamic"):
             raise ValueError("a 'connect' reply must say whether the tensor is 'static' or 'dynamic'")
         fields = {"mode", "control"} | ({"slot", "shape", "dtype"} if reply["mode"] == "static" else set())
@@ -198,7 +210,7 @@ class ConnectReply:
         if reply["mode"] == "dynamic":
             return cls("dynamic", control)
         dtype = _dtype(reply["dtype"])
-        shape, nbytes = _shape(reply["shape"], dtype, MAX_DYNAMIC_BYTES)
+        shape, nbytes = _shape(reply["shape"], dtype, limit)
         slot = RemoteRegion.from_json(reply["slot"])
         if slot.length != nbytes:
             raise ValueError(f"'slot' of {slot.length} bytes does not hold {dtype} {shape} ({nbytes} bytes)")
@@ -357,8 +369,10 @@ class ZeroCopyTransport(FabricTransport):
         self._mirrors: dict[tuple[int, int, bytes], _CreditMirror] = {}
         #: connects this rank has in flight, (name, dst) -> what it sent, for the receiver's ``verify``
         self._connecting: dict[tuple[str, int], dict[str, Any]] = {}
+        #: what this rank's memory holds: no static slot is placed beyond it
+        self.memory_bytes = memory_bytes()
         #: the largest tensor a peer may announce on the dynamic path
-        self.max_dynamic_bytes = MAX_DYNAMIC_BYTES
+        self.max_dynamic_bytes = min(MAX_DYNAMIC_BYTES, self.memory_bytes)
         #: sends for the send poller, and the count of them queued so far (which its wait watches)
         self._queue: deque[_Queued] = deque()
         self._doorbell = np.zeros(1, np.uint64)
@@ -391,9 +405,14 @@ class ZeroCopyTransport(FabricTransport):
         specs = list(specs)
         if not self.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
             specs = [TensorSpec(s.name, None, s.dtype, s.src, s.dst) for s in specs]
-        super().plan(specs)
         incoming = [s for s in specs if s.dst == self.rank and s.shape is not None]
         outgoing = [s for s in specs if s.src == self.rank and s.shape is not None]
+        for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
+            if (nbytes := math.prod(spec.shape) * np.dtype(spec.dtype).itemsize) > self.memory_bytes:
+                raise ValueError(f"{self.name}: cannot place '{spec.name}' from rank {spec.src}: "
+                                 f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
+                                 f"rank's memory ({self.memory_bytes} bytes)")
+        super().plan(specs)
         sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
         if not self.stages_sends:
             sizes += [s.nbytes for s in outgoing]
@@ -578,6 +597,9 @@ class ZeroCopyTransport(FabricTransport):
         except FabricError as exc:
             raise PeerError(f"{self.name}: cannot reach {self.peer_name(key.dst)}: {exc}") from None
         array = contiguous(np.asarray(array), self.ledger)
+        if outgoing.mode != "static" and array.nbytes > MAX_DYNAMIC_BYTES:  # the receiver would refuse its meta-data
+            raise ValueError(f"{self.name}: {key} is {array.nbytes} bytes; dynamic allocation moves at most "
+                             f"{MAX_DYNAMIC_BYTES} (a tensor planned with its shape is placed statically, of any size)")
         self._count_source(array)
         with outgoing.lock:
             seq = outgoing.seq
