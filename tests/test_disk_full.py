@@ -145,6 +145,17 @@ def test_a_run_whose_disk_fills_keeps_every_point_and_says_it_failed(small_disk,
     assert capsys.readouterr().err == ""  # nothing torn to warn about
 
 
+def test_the_last_meta_json_goes_into_the_room_kept_for_it(small_disk):
+    disk = small_disk("64k")
+    writer = RunWriter(disk / "run", "micro", {})
+    writer.add(micro(1024, 10.0))
+    fill(disk)  # every row fitted, but nothing is left for the end
+    writer.finish("complete")
+    assert json.loads((disk / "run" / META_FILE).read_text())["status"] == "complete"
+    assert sorted(p.name for p in (disk / "run").iterdir()) == [META_FILE, RECORDS_FILE]  # the room given back
+    assert leftovers(disk) == []
+
+
 def test_meta_json_that_cannot_be_rewritten_stays_as_it_was(small_disk):
     disk = small_disk("64k")
     writer = RunWriter(disk / "run", "micro", {})

@@ -78,7 +78,8 @@ def draw(out: Path, experiment: str) -> None:
             warnings.simplefilter("ignore")
             written = plot_run(out)
     except (ResultsError, ValueError, TypeError, KeyError, OSError) as exc:
-        print(f"bench {experiment}: warning: no figures: {error_line(exc)}", file=sys.stderr)
+        problem = str(exc) if isinstance(exc, DiskError) else error_line(exc)
+        print(f"bench {experiment}: warning: no figures: {problem}", file=sys.stderr)
         return
     for path in written:
         if path.suffix == ".png":

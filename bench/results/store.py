@@ -259,13 +259,13 @@ class RunWriter:
             status = "failed"
             extra.setdefault("reason", str(self.disk_error))
         self.meta.update(end_time=now_iso(), status=status, **extra)
+        self._release_reserve()  # what it was kept for: this last meta.json
         try:
             self._write_meta()
         except DiskError as exc:
             if self.disk_error is None:
                 self.disk_error = exc
                 raise
-        self._release_reserve()
 
     def _write_meta(self) -> None:
         with _signals_held():
