@@ -70,7 +70,6 @@ import functools
 import math
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -188,25 +187,24 @@ def private_network(what: str = "ucx_perftest"):
     reachable from the network. Shared memory and cma work across network namespaces, and so do
     RDMA devices while rdma-core's namespace mode is ``shared`` (the default; ``rdma system show
     netns``). Needs root and iproute2; without them the reference line is not run (one line says why).
+    The namespace is the launch layer's (``bench.launch.hosts.private_namespace``): what runs inside is
+    killed when it goes, a reaper removes it should this process die, and the stale sweep knows its name.
     """
+    from bench.launch.hosts import CommandError, private_namespace
+
     ip = shutil.which("ip")
     if os.geteuid() != 0 or ip is None:
         raise ReferenceUnavailable(
             f"{what} listens on every interface (it has no bind option), so it runs only inside a private "
             "network namespace, which needs root and iproute2 ('ip'); run as root or pass --no-references"
         )
-    name = f"tt-perftest-{os.getpid()}-{secrets.token_hex(3)}"
-    made = subprocess.run([ip, "netns", "add", name], capture_output=True, text=True)
-    if made.returncode != 0:
-        raise ReferenceUnavailable(
-            f"cannot make a private network namespace for {what} ({made.stderr.strip() or made.returncode}); "
-            "pass --no-references"
-        )
-    try:
-        subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            name = stack.enter_context(private_namespace())
+        except CommandError as exc:
+            raise ReferenceUnavailable(
+                f"cannot make a private network namespace for {what} ({exc}); pass --no-references") from None
         yield [ip, "netns", "exec", name]
-    finally:
-        subprocess.run([ip, "netns", "delete", name], capture_output=True)
 
 
 def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str) -> MicroRecord:

@@ -313,3 +313,50 @@ def test_sweep_stale_removes_dead_owners_namespaces_only(netns) -> None:
         if inside is not None:
             stop(inside)
         subprocess.run(["ip", "netns", "delete", stale], capture_output=True)
+
+
+# Makes a private namespace (as a reference tool's, e.g. ucx_perftest's), starts a process inside, reports
+# both, then waits to be killed.
+PRIVATE_CREATOR = """
+import subprocess, time
+from bench.reference import private_network
+with private_network("the test") as enter:
+    inside = subprocess.Popen([*enter, "sleep", "600"])
+    print(enter[-1], inside.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_reference_tools_private_namespace_goes_with_its_creator_and_matches_the_sweep(netns) -> None:
+    creator = subprocess.Popen([sys.executable, "-c", PRIVATE_CREATOR], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                               start_new_session=True)
+    try:
+        report = creator.stdout.readline().split()
+        assert len(report) == 2, "the creating process failed (its stderr is above)"
+        name, inside = report[0], int(report[1])
+        assert hosts_module._NAME.match(name), name  # what sweep_stale removes once its creator is dead
+        assert name in netns_names()
+        wait_until(lambda: inside in pids_in(name), "sleep to enter the namespace")
+        os.kill(creator.pid, signal.SIGKILL)
+        creator.wait(timeout=WAIT_S)
+        wait_until(lambda: name not in netns_names(), "the reaper to delete the namespace")
+        wait_until(lambda: not alive(inside), "the process inside to be killed")
+        wait_until(lambda: not processes_mentioning(name), "the reaper to exit")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(creator.pid, signal.SIGKILL)
+        creator.wait()
+        creator.stdout.close()
+        sweep_stale()
+
+
+def test_a_reference_tools_private_namespace_is_removed_with_what_runs_inside(netns) -> None:
+    from bench.reference import private_network
+
+    with private_network("the test") as enter:
+        name = enter[-1]
+        inside = subprocess.Popen([*enter, "sleep", "600"])
+        wait_until(lambda: inside.pid in pids_in(name), "sleep to enter the namespace")
+    assert name not in netns_names()
+    assert inside.wait(timeout=WAIT_S) == -signal.SIGKILL
+    assert not processes_mentioning(name)

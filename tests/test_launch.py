@@ -133,23 +133,27 @@ def test_a_stranger_without_the_token_is_refused_and_logged(caplog):
 
 
 def test_ranks_exit_when_their_coordinator_is_killed(tmp_path):
-    """A coordinator killed outright (no cleanup at all) leaves no rank behind: they see their hub close."""
+    """A coordinator killed outright (no cleanup at all) leaves no rank behind (they see their hub close), and no
+    directory: its reaper removes the hub's (TMPDIR is the test's own, so only this coordinator's is counted)."""
     script = (
         "import sys; from bench.launch import create, RankSpec; from tests import launch_jobs as jobs\n"
         "create('local').run([RankSpec(jobs.wait_forever, 'a'), RankSpec(jobs.wait_forever, 'b')], 600,\n"
         "    on_report=lambda rank, payload: print(payload[1], flush=True))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path)}
     coordinator = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env,
                                    cwd=os.path.dirname(os.path.dirname(__file__)))
     pids = [int(coordinator.stdout.readline()) for _ in range(2)]
     assert all(alive(pid) for pid in pids)
+    hub_dirs = list(tmp_path.glob("bench-run-*"))
+    assert len(hub_dirs) == 1 and list(hub_dirs[0].glob("run-*/hub"))
     coordinator.send_signal(signal.SIGKILL)
     coordinator.wait()
     deadline = time.monotonic() + BOUND_S
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while (any(alive(pid) for pid in pids) or hub_dirs[0].exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids)
+    assert not hub_dirs[0].exists()
 
 
 def test_services_run_until_the_others_finish_then_report_their_memory(local):
@@ -222,7 +226,7 @@ def test_hosts_whose_teardown_fails_still_reap_their_reaper(monkeypatch):
 
     _netns_or_skip().close()
     emulated = hosts.EmulatedHosts(1).create()
-    reaper = emulated._reaper
+    reaper = emulated._reaper._process
     real_teardown = hosts._teardown
 
     def failing(names):

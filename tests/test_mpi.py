@@ -52,4 +52,4 @@ def test_a_run_needing_more_ranks_than_the_job_has_is_refused_by_name(tmp_path):
                   "--no-plot", "--out", str(out), cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode != 0
     assert "this run needs 4 ranks (worker 0, worker 1, ps 0, ps 1), but the MPI job has 2: start it with " \
-           "mpirun -np 4" in done.stdout
+           "mpirun -np 4" in done.stderr  # a run's error lines go to stderr

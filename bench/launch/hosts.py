@@ -11,12 +11,14 @@ The veth pairs are created directly inside their namespaces, so nothing is ever 
 namespace. With a link rate, ``tbf`` shapes both directions of every link: egress of ``tb0`` in the
 host (host to switch) and egress of ``p<i>`` in the switch (switch to host).
 
-Cleanup after a crash: :meth:`EmulatedHosts.create` first starts a reaper (this file run as
-``python -I hosts.py reap NAMES...``, in a session of its own so that a signal to the creator's
-process group spares it) whose stdin is the read end of a pipe only the creator holds. A clean
+Cleanup after a crash: :meth:`EmulatedHosts.create` first starts a :class:`Reaper` (this file run as
+``python -I hosts.py reap [--dir PATH]... NAMES...``, in a session of its own so that a signal to the
+creator's process group spares it) whose stdin is the read end of a pipe only the creator holds. A clean
 :meth:`EmulatedHosts.close` tears down, writes ``closed`` and closes the pipe; the reaper exits. When
 the creator dies instead (even by SIGKILL) the reaper reads EOF without ``closed``, kills what runs
-in the namespaces, deletes them and exits, so no reaper outlives its hosts.
+in the namespaces, deletes them and the directories it was given, and exits, so no reaper outlives its
+hosts. The local launcher's hub directory (its socket, the ranks' logs) and the private namespace of a
+reference tool (:func:`private_namespace`) have reapers too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ SUBNET = "198.18.0"  # the first /24 of 198.18.0.0/15 (RFC 2544)
 BRIDGE = "br0"
 MAX_HOSTS = 254  # 198.18.0.1 .. 198.18.0.254
 
-_NAME = re.compile(rf"^{NAME_PREFIX}-(\d+)-([0-9a-f]+)-(sw|h\d+)$")
+_NAME = re.compile(rf"^{NAME_PREFIX}-(\d+)-([0-9a-f]+)-(sw|h\d+|lo)$")
 _CLOSED = b"closed"
 _UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
@@ -202,6 +204,81 @@ def _forget_reaper_pipes() -> None:
 os.register_at_fork(after_in_child=_forget_reaper_pipes)
 
 
+class Reaper:
+    """A process that removes ``namespaces`` (killing what runs inside) and ``directories`` if their creator dies.
+
+    ``start()`` it before making them; ``release(clean=True)`` once they are gone (it exits), or
+    ``release(clean=False)`` when tearing down failed (it tries once more, then exits). Either way it is
+    waited for: no process of it is left, not even a zombie.
+    """
+
+    def __init__(self, namespaces: list[str] = (), directories: list[str] = ()) -> None:
+        self.namespaces = list(namespaces)
+        self.directories = list(directories)
+        self._process: subprocess.Popen | None = None
+        self._pipe: int | None = None
+
+    def start(self) -> Reaper:
+        read_end, write_end = os.pipe()
+        dirs = [arg for path in self.directories for arg in ("--dir", os.path.abspath(path))]
+        try:
+            # -I: the reaper needs only the standard library, and must not import this package (or
+            # anything next to this file) that may be slow or broken.
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), "reap", *dirs, *self.namespaces],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._pipe = write_end
+        _REAPER_PIPES.add(write_end)
+        return self
+
+    def release(self, clean: bool) -> None:
+        if self._pipe is not None:
+            _REAPER_PIPES.discard(self._pipe)
+            with contextlib.suppress(OSError):  # the reaper may be gone already
+                if clean:
+                    os.write(self._pipe, _CLOSED)
+            os.close(self._pipe)
+            self._pipe = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=_REAPER_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+@contextlib.contextmanager
+def private_namespace(owner_pid: int | None = None):
+    """A network namespace of its own with only loopback up, swept like emulated hosts; yields its name.
+
+    Its name follows the emulated hosts' scheme (``tbench-<pid>-<nonce>-lo``), so :func:`sweep_stale`
+    finds it once its creator is dead, and a reaper removes it (and kills what runs inside) if the
+    creator dies first. Raises :class:`CommandError` when it cannot be made.
+    """
+    name = f"{NAME_PREFIX}-{owner_pid or os.getpid()}-{secrets.token_hex(4)}-lo"
+    reaper = Reaper(namespaces=[name]).start()
+    clean = False
+    try:
+        _run(["ip", "netns", "add", name])
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        yield name
+    finally:
+        try:
+            _teardown([name])
+            clean = True
+        finally:
+            reaper.release(clean)
+
+
 class EmulatedHosts:
     """``hosts`` network namespaces joined by veth pairs to a bridge, links shaped to ``link_rate_bps``.
 
@@ -223,8 +300,7 @@ class EmulatedHosts:
         self.prefix = f"{NAME_PREFIX}-{os.getpid()}-{secrets.token_hex(4)}"
         self.switch = f"{self.prefix}-sw"
         self._owner_pid = os.getpid()
-        self._reaper: subprocess.Popen | None = None
-        self._pipe: int | None = None
+        self._reaper: Reaper | None = None
         self._created = False
         self._closed = False
 
@@ -260,7 +336,7 @@ class EmulatedHosts:
         if self._created:
             raise RuntimeError(f"emulated hosts {self.prefix} were already created")
         self._created = True
-        self._start_reaper()
+        self._reaper = Reaper(namespaces=self.namespaces()).start()
         try:
             self._build()
         except BaseException:
@@ -269,25 +345,6 @@ class EmulatedHosts:
                 self.close()
             raise
         return self
-
-    def _start_reaper(self) -> None:
-        read_end, write_end = os.pipe()
-        try:
-            # -I: the reaper needs only the standard library, and must not import this package (or
-            # anything next to this file) that may be slow or broken.
-            self._reaper = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), "reap", *self.namespaces()],
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        self._pipe = write_end
-        _REAPER_PIPES.add(write_end)
 
     def _build(self) -> None:
         switch = self.switch
@@ -346,27 +403,9 @@ class EmulatedHosts:
             _teardown(self.namespaces())
         except BaseException:
             # Closing the pipe without "closed" makes the reaper try once more, then exit.
-            self._release_reaper(clean=False)
+            self._reaper.release(clean=False)
             raise
-        self._release_reaper(clean=True)
-
-    def _release_reaper(self, clean: bool) -> None:
-        if self._pipe is not None:
-            _REAPER_PIPES.discard(self._pipe)
-            with contextlib.suppress(OSError):  # the reaper may be gone already
-                if clean:
-                    os.write(self._pipe, _CLOSED)
-            os.close(self._pipe)
-            self._pipe = None
-        if self._reaper is not None:
-            # reaped either way (after a failed teardown it tries once more, then exits): no process of a run is
-            # left behind, not even a zombie
-            try:
-                self._reaper.wait(timeout=_REAPER_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self._reaper.kill()
-                self._reaper.wait()
-            self._reaper = None
+        self._reaper.release(clean=True)
 
     def _check(self, host: int) -> int:
         if not 0 <= host < self.hosts:
@@ -394,16 +433,21 @@ def sweep_stale() -> list[str]:
     return stale
 
 
-def _reap(names: list[str]) -> int:
+def _reap(args: list[str]) -> int:
     """The reaper: wait for the creator to close its end of the pipe; unless it said so, tear down."""
+    directories = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--dir"]
+    names = [arg for i, arg in enumerate(args) if arg != "--dir" and (i == 0 or args[i - 1] != "--dir")]
     if sys.stdin.buffer.read() == _CLOSED:  # blocks until the creator closed the pipe or died
         return 0
+    status = 0
     try:
         _teardown(names)
     except Exception as exc:
         print(f"bench.launch.hosts reaper: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        status = 1
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+    return status
 
 
 def main(argv: list[str]) -> int:
@@ -414,7 +458,7 @@ def main(argv: list[str]) -> int:
         for name in sweep_stale():
             print(name)
         return 0
-    print("usage: hosts.py reap NAMESPACE... | hosts.py sweep", file=sys.stderr)
+    print("usage: hosts.py reap [--dir PATH]... NAMESPACE... | hosts.py sweep", file=sys.stderr)
     return 2
 
 
