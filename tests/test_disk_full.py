@@ -224,6 +224,21 @@ def test_bench_report_on_a_full_disk_keeps_the_old_page(small_disk, tmp_path, ca
     assert leftovers(disk) == []
 
 
+def test_bench_analyze_on_a_full_disk_keeps_the_old_plan_and_says_so_in_one_line(small_disk, tmp_path, capsys):
+    disk = small_disk("1m")
+    plan = disk / "plan.json"
+    plan.write_text("the old plan\n")
+    fill(disk)
+    capsys.readouterr()
+    assert main(["analyze", "tests.tiny_models:TINY", "--json", str(plan), "--out", str(tmp_path / "run"),
+                 "--no-plot"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench analyze: error: cannot write {plan}: No space left on device; free space there or choose "
+                   "another --out"]
+    assert plan.read_text() == "the old plan\n"
+    assert leftovers(disk) == []
+
+
 def test_bench_plot_on_a_full_disk_leaves_no_half_figure(small_disk, tmp_path, capsys):
     disk = small_disk("1m")
     run = report_run(disk / "micro")

@@ -8,10 +8,12 @@ each process needs. The plan is also written as a run (one record per tensor and
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bench import options
-from bench.commands.common import draw, open_run
+from bench.commands.common import disk_full, draw, open_run
+from bench.results import DiskError
 
 HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
 
@@ -51,8 +53,13 @@ def run(args: argparse.Namespace) -> int:
           + (" (analysis off)" if args.no_analysis else ""))
     print(format_plan(plan, limit=None if args.all else 40))
     if args.json is not None:
+        from bench.results import replace_file
+
         try:
-            args.json.write_text(plan.dumps() + "\n")
+            replace_file(args.json, plan.dumps() + "\n")  # whole or not at all: a full disk keeps the old plan
+        except DiskError as exc:
+            print(f"bench analyze: error: {exc}", file=sys.stderr)
+            return 1
         except OSError as exc:
             return options.fail("analyze", f"cannot write {args.json}: {exc.strerror or exc}")
         print(f"plan: {args.json}")
@@ -62,13 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if writer is None:
         return options.EXIT_USAGE
     summary = plan.summary()
-    for t in plan.transfers:
-        writer.add(AnalysisRecord(
-            model=args.model, servers=args.servers, batch_size=args.batch_size, analysis=plan.analysis,
-            tensor=t.name, role=t.role, placement="static" if t.static else "dynamic",
-            shape=None if t.shape is None else "x".join(map(str, t.shape)),
-            bound=None if t.bound is None else "x".join(map(str, t.bound)), dtype=str(t.dtype), bytes=t.nbytes,
-            src=t.src, dst=t.dst, variable=t.variable, site=t.site))
+    try:
+        for t in plan.transfers:
+            writer.add(AnalysisRecord(
+                model=args.model, servers=args.servers, batch_size=args.batch_size, analysis=plan.analysis,
+                tensor=t.name, role=t.role, placement="static" if t.static else "dynamic",
+                shape=None if t.shape is None else "x".join(map(str, t.shape)),
+                bound=None if t.bound is None else "x".join(map(str, t.bound)), dtype=str(t.dtype), bytes=t.nbytes,
+                src=t.src, dst=t.dst, variable=t.variable, site=t.site))
+    except DiskError as exc:
+        return disk_full(writer, "analyze", exc, [])
     writer.finish("complete", summary=summary)
     print(f"results: {writer.path}")
     if not args.no_plot:

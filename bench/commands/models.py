@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 
 from bench import options
-from bench.commands.common import open_run
+from bench.commands.common import disk_full, open_run
+from bench.results import DiskError
 
 HELP = "the paper's Table 2 measured here: model size, variables, local compute time per sample"
 
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         models_table(names, args.batch_size, steps=args.steps, on_row=measured)
+    except DiskError as exc:
+        return disk_full(writer, "models", exc, [])
     except BaseException as exc:
         writer.finish("failed", failures=[options.error_line(exc)])
         raise
