@@ -469,7 +469,8 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
         times.extra["stats"] = {name: value * share for name, value in whole.items()}
     else:
         times = _serve(config, transport, rank, mine, weights, workers, update, stopping)
-    times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
+    if not config.check:  # the soak compares no weights: no copy of them (fcn5's: 220 MB) in its memory trace
+        times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
     return times
 
 
@@ -824,9 +825,6 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
             memory.stop()
             # the ranks finish at about the same time: a notice still on its way has a second to arrive
             times.extra["check"] = {**transport.counts(), "memory": memory.judge()}
-            # the soak compares no weights: the PS's copy of them (hundreds of MB for fcn5) stays out of the
-            # coordinator, whose memory the soak judges too
-            times.extra.pop("final_weights", None)
     return role, times
 
 
