@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -248,5 +250,80 @@ def test_tcp_fabric_also_works(mode):
         for step in range(3):
             np.testing.assert_array_equal(transfer(pair, Key("w", step, 0, 1), np.arange(1000) * step),
                                           np.arange(1000) * step)
+    finally:
+        close(pair)
+
+
+# -- memory: bounded staging, nothing kept alive -------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+@contextlib.contextmanager
+def no_cyclic_collector():
+    """Whatever stays alive here is referenced, not merely waiting for the cyclic collector."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_received_and_sent_tensors_are_not_kept_alive(mode):
+    """Before, a request and its future referred to each other (the cancel callback held the request), so every
+    result stayed alive until the cyclic collector ran, which large arrays alone never trigger: bench micro's
+    receiver held every tensor of a point (5x the size at 2.5 GB, then the OOM killer)."""
+    pair = pair_in(mode)
+    try:
+        with no_cyclic_collector():
+            alive = []
+            for step, size in enumerate([MIB, 2 * MIB, 2 * MIB, MIB]):
+                array = np.full(size // 8, step, np.float64)
+                received = transfer(pair, Key("w", step, 0, 1), array)
+                assert received[0] == step
+                alive += [weakref.finalize(received, lambda: None), weakref.finalize(array, lambda: None)]
+                del received, array
+            assert not any(finalizer.alive for finalizer in alive)
+    finally:
+        close(pair)
+
+
+def in_use_settles(transport, expected: int, within_s: float = 10.0) -> bool:
+    """Whether the bytes ``transport``'s pool hands out come down to ``expected``: the sender frees a staging
+    buffer or clone just after its write, which the receiver may see complete first."""
+    deadline = time.monotonic() + within_s
+    while transport.pool.in_use_bytes() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return transport.pool.in_use_bytes() == expected
+
+
+def test_buffered_staging_is_bounded_by_the_largest_tensor_and_reused():
+    """Staging buffers of varying sizes on both sides: after the transfers nothing is in use but the links'
+    buffers, each pool holds about the largest tensor (not the sum of every size it staged), and a size
+    staged again needs no new registration."""
+    pair = pair_in("buffered")
+    try:
+        for transport in pair:
+            transport.pool.segment_bytes = MIB  # so that every staging buffer here is a segment of its own
+        transfer(pair, Key("w", 0, 0, 1), np.zeros(8))  # links the two (message buffers, rings)
+        links = [transport.pool.in_use_bytes() for transport in pair]
+        sizes = [2 * MIB, 3 * MIB, 5 * MIB, 2 * MIB, 8 * MIB, 3 * MIB, 8 * MIB]
+        with no_cyclic_collector():
+            for step, size in enumerate(sizes, start=1):
+                array = np.full(size, step % 256, np.uint8)
+                received = transfer(pair, Key(f"t{size}", step, 0, 1), array)
+                assert received.nbytes == size and received[-1] == step % 256
+                del received, array
+                for transport, link in zip(pair, links, strict=True):
+                    assert in_use_settles(transport, link)
+                    assert transport.pool.held_bytes("local") <= max(sizes[:step])
+            registrations = [transport.pool.registrations for transport in pair]
+            for step, size in enumerate(sorted(set(sizes), reverse=True), start=len(sizes) + 1):
+                received = transfer(pair, Key(f"t{size}", step, 0, 1), np.full(size, 1, np.uint8))
+                del received
+            assert [transport.pool.registrations for transport in pair] == registrations
+            assert all(in_use_settles(transport, link) for transport, link in zip(pair, links, strict=True))
     finally:
         close(pair)

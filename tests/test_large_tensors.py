@@ -1,12 +1,15 @@
-"""Tensors over 1 GiB and over 2 GiB: zerocopy and rdma_cp move them whole (every byte checked); the size checks
-that bound what a peer may make a rank hold; verbs' work requests of at most MAX_WR_BYTES each.
+"""Tensors over 1 GiB and over 2 GiB: zerocopy, rdma_cp and grpc_rdma (buffered) move them whole (every byte
+checked); the size checks that bound what a peer may make a rank hold; verbs' work requests of at most
+MAX_WR_BYTES each.
 
-The large cases hold a few GB (sender, receiver's slot, rdma_cp's staging buffer): each is skipped where the
+The large cases hold a few GB (sender, receiver's slot, staging buffers): each is skipped where the
 memory available is short of what it needs.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import time
 
 import numpy as np
@@ -34,12 +37,14 @@ def available_bytes() -> int:
     return 0
 
 
-# -- zerocopy and rdma_cp move tensors over 1 GiB and 2 GiB ------------------------------------------------------
+# -- zerocopy, rdma_cp and grpc_rdma move tensors over 1 GiB and 2 GiB -------------------------------------------------
 
 
 @pytest.mark.parametrize(("name", "nbytes", "copies", "lanes"), [
     ("rdma_cp", GIB + 4096 + 1, 3, 2),  # just over 1 GiB (odd: uint8), spread over two lanes, staged
     ("zerocopy", int(2.1 * GIB) | 1, 2, 1),  # over 2 GiB in one write, from allocate()'s registered memory
+    # buffered (its default): the sender's tensor and staging buffer, the receiver's staging buffer and result
+    ("grpc_rdma", int(1.1 * GIB) | 1, 4, 1),
 ])
 def test_a_tensor_over_1_gib_arrives_whole(name, nbytes, copies, lanes):
     """Before, the sender refused the receiver's slot ("'shape' (...) exceeds 1073741824 bytes"). Two transfers
@@ -68,6 +73,8 @@ def test_a_tensor_over_1_gib_arrives_whole(name, nbytes, copies, lanes):
             assert micro.first_wrong(received.reshape(-1), point, step) is None
             del received
         assert pair[1].stats().payload_bytes_received == 2 * nbytes
+        if name == "grpc_rdma":  # one staging buffer each side, used again for the second transfer
+            assert all(transport.pool.held_bytes("local") < 2 * nbytes for transport in pair)
     finally:
         for transport in pair:
             transport.close()
@@ -240,6 +247,40 @@ def test_a_dynamic_send_over_1_gib_is_refused_before_the_wire(monkeypatch):
     finally:
         for transport in pair:
             transport.close()
+
+
+def test_a_tensor_spec_counts_its_bytes_exactly():
+    """Before, an int64 product: a shape of 2**64 elements counted 0 bytes, and one of 2**63 a negative count."""
+    assert TensorSpec("v", (1 << 33, 1 << 33, 4), np.uint8, 0, 1).nbytes == 1 << 68
+    assert TensorSpec("w", (1 << 40, 1 << 23), np.float32, 0, 1).nbytes == 1 << 65
+    assert TensorSpec("x", (np.int64(3), 5), np.float64, 0, 1).nbytes == 120
+    assert type(TensorSpec("y", (2, 3), np.float32, 0, 1).nbytes) is int
+    assert TensorSpec("z", None, np.float32, 0, 1).nbytes is None
+
+
+def test_every_transport_bounds_a_tensor_by_one_reading_of_the_memory(monkeypatch):
+    """One function says what a rank can hold (physical memory, or its cgroup's limit when lower), in
+    transports.base; the fabric transports and grpc_tcp's wire use it, not copies of their own."""
+    from transports import base, on_fabric
+    from transports.grpc_rdma import transport as grpc_rdma
+    from transports.grpc_tcp import wire
+
+    assert grpc_rdma.memory_bytes is base.memory_bytes
+    assert wire.memory_bytes is base.memory_bytes
+    assert zerocopy.memory_bytes is base.memory_bytes
+    assert not hasattr(on_fabric, "memory_bytes")
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < base.memory_bytes() <= physical
+
+    real_open = open
+
+    def limited(path, *args, **kwargs):
+        if str(path) == "/sys/fs/cgroup/memory.max":
+            return io.StringIO(f"{GIB}\n")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", limited)
+    assert base.memory_bytes() == min(GIB, physical)
 
 
 # -- verbs: no work request moves more than MAX_WR_BYTES --------------------------------------------------------

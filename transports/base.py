@@ -9,6 +9,8 @@ it copies in user space, so that experiments report copies, not just time.
 
 from __future__ import annotations
 
+import math
+import os
 import secrets
 import socket
 import threading
@@ -29,6 +31,28 @@ DEFAULT_TIMEOUT_S = 120.0
 MAX_NAME_BYTES = 512
 #: steps are signed 64-bit on the wire (protobuf int64, the grpc_rdma record): 0 <= step <= MAX_STEP
 MAX_STEP = 2**63 - 1
+
+
+def memory_bytes() -> int:
+    """The bytes of memory this process's host gives it: physical memory, or its cgroup's limit when lower.
+
+    What a rank can hold, the one bound every transport puts on what a peer may make it allocate: a tensor
+    it is asked to place or receive beyond this is refused before any allocation (the kernel's overcommit
+    would grant the mapping and kill the process when it is touched).
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 1 << 40
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as limit:
+                text = limit.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
 class TransportError(RuntimeError):
@@ -78,7 +102,7 @@ class TensorSpec:
     def nbytes(self) -> int | None:
         if self.shape is None:
             return None
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # Python integers: exact for any shape
 
 
 def new_token() -> str:

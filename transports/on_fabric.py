@@ -12,7 +12,6 @@ waits for operations in flight before tearing the device down.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -69,24 +68,6 @@ def parse_device(value: Any) -> list[bytes]:
         except ValueError:
             raise ValueError("a worker address is not hex") from None
     return addresses
-
-
-def memory_bytes() -> int:
-    """The bytes of memory this process's host gives it: physical memory, or its cgroup's limit when lower.
-
-    What a rank can hold: a tensor it is asked to place or allocate beyond this is refused before any
-    allocation (the kernel's overcommit would grant the mapping and kill the process when it is touched).
-    """
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as limit:
-                text = limit.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
 
 
 def mapping_of(address: int) -> tuple[int, int]:

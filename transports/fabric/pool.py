@@ -3,8 +3,15 @@
 Registering memory costs kernel work (pinning, on a real NIC) and NICs bound the
 number of registrations, so the paper registers one large buffer, sized by the
 graph analyzer, and allocates tensors from it. Blocks are 64-byte aligned (what
-TensorFlow needs for buffers it adopts) and reused after they are freed. When a
-request does not fit, the pool grows by another segment rather than failing.
+TensorFlow needs for buffers it adopts) and reused after they are freed; a
+segment's adjacent free ranges merge. When a request does not fit, the pool grows
+by another segment rather than failing, and first gives back (deregisters and
+frees) the tier's segments that are wholly free: they could not serve it, and
+kept they would add up. So a pool holds what is in use plus at most one
+segment's worth of what was, not the sum of every size it ever served: after a
+1 GiB and a 2 GiB staging buffer it holds 2 GiB, not 3 (or, after two 1 GiB
+blocks in two segments and then one 2 GiB block, 2 GiB, not 4). A size served
+again finds its segment still registered.
 
 Two tiers, because the best memory differs by size (measured here with UCX over
 shared memory): blocks under ``LARGE_BYTES`` (flags, counters, small tensors)
@@ -89,6 +96,11 @@ class _Segment:
     def contains(self, array: np.ndarray) -> bool:
         return self.region.contains(array)
 
+    @property
+    def unused(self) -> bool:
+        """Whether no block of the segment is handed out."""
+        return self.free == [(0, self.region.nbytes)]
+
 
 class RegisteredPool:
     """Allocates 64-byte aligned blocks from registered segments of a device, in two tiers."""
@@ -104,6 +116,18 @@ class RegisteredPool:
     @property
     def registrations(self) -> int:
         return sum(len(segments) for segments in self._tiers.values())
+
+    def held_bytes(self, tier: str | None = None) -> int:
+        """Bytes of registered memory the pool holds (of one tier, or of both), in use or not."""
+        with self._lock:
+            return sum(s.region.nbytes for name, segments in self._tiers.items() if tier in (None, name)
+                       for s in segments)
+
+    def in_use_bytes(self) -> int:
+        """Bytes of the pool's segments handed out as blocks and not freed (64-byte aligned sizes)."""
+        with self._lock:
+            return sum(s.region.nbytes - sum(size for _, size in s.free)
+                       for segments in self._tiers.values() for s in segments)
 
     def tier(self, nbytes: int) -> str:
         return "local" if nbytes >= self.large_bytes else "shared"
@@ -141,6 +165,12 @@ class RegisteredPool:
         return None
 
     def _grow(self, tier: str, at_least: int) -> _Segment:
+        """A new segment of at least ``at_least`` bytes (the caller holds the lock and found none that fits);
+        the tier's wholly free segments go first (see the module docstring)."""
+        segments = self._tiers[tier]
+        for unused in [s for s in segments if s.unused]:
+            segments.remove(unused)
+            unused.region.release()
         default = self.segment_bytes if tier == "local" else SHARED_SEGMENT_BYTES
         segment = _Segment(self.device.alloc(max(default, aligned(at_least)), shared=tier == "shared"))
         self._tiers[tier].append(segment)

@@ -19,6 +19,10 @@ and tensors then go over the fabric, following the design note in
   proxy buffer, and the receiver copies it into the result tensor: one copy on
   each side. ``direct`` mode (the note's zero-copy): the receiver's result tensor
   is registered memory and the sender writes from the tensor itself.
+* Memory: buffered, a side holds the tensor and one staging buffer from the pool,
+  freed after each transfer and reused by the next (the pool gives back segments
+  it no longer needs before growing, so varying sizes do not add up); nothing
+  keeps a result alive once the caller drops it.
 
 *Immediate values.* Verbs delivers a 32-bit immediate with a write into the
 receiver's completion queue: on the ``verbs`` fabric the transport uses that
@@ -57,6 +61,7 @@ from transports.base import (
     TransportError,
     TransportTimeout,
     contiguous,
+    memory_bytes,
     release_port,
 )
 from transports.common import aligned_empty, settle
@@ -80,14 +85,6 @@ IMM_MESSAGE = 0xFFFFFFFF
 IMM_ACK = 0xFFFFFFFE
 RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
 MODES = ("buffered", "direct")
-
-
-def memory_bytes() -> int:
-    """This machine's physical memory: no peer may make a receiver allocate more for one tensor."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 1 << 40
 
 
 def lap(count: int, slots: int) -> int:
@@ -492,18 +489,21 @@ class GrpcRdmaTransport(FabricTransport):
             future.cancel()
             raise
 
-    def _abandon(self, link: _Link, request: _Request) -> None:
-        """The caller gave up on ``request``: withdraw it from the sender, release it once the sender confirms."""
+    def _abandon(self, peer: int, index: int) -> None:
+        """The caller gave up on request ``index`` to ``peer``: withdraw it from the sender, release it once the
+        sender confirms."""
         with self._lock:
-            if self._requests.get((link.peer, request.index)) is not request:
+            request = self._requests.pop((peer, index), None)
+            if request is None:
                 return  # it completed or failed meanwhile
-            del self._requests[(link.peer, request.index)]
-            self._abandoned[(link.peer, request.index)] = request
+            self._abandoned[(peer, index)] = request
+            link = self._links.get(peer)
         try:
-            self._post(link, Message(MessageType.CANCEL, request.index, name=request.key.name,
-                                     step_id=request.key.step))
+            if link is None:
+                raise TransportClosed(f"grpc_rdma rank {self.rank}: no link to rank {peer}")
+            self._post(link, Message(MessageType.CANCEL, index, name=request.key.name, step_id=request.key.step))
         except (TransportError, FabricError):  # the peer is gone: nothing more will be written
-            self._release_abandoned(link.peer, request.index)
+            self._release_abandoned(peer, index)
 
     def _release_abandoned(self, peer: int, index: int) -> bool:
         with self._lock:
@@ -530,7 +530,10 @@ class GrpcRdmaTransport(FabricTransport):
                 request.buffer = self.pool.alloc(meta.nbytes)
             with self._lock:
                 self._requests[(key.src, request.index)] = request
-            future.add_done_callback(lambda done: done.cancelled() and self._abandon(link, request))
+            # by index, not the request: the request holds the future, and a cycle between them would keep
+            # every result alive until the cyclic collector ran (which large arrays alone never trigger)
+            future.add_done_callback(
+                lambda done, peer=key.src, index=request.index: done.cancelled() and self._abandon(peer, index))
             region = request.buffer.remote(0, max(meta.nbytes, 1)) if request.buffer else None
             self._post(link, Message(MessageType.TENSOR_REQUEST, request.index, name=key.name, step_id=key.step,
                                      remote_addr=region.addr if region else 0, rkey=region.rkey if region else b"",
@@ -548,7 +551,7 @@ class GrpcRdmaTransport(FabricTransport):
         if meta.nbytes > memory_bytes():
             self._fail_request(link, request, PeerError(
                 f"grpc_rdma: {self.peer_name(link.peer)} announced {request.key} as {meta.dtype} {meta.shape} "
-                f"({meta.nbytes} bytes), more than this machine's memory ({memory_bytes()} bytes)"))
+                f"({meta.nbytes} bytes), more than this rank's memory ({memory_bytes()} bytes)"))
             return
         if request.buffer is not None:
             self.pool.free(request.buffer)

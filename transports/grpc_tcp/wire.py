@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from transports.base import Ledger, dtype_problem
-from transports.grpc_rdma.transport import memory_bytes  # the fabric transports' bound, reused
+from transports.base import Ledger, dtype_problem, memory_bytes
 from transports.grpc_tcp.tensor_pb2 import TensorChunk
 
 # protobuf and gRPC cap one message below 2 GiB; chunks stay well under it.

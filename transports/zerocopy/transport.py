@@ -58,11 +58,12 @@ from transports.base import (
     contiguous,
     dtype_problem,
     keys_text,
+    memory_bytes,
 )
 from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, memory_bytes, parse_device
+from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, parse_device
 
 MAX_DIMS = 8
 MAX_RKEY = 1024
