@@ -116,3 +116,19 @@ def stop_self(ctx):
 def wait_for_anything(ctx):
     ctx.report(("pid", os.getpid()))
     return ctx.receive()
+
+
+def word_before_mark(ctx, mark, confirm=True):
+    """Rank 0 asks the coordinator to pause, tells rank 1 a word (``tell``, or plain ``send_to``), then leaves a
+    mark on disk; rank 1 waits for the mark (never looking at its inbox meanwhile) and says what its inbox held."""
+    if ctx.rank == 0:
+        ctx.report("pause")  # the coordinator's on_report sleeps on it: the word waits behind it
+        if confirm:
+            ctx.tell([1], "word", timeout=60)
+        else:
+            ctx.send_to(1, "word")
+        open(mark, "w").close()
+        return "told"
+    while not os.path.exists(mark):
+        time.sleep(0.01)
+    return ctx.poll()

@@ -57,6 +57,17 @@ def test_ranks_pass_messages_through_the_coordinator_and_report_to_it(local):
     assert {rank for rank, _ in reports} == {0, 1}
 
 
+def test_a_word_told_is_in_the_other_ranks_inbox_before_tell_returns(local, tmp_path):
+    # the coordinator is slow to relay (on_report pauses on rank 0's report): tell waits for the word to arrive
+    def pause(rank, payload):
+        time.sleep(2)
+
+    results = local.run([RankSpec(functools.partial(jobs.word_before_mark, mark=str(tmp_path / "mark")), "teller"),
+                         RankSpec(functools.partial(jobs.word_before_mark, mark=str(tmp_path / "mark")), "told")],
+                        BOUND_S, on_report=pause)
+    assert [r.result for r in results] == ["told", "word"]
+
+
 def test_a_message_to_a_rank_that_has_finished_is_dropped_not_an_error(local):
     results = local.run([RankSpec(jobs.late_message, "sender"), RankSpec(jobs.late_message, "finished")], BOUND_S)
     assert [r.result for r in results] == ["sent", "done"]

@@ -151,6 +151,22 @@ class Relay:
 
 
 @dataclass(frozen=True)
+class Confirm:
+    """A relayed payload whose arrival the receiving rank's hub thread confirms at once (:class:`Confirmed`),
+    whatever its job is doing (:meth:`RankContext.tell`)."""
+
+    payload: Any
+    ticket: int
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The answer to :class:`Confirm`: ``ticket``'s payload is in this rank's inbox."""
+
+    ticket: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """rank -> coordinator, last: the job's result and the process's peak memory."""
 
@@ -238,6 +254,9 @@ class RankContext:
         self._conn = conn
         self._send_lock = threading.Lock()
         self._inbox: queue.Queue = queue.Queue()
+        self._unconfirmed: dict[int, set[int]] = {}  # ticket -> the ranks that have not confirmed it yet
+        self._confirmations = threading.Condition()
+        self._tickets = 0
 
     def report(self, payload: Any) -> None:
         """Send a typed payload to the coordinator (it reaches the experiment's ``on_report``)."""
@@ -246,6 +265,29 @@ class RankContext:
     def send_to(self, rank: int, payload: Any) -> None:
         """Send a payload to another rank of the run (through the coordinator)."""
         self._send(Relay(self.rank, rank, payload))
+
+    def tell(self, ranks: list[int], payload: Any, timeout: float) -> None:
+        """Send ``payload`` to each of ``ranks`` and return once it is in every one's inbox (their :meth:`poll` or
+        :meth:`receive` then has it): what a rank does after this, the others know of before they next look.
+        Their hub threads confirm it whatever their jobs are doing. Raises LaunchError naming the ranks that
+        did not confirm within ``timeout``."""
+        with self._confirmations:
+            self._tickets += 1
+            ticket = self._tickets
+            self._unconfirmed[ticket] = set(ranks)
+        for rank in ranks:
+            self._send(Relay(self.rank, rank, Confirm(payload, ticket)))
+        with self._confirmations:
+            done = self._confirmations.wait_for(lambda: not self._unconfirmed[ticket], timeout)
+            missing = sorted(self._unconfirmed.pop(ticket))
+        if not done:
+            raise LaunchError(f"rank {self.rank} ({self.name}): rank(s) {', '.join(map(str, missing))} did not "
+                              f"confirm a message within {timeout:g} s")
+
+    def _confirmed(self, ticket: int, rank: int) -> None:
+        with self._confirmations:
+            self._unconfirmed.get(ticket, set()).discard(rank)
+            self._confirmations.notify_all()
 
     def receive(self, timeout: float | None = None) -> Any:
         """The next payload another rank sent here."""
@@ -304,7 +346,16 @@ def serve_rank(conn: Connection, rank: int, in_own_process: bool) -> None:
                     ctx._inbox.put(LaunchError(f"rank {rank}: the coordinator closed the run"))
                 return
             if isinstance(message, Relay):
-                ctx._inbox.put(message.payload)
+                payload = message.payload
+                if isinstance(payload, Confirmed):
+                    ctx._confirmed(payload.ticket, message.src)
+                    continue
+                if isinstance(payload, Confirm):
+                    ctx._inbox.put(payload.payload)
+                    with contextlib.suppress(OSError):
+                        ctx._send(Relay(rank, message.src, Confirmed(payload.ticket)))
+                    continue
+                ctx._inbox.put(payload)
             elif isinstance(message, Stop):
                 done.set()
                 with contextlib.suppress(OSError):

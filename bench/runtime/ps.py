@@ -214,8 +214,11 @@ class Stopping:
 
     Synchronous training stops at one step for every rank. Worker 0 decides: once it has trained
     ``time_s`` seconds it picks an end :data:`MARGIN_STEPS` steps ahead and tells every other rank
-    through the launcher (``send_to``); they look for it at every step (``poll``). No rank can get
-    that far ahead of worker 0 before the word arrives: each step waits for worker 0's gradients.
+    through the launcher, going on only once each has the word in its inbox (``tell``: their hub threads
+    confirm it, whatever their loops are doing); they look for it at every step (``poll``). No rank can
+    begin a step past the one worker 0 is in before the word is there: each step waits for worker 0's
+    gradients (a word merely sent could still be on its way, on a busy machine, when a PS begins the
+    step after the end and waits for gradients that never come).
     """
 
     #: how many steps after worker 0's decision the run ends
@@ -224,6 +227,7 @@ class Stopping:
     def __init__(self, config: TrainConfig, ctx=None) -> None:
         self.end = config.warmup + config.steps
         self.time_s = config.time_s
+        self.timeout_s = config.timeout_s
         self._ctx = ctx
 
     def poll(self) -> int:
@@ -240,9 +244,8 @@ class Stopping:
             return
         self.end = step + self.MARGIN_STEPS
         if self._ctx is not None:
-            for rank in range(self._ctx.size):
-                if rank != self._ctx.rank:
-                    self._ctx.send_to(rank, ("stop", self.end))
+            others = [rank for rank in range(self._ctx.size) if rank != self._ctx.rank]
+            self._ctx.tell(others, ("stop", self.end), self.timeout_s)
 
 
 def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
