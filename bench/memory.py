@@ -24,6 +24,15 @@ def rss_mb() -> float:
     return float("nan") if now is None else now
 
 
+def private_mb() -> float:
+    """This process's resident memory not backed by a file (MB): its heap and shared memory (``RssAnon`` +
+    ``RssShmem``), what a leak grows. Unlike the whole RSS it does not move when the kernel drops and reloads
+    pages of the program and its libraries (a machine without swap under memory pressure does); NaN where it
+    cannot be read."""
+    anon, shmem = _status_mb("RssAnon"), _status_mb("RssShmem")
+    return float("nan") if anon is None else anon + (shmem or 0.0)
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (MB) since :func:`reset_peak_rss`, or since it started."""
     peak = _status_mb("VmHWM")

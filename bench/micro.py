@@ -49,7 +49,7 @@ import numpy as np
 import transports
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.memory import rss_mb
-from bench.results import MicroRecord, SoakRecord, latency_summary
+from bench.results import MicroRecord, latency_summary
 from bench.sizes import format_size
 from transports import Cluster, Key, TensorSpec, TransportStats, fabric
 
@@ -446,19 +446,3 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side, round: in
         control_messages_per_transfer=both.control_messages / per, registrations=both.registrations,
         registrations_per_transfer=both.registrations / per, fabric=fabric.label(sender.fabric),
         extra_copies=point.extra_copies)
-
-
-def soak_records(name: str, point: Point, sender: Side, receiver: Side) -> list[SoakRecord]:
-    """The ``soak`` rows of a point: one per side, with tensors sent, received, corrupted and lost, and memory."""
-    measured = make_record(name, point, sender, receiver)
-    starts = np.array(sender.times, dtype=np.int64)
-    done = np.array(receiver.times, dtype=np.int64).reshape(-1, 2).T[1]
-    common = {"phase": "micro", "transport": name, "size_bytes": point.size_bytes,
-              "seconds": float(done[-1] - starts[0]) / 1e9, "p50_us": measured.p50_us,
-              "throughput_MBps": measured.throughput_MBps, "fabric": measured.fabric}
-    return [SoakRecord(**common, process=side.role, transfers=side.transfers, tensors_sent=sent,
-                       tensors_received=received, corrupted=corrupted, lost=lost, rss_start_mb=side.rss_start_mb,
-                       rss_end_mb=side.rss_end_mb, rss_growth_mb=side.rss_end_mb - side.rss_start_mb)
-            for side, sent, received, corrupted, lost in (
-                (sender, sender.transfers, 0, 0, 0),
-                (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers))]

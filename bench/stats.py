@@ -10,9 +10,10 @@ itself and hide a leak or fake one. So the soak measures with:
   values in ``[LOW, HIGH)`` it is within :data:`RELATIVE_ERROR` (``sqrt(RATIO) - 1``, just under 1%)
   of ``np.percentile`` of the same values. Values outside that range are counted in an end bucket
   and represented by the exact min or max. Its size is fixed (about 11 KB), whatever it has seen.
-* :class:`RssTrace`: this process's resident memory over time, at most :attr:`RssTrace.capacity`
-  samples: when full, every other sample goes and the interval between samples doubles, so the
-  trace spans the whole run at an ever coarser, still even, spacing.
+* :class:`RssTrace`: this process's resident memory over time (not backed by a file: heap and shared
+  memory, ``bench.memory.private_mb``; file pages come and go under memory pressure and are no leak),
+  at most :attr:`RssTrace.capacity` samples: when full, every other sample goes and the interval
+  between samples doubles, so the trace spans the whole run at an ever coarser, still even, spacing.
 * :class:`LeakCriterion` judges a trace: memory settles first (the first minute, or the first third
   of a shorter phase: allocator pools, caches and connections fill), then the least-squares line
   through the samples after that may rise at most ``tolerance_mb`` over the judged interval.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.memory import rss_mb
+from bench.memory import private_mb
 
 #: the histogram's range (in whatever unit the values come in; µs for the soak's transfer times)
 LOW, HIGH = 1e-3, 1e9
@@ -169,7 +170,7 @@ class RssTrace:
     :meth:`stop`, for loops without a place to call it.
     """
 
-    def __init__(self, capacity: int = 256, interval_s: float = 0.25, read=rss_mb, clock=time.monotonic) -> None:
+    def __init__(self, capacity: int = 256, interval_s: float = 0.25, read=private_mb, clock=time.monotonic) -> None:
         if capacity < 4 or capacity % 2:
             raise ValueError(f"an RssTrace holds an even number of at least 4 samples, not {capacity}")
         self.capacity = capacity

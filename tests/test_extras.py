@@ -19,6 +19,7 @@ WITHOUT_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None; from bench.
     ["models", "fcn5"],
     ["scale", "fcn5", "--transport", "grpc_tcp"],
     ["converge", "--transport", "grpc_tcp"],
+    ["soak", "--transports", "grpc_tcp"],
 ])
 def test_a_command_that_needs_tensorflow_names_the_extra_before_it_starts(tmp_path, argv):
     out = tmp_path / "run"

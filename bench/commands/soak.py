@@ -24,6 +24,8 @@ from bench.results import DiskError
 
 HELP = "a long run that checks every tensor: nothing corrupted, nothing lost, memory flat (not for CI)"
 STARTS_RANKS = True
+#: the optional part of the install it needs (checked before anything starts): its training phase is TensorFlow's
+EXTRAS = ("models",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
