@@ -27,6 +27,8 @@ from .conftest import start_pair
 from .test_verbs import _connected, _FakeNic
 
 GIB = 1 << 30
+#: seconds a transfer of a few GB may take on a loaded machine
+LARGE_TIMEOUT_S = 180.0
 
 
 def available_bytes() -> int:
@@ -59,6 +61,8 @@ def test_a_tensor_over_1_gib_arrives_whole(name, nbytes, copies, lanes):
     pair = start_pair(name, fabric_transport="shm", lanes_per_peer=lanes)
     try:
         for transport in pair:
+            # GBs to fault in and copy on two shared cores: the tests' short timeout is for small tensors
+            transport.timeout_s = LARGE_TIMEOUT_S
             transport.plan([spec])
         tensor = pair[0].allocate(spec)
         flat = tensor.reshape(-1)
@@ -68,7 +72,7 @@ def test_a_tensor_over_1_gib_arrives_whole(name, nbytes, copies, lanes):
             key = Key(spec.name, step, 0, 1)
             sending = pair[0].send_async(key, tensor)
             received = pair[1].recv(key)
-            sending.result(timeout=60)
+            sending.result(timeout=LARGE_TIMEOUT_S)
             assert received.shape == spec.shape and received.dtype == spec.dtype
             assert micro.first_wrong(received.reshape(-1), point, step) is None
             del received
