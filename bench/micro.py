@@ -51,7 +51,7 @@ from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.memory import rss_mb
 from bench.results import MicroRecord, latency_summary
 from bench.sizes import format_size
-from transports import Cluster, Key, TensorSpec, TransportStats, fabric
+from transports import Cluster, Key, TensorSpec, Transport, TransportStats, fabric
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes
 BYTES_PER_POINT = 2 << 30
@@ -346,14 +346,23 @@ def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
 
 def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
     """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
+    run_pair(label, options, points, ctx.cluster.token,
+             lambda transport, ctrl: sender_loop(transport, points, ctrl, ctx.report, True),
+             lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, True))
+
+
+def run_pair(label: str, options: dict, points: list[Point], token: str,
+             sender: Callable[[Transport, Any], None], receiver: Callable[[Transport, Any], None]) -> None:
+    """A sender and a receiver of ``label`` in this process, in two threads joined by a pipe:
+    ``sender(transport, ctrl)`` and ``receiver(transport, ctrl)`` (written once for micro and soak)."""
     ctrl_send, ctrl_recv = mp.Pipe()
     failures: list[BaseException] = []
     pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
-    cluster = Cluster.on_loopback(2, token=ctx.cluster.token)
+    cluster = Cluster.on_loopback(2, token=token)
 
     def role(loop, transport, ctrl) -> None:
         try:
-            loop(transport, points, ctrl, ctx.report, True)
+            loop(transport, ctrl)
         except BaseException as exc:
             failures.append(exc)
             ctrl.close()  # the other side must not wait for a signal that will never come
@@ -362,8 +371,8 @@ def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
         for rank, transport in enumerate(pair):
             transport.start(cluster, rank)
             transport.plan([p.spec for p in points])
-        threads = [threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
-                   threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True)]
+        threads = [threading.Thread(target=role, args=(sender, pair[SENDER], ctrl_send), daemon=True),
+                   threading.Thread(target=role, args=(receiver, pair[RECEIVER], ctrl_recv), daemon=True)]
         for thread in threads:
             thread.start()
         for thread in threads:

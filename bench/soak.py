@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import math
-import multiprocessing as mp
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,11 +41,12 @@ from bench.micro import (
     clock_ns,
     content,
     marker,
+    run_pair,
 )
 from bench.results import SoakRecord
 from bench.sizes import format_size
 from bench.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
-from transports import Cluster, Key, fabric
+from transports import Key, fabric
 
 
 class SoakError(RuntimeError):
@@ -156,33 +155,9 @@ def role_job(label: str, options: dict, points: list[Point], criterion: LeakCrit
 
 def pair_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
     """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
-    ctrl_send, ctrl_recv = mp.Pipe()
-    failures: list[BaseException] = []
-    pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
-    cluster = Cluster.on_loopback(2, token=ctx.cluster.token)
-
-    def role(loop, transport, ctrl) -> None:
-        try:
-            loop(transport, points, ctrl, ctx.report, criterion)
-        except BaseException as exc:
-            failures.append(exc)
-            ctrl.close()  # the other side must not wait for a signal that will never come
-
-    try:
-        for rank, transport in enumerate(pair):
-            transport.start(cluster, rank)
-            transport.plan([p.spec for p in points])
-        threads = [threading.Thread(target=role, args=(sender_loop, pair[SENDER], ctrl_send), daemon=True),
-                   threading.Thread(target=role, args=(receiver_loop, pair[RECEIVER], ctrl_recv), daemon=True)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
-    finally:
-        for transport in pair:
-            transport.close()
+    run_pair(label, options, points, ctx.cluster.token,
+             lambda transport, ctrl: sender_loop(transport, points, ctrl, ctx.report, criterion),
+             lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, criterion))
 
 
 def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
