@@ -45,11 +45,9 @@ def reset_peak_rss() -> None:
         clear.write("5")
 
 
-def machine_memory_bytes() -> int | None:
-    """This machine's physical memory (bytes), None where it cannot be told."""
-    import os
+def machine_memory_bytes() -> int:
+    """The memory this machine gives a process (bytes): physical memory, or its cgroup's limit when lower
+    (the transports' own bound, ``transports.base.memory_bytes``, read in one place)."""
+    from transports.base import memory_bytes
 
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
+    return memory_bytes()

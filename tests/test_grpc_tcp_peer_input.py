@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 
 from transports import Cluster, Key, PeerError, TensorSpec
 from transports.auth import TokenCheck
-from transports.base import Ledger, release_port
-from transports.grpc_rdma.transport import memory_bytes
+from transports.base import Ledger, memory_bytes, release_port
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest, TensorChunk
 from transports.grpc_tcp.transport import GrpcTcpTransport
 from transports.grpc_tcp.wire import MAX_DIMS, TensorAssembler, WireError, decode_chunk, encode_chunks
