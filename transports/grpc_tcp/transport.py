@@ -284,9 +284,14 @@ class GrpcTcpTransport(Transport):
             if self._closed:
                 raise TransportClosed(f"grpc_tcp rank {self.rank} was closed")
             self._receiving.add(received)
-        task_future = asyncio.run_coroutine_threadsafe(self._fetch(key), self._loop)
+        # `received` and the fetch's future each hold a callback naming the other. Were that a cycle, every
+        # tensor (the result both hold) would stay alive until the cyclic collector ran, which arrays alone
+        # never trigger: the receiver grew by whole tensors, to the OOM killer in training. So `abandon` reaches
+        # the fetch through `fetching`, emptied once the fetch is done, and only reference counts free the tensor.
+        fetching = [asyncio.run_coroutine_threadsafe(self._fetch(key), self._loop)]
 
         def finish(task: Future) -> None:
+            fetching.clear()
             with self._lock:
                 self._receiving.discard(received)
             if task.cancelled():
@@ -298,9 +303,10 @@ class GrpcTcpTransport(Transport):
 
         def abandon(result: Future) -> None:
             if result.cancelled():
-                task_future.cancel()
+                for task in fetching[:]:  # a copy: `finish` may empty it meanwhile, on the loop's thread
+                    task.cancel()
 
-        task_future.add_done_callback(finish)
+        fetching[0].add_done_callback(finish)
         received.add_done_callback(abandon)
         return received
 
