@@ -97,14 +97,6 @@ def test_no_run_directory_is_left_by_a_bind_address_not_here(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_runs_failure_lines_go_to_stderr(tmp_path):
-    result = bench("micro", "--sizes", "1KB", "--iters", "1", "--warmup", "0", "--transports", "grpc_tcp",
-                   "--no-references", "--no-plot", "--timeout", "0.01", "--out", str(tmp_path / "out"))
-    assert result.returncode == 1
-    assert "error:" not in result.stdout, result.stdout
-    assert "bench micro: error: grpc_tcp: rank " in result.stderr, result.stderr
-
-
 def test_the_default_results_directory_in_a_read_only_directory(tmp_path):
     if os.geteuid() == 0:
         where = Path("/proc")  # root writes anywhere else; nobody creates a directory here

@@ -157,7 +157,7 @@ def test_ranks_exit_when_their_coordinator_is_killed(tmp_path):
     pids = [int(coordinator.stdout.readline()) for _ in range(2)]
     assert all(alive(pid) for pid in pids)
     hub_dirs = list(tmp_path.glob("bench-run-*"))
-    assert len(hub_dirs) == 1 and list(hub_dirs[0].glob("run-*/hub"))
+    assert len(hub_dirs) == 1 and (hub_dirs[0] / "hub").exists()
     coordinator.send_signal(signal.SIGKILL)
     coordinator.wait()
     deadline = time.monotonic() + BOUND_S

@@ -4,8 +4,8 @@ Each rank is ``python -m bench.launch.rank`` in a session of its own, its output
 Whatever happens (a failed rank, a timeout, Ctrl-C), every rank's process group is ended before
 ``run`` returns: SIGTERM first, so transports release registered and shared memory, then SIGKILL.
 A rank whose coordinator is killed outright exits by itself (its hub connection closes), and the
-launcher's directory (``/tmp/bench-run-*``: each run's hub socket and, unless ``log_dir``, the ranks'
-logs) goes with the coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes it.
+run's directory (``/tmp/bench-run-*``: the hub's socket and, unless ``log_dir``, the ranks' logs) goes
+with the coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes it.
 """
 
 from __future__ import annotations
@@ -75,8 +75,6 @@ class LocalLauncher(Launcher):
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         self.bind = resolve_bind(bind, [socket.gethostname()])
         self.log_dir = log_dir
-        self._workdir: Path | None = None
-        self._workdir_reaper: Reaper | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.name, "bind": self.bind}
@@ -105,7 +103,8 @@ class LocalLauncher(Launcher):
 
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
             label: str = "run", startup_s: float = 0.0) -> list[RankResult]:
-        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self._launcher_dir()))
+        workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
+        reaper = Reaper(directories=[str(workdir)]).start()  # the directory goes with us, however we end
         logs = self._log_paths(workdir, label, len(ranks))
         procs: list[subprocess.Popen] = []
         hub = cluster = None
@@ -137,20 +136,7 @@ class LocalLauncher(Launcher):
                 release_cluster_ports(cluster)
             self._close_hosts()
             shutil.rmtree(workdir, ignore_errors=True)
-
-    def _launcher_dir(self) -> Path:
-        """The directory of this launcher's runs, made at the first; its reaper removes it if we die."""
-        if self._workdir is None:
-            workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
-            self._workdir_reaper = Reaper(directories=[str(workdir)]).start()
-            self._workdir = workdir
-        return self._workdir
-
-    def close(self) -> None:
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir_reaper.release(clean=True)
-            self._workdir = self._workdir_reaper = None
+            reaper.release(clean=True)
 
     def _log_paths(self, workdir: Path, label: str, count: int) -> list[Path]:
         folder = workdir
