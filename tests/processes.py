@@ -6,6 +6,8 @@ counted, never system-wide totals another process can change.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from pathlib import Path
 
@@ -75,3 +77,16 @@ def held_resources() -> tuple[int, int, int]:
             elif path.startswith(("/dev/shm/", "/memfd:")):
                 shm_maps.add((fields[4], path))
     return len(shm_maps), len(sysv_maps), len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def no_cyclic_collector():
+    """Whatever stays alive in here is referenced, not merely waiting for the cyclic collector (run once first)."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 import weakref
 
@@ -27,6 +26,7 @@ from transports.grpc_rdma.protocol import (
 )
 
 from .conftest import start_pair
+from .processes import no_cyclic_collector
 
 if not transports.availability("grpc_rdma").ok:  # pragma: no cover
     pytest.skip(f"grpc_rdma not available: {transports.availability('grpc_rdma').reason}", allow_module_level=True)
@@ -257,18 +257,6 @@ def test_tcp_fabric_also_works(mode):
 # -- memory: bounded staging, nothing kept alive -------------------------------------------------------------------
 
 MIB = 1 << 20
-
-
-@contextlib.contextmanager
-def no_cyclic_collector():
-    """Whatever stays alive here is referenced, not merely waiting for the cyclic collector."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def test_received_and_sent_tensors_are_not_kept_alive(mode):

@@ -11,7 +11,6 @@ transport's per-key state, after a number of transfers with growing steps as the
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import weakref
 from concurrent.futures import Future
@@ -22,21 +21,9 @@ import pytest
 from transports import Key
 
 from .conftest import start_pair
+from .processes import no_cyclic_collector
 
 SIZE = 256 << 10  # big enough to be a real payload, small enough to be quick
-
-
-@contextlib.contextmanager
-def no_cyclic_collector():
-    """Whatever stays alive in here is referenced, not merely waiting for the cyclic collector."""
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @pytest.fixture
