@@ -276,3 +276,18 @@ def test_a_failure_is_blamed_on_a_peer_whose_death_shows_a_moment_later():
     assert str(cause).startswith("rank 1 (ps 0) died (killed by SIGKILL); then rank 0 (chief) failed")
     alone = _root_cause(RankFailed(0, "chief", "failed: ValueError"), states, lambda: {}, grace_s=0.2)
     assert str(alone) == "rank 0 (chief) failed: ValueError"
+
+
+def test_a_peer_whose_connection_closed_and_who_died_is_the_cause():
+    # the dead rank's end of its connection reads as ready (EOF): that is no unread message, it is a death
+    from multiprocessing import Pipe
+
+    from bench.launch.base import RankFailed, _RankState, _root_cause
+
+    states = [_RankState(RankSpec(jobs.hello, "chief")), _RankState(RankSpec(jobs.hello, "ps 0"))]
+    ours, theirs = Pipe()
+    theirs.close()
+    states[1].conn = ours
+    cause = _root_cause(RankFailed(0, "chief", "failed: PeerError: connection reset"), states,
+                        lambda: {1: "killed by SIGKILL"}, grace_s=0.5)
+    assert str(cause).startswith("rank 1 (ps 0) died (killed by SIGKILL); then rank 0 (chief) failed"), str(cause)

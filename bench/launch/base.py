@@ -564,7 +564,8 @@ def _root_cause(failed: RankFailed, states: list[_RankState], exited: Callable[[
             while state.failure is None and state.result is None and _has_unread(state):
                 try:
                     _handle(states.index(state), state.conn.recv(), states, on_report)
-                except (EOFError, OSError):
+                except (EOFError, OSError):  # its end closed (a connection at its end reads as ready): gone
+                    state.conn.close()
                     break
             if state.failure is not None and state.failure not in failures:
                 failures.append(state.failure)
