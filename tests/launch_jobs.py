@@ -46,6 +46,23 @@ def die(ctx, wait_for_go=False):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def crash(ctx, while_stderr_is_held=False):
+    """Fault as a library would (SIGSEGV), in ``crash_here``; optionally while descriptor 2 is held back, as
+    during TensorFlow's import."""
+    import contextlib
+
+    from bench.quiet_tensorflow import start_up_noise_held_back
+
+    with start_up_noise_held_back() if while_stderr_is_held else contextlib.nullcontext():
+        crash_here()
+
+
+def crash_here():
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
 def wait_forever(ctx, go_to=None):
     """Report this process's pid, tell rank ``go_to`` (if any) to go on, then wait to be ended."""
     ctx.report(("pid", os.getpid()))

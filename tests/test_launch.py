@@ -95,6 +95,14 @@ def test_a_rank_killed_mid_run_is_named_and_the_others_are_ended(local):
     assert pids and not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["stderr", "stderr-held-back"])
+def test_a_rank_that_crashes_is_named_with_its_signal_and_its_stack(local, held):
+    with pytest.raises(RankFailed, match=r"rank 0 \(crasher\) died \(killed by SIGSEGV\)") as failed:
+        local.run([RankSpec(functools.partial(jobs.crash, while_stderr_is_held=held), "crasher")], BOUND_S)
+    assert "Fatal Python error: Segmentation fault" in str(failed.value)
+    assert "in crash_here" in str(failed.value)  # the faulting thread's stack, from the rank's log
+
+
 def test_a_silent_run_ends_after_its_timeout_naming_the_ranks(local):
     with pytest.raises(RankFailed, match=r"no rank said anything for 3 s \(still running: rank 0 \(quiet\)\)"):
         local.run([RankSpec(jobs.silent, "quiet")], 3)

@@ -13,11 +13,17 @@ rank is doing (a main thread in a long C call that holds the GIL runs no Python 
 the thread that would notice the hub connection closing cannot run either). It only fires when the
 coordinator dies without ending its ranks first (SIGKILL, a crash): on SIGINT, SIGTERM or SIGHUP
 the coordinator sends SIGTERM to its ranks, which close their transports before it exits.
+
+A rank that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGABRT in a library) writes the Python stacks of its
+threads into its log (:mod:`faulthandler`, on a duplicate of the log's descriptor, so the stacks are
+written even while TensorFlow's start-up lines are held back), and the launcher's message of its death
+ends with that log.
 """
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -49,6 +55,7 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    faulthandler.enable(file=os.dup(2), all_threads=True)  # the log, whatever later becomes of descriptor 2
     quiet_tensorflow.install()
     address, rank = hub_address(argv[0]), int(argv[1])
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
