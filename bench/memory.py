@@ -4,7 +4,13 @@ experiments)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import resource
+
+#: glibc's ``mallopt`` parameter for the size from which a block is its own mapping (<malloc.h>)
+_M_MMAP_THRESHOLD = -3
+#: from this size on, a freed block goes back to the system at once when :func:`return_large_frees` is on
+LARGE_BLOCK_BYTES = 1 << 20
 
 
 def _status_mb(field: str) -> float | None:
@@ -31,6 +37,23 @@ def private_mb() -> float:
     cannot be read."""
     anon, shmem = _status_mb("RssAnon"), _status_mb("RssShmem")
     return float("nan") if anon is None else anon + (shmem or 0.0)
+
+
+def return_large_frees(threshold: int = LARGE_BLOCK_BYTES) -> bool:
+    """From now on, blocks of ``threshold`` bytes or more are mappings of their own, unmapped when freed.
+
+    By default glibc raises that threshold to the largest block freed so far (up to 32 MiB) and keeps
+    freed blocks below it in its heaps, one per thread arena: a process that allocates and frees a 4 MB
+    buffer per transfer then holds one, two or three freed ones, as its threads happen to meet them,
+    and its resident memory steps up and down by whole buffers with no leak at all. Fixing the threshold
+    makes resident memory follow what is alive (the soak's leak verdict needs that), at the cost of
+    mapping fresh pages for every large buffer: a soak is not a benchmark. False where this is not glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
 
 
 def peak_rss_mb() -> float:

@@ -10,10 +10,11 @@ Unlike ``bench micro`` neither side keeps a list of clock readings: a soak goes 
 memory that grows with every transfer is what it exists to find. The receiver's ready signal for
 transfer ``i`` carries its two clock readings of transfer ``i - 1``, so the sender, which knows when it
 sent that one, adds the transfer's time to a :class:`~bench.stats.StreamingStats` (a fixed-size
-histogram) and forgets it. Each side samples its own resident memory into a bounded
-:class:`~bench.stats.RssTrace` as it goes and judges it at the end of the point
-(:class:`~bench.stats.LeakCriterion`): memory settles for the point's first minute (its first third
-when shorter), then its trend may rise at most 2 MB.
+histogram) and forgets it. Each process has its large freed blocks go back to the system at once
+(:func:`bench.memory.return_large_frees`: the allocator's keeping of freed buffers is no leak). Each
+side samples its own resident memory into a bounded :class:`~bench.stats.RssTrace` as it goes and
+judges it at the end of the point (:class:`~bench.stats.LeakCriterion`): memory settles for the
+point's first minute (its first third when shorter), then its trend may rise at most 2 MB.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 import transports
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.memory import return_large_frees
 from bench.micro import (
     PROGRESS_EVERY_S,
     RECEIVER,
@@ -146,6 +148,7 @@ def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], 
 
 def role_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
     """A rank of the soak: rank 0 sends, rank 1 receives."""
+    return_large_frees()
     with transports.create(transports.resolve(label)[0], **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan([p.spec for p in points])
@@ -155,6 +158,7 @@ def role_job(label: str, options: dict, points: list[Point], criterion: LeakCrit
 
 def pair_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
     """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
+    return_large_frees()
     run_pair(label, options, points, ctx.cluster.token,
              lambda transport, ctrl: sender_loop(transport, points, ctrl, ctx.report, criterion),
              lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, criterion))

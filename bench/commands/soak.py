@@ -1,16 +1,17 @@
 """For each transport: the micro-benchmark at each of --sizes, transfers going on for a share of --duration (the
 duration is split evenly over transports and sizes; 10 minutes in all by default), then --steps steps of 'bench
-model MODEL' (1 server; not for 'local', which sends nothing). The content of every tensor received is checked:
-the micro-benchmark's receiver compares every element with what the sender wrote; in training each tensor's
-CRC-32 travels beside it (through the launcher) and is checked on arrival. Every process samples its resident
-memory as it goes, and the soak keeps nothing that grows with the transfers (streaming statistics, a bounded
-trace), so memory can only grow when something leaks: after settling (the first minute of a point or training
-run, or its first third when shorter), a process leaks when the trend of its memory rises more than 2 MB.
-records.csv has one row per process of each point: tensors sent, received, corrupted (must be 0), lost (must be
-0), and resident memory once settled, at the end, and its growth in between (meta.json: the totals, every
-process's memory verdict, and this process's own). Exit status 1 if any tensor was corrupted or lost, a process
-leaked or a run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10
-minutes of transfers, then 1000 training steps per transport); '--duration 20s --steps 20' is a quick look."""
+model MODEL' (1 server; not for 'local', which sends nothing). The content of every tensor received is checked: the
+micro-benchmark's receiver compares every element with what the sender wrote; in training each tensor's CRC-32
+travels beside it (through the launcher) and is checked on arrival. Every process samples its resident memory as it
+goes, and the soak keeps nothing that grows with the transfers (streaming statistics, a bounded trace; large freed
+buffers go back to the system at once instead of staying in the allocator's heaps, which slows large transfers: the
+soak is no benchmark), so memory can only grow when something leaks: after settling (the first minute of a point or
+training run, or its first third when shorter), a process leaks when the trend of its memory rises more than 2 MB.
+records.csv has one row per process of each point: tensors sent, received, corrupted (must be 0), lost (must be 0),
+and resident memory once settled, at the end, and its growth in between (meta.json: the totals, every process's
+memory verdict, and this process's own). Exit status 1 if any tensor was corrupted or lost, a process leaked or a
+run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10 minutes of
+transfers, then 1000 training steps per transport); '--duration 20s --steps 20' is a quick look."""
 
 from __future__ import annotations
 

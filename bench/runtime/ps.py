@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 import transports
+from bench.memory import return_large_frees
 from bench.runtime.analyzer import (
     Plan,
     Variable,
@@ -799,6 +800,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
         transport.start(ctx.cluster, ctx.rank)
         transport.plan(plan.specs(ctx.rank))
         if config.check:
+            return_large_frees()  # resident memory follows what is alive (see the function)
             memory = RssTrace().start()  # this process's memory through the timed steps, sampled by a thread
             transport = CheckedTransport(transport, ctx, config.timeout_s, memory, config.warmup)
         if ctx.rank < layout.servers:
