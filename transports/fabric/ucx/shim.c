@@ -1,0 +1,565 @@
+/* The C shim of the ucx fabric: UCX's parameter structs and unions hidden behind plain functions.
+ *
+ * Not compiled on its own: build.py has cffi generate the binding's C file, which includes this file
+ * (so everything here is static, and the binding is one translation unit). What Python may call is
+ * declared for cffi in shim_cdef.h. build.py defines TT_BUILT_AGAINST (where the UCX comes from)
+ * before including this file. Completion is observed by polling request status, never by calling
+ * back into Python from UCX.
+ */
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
+
+/* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
+static ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context)
+{
+    ucp_config_t *config;
+    ucp_params_t params;
+    int i;
+    ucs_status_t status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        return status;
+    }
+    if (tls != NULL && tls[0] != '\0') {
+        status = ucp_config_modify(config, "TLS", tls);
+    }
+    for (i = 0; status == UCS_OK && i < count; i++) {
+        status = ucp_config_modify(config, names[i], values[i]);
+    }
+    if (status != UCS_OK) {
+        ucp_config_release(config);
+        return status;
+    }
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 1;
+    status = ucp_init(&params, config, context);
+    ucp_config_release(config);
+    return status;
+}
+
+/* Progress until `idle_rounds` calls in a row find nothing to do; returns the events handled.
+   Staying in C for a whole burst of traffic keeps the progress thread from taking the GIL
+   after every event. */
+static unsigned long tt_progress_burst(ucp_worker_h worker, unsigned idle_rounds)
+{
+    unsigned long total = 0;
+    unsigned idle = 0;
+    while (idle < idle_rounds) {
+        unsigned events = ucp_worker_progress(worker);
+        total += events;
+        idle = events ? 0 : idle + 1;
+    }
+    return total;
+}
+
+/* Whether this UCX knows setting UCX_<name> and accepts `value` (IB settings need IB transports). */
+static ucs_status_t tt_config_accepts(const char *name, const char *value)
+{
+    ucp_config_t *config;
+    ucs_status_t status = ucp_config_read(NULL, NULL, &config);
+    if (status != UCS_OK) {
+        return status;
+    }
+    status = ucp_config_modify(config, name, value);
+    ucp_config_release(config);
+    return status;
+}
+
+/* 1 when this UCX offers transport `name` on this host, else 0. Asked only of the shared-memory
+   transports (posix, sysv, xpmem, knem, cma), whose UCT component and memory domain bear the transport's
+   name: the component's memory domains are opened and their transports listed, as UCP does. */
+static int tt_offers_transport(const char *name)
+{
+    uct_component_h *components;
+    unsigned count, c, m, t, resources;
+    int found = 0;
+    if (uct_query_components(&components, &count) != UCS_OK) {
+        return 0;
+    }
+    for (c = 0; c < count && !found; c++) {
+        uct_component_attr_t attr;
+        uct_md_resource_desc_t *mds;
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
+        if (uct_component_query(components[c], &attr) != UCS_OK || strcmp(attr.name, name) != 0 ||
+            attr.md_resource_count == 0) {
+            continue;
+        }
+        mds = calloc(attr.md_resource_count, sizeof(*mds));
+        if (mds == NULL) {
+            break;
+        }
+        attr.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+        attr.md_resources = mds;
+        if (uct_component_query(components[c], &attr) == UCS_OK) {
+            for (m = 0; m < attr.md_resource_count && !found; m++) {
+                uct_md_config_t *config;
+                uct_md_h md;
+                uct_tl_resource_desc_t *tls;
+                if (uct_md_config_read(components[c], NULL, NULL, &config) != UCS_OK) {
+                    continue;
+                }
+                if (uct_md_open(components[c], mds[m].md_name, config, &md) == UCS_OK) {
+                    if (uct_md_query_tl_resources(md, &tls, &resources) == UCS_OK) {
+                        for (t = 0; t < resources; t++) {
+                            found = found || strcmp(tls[t].tl_name, name) == 0;
+                        }
+                        uct_release_tl_resource_list(tls);
+                    }
+                    uct_md_close(md);
+                }
+                uct_config_release(config);
+            }
+        }
+        free(mds);
+    }
+    uct_release_component_list(components);
+    return found;
+}
+
+#define TT_DOORBELL_AM 1
+
+/* A doorbell carries nothing: its arrival wakes the target's progress thread, which is all
+   it is for (the role a completion event of a verbs write-with-immediate plays). */
+static ucs_status_t tt_on_doorbell(void *arg, const void *header, size_t header_length, void *data,
+                                   size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)arg;
+    (void)header;
+    (void)header_length;
+    (void)data;
+    (void)length;
+    (void)param;
+    return UCS_OK;
+}
+
+static ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker)
+{
+    ucp_worker_params_t params;
+    ucp_am_handler_param_t handler;
+    ucs_status_t status;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    params.thread_mode = UCS_THREAD_MODE_MULTI;
+    status = ucp_worker_create(context, &params, worker);
+    if (status != UCS_OK) {
+        return status;
+    }
+    memset(&handler, 0, sizeof(handler));
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    handler.id = TT_DOORBELL_AM;
+    handler.cb = tt_on_doorbell;
+    status = ucp_worker_set_am_recv_handler(*worker, &handler);
+    if (status != UCS_OK) {
+        ucp_worker_destroy(*worker);
+    }
+    return status;
+}
+
+static ucs_status_ptr_t tt_doorbell(ucp_ep_h ep)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    return ucp_am_send_nbx(ep, TT_DOORBELL_AM, NULL, 0, NULL, 0, &param);
+}
+
+static void tt_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    *(volatile int *)arg = (int)status;
+}
+
+/* peer_errors: ask UCX to detect and report a failed peer (not all shared-memory
+   transports support it, so it is off for them) */
+static ucs_status_t tt_ep_create(ucp_worker_h worker, const void *address, int peer_errors, int *error_slot,
+                                 ucp_ep_h *ep)
+{
+    ucp_ep_params_t params;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = (const ucp_address_t *)address;
+    params.err_mode = peer_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    params.err_handler.cb = tt_on_ep_error;
+    params.err_handler.arg = error_slot;
+    return ucp_ep_create(worker, &params, ep);
+}
+
+static ucs_status_ptr_t tt_ep_close(ucp_ep_h ep, int force)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    return ucp_ep_close_nbx(ep, &param);
+}
+
+static ucs_status_ptr_t tt_ep_flush(ucp_ep_h ep)
+{
+    ucp_request_param_t param;
+    memset(&param, 0, sizeof(param));
+    return ucp_ep_flush_nbx(ep, &param);
+}
+
+static char *tt_ep_info(ucp_ep_h ep)
+{
+    char *text = NULL;
+    size_t length = 0;
+    FILE *stream = open_memstream(&text, &length);
+    if (stream == NULL) {
+        return NULL;
+    }
+    ucp_ep_print_info(ep, stream);
+    fclose(stream);
+    return text;
+}
+
+static ucs_status_t tt_mem_map(ucp_context_h context, void *address, size_t length, ucp_mem_h *memh)
+{
+    ucp_mem_map_params_t params;
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.address = address;
+    params.length = length;
+    params.flags = address == NULL ? UCP_MEM_MAP_ALLOCATE : 0;
+    return ucp_mem_map(context, &params, memh);
+}
+
+static void *tt_mem_address(ucp_mem_h memh, size_t *length)
+{
+    ucp_mem_attr_t attr;
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (ucp_mem_query(memh, &attr) != UCS_OK) {
+        return NULL;
+    }
+    *length = attr.length;
+    return attr.address;
+}
+
+static ucs_status_ptr_t tt_put(ucp_ep_h ep, const void *buffer, size_t length, uint64_t remote_addr,
+                               ucp_rkey_h rkey)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucp_put_nbx(ep, buffer, length, remote_addr, rkey, &param);
+}
+
+static ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_t remote_addr,
+                               ucp_rkey_h rkey)
+{
+    ucp_request_param_t param;
+    param.op_attr_mask = 0;
+    return ucp_get_nbx(ep, buffer, length, remote_addr, rkey, &param);
+}
+
+/* ---- the per-transfer path: one call per transfer and side, the GIL released (cffi does) ---- */
+
+/* empty progress calls in a row before a waiting thread yields its core */
+#define TT_YIELD_AFTER 64
+/* a waiter that stopped spinning sleeps this long at first, doubling up to TT_SHORT_NAP_NS for
+   TT_PATIENT_NS, then up to TT_LONG_NAP_NS: an idle receiver wakes a thousand times a second
+   (one-sided writes into mapped memory raise no event a sleeper could block on) */
+#define TT_FIRST_NAP_NS 20000
+#define TT_SHORT_NAP_NS 100000
+#define TT_PATIENT_NS 20000000
+#define TT_LONG_NAP_NS 1000000
+#define TT_WAIT_TIMED_OUT -1
+#define TT_WAIT_STOPPED -2
+
+static int64_t tt_now_ns(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+static void tt_nap(int64_t ns)
+{
+    struct timespec nap = {ns / 1000000000, ns % 1000000000};
+    nanosleep(&nap, NULL);
+}
+
+/* Progress `worker` from this thread until `request` (a *_nbx result) completes, `*stop` is set
+   `*failed` (the endpoint's error slot) is set, or `deadline_ns` passes; the request is freed either
+   way (UCX finishes it on its own). While a
+   transfer of ours is in flight this thread never sleeps, it only yields its core when idle. */
+static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int64_t deadline_ns,
+                              volatile int *stop, volatile int *failed)
+{
+    ucs_status_t status;
+    unsigned idle = 0;
+    if (request == NULL) {
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+        return UCS_PTR_STATUS(request);
+    }
+    for (;;) {
+        idle = ucp_worker_progress(worker) ? 0 : idle + 1;
+        status = ucp_request_check_status(request);
+        if (status != UCS_INPROGRESS) {
+            break;
+        }
+        if (*failed) { /* the connection failed: UCX said so, or the transport found the peer dead */
+            status = (ucs_status_t)*failed;
+            break;
+        }
+        if (*stop || tt_now_ns() > deadline_ns) {
+            status = UCS_ERR_TIMED_OUT;
+            break;
+        }
+        if (idle >= TT_YIELD_AFTER) {
+            sched_yield();
+            idle = 0;
+        }
+    }
+    ucp_request_free(request);
+    return status;
+}
+
+/* put `length` bytes and flush: when it returns UCS_OK they are at the target */
+static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
+                                   uint64_t remote, ucp_rkey_h rkey, int64_t deadline_ns, volatile int *stop,
+                                   volatile int *failed)
+{
+    ucs_status_ptr_t put = tt_put(ep, data, length, remote, rkey);
+    if (UCS_PTR_IS_ERR(put)) {
+        return UCS_PTR_STATUS(put);
+    }
+    if (put != NULL) {
+        ucp_request_free(put); /* the flush below completes after it */
+    }
+    return tt_finish(worker, tt_ep_flush(ep), deadline_ns, stop, failed);
+}
+
+/* One transfer: write the data, flush, write the trailer (whose last byte is the flag), flush.
+   Either part may be empty. UCS_ERR_TIMED_OUT: the deadline passed or `*stop` was set; the
+   buffers may still be read by UCX afterwards, so the caller keeps them alive. */
+static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
+                                   uint64_t remote, ucp_rkey_h rkey, const void *trailer, size_t trailer_length,
+                                   uint64_t trailer_remote, ucp_rkey_h trailer_rkey, int64_t timeout_ns,
+                                   volatile int *stop, volatile int *failed)
+{
+    int64_t deadline = tt_now_ns() + timeout_ns;
+    ucs_status_t status = UCS_OK;
+    if (length) {
+        status = tt_put_flushed(worker, ep, data, length, remote, rkey, deadline, stop, failed);
+    }
+    if (status == UCS_OK && trailer_length) {
+        status = tt_put_flushed(worker, ep, trailer, trailer_length, trailer_remote, trailer_rkey, deadline, stop,
+                                failed);
+    }
+    return status;
+}
+
+#define TT_MAX_LANES 16
+/* chunks of a write spread over lanes start on this boundary */
+#define TT_LANE_ALIGN 4096
+
+/* One transfer whose data is spread over several endpoints (lanes, the paper's queue pairs per peer):
+   chunk i goes over eps[i] (with rkeys[i], the key unpacked on that endpoint), all lanes are flushed,
+   progressing every lane's worker from this thread, then the trailer goes over eps[0]. */
+static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
+                                         const void *data, size_t length, uint64_t remote, const void *trailer,
+                                         size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
+                                         int64_t timeout_ns, volatile int *stop, volatile int *failed)
+{
+    int64_t deadline = tt_now_ns() + timeout_ns;
+    ucs_status_ptr_t flushes[TT_MAX_LANES];
+    ucs_status_t status = UCS_OK;
+    size_t chunk, offset;
+    int i, used = 0, busy;
+    unsigned idle = 0, events;
+    if (lanes < 1 || lanes > TT_MAX_LANES) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    chunk = (length + lanes - 1) / lanes;
+    chunk = (chunk + TT_LANE_ALIGN - 1) / TT_LANE_ALIGN * TT_LANE_ALIGN;
+    for (i = 0, offset = 0; i < lanes && offset < length; i++, offset += chunk) {
+        size_t part = length - offset < chunk ? length - offset : chunk;
+        ucs_status_ptr_t put = tt_put(eps[i], (const char *)data + offset, part, remote + offset, rkeys[i]);
+        if (UCS_PTR_IS_ERR(put)) {
+            status = UCS_PTR_STATUS(put);
+            break;
+        }
+        if (put != NULL) {
+            ucp_request_free(put);
+        }
+        used = i + 1;
+    }
+    for (i = 0; i < used; i++) {
+        flushes[i] = tt_ep_flush(eps[i]);
+        if (UCS_PTR_IS_ERR(flushes[i])) {
+            if (status == UCS_OK) {
+                status = UCS_PTR_STATUS(flushes[i]);
+            }
+            flushes[i] = NULL;
+        }
+    }
+    for (;;) {
+        busy = 0;
+        for (i = 0; i < used; i++) {
+            if (flushes[i] == NULL) {
+                continue;
+            }
+            ucs_status_t done = ucp_request_check_status(flushes[i]);
+            if (done == UCS_INPROGRESS) {
+                busy = 1;
+                continue;
+            }
+            ucp_request_free(flushes[i]);
+            flushes[i] = NULL;
+            if (done != UCS_OK && status == UCS_OK) {
+                status = done;
+            }
+        }
+        if (!busy) {
+            break;
+        }
+        if (*failed || *stop || tt_now_ns() > deadline) {
+            for (i = 0; i < used; i++) {
+                if (flushes[i] != NULL) {
+                    ucp_request_free(flushes[i]);
+                }
+            }
+            return *failed ? (ucs_status_t)*failed : UCS_ERR_TIMED_OUT;
+        }
+        events = 0;
+        for (i = 0; i < used; i++) {
+            if (i == 0 || workers[i] != workers[i - 1]) {
+                events += ucp_worker_progress(workers[i]);
+            }
+        }
+        idle = events ? 0 : idle + 1;
+        if (idle >= TT_YIELD_AFTER) {
+            sched_yield();
+            idle = 0;
+        }
+    }
+    if (status == UCS_OK && trailer_length) {
+        status = tt_put_flushed(workers[0], eps[0], trailer, trailer_length, trailer_remote, trailer_rkey, deadline,
+                                stop, failed);
+    }
+    return status;
+}
+
+/* A one-sided read, waited for from this thread. */
+static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
+                                ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed)
+{
+    return tt_finish(worker, tt_get(ep, buffer, length, remote, rkey), tt_now_ns() + timeout_ns, stop, failed);
+}
+
+/* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then nap with
+   growing naps. `ready` returns a non-negative answer when done, -1 while not. */
+/* Progress the device's workers from a waiting thread: over tcp a peer's write lands only when this side's
+   worker progresses, and doing it here saves waking the progress thread (thread mode is MULTI). */
+static void tt_progress_all(ucp_worker_h *workers, int nworkers)
+{
+    int i;
+    for (i = 0; i < nworkers; i++) {
+        ucp_worker_progress(workers[i]);
+    }
+}
+
+#define TT_WAIT(ready_expression)                                                        \
+    do {                                                                                 \
+        int64_t start = tt_now_ns(), now = start, nap = TT_FIRST_NAP_NS;                 \
+        int found;                                                                       \
+        for (;;) {                                                                       \
+            found = (ready_expression);                                                  \
+            if (found >= 0) {                                                            \
+                return found;                                                            \
+            }                                                                            \
+            tt_progress_all(workers, nworkers);                                          \
+            if (*stop) {                                                                 \
+                return TT_WAIT_STOPPED;                                                  \
+            }                                                                            \
+            now = tt_now_ns();                                                           \
+            if (now - start > timeout_ns) {                                              \
+                return TT_WAIT_TIMED_OUT;                                                \
+            }                                                                            \
+            if (now - start < spin_ns) {                                                 \
+                sched_yield();                                                           \
+                continue;                                                                \
+            }                                                                            \
+            tt_nap(nap);                                                                 \
+            nap *= 2;                                                                    \
+            if (nap > (now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS)) { \
+                nap = now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS;     \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+static int tt_first_raised(uint8_t **flags, uint8_t *done, int count)
+{
+    int i;
+    for (i = 0; i < count; i++) {
+        if (!done[i] && *(volatile uint8_t *)flags[i]) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The index of a flag byte not yet `done` that is raised (non-zero), or TT_WAIT_* */
+static int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
+                         volatile int *stop, ucp_worker_h *workers, int nworkers)
+{
+    TT_WAIT(tt_first_raised(flags, done, count));
+}
+
+/* 1 once the counter at `word` exceeds `above`, or TT_WAIT_* */
+static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns,
+                           volatile int *stop, ucp_worker_h *workers, int nworkers)
+{
+    TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1);
+}
+
+static int tt_first_above(uint64_t **words, uint64_t *above, int count)
+{
+    int i;
+    for (i = 0; i < count; i++) {
+        if (*(volatile uint64_t *)words[i] > above[i]) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The index of a counter that exceeds its threshold, or TT_WAIT_* */
+static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
+                            volatile int *stop, ucp_worker_h *workers, int nworkers)
+{
+    TT_WAIT(tt_first_above(words, above, count));
+}
+
+static int tt_is_request(ucs_status_ptr_t ptr)
+{
+    return UCS_PTR_IS_PTR(ptr);
+}
+
+static ucs_status_t tt_status(ucs_status_ptr_t ptr)
+{
+    return UCS_PTR_STATUS(ptr);
+}
+
+#ifndef TT_BUILT_AGAINST
+#error "build.py defines TT_BUILT_AGAINST (libucx-cu12, or the system UCX's directory) before including shim.c"
+#endif
+
+/* where the UCX this binding was compiled against comes from */
+static const char *tt_built_against(void)
+{
+    return TT_BUILT_AGAINST;
+}
