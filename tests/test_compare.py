@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.commands import compare as command
-from bench.compare import FASTER, SAME, SLOWER, CompareError, compare, parse_threshold
+from bench.readers.compare import FASTER, SAME, SLOWER, CompareError, compare, parse_threshold
 from bench.results import MicroRecord, RunWriter
 
 SIZES = (1024, 65536)

@@ -16,8 +16,8 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 
-from bench import plot
-from bench.plot import LABELS, TIME_FROM_MEAN, PlotError, draw, figures, micro_time_lines, plot_run, spread_note
+from bench.readers import plot
+from bench.readers.plot import LABELS, TIME_FROM_MEAN, PlotError, draw, figures, micro_time_lines, plot_run, spread_note
 from bench.results import AnalysisRecord, MicroRecord, ModelRecord, ModelsRecord, RunWriter, load_run
 from tests.test_results import micro_record
 

@@ -17,7 +17,7 @@ import pytest
 
 from bench import paper
 from bench.commands import report as command
-from bench.report import write_report
+from bench.readers.report import write_report
 from bench.results import MicroRecord, RunWriter
 from tests.test_results import micro_record
 
@@ -219,7 +219,7 @@ def _markdown_cell(text: str, caption_start: str, row_label: str, column: str) -
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
     """Every kind of run, reported once as HTML and Markdown; the PNGs plot_run drew for it."""
-    from bench import plot
+    from bench.readers import plot
 
     root = tmp_path_factory.mktemp("report")
     runs = [make(root / "runs" / name) for name, make in RUNS.items()]
@@ -345,7 +345,7 @@ def bench_report(*argv: str) -> int:
 
 
 def test_a_run_whose_figures_fail_keeps_its_tables(tmp_path, monkeypatch, capsys):
-    from bench import plot
+    from bench.readers import plot
 
     def broken(path, out_dir=None):
         raise ValueError("cannot draw this\nsecond line")
@@ -360,7 +360,7 @@ def test_a_run_whose_figures_fail_keeps_its_tables(tmp_path, monkeypatch, capsys
 
 
 def test_a_directory_of_runs_stands_for_the_runs_in_it(tmp_path, monkeypatch):
-    from bench import plot
+    from bench.readers import plot
 
     monkeypatch.setattr(plot, "plot_run", lambda path, out_dir=None: [])
     micro_run(tmp_path / "results" / "micro-1")
@@ -399,7 +399,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, make):
 
 
 def test_an_unwritable_output_is_one_line_and_status_2(tmp_path, capsys, monkeypatch):
-    from bench import plot
+    from bench.readers import plot
 
     monkeypatch.setattr(plot, "plot_run", lambda path, out_dir=None: [])
     (tmp_path / "taken").write_text("a file where a directory should be")
@@ -426,7 +426,7 @@ def _as_version_1(run: Path) -> Path:
 
 
 def test_a_version_1_run_is_reported(tmp_path, monkeypatch):
-    from bench import plot
+    from bench.readers import plot
 
     monkeypatch.setattr(plot, "plot_run", lambda path, out_dir=None: [])
     run = _as_version_1(micro_run(tmp_path / "micro"))

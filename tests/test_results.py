@@ -170,7 +170,7 @@ def test_a_version_1_directory_written_by_the_old_code_loads(experiment):
 
 
 def test_a_version_1_directory_plots(tmp_path):
-    from bench.plot import plot_run
+    from bench.readers.plot import plot_run
 
     for experiment in ("micro", "model", "scale", "converge"):
         (tmp_path / experiment).mkdir()

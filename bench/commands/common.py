@@ -69,7 +69,7 @@ def disk_full(writer: RunWriter, experiment: str, exc: DiskError, failures: list
 
 def draw(out: Path, experiment: str) -> None:
     """The run's figures; a figure that cannot be drawn is a warning, the records are what count."""
-    from bench.plot import plot_run
+    from bench.readers.plot import plot_run
 
     if not (out / "records.csv").exists() or disk_failed(out):  # no figures onto a disk that refused a row
         return

@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.compare import CompareError, compare, parse_threshold
+from bench.readers.compare import CompareError, compare, parse_threshold
 
 HELP = "what got faster or slower between two runs; exit status 1 on a slow-down beyond --threshold"
 

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.plot import PlotError, plot_run
+    from bench.readers.plot import PlotError, plot_run
     from bench.results import DiskError, ResultsError
 
     try:

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def outputs(out: Path | None, chosen: str | None) -> tuple[Path | None, Path | None]:
     """(HTML path, Markdown path) for ``--out`` and ``--format``; None for a form not asked for."""
-    from bench.report import default_report_path
+    from bench.readers.report import default_report_path
 
     if chosen is None:
         chosen = "markdown" if out is not None and out.suffix.lower() == ".md" else "html"
@@ -46,7 +46,7 @@ def outputs(out: Path | None, chosen: str | None) -> tuple[Path | None, Path | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.report import ReportError, write_report
+    from bench.readers.report import ReportError, write_report
     from bench.results import DiskError, ResultsError
 
     html_path, markdown_path = outputs(getattr(args, "out", None), getattr(args, "format", None))

@@ -25,7 +25,7 @@ InfiniBand.
 
 The page is self-contained (figures embedded as PNG ``data:`` URIs, no script, no network); the Markdown
 form has the same tables and refers to the figures as PNG files written beside it. Figures come from
-:func:`bench.plot.plot_run`, drawn into a temporary directory; a run whose figures fail keeps its tables
+:func:`bench.readers.plot.plot_run`, drawn into a temporary directory; a run whose figures fail keeps its tables
 and gets a one-line note. matplotlib is only imported when figures are drawn. Nothing is clipped: a table wider
 than its column scrolls sideways in a box of its own (the scroll bar right under it), a figure is never shown at
 less than half its pixels (:data:`MIN_FIGURE_SCALE`: 8-point text stays 8 CSS pixels high) and one too wide for the
@@ -868,7 +868,7 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
     """The run's figures (PNG) drawn into ``out_dir``, or none and a one-line reason."""
     try:
-        from bench.plot import plot_run
+        from bench.readers.plot import plot_run
 
         out_dir.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings():
