@@ -179,7 +179,7 @@ def test_a_roce_port_without_a_gid_fails_naming_the_interface_to_address(sysfs):
     assert check.state == "fail"
     assert "rxe0 port 1 (RoCE) has no GID" in check.finding
     assert "ip addr add ADDRESS/PREFIX dev eth0" in check.fix and "RDMA_GID_INDEX" in check.fix
-    # what a run would say: the same choose() of verbs/setup.py
+    # what a run would say: the same choose() of verbs/decide.py
     assert "has no GID" in gid_choice(read_devices(sysfs))
 
 

@@ -5,7 +5,7 @@ Real queue pairs need hardware. The device code still runs here over a simulated
 for pyverbs that performs each work request with memmove): connection through accept(), writes,
 reads, flushes, flags, immediates, failures and the registration cache. When pyverbs is importable,
 the plain queue-pair attributes are also turned into real ``pyverbs.qp.QPAttr`` objects (no device
-needed) and setup.py's enum values are checked against pyverbs'.
+needed) and decide.py's enum values are checked against pyverbs'.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from transports import fabric
 from transports.fabric import waits
 from transports.fabric.base import FabricError, FabricInterrupted, RemoteRegion
 from transports.fabric.settings import RdmaSettings, read_settings
+from transports.fabric.verbs import decide
 from transports.fabric.verbs import device as verbs_device
-from transports.fabric.verbs import setup
-from transports.fabric.verbs.device import PYVERBS_MISSING, VerbsDevice
-from transports.fabric.verbs.setup import (
+from transports.fabric.verbs.decide import (
     IBV_LINK_LAYER_ETHERNET,
     IBV_LINK_LAYER_INFINIBAND,
     IBV_PORT_ACTIVE,
@@ -37,6 +36,7 @@ from transports.fabric.verbs.setup import (
     LaneEndpoint,
     PortInfo,
 )
+from transports.fabric.verbs.device import PYVERBS_MISSING, VerbsDevice
 
 HAVE_PYVERBS = importlib.util.find_spec("pyverbs") is not None
 needs_pyverbs = pytest.mark.skipif(
@@ -58,7 +58,7 @@ def roce_port(number=1, state=IBV_PORT_ACTIVE, mtu=1024, gids=()):
 
 
 def choice_for(devices, **settings) -> Choice:
-    return setup.choose(devices, RdmaSettings(**settings))
+    return decide.choose(devices, RdmaSettings(**settings))
 
 
 # -- device, port and GID choice --------------------------------------------------------------------
@@ -105,9 +105,9 @@ def test_a_device_without_an_active_port_is_named():
     with pytest.raises(FabricError, match=r"no RDMA device has an active port: mlx5_0 \(port 1 down\); "
                                           r"mlx5_1 \(port 1 init\)"):
         choice_for(devices)
-    assert setup.inactive_reason(devices) == ("no RDMA device has an active port: mlx5_0 (port 1 down); "
-                                              "mlx5_1 (port 1 init)")
-    assert setup.inactive_reason([*devices, DeviceInfo("mlx5_2", (ib_port(),))]) is None
+    assert decide.inactive_reason(devices) == ("no RDMA device has an active port: mlx5_0 (port 1 down); "
+                                               "mlx5_1 (port 1 init)")
+    assert decide.inactive_reason([*devices, DeviceInfo("mlx5_2", (ib_port(),))]) is None
     with pytest.raises(FabricError, match="no RDMA device found"):
         choice_for([])
 
@@ -148,40 +148,41 @@ IB = Choice("mlx5_0", 1, 7, IBV_LINK_LAYER_INFINIBAND, 4096, None, IB_GID, 0)
 ROCE = Choice("rocep1s0", 2, 0, IBV_LINK_LAYER_ETHERNET, 1024, 3, IPV4_GID, 0)
 
 
-def peer_of(choice: Choice, mtu=None, rd_atomic=16, lid=11) -> setup.DeviceAddress:
-    return setup.DeviceAddress(bytes(range(16)), lid, 1, choice.link_layer, mtu or choice.mtu, rd_atomic,
-                               LINK_LOCAL)
+def peer_of(choice: Choice, mtu=None, rd_atomic=16, lid=11) -> decide.DeviceAddress:
+    return decide.DeviceAddress(bytes(range(16)), lid, 1, choice.link_layer, mtu or choice.mtu, rd_atomic,
+                                LINK_LOCAL)
 
 
 def test_init_attributes():
-    attrs = setup.init_attributes(replace(IB, pkey_index=3))
-    assert attrs.fields == {"qp_state": setup.IBV_QPS_INIT, "pkey_index": 3, "port_num": 1,
-                            "qp_access_flags": setup.IBV_ACCESS_LOCAL_WRITE | setup.IBV_ACCESS_REMOTE_WRITE
-                            | setup.IBV_ACCESS_REMOTE_READ}
+    attrs = decide.init_attributes(replace(IB, pkey_index=3))
+    assert attrs.fields == {"qp_state": decide.IBV_QPS_INIT, "pkey_index": 3, "port_num": 1,
+                            "qp_access_flags": decide.IBV_ACCESS_LOCAL_WRITE | decide.IBV_ACCESS_REMOTE_WRITE
+                            | decide.IBV_ACCESS_REMOTE_READ}
     assert attrs.fields["qp_access_flags"] == 7  # local write, remote write, remote read: no atomics
-    assert attrs.mask == setup.IBV_QP_STATE | setup.IBV_QP_PKEY_INDEX | setup.IBV_QP_PORT | setup.IBV_QP_ACCESS_FLAGS
+    assert attrs.mask == (decide.IBV_QP_STATE | decide.IBV_QP_PKEY_INDEX | decide.IBV_QP_PORT
+                          | decide.IBV_QP_ACCESS_FLAGS)
     assert attrs.ah is None
 
 
 def test_rtr_on_infiniband_routes_by_lid():
     settings = RdmaSettings(service_level=3, traffic_class=40)
-    attrs = setup.rtr_attributes(IB, peer_of(IB, lid=11), LaneEndpoint(0x12345, 777), 8, settings)
-    assert attrs.fields == {"qp_state": setup.IBV_QPS_RTR, "path_mtu": 5, "dest_qp_num": 0x12345, "rq_psn": 777,
-                            "max_dest_rd_atomic": 8, "min_rnr_timer": setup.MIN_RNR_TIMER}
+    attrs = decide.rtr_attributes(IB, peer_of(IB, lid=11), LaneEndpoint(0x12345, 777), 8, settings)
+    assert attrs.fields == {"qp_state": decide.IBV_QPS_RTR, "path_mtu": 5, "dest_qp_num": 0x12345, "rq_psn": 777,
+                            "max_dest_rd_atomic": 8, "min_rnr_timer": decide.MIN_RNR_TIMER}
     ah = attrs.ah
     assert (ah.port_num, ah.dlid, ah.sl, ah.is_global) == (1, 11, 3, False)
     assert ah.dgid == bytes(16) and ah.traffic_class == 0  # no global header: no GID, no traffic class
-    assert attrs.mask == (setup.IBV_QP_STATE | setup.IBV_QP_AV | setup.IBV_QP_PATH_MTU | setup.IBV_QP_DEST_QPN
-                          | setup.IBV_QP_RQ_PSN | setup.IBV_QP_MAX_DEST_RD_ATOMIC | setup.IBV_QP_MIN_RNR_TIMER)
+    assert attrs.mask == (decide.IBV_QP_STATE | decide.IBV_QP_AV | decide.IBV_QP_PATH_MTU | decide.IBV_QP_DEST_QPN
+                          | decide.IBV_QP_RQ_PSN | decide.IBV_QP_MAX_DEST_RD_ATOMIC | decide.IBV_QP_MIN_RNR_TIMER)
 
 
 def test_rtr_on_roce_carries_a_global_header():
     settings = RdmaSettings(service_level=2, traffic_class=106)
-    attrs = setup.rtr_attributes(ROCE, peer_of(ROCE, lid=0), LaneEndpoint(5, 6), 16, settings)
+    attrs = decide.rtr_attributes(ROCE, peer_of(ROCE, lid=0), LaneEndpoint(5, 6), 16, settings)
     ah = attrs.ah
     assert (ah.port_num, ah.is_global, ah.dgid, ah.sgid_index, ah.traffic_class, ah.sl) == (
         2, True, LINK_LOCAL, 3, 106, 2)
-    assert ah.hop_limit == setup.HOP_LIMIT
+    assert ah.hop_limit == decide.HOP_LIMIT
     assert ah.dgid_text == "fe80:0000:0000:0000:9a03:9bff:fe00:aaaa"
     assert attrs.fields["path_mtu"] == 3  # IBV_MTU_1024
 
@@ -191,47 +192,47 @@ def test_rtr_on_roce_carries_a_global_header():
     (4096, 2048, 4096, 2048)])
 def test_path_mtu_is_the_smallest(setting, local, remote, expected):
     choice = replace(IB, mtu=local)
-    attrs = setup.rtr_attributes(choice, peer_of(choice, mtu=remote), LaneEndpoint(1, 1), 16,
-                                 RdmaSettings(mtu=setting))
-    assert setup.MTU_BYTES[attrs.fields["path_mtu"]] == expected
+    attrs = decide.rtr_attributes(choice, peer_of(choice, mtu=remote), LaneEndpoint(1, 1), 16,
+                                  RdmaSettings(mtu=setting))
+    assert decide.MTU_BYTES[attrs.fields["path_mtu"]] == expected
 
 
 def test_rtr_refuses_another_link_layer():
     with pytest.raises(FabricError, match="cannot connect InfiniBand port mlx5_0:1 to a peer on Ethernet"):
-        setup.rtr_attributes(IB, peer_of(ROCE), LaneEndpoint(1, 1), 16, RdmaSettings())
+        decide.rtr_attributes(IB, peer_of(ROCE), LaneEndpoint(1, 1), 16, RdmaSettings())
 
 
 def test_rts_attributes_defaults_and_settings():
-    attrs = setup.rts_attributes(4242, peer_of(IB, rd_atomic=4), 16, RdmaSettings())
-    assert attrs.fields == {"qp_state": setup.IBV_QPS_RTS, "sq_psn": 4242, "timeout": 14, "retry_cnt": 7,
+    attrs = decide.rts_attributes(4242, peer_of(IB, rd_atomic=4), 16, RdmaSettings())
+    assert attrs.fields == {"qp_state": decide.IBV_QPS_RTS, "sq_psn": 4242, "timeout": 14, "retry_cnt": 7,
                             "rnr_retry": 6, "max_rd_atomic": 4}  # a finite RNR retry
-    assert attrs.mask == (setup.IBV_QP_STATE | setup.IBV_QP_SQ_PSN | setup.IBV_QP_TIMEOUT | setup.IBV_QP_RETRY_CNT
-                          | setup.IBV_QP_RNR_RETRY | setup.IBV_QP_MAX_QP_RD_ATOMIC)
-    tuned = setup.rts_attributes(1, peer_of(IB), 2, RdmaSettings(timeout=20, retry_count=0))
+    assert attrs.mask == (decide.IBV_QP_STATE | decide.IBV_QP_SQ_PSN | decide.IBV_QP_TIMEOUT | decide.IBV_QP_RETRY_CNT
+                          | decide.IBV_QP_RNR_RETRY | decide.IBV_QP_MAX_QP_RD_ATOMIC)
+    tuned = decide.rts_attributes(1, peer_of(IB), 2, RdmaSettings(timeout=20, retry_count=0))
     assert (tuned.fields["timeout"], tuned.fields["retry_cnt"], tuned.fields["max_rd_atomic"]) == (20, 0, 2)
 
 
 def test_rd_atomic_limit():
-    assert setup.rd_atomic_limit(16, 16) == 16
-    assert setup.rd_atomic_limit(64, 4) == 4
-    assert setup.rd_atomic_limit(0, 0) == 1
+    assert decide.rd_atomic_limit(16, 16) == 16
+    assert decide.rd_atomic_limit(64, 4) == 4
+    assert decide.rd_atomic_limit(0, 0) == 1
 
 
 def test_gid_text_round_trip():
-    assert setup.gid_bytes(setup.gid_text(IB_GID)) == IB_GID
+    assert decide.gid_bytes(decide.gid_text(IB_GID)) == IB_GID
     with pytest.raises(ValueError, match="is not a GID"):
-        setup.gid_bytes("fe80::1")
+        decide.gid_bytes("fe80::1")
 
 
 # -- the connection exchange ----------------------------------------------------------------------------
 
 
 def test_address_round_trip_and_instances_differ():
-    first, second = setup.new_address(ROCE, 8), setup.new_address(ROCE, 8)
+    first, second = decide.new_address(ROCE, 8), decide.new_address(ROCE, 8)
     assert first.instance != second.instance and len(first.instance) == 16
-    encoded = setup.encode_address(first)
-    assert isinstance(encoded, bytes) and len(encoded) <= setup.MAX_ADDRESS_BYTES
-    assert setup.decode_address(encoded) == first
+    encoded = decide.encode_address(first)
+    assert isinstance(encoded, bytes) and len(encoded) <= decide.MAX_ADDRESS_BYTES
+    assert decide.decode_address(encoded) == first
     assert (first.lid, first.port, first.link_layer, first.mtu, first.rd_atomic, first.gid) == (
         0, 2, IBV_LINK_LAYER_ETHERNET, 1024, 8, IPV4_GID)
 
@@ -239,12 +240,12 @@ def test_address_round_trip_and_instances_differ():
 def _address_with(**changes) -> bytes:
     fields = {"magic": b"TTV1", "instance": bytes(16), "lid": 1, "port": 1, "link_layer": 1, "mtu": 4096,
               "rd_atomic": 16, "gid": IB_GID, **changes}
-    return setup._ADDRESS.pack(*fields.values())
+    return decide._ADDRESS.pack(*fields.values())
 
 
 @pytest.mark.parametrize(("data", "message"), [
     ("00ff", "must be bytes, not str"),
-    (b"\x00" * 10, f"has {setup._ADDRESS.size} bytes, not 10"),
+    (b"\x00" * 10, f"has {decide._ADDRESS.size} bytes, not 10"),
     (_address_with(magic=b"UCX!"), "starts with"),
     (_address_with(link_layer=9), "unknown link layer 9"),
     (_address_with(mtu=1500), "MTU 1500"),
@@ -253,23 +254,23 @@ def _address_with(**changes) -> bytes:
 ])
 def test_malformed_addresses_are_refused(data, message):
     with pytest.raises(ValueError, match=message):
-        setup.decode_address(data)
+        decide.decode_address(data)
 
 
 def test_request_and_reply_round_trip():
-    address = setup.encode_address(setup.new_address(IB, 16))
+    address = decide.encode_address(decide.new_address(IB, 16))
     lanes = [LaneEndpoint(0xFFFFFF, 0), LaneEndpoint(17, 0xABCDE)]
-    request = setup.connect_request(address, lanes)
+    request = decide.connect_request(address, lanes)
     import json
 
-    raw, decoded, parsed = setup.parse_request(json.loads(json.dumps(request)), 2)
-    assert raw == address and decoded == setup.decode_address(address) and parsed == lanes
-    reply = setup.connect_reply(lanes[::-1])
-    assert setup.parse_reply(json.loads(json.dumps(reply)), 2) == lanes[::-1]
+    raw, decoded, parsed = decide.parse_request(json.loads(json.dumps(request)), 2)
+    assert raw == address and decoded == decide.decode_address(address) and parsed == lanes
+    reply = decide.connect_reply(lanes[::-1])
+    assert decide.parse_reply(json.loads(json.dumps(reply)), 2) == lanes[::-1]
 
 
 def _request(**changes):
-    request = setup.connect_request(setup.encode_address(setup.new_address(IB, 16)), [LaneEndpoint(1, 2)])
+    request = decide.connect_request(decide.encode_address(decide.new_address(IB, 16)), [LaneEndpoint(1, 2)])
     request.update(changes)
     return request
 
@@ -288,7 +289,7 @@ def _lane(**changes):
     (_request(address=""), "'address' must be a hex string"),
     (_request(address="ab" * 8193), "'address' must be a hex string"),
     (_request(address="zz"), "is not hex"),
-    (_request(address="00" * setup._ADDRESS.size), "starts with"),
+    (_request(address="00" * decide._ADDRESS.size), "starts with"),
     (_request(lanes={"qp_num": 1}), "'lanes' must be a list"),
     (_request(lanes=[]), "has 0 lanes, this device 1"),
     (_request(lanes=[{"qp_num": 1, "psn": 2}] * 2), "has 2 lanes, this device 1"),
@@ -303,7 +304,7 @@ def _lane(**changes):
 ])
 def test_malformed_requests_are_refused(request_, message):
     with pytest.raises(ValueError, match=message):
-        setup.parse_request(request_, 1)
+        decide.parse_request(request_, 1)
 
 
 @pytest.mark.parametrize(("reply", "message"), [
@@ -314,11 +315,11 @@ def test_malformed_requests_are_refused(request_, message):
 ])
 def test_malformed_replies_are_refused(reply, message):
     with pytest.raises(ValueError, match=message):
-        setup.parse_reply(reply, 2)
+        decide.parse_reply(reply, 2)
 
 
 def test_new_psns_are_24_bit_and_vary():
-    psns = {setup.new_psn() for _ in range(64)}
+    psns = {decide.new_psn() for _ in range(64)}
     assert all(0 <= psn < 2**24 for psn in psns) and len(psns) > 1
 
 
@@ -326,35 +327,35 @@ def test_new_psns_are_24_bit_and_vary():
 
 
 def test_lanes_map_to_queue_pairs_and_queue_pairs_to_cqs_round_robin():
-    assert [setup.qp_index(lane, 3) for lane in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    assert [setup.cq_index(qp, 2) for qp in range(5)] == [0, 1, 0, 1, 0]
-    assert [setup.cq_index(qp, 4) for qp in range(2)] == [0, 1]  # more CQs than queue pairs: some idle
+    assert [decide.qp_index(lane, 3) for lane in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [decide.cq_index(qp, 2) for qp in range(5)] == [0, 1, 0, 1, 0]
+    assert [decide.cq_index(qp, 4) for qp in range(2)] == [0, 1]  # more CQs than queue pairs: some idle
     with pytest.raises(ValueError, match="negative"):
-        setup.qp_index(-1, 2)
+        decide.qp_index(-1, 2)
 
 
 @pytest.mark.parametrize(("nbytes", "parts"), [(1, 4), (64, 4), (1000, 3), (1 << 20, 4), (1 << 20 | 5, 3),
                                                (4096, 1), (130, 2)])
 def test_spread_covers_the_data_in_aligned_pieces(nbytes, parts):
-    pieces = setup.spread(nbytes, parts)
+    pieces = decide.spread(nbytes, parts)
     assert 1 <= len(pieces) <= parts
     assert sum(length for _, length in pieces) == nbytes
     assert all(length > 0 for _, length in pieces)
     assert [offset for offset, _ in pieces] == list(np.cumsum([0] + [length for _, length in pieces[:-1]]))
     assert all(offset % 64 == 0 for offset, _ in pieces)
-    assert setup.spread(0, 4) == []
-    assert len(setup.spread(1 << 20, 4)) == 4
+    assert decide.spread(0, 4) == []
+    assert len(decide.spread(1 << 20, 4)) == 4
 
 
 def test_perftest_arguments_come_from_the_settings():
-    assert setup.perftest_arguments(RdmaSettings()) == ()
-    assert setup.perftest_arguments(RdmaSettings(device="mlx5_1", port=2, gid_index=3)) == (
+    assert decide.perftest_arguments(RdmaSettings()) == ()
+    assert decide.perftest_arguments(RdmaSettings(device="mlx5_1", port=2, gid_index=3)) == (
         "-d", "mlx5_1", "-i", "2", "-x", "3")
-    assert setup.perftest_arguments(RdmaSettings(gid_index=0)) == ("-x", "0")
+    assert decide.perftest_arguments(RdmaSettings(gid_index=0)) == ("-x", "0")
 
 
 def test_no_device_reason():
-    assert setup.no_device_reason("x") == "no RDMA device found (x)"
+    assert decide.no_device_reason("x") == "no RDMA device found (x)"
 
 
 # -- memory waits ----------------------------------------------------------------------------------------
@@ -476,8 +477,8 @@ def test_hardware_is_described_from_what_pyverbs_reports():
         def query_gid(self, port, index):
             if index == 3:
                 raise Error("no such entry")
-            return SimpleNamespace(gid=setup.gid_text(IPV4_GID if index == 1 else bytes(16) if index == 2
-                                                      else LINK_LOCAL))
+            return SimpleNamespace(gid=decide.gid_text(IPV4_GID if index == 1 else bytes(16) if index == 2
+                                                       else LINK_LOCAL))
 
         def query_gid_type(self, port, index):
             return 1 if index == 1 else 0
@@ -491,7 +492,7 @@ def test_hardware_is_described_from_what_pyverbs_reports():
     port = info.ports[1]
     assert (port.active, port.active_mtu, port.link_layer) == (True, 1024, IBV_LINK_LAYER_ETHERNET)
     assert port.gids == (GidEntry(0, LINK_LOCAL, False), GidEntry(1, IPV4_GID, True))  # 2 empty, 3 unreadable
-    chosen = setup.choose([info], RdmaSettings())
+    chosen = decide.choose([info], RdmaSettings())
     assert (chosen.port, chosen.gid_index) == (2, 1)
 
     def no_list():
@@ -541,8 +542,8 @@ def test_constants_agree_with_pyverbs():
                  "IBV_QP_AV", "IBV_QP_PATH_MTU", "IBV_QP_TIMEOUT", "IBV_QP_RETRY_CNT", "IBV_QP_RNR_RETRY",
                  "IBV_QP_RQ_PSN", "IBV_QP_MAX_QP_RD_ATOMIC", "IBV_QP_MIN_RNR_TIMER", "IBV_QP_SQ_PSN",
                  "IBV_QP_MAX_DEST_RD_ATOMIC", "IBV_QP_DEST_QPN"):
-        assert getattr(setup, name) == int(getattr(e, name)), name
-    for mtu, enum in setup.MTU_ENUM.items():
+        assert getattr(decide, name) == int(getattr(e, name)), name
+    for mtu, enum in decide.MTU_ENUM.items():
         assert int(getattr(e, f"IBV_MTU_{mtu}")) == enum
 
 
@@ -550,22 +551,22 @@ def test_constants_agree_with_pyverbs():
 def test_plain_attributes_become_pyverbs_qp_attrs():
     pv = verbs_device._pyverbs()
     settings = RdmaSettings(service_level=4, traffic_class=32, timeout=18, retry_count=5)
-    init = verbs_device.qp_attr(pv, setup.init_attributes(replace(ROCE, pkey_index=0)))
+    init = verbs_device.qp_attr(pv, decide.init_attributes(replace(ROCE, pkey_index=0)))
     assert (init.qp_state, init.port_num, init.pkey_index, init.qp_access_flags) == (1, 2, 0, 7)
 
-    rtr = verbs_device.qp_attr(pv, setup.rtr_attributes(ROCE, peer_of(ROCE), LaneEndpoint(0xABC, 99), 16, settings))
+    rtr = verbs_device.qp_attr(pv, decide.rtr_attributes(ROCE, peer_of(ROCE), LaneEndpoint(0xABC, 99), 16, settings))
     assert (rtr.qp_state, rtr.path_mtu, rtr.dest_qp_num, rtr.rq_psn, rtr.max_dest_rd_atomic, rtr.min_rnr_timer) == (
-        2, 3, 0xABC, 99, 16, setup.MIN_RNR_TIMER)
+        2, 3, 0xABC, 99, 16, decide.MIN_RNR_TIMER)
     ah = rtr.ah_attr
     assert (ah.is_global, ah.port_num, ah.sl, ah.sgid_index, ah.hop_limit, ah.traffic_class) == (1, 2, 4, 3, 64, 32)
     assert ah.dgid == "fe80:0000:0000:0000:9a03:9bff:fe00:aaaa"
 
-    ib = verbs_device.qp_attr(pv, setup.rtr_attributes(IB, peer_of(IB, lid=23), LaneEndpoint(1, 2), 16, settings))
+    ib = verbs_device.qp_attr(pv, decide.rtr_attributes(IB, peer_of(IB, lid=23), LaneEndpoint(1, 2), 16, settings))
     assert (ib.ah_attr.is_global, ib.ah_attr.dlid, ib.ah_attr.sl, ib.path_mtu) == (0, 23, 4, 5)
 
-    rts = verbs_device.qp_attr(pv, setup.rts_attributes(1234, peer_of(IB, rd_atomic=8), 16, settings))
+    rts = verbs_device.qp_attr(pv, decide.rts_attributes(1234, peer_of(IB, rd_atomic=8), 16, settings))
     assert (rts.qp_state, rts.sq_psn, rts.timeout, rts.retry_cnt, rts.rnr_retry, rts.max_rd_atomic) == (
-        3, 1234, 18, 5, setup.RNR_RETRY, 8)
+        3, 1234, 18, 5, decide.RNR_RETRY, 8)
 
 
 # -- the device over a simulated NIC ---------------------------------------------------------------------
@@ -609,7 +610,7 @@ class _FakeNic:
                                        active_mtu=5, gid_tbl_len=1, pkey_tbl_len=1)
 
             def query_gid(self, port, index):
-                return SimpleNamespace(gid=setup.gid_text(IB_GID))
+                return SimpleNamespace(gid=decide.gid_text(IB_GID))
 
             def query_gid_type(self, port, index):
                 return 0

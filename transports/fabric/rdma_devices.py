@@ -12,9 +12,9 @@ the subnet and is not in sysfs (pyverbs' ``query_port`` or ``ibv_devinfo`` show 
 Reading is a directory walk: cheap enough to run before every command that uses the fabric, and a
 machine without ``/sys/class/infiniband`` costs one ``stat``. ``TENSOR_BENCH_RDMA_SYSFS`` points
 it at another tree (the tests write fake ones); the network interfaces are read beside it
-(``<root>/../net``). :meth:`RdmaDevice.device_info` turns a device into ``verbs/setup.py``'s
-:class:`~transports.fabric.verbs.setup.DeviceInfo`, so :func:`gid_choice` picks the port and GID
-index exactly as a ``--fabric verbs`` run would (:func:`~transports.fabric.verbs.setup.choose`).
+(``<root>/../net``). :meth:`RdmaDevice.device_info` turns a device into ``verbs/decide.py``'s
+:class:`~transports.fabric.verbs.decide.DeviceInfo`, so :func:`gid_choice` picks the port and GID
+index exactly as a ``--fabric verbs`` run would (:func:`~transports.fabric.verbs.decide.choose`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from transports.fabric.base import FabricError
 from transports.fabric.settings import MTUS, RdmaSettings
-from transports.fabric.verbs.setup import (
+from transports.fabric.verbs.decide import (
     GID_SCAN,
     IBV_LINK_LAYER_ETHERNET,
     IBV_LINK_LAYER_INFINIBAND,
@@ -111,7 +111,7 @@ class Port:
         return "active MTU unknown (InfiniBand: the subnet sets it; ibv_devinfo shows it)"
 
     def port_info(self) -> PortInfo:
-        """This port as ``verbs/setup.py`` describes what pyverbs reports."""
+        """This port as ``verbs/decide.py`` describes what pyverbs reports."""
         link_layer = IBV_LINK_LAYER_ETHERNET if self.ethernet else IBV_LINK_LAYER_INFINIBAND
         gids = tuple(GidEntry(gid.index, gid.gid, gid.type == "RoCE v2") for gid in self.gids)
         return PortInfo(self.number, self.state, self.lid, link_layer, self.active_mtu or 1024, gids)
@@ -130,7 +130,7 @@ class RdmaDevice:
     ports: tuple[Port, ...]
 
     def device_info(self) -> DeviceInfo:
-        """This device as ``verbs/setup.py`` describes what pyverbs reports (for :func:`choose`)."""
+        """This device as ``verbs/decide.py`` describes what pyverbs reports (for :func:`choose`)."""
         return DeviceInfo(self.name, tuple(port.port_info() for port in self.ports))
 
 

@@ -12,7 +12,7 @@ on the device). Queue pairs are agreed with the peer once per peer over the cont
 (``channel(..., exchange)`` here, :meth:`VerbsDevice.accept` there, which takes a request only from
 the device it claims to be); when two devices connect to each other at once, the connection of
 the one with the smaller address stands. The decisions that need no hardware (device, port and GID
-choice, queue-pair attributes, the exchange's encoding, lane mapping) are in ``setup.py``.
+choice, queue-pair attributes, the exchange's encoding, lane mapping) are in ``decide.py``.
 
 pyverbs is imported only when a device is opened or asked whether it can run, so this module
 imports without it. A progress thread sleeps on its CQ's completion channel (``select`` on the
@@ -57,7 +57,7 @@ from transports.fabric.base import (
 )
 from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings, read_settings
-from transports.fabric.verbs.setup import (
+from transports.fabric.verbs.decide import (
     ACCESS_FLAGS,
     GID_SCAN,
     IBV_ACCESS_LOCAL_WRITE,
@@ -177,7 +177,7 @@ def _hardware(pv: SimpleNamespace, gid_index: int | None = None) -> list[DeviceI
 
 
 def qp_attr(pv: SimpleNamespace, attributes: QpAttributes):
-    """The pyverbs ``QPAttr`` of a transition that ``setup.py`` describes as plain data."""
+    """The pyverbs ``QPAttr`` of a transition that ``decide.py`` describes as plain data."""
     attr = pv.qp.QPAttr(qp_state=attributes.fields["qp_state"])
     for name, value in attributes.fields.items():
         setattr(attr, name, value)
@@ -594,7 +594,7 @@ class VerbsDevice(Device):
 
     ``fabric_transport``: only ``auto`` (RDMA_DEVICE, else the first device with an active port);
     ``interfaces`` are not used (an RDMA device is chosen by RDMA_DEVICE, not by network interface);
-    ``settings``: the RDMA_* variables, all honoured (see ``setup.py``).
+    ``settings``: the RDMA_* variables, all honoured (see ``decide.py``).
     """
 
     name = "verbs"
@@ -878,7 +878,7 @@ class VerbsDevice(Device):
         """Lane ``lane`` to ``peer``: the first call for a peer agrees on all its queue pairs with one exchange.
 
         The peer may defer (it is connecting to us at the same time and its connection stands, see
-        :func:`setup.wins`, or it is connected already): ours are dropped and its connection is used.
+        :func:`decide.wins`, or it is connected already): ours are dropped and its connection is used.
         """
         if not peer:
             raise FabricError("verbs: a peer address is empty")
@@ -955,7 +955,7 @@ class VerbsDevice(Device):
 
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
                             trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
-        """The data cut in one piece per lane (:func:`setup.spread`), all posted, all waited for; then the
+        """The data cut in one piece per lane (:func:`decide.spread`), all posted, all waited for; then the
         trailer on the first lane."""
         pieces = spread(data.nbytes, len(channels))
         if len(pieces) <= 1:
