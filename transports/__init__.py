@@ -6,7 +6,6 @@ missing reports itself unavailable instead of breaking every import.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from transports.base import (
@@ -20,16 +19,7 @@ from transports.base import (
     TransportStats,
     TransportTimeout,
 )
-from transports.common import Availability
-
-#: name -> module defining ``TRANSPORT``; the order is the order of figures and tables.
-REGISTRY: dict[str, str] = {
-    "grpc_tcp": "transports.grpc_tcp",
-    "grpc_rdma": "transports.grpc_rdma",
-    "rdma_cp": "transports.rdma_cp",
-    "zerocopy": "transports.zerocopy",
-    "local": "transports.local",
-}
+from transports.common import Availability, Registry
 
 
 class UnknownTransport(ValueError):
@@ -40,25 +30,29 @@ class TransportUnavailable(RuntimeError):
     """A registered transport that cannot run on this machine."""
 
 
+#: name -> the Transport class, ``module:TRANSPORT``; the order is the order of figures and tables.
+REGISTRY = Registry("transport", {
+    "grpc_tcp": "transports.grpc_tcp:TRANSPORT",
+    "grpc_rdma": "transports.grpc_rdma:TRANSPORT",
+    "rdma_cp": "transports.rdma_cp:TRANSPORT",
+    "zerocopy": "transports.zerocopy:TRANSPORT",
+    "local": "transports.local:TRANSPORT",
+}, unknown=UnknownTransport)
+
+
 def names() -> list[str]:
     """Every registered transport name."""
-    return list(REGISTRY)
+    return REGISTRY.names()
 
 
 def transport_class(name: str) -> type[Transport]:
     """The class registered under ``name``; the error lists the known names."""
-    if name not in REGISTRY:
-        raise UnknownTransport(f"unknown transport '{name}' (known: {', '.join(REGISTRY)})")
-    return importlib.import_module(REGISTRY[name]).TRANSPORT
+    return REGISTRY.load(name)
 
 
 def availability(name: str) -> Availability:
     """Whether ``name`` can run here; a backend that fails to import is reported, not raised."""
-    try:
-        cls = transport_class(name)
-    except ImportError as exc:
-        return Availability(False, f"cannot import {REGISTRY[name]}: {exc}")
-    return cls.availability()
+    return REGISTRY.availability(name, lambda cls: cls.availability())
 
 
 def available_names() -> list[str]:

@@ -16,12 +16,22 @@ from bench.launch.base import (
     RankResult,
     RankSpec,
 )
+from transports.common import Registry
 
+#: name -> the launcher class and what it does (for --help); the order is the order of --help. Each class says
+#: which of the command line's launch options it takes (``options``) and why it refuses one (``refuses``).
+REGISTRY = Registry("launcher", {
+    "local": ("bench.launch.local:LocalLauncher", "processes on this machine (the default)"),
+    "netns": ("bench.launch.netns:NetnsLauncher",
+              "each server in its own network namespace, links shaped with tc (needs root, ip and tc)"),
+    "mpi": ("bench.launch.mpi:MpiLauncher", "ranks started by mpirun or srun, one process per rank (mpi4py)"),
+}, unknown=LaunchError)
 #: name -> what it does, for --help and errors; the order is the order of --help
-LAUNCHERS = {
-    "local": "processes on this machine (the default)",
-    "netns": "each server in its own network namespace, links shaped with tc (needs root, ip and tc)",
-    "mpi": "ranks started by mpirun or srun, one process per rank (mpi4py)",
+LAUNCHERS = REGISTRY.descriptions()
+#: the command line's launch options: keyword -> (its flag, what it does), said when a launcher does not take it
+OPTIONS = {
+    "bind": ("--bind", "sets where ranks listen"),
+    "link_rate": ("--link-rate", "shapes the links between emulated hosts"),
 }
 
 
@@ -32,29 +42,27 @@ class LauncherUnavailable(LaunchError):
 def create(name: str, *, bind: str | None = None, link_rate: str | None = None,
            log_dir: Path | None = None) -> Launcher:
     """The launcher ``name`` with the command line's options; errors name the problem and the fix."""
-    if name == "local":
-        from bench.launch.local import LocalLauncher
+    cls = REGISTRY.load(name)
+    given = {option: value for option, value in (("bind", bind), ("link_rate", link_rate)) if value}
+    for option in given:
+        if option not in cls.options:
+            raise LaunchError(_not_taken(name, cls, option))
+    return cls(log_dir=log_dir, **given)
 
-        if link_rate:
-            raise LaunchError("--link-rate shapes the links between emulated hosts: use it with --launcher netns")
-        return LocalLauncher(bind=bind, log_dir=log_dir)
-    if name == "netns":
-        from bench.launch.netns import NetnsLauncher
 
-        if bind:
-            raise LaunchError("--bind does not apply to --launcher netns: every host has its own address")
-        return NetnsLauncher(link_rate=link_rate, log_dir=log_dir)
-    if name == "mpi":
-        from bench.launch.mpi import MpiLauncher
-
-        if link_rate:
-            raise LaunchError("--link-rate shapes emulated links: use it with --launcher netns")
-        return MpiLauncher(bind=bind, log_dir=log_dir)
-    raise LaunchError(f"unknown launcher '{name}' (known: {', '.join(LAUNCHERS)})")
+def _not_taken(name: str, cls: type[Launcher], option: str) -> str:
+    """Why launcher ``name`` refuses ``option``: its own reason, else what the option is for and who takes it."""
+    flag, purpose = OPTIONS[option]
+    if option in cls.refuses:
+        return f"{flag} does not apply to --launcher {name}: {cls.refuses[option]}"
+    takers = " or ".join(f"--launcher {other}" for other in REGISTRY if option in REGISTRY.load(other).options)
+    return f"{flag} {purpose}: use it with {takers}"
 
 
 __all__ = [
     "LAUNCHERS",
+    "OPTIONS",
+    "REGISTRY",
     "LaunchError",
     "Launcher",
     "LauncherUnavailable",

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
@@ -71,6 +71,10 @@ class LocalLauncher(Launcher):
     """Ranks as processes on this machine; :class:`bench.launch.netns.NetnsLauncher` puts them in namespaces."""
 
     name = "local"
+    #: the command line's launch options it takes (``bench.launch.create`` refuses the others), and why it refuses
+    #: one for a reason of its own
+    options: ClassVar[tuple[str, ...]] = ("bind",)
+    refuses: ClassVar[dict[str, str]] = {}
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         self.bind = resolve_bind(bind, [socket.gethostname()])

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import (
@@ -48,6 +48,10 @@ class MpiLauncher(Launcher):
     """Ranks are MPI processes; process 0 coordinates (see the module docstring)."""
 
     name = "mpi"
+    #: the command line's launch options it takes (``bench.launch.create`` refuses the others), and why it refuses
+    #: one for a reason of its own
+    options: ClassVar[tuple[str, ...]] = ("bind",)
+    refuses: ClassVar[dict[str, str]] = {}
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         # MPI brings its own copy of UCX's libraries; ours must be loaded first, or UCX's symbols clash

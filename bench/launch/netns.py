@@ -12,7 +12,7 @@ crash or Ctrl-C (the hosts' reaper sees the coordinator go).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.launch.base import LaunchError, RankSpec
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
@@ -27,6 +27,8 @@ class NetnsLauncher(LocalLauncher):
     """Ranks as processes in emulated hosts (network namespaces and shaped veth links)."""
 
     name = "netns"
+    options: ClassVar[tuple[str, ...]] = ("link_rate",)
+    refuses: ClassVar[dict[str, str]] = {"bind": "every host has its own address"}
 
     def __init__(self, link_rate: str | None = None, log_dir: Path | None = None) -> None:
         try:

@@ -14,46 +14,39 @@ reports itself unavailable (:func:`availability`, ``bench info``) instead of bre
 from __future__ import annotations
 
 import contextlib
-import importlib
 from typing import Any
 
-from transports.common import Availability
+from transports.common import Availability, Registry
 from transports.fabric.base import Device, FabricError
 from transports.fabric.settings import RdmaSettings
-
-#: name -> (module, class) of each backend; the first is the default
-BACKENDS: dict[str, tuple[str, str]] = {
-    "ucx": ("transports.fabric.ucx.device", "UcxDevice"),
-    "verbs": ("transports.fabric.verbs.device", "VerbsDevice"),
-}
-DEFAULT = "ucx"
 
 
 class UnknownFabric(ValueError):
     """A fabric backend name that is not registered."""
 
 
+#: name -> the Device class of each backend, ``module:class``; the first is the default
+BACKENDS = Registry("fabric", {
+    "ucx": "transports.fabric.ucx.device:UcxDevice",
+    "verbs": "transports.fabric.verbs.device:VerbsDevice",
+}, unknown=UnknownFabric)
+DEFAULT = "ucx"
+
+
 def names() -> list[str]:
     """Every registered backend name."""
-    return list(BACKENDS)
+    return BACKENDS.names()
 
 
 def backend(name: str) -> type[Device]:
     """The Device class of backend ``name``; the error lists the known names."""
-    if name not in BACKENDS:
-        raise UnknownFabric(f"unknown fabric '{name}' (known: {', '.join(BACKENDS)})")
-    module, cls = BACKENDS[name]
-    return getattr(importlib.import_module(module), cls)
+    return BACKENDS.load(name)
 
 
 def availability(name: str, fabric_transport: str = "auto") -> Availability:
     """Whether backend ``name`` can run here over ``fabric_transport``, and if not, why; an import failure is
     reported, not raised."""
-    try:
-        cls = backend(name)
-    except ImportError as exc:
-        return Availability(False, f"cannot import {BACKENDS[name][0]}: {exc}")
-    return cls.availability(fabric_transport)
+    return BACKENDS.availability(name, lambda cls: cls.availability(fabric_transport))
 
 
 def open_device(name: str = DEFAULT, fabric_transport: str = "auto", progress_threads: int = 1,
