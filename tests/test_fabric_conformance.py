@@ -1,8 +1,8 @@
 """The fabric conformance suite: what every backend must do, written once, run over every backend and mode.
 
-Backends and modes: UCX over shared memory, UCX over tcp, and verbs (RC queue pairs on an RDMA
-NIC). A backend that cannot run here is skipped with its reason: on a machine without an RDMA
-device, verbs says "no RDMA device found". Devices are opened through the fabric registry only,
+Backends and modes come from the fabric registry (:func:`modes`); today: UCX over shared memory, over tcp and
+over RDMA, and verbs (RC queue pairs on an RDMA NIC). A backend that cannot run here is skipped with its
+reason: on a machine without an RDMA device, verbs says "no RDMA device found". Devices are opened through the fabric registry only,
 and channels connect with the peer's ``accept`` as the exchange (what the control path carries
 between processes).
 """
@@ -28,8 +28,23 @@ from .conftest import fabric_marks
 from .processes import held_resources
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def modes() -> list[tuple[str, str]]:
+    """(backend, --fabric-transport) of every case, from the fabric registry: each registered backend over each
+    of its fabric transports, ``auto`` (the backend's choice among the others) only where it has no other."""
+    found = []
+    for name in fabric.names():
+        try:
+            offered = list(fabric.backend(name).fabric_transports)
+        except ImportError:  # its cases skip saying why (fabric_marks: "cannot import ...")
+            offered = ["auto"]
+        found += [(name, transport) for transport in [t for t in offered if t != "auto"] or ["auto"]]
+    return found
+
+
 #: (backend, --fabric-transport) of every case
-MODES = [("ucx", "shm"), ("ucx", "tcp"), ("ucx", "rdma"), ("verbs", "auto")]
+MODES = modes()
 
 
 def _params():
