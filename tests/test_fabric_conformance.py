@@ -2,9 +2,9 @@
 
 Backends and modes come from the fabric registry (:func:`modes`); today: UCX over shared memory, over tcp and
 over RDMA, and verbs (RC queue pairs on an RDMA NIC). A backend that cannot run here is skipped with its
-reason: on a machine without an RDMA device, verbs says "no RDMA device found". Devices are opened through the fabric registry only,
-and channels connect with the peer's ``accept`` as the exchange (what the control path carries
-between processes).
+reason: on a machine without an RDMA device, verbs says "no RDMA device found". Devices are opened through
+the fabric registry only, and channels connect with the peer's ``accept`` as the exchange (what the control
+path carries between processes).
 """
 
 from __future__ import annotations
