@@ -1,0 +1,107 @@
+"""Putting a page together: the runs named, each run's sections (from the registry,
+:data:`bench.readers.report.sections.SECTIONS`), its figures placed, the sections in the registry's order."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from bench.readers.report.overview import overview_tables
+from bench.readers.report.page import Figure, Report, ReportError, Section
+from bench.readers.report.sections import SECTIONS, Kind
+from bench.results import META_FILE, Run, load_run
+
+
+def find_runs(paths: Sequence[Path]) -> list[Path]:
+    """The run directories named: each path itself, or, for a directory without ``meta.json``, the run
+    directories directly inside it (``bench report results/``). A ReportError names a path that is neither."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportError(f"'{path}' does not exist; give a run directory such as results/micro-<time>/")
+        if not path.is_dir():
+            raise ReportError(f"'{path}' is a file, not a run directory; give the directory holding its meta.json and "
+                              "records.csv")
+        if (path / META_FILE).is_file():
+            found.append(path)
+            continue
+        inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file())
+        if not inside:
+            raise ReportError(f"'{path}' is not a run directory (it has no {META_FILE}) and holds none; give "
+                              "directories written by bench micro, model, scale, converge, models or analyze")
+        found += inside
+    return list(dict.fromkeys(found))
+
+
+def run_labels(paths: Sequence[Path]) -> list[str]:
+    """A short, unique label per run: its directory's name, with the parent's when two share a name."""
+    names = [p.name or str(p) for p in paths]
+    return [f"{p.parent.name}/{p.name}" if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
+
+
+def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
+    """The run's figures (PNG) drawn into ``out_dir``, or none and a one-line reason."""
+    try:
+        from bench.readers.plot import plot_run
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            written = plot_run(run.path, out_dir=out_dir)
+    except Exception as exc:  # a figure that fails must not cost the run its tables
+        text = str(exc).strip().splitlines()
+        return [], f"Figures could not be drawn: {text[0] if text else type(exc).__name__}"
+    pngs = [Path(p) for p in written if Path(p).suffix.lower() == ".png" and Path(p).is_file()]
+    return [Figure(p.stem, p) for p in pngs], ""
+
+
+def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) -> Report:
+    """Read the runs, make their sections and draw their figures into ``figure_dir`` (ResultsError for a path
+    that is not a readable run)."""
+    runs = [load_run(p) for p in find_runs(paths)]
+    labels = run_labels([r.path for r in runs])
+    report = Report(list(zip(labels, runs, strict=True)), [], datetime.now().astimezone().isoformat(timespec="seconds"))
+    report.overview = overview_tables(report)
+    order = list(dict.fromkeys(kind.key for kind in SECTIONS))
+    placed: list[tuple[int, Section]] = []
+    for index, (label, run) in enumerate(report.runs, start=1):
+        made = run_sections(run, label, report.warnings)
+        if figures:
+            drawn, note = draw_figures(run, figure_dir / f"{index:02d}")
+            place_figures(made, drawn, note)
+        placed += [(order.index(kind.key) if kind else len(order), section) for kind, section in made]
+    placed.sort(key=lambda pair: pair[0])  # stable: sections of one key in the order of their runs
+    report.sections = [section for _, section in placed]
+    return report
+
+
+def run_sections(run: Run, label: str, problems: list[str]) -> list[tuple[Kind | None, Section]]:
+    """The sections of one run with the kind that made each, in the registry's order; for a run whose records defy
+    them (or that no section reads) one section without a kind that says why, the problem added to ``problems``."""
+    try:
+        made = [(kind, kind.make(run, label)) for kind in SECTIONS if run.experiment in kind.experiments]
+        if not made:
+            raise ReportError(f"no section of the report reads {run.experiment} runs")
+    except Exception as exc:  # a run whose records defy the tables still shows up, saying why
+        first = (str(exc).strip().splitlines() or [""])[0]
+        problem = f"{label}: its tables could not be made ({type(exc).__name__}: {first})"
+        problems.append(problem)
+        return [(None, Section("other", f"{run.experiment} run", run, label,
+                               notes=[problem + "; were its records edited by hand?"]))]
+    return [(kind, section) for kind, section in made if section is not None]
+
+
+def place_figures(made: list[tuple[Kind | None, Section]], figures: list[Figure], note: str) -> None:
+    """Each figure to the run's section whose kind shows it (by the beginning of its name); the others, and the
+    note saying why none could be drawn, to the first section that shows any figure (else the run's first)."""
+    if not made:
+        return
+    showing = [(kind.figures, section) for kind, section in made if kind is not None and kind.figures]
+    home = showing[0][1] if showing else made[0][1]
+    for figure in figures:
+        owner = next((section for stems, section in showing if figure.stem.startswith(stems)), home)
+        owner.figures.append(figure)
+    if note:
+        home.figure_note = note

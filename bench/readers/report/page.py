@@ -1,0 +1,64 @@
+"""What a page is made of: tables of formatted cells, figures, sections and the report holding them.
+
+Sections fill these; rendering (:mod:`bench.readers.report.html_page`, :mod:`bench.readers.report.markdown_page`)
+shows them and knows no experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.results import Run
+
+
+class ReportError(ValueError):
+    """Nothing to report on: no run directory, or a path that is none; the message names the fix."""
+
+
+@dataclass
+class Table:
+    """A table of formatted cells; ``name`` identifies it on the page (``data-table``)."""
+
+    name: str
+    caption: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Figure:
+    """A figure drawn from a run: its PNG in the report's temporary directory."""
+
+    stem: str
+    png: Path
+
+
+@dataclass
+class Section:
+    """One figure or table of the paper as one run reproduces it."""
+
+    key: str
+    title: str
+    run: Run | None = None
+    run_label: str = ""
+    paper: list[tuple[str, str]] = field(default_factory=list)  # (quote, section of the paper)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    #: why the numbers differ from the paper's, from the run's data
+    notes: list[str] = field(default_factory=list)
+    #: one line when the figures could not be drawn
+    figure_note: str = ""
+
+
+@dataclass
+class Report:
+    """Every section of a page, the runs behind it and what went wrong making it."""
+
+    runs: list[tuple[str, Run]]
+    sections: list[Section]
+    created: str
+    warnings: list[str] = field(default_factory=list)
+    #: the tables above the sections: the runs, and the paper's setup against theirs
+    overview: list[Table] = field(default_factory=list)
+

@@ -1,0 +1,88 @@
+"""Figure 8, the send/receive micro-benchmark (``bench micro`` runs): per size, how many times faster zero copy
+moves a tensor than each other transport, beside the paper's speed-ups.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from bench import paper
+from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, rounds_note, status_notes
+from bench.readers.report.page import Section, Table
+from bench.readers.report.text import (
+    REFERENCE_LINES,
+    ZERO_COPY,
+    claim_cell,
+    divide,
+    line_name,
+    listing,
+    missing,
+    num,
+    ordered,
+    quote,
+    range_text,
+    ratio_cell,
+)
+from bench.results import Run
+from bench.sizes import format_size
+
+
+def figure8(run: Run, label: str) -> Section:
+    """Figure 8: per size, how many times faster zero copy moves a tensor than each other transport."""
+    points = run.points()
+    section = Section("figure8", "Figure 8: send/receive micro-benchmark", run, label,
+                      paper=[quote(c) for c in paper.MICRO_SPEEDUP.values()])
+    lines = ordered(t for t in points["transport"] if t not in REFERENCE_LINES)
+    references = [t for t in dict.fromkeys(points["transport"]) if t in REFERENCE_LINES]
+    sizes = sorted({int(s) for s in points["size_bytes"]})
+    p50 = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"], points["p50_us"], strict=True)}
+    point = {(r["transport"], int(r["size_bytes"])): r for _, r in points.iterrows()}
+    if ZERO_COPY not in lines:
+        section.tables.append(Table("figure8-times", "Median time per transfer (µs); no zero-copy line to compare with",
+                                    ["size", *[line_name(t) for t in lines]],
+                                    [[format_size(s), *[num(p50.get((t, s))) for t in lines]] for s in sizes]))
+        section.notes.append("The run has no zerocopy (RDMA.zerocp) line, so no ratio can be set beside the paper's: "
+                             "run bench micro with --transports zerocopy,... to get them.")
+    else:
+        others = [t for t in lines if t != ZERO_COPY]
+        of_reference = {int(s): v for t, s, v in zip(points["transport"], points["size_bytes"],
+                                                     points.get("of_reference", pd.Series([None] * len(points))),
+                                                     strict=True) if t == ZERO_COPY}
+        show_reference = any(not missing(v) for v in of_reference.values())
+        header = ["size", "RDMA.zerocp p50 (µs)", *(["of UCX's own (put bw)"] if show_reference else []),
+                  *[f"over {line_name(t)}" for t in others]]
+        rows = []
+        for size in sizes:
+            row = [format_size(size), num(p50.get((ZERO_COPY, size)))]
+            if show_reference:
+                row.append(num(of_reference.get(size), ".2g"))
+            row += [ratio_cell(point.get((t, size)), point.get((ZERO_COPY, size)), "p50_us") for t in others]
+            rows.append(row)
+        section.tables.append(Table("figure8-ratios", "How many times faster RDMA.zerocp is: the other transport's "
+                                    "median time per transfer / RDMA.zerocp's, per size (in brackets: the range the "
+                                    "two points' spreads allow)", header, rows))
+        summary = []
+        for line in others:
+            ratios = [divide(p50.get((line, s)), p50.get((ZERO_COPY, s))) for s in sizes]
+            claim = paper.MICRO_SPEEDUP.get(line)
+            summary.append([line_name(line), range_text(ratios), claim_cell(claim),
+                            claim.verdict(ratios) if claim else "no paper number"])
+        section.tables.append(Table("figure8-paper", "RDMA.zerocp over each transport: here (over the sizes run) and "
+                                    "in the paper (§5.1)", ["over", "here", "paper", "here against the paper"],
+                                    summary))
+    if references:
+        section.notes.append(f"Reference lines {listing(references)} are the machine's and the fabric library's own "
+                             "limits, not transports: no ratio is taken against them.")
+    if sizes:
+        top = max(sizes)
+        reach = "" if top >= paper.MICRO_MAX_SIZE else \
+            f" (the paper's Figure 8 goes up to {format_size(paper.MICRO_MAX_SIZE)})"
+        section.notes.append(f"Sizes {format_size(min(sizes))} to {format_size(top)}{reach}.")
+    section.notes += fabric_notes(points)
+    section.notes += launch_notes(run, points)
+    if note := cores_note(run, "Sender and receiver processes and their progress threads"):
+        section.notes.append(note)
+    if note := rounds_note(points):
+        section.notes.append(note)
+    section.notes += status_notes(run)
+    return section
