@@ -14,7 +14,8 @@ histogram) and forgets it. Each process has its large freed blocks go back to th
 (:func:`bench.memory.return_large_frees`: the allocator's keeping of freed buffers is no leak). Each
 side samples its own resident memory into a bounded :class:`~bench.stats.RssTrace` as it goes and
 judges it at the end of the point (:class:`~bench.stats.LeakCriterion`): memory settles for the
-point's first minute (its first third when shorter), then its trend may rise at most 2 MB.
+point's first minute (its first third when shorter), then its floor (each quarter's lowest sample)
+may rise at most 2 MB.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def run_transport(label: str, points: list[Point], options: dict[str, Any], laun
 
 def soak_records(name: str, point: Point, sender: SoakSide, receiver: SoakSide) -> list[SoakRecord]:
     """The ``soak`` rows of a point, one per side: tensors sent, received, corrupted and lost, the transfers'
-    median time and throughput, and memory (once settled, at the end, and its trend's growth in between)."""
+    median time and throughput, and memory (once settled, at the end, and its floor's rise in between)."""
     time_us = sender.time_us or StreamingStats()
     common = {"phase": "micro", "transport": name, "size_bytes": point.size_bytes, "seconds": sender.seconds,
               "p50_us": time_us.percentile(50),

@@ -15,10 +15,15 @@ itself and hide a leak or fake one. So the soak measures with:
   at most :attr:`RssTrace.capacity` samples: when full, every other sample goes and the interval
   between samples doubles, so the trace spans the whole run at an ever coarser, still even, spacing.
 * :class:`LeakCriterion` judges a trace: memory settles first (the first minute, or the first third
-  of a shorter phase: allocator pools, caches and connections fill), then the least-squares line
-  through the samples after that may rise at most ``tolerance_mb`` over the judged interval.
-  A linear trend is what a leak draws; a single sample taken while a temporary buffer is alive does
-  not move it much, so the verdict is robust to the noise a range (max - min) would report.
+  of a shorter phase: allocator pools, caches and connections fill), then the floor of memory may
+  rise at most ``tolerance_mb`` over the judged interval. The floor: the judged interval is cut into
+  ``windows`` equal parts, each part's lowest sample is its floor, and the least-squares line through
+  the floors gives the rise. What a transfer has in flight (a buffer alive at one sample, gone at the
+  next; tens or hundreds of MB while a model's weights are on their way) only ever adds to memory
+  above its floor, however often a sample meets it, while what leaks stays and lifts every later
+  floor. (A line through all the samples would read buffers in flight more often late in a phase
+  as growth.) Memory returns to its floor only when freed memory goes back to the system:
+  the soak's processes see to that for large blocks (``bench.memory.return_large_frees``).
 """
 
 from __future__ import annotations
@@ -123,13 +128,15 @@ class StreamingStats:
 @dataclass(frozen=True)
 class LeakCriterion:
     """When a process's memory counts as leaking: after settling for ``min(settle_s, settle_share`` of the
-    phase``)``, the least-squares trend of its resident memory rises more than ``tolerance_mb`` over the rest.
-    A phase with fewer than ``min_samples`` samples after settling is too short to judge."""
+    phase``)``, the floor of its resident memory (the lowest sample of each of ``windows`` equal parts of the
+    rest, a least-squares line through them) rises more than ``tolerance_mb`` over the rest. A phase with
+    fewer than ``min_samples`` samples after settling is too short to judge."""
 
     settle_s: float = 60.0
     settle_share: float = 1 / 3
     tolerance_mb: float = 2.0
     min_samples: int = 8
+    windows: int = 4
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class MemoryVerdict:
     """What a :class:`RssTrace` shows under a :class:`LeakCriterion`.
 
     ``start_mb``: resident memory once settled (the first sample judged); ``end_mb``: the last sample;
-    ``growth_mb``: the trend's rise over the judged ``judged_s`` seconds (``end - start`` when too short
+    ``growth_mb``: the floor's rise over the judged ``judged_s`` seconds (``end - start`` when too short
     to judge); ``range_mb``: highest minus lowest sample judged; ``leak``: True or False, None when the
     phase was too short to judge.
     """
@@ -160,6 +167,18 @@ class MemoryVerdict:
                 "end_mb": round(self.end_mb, 2), "growth_mb": round(self.growth_mb, 3),
                 "range_mb": round(self.range_mb, 2), "judged_s": round(self.judged_s, 1), "samples": self.samples,
                 "leak": self.leak}
+
+
+def _floor_rise(t: np.ndarray, mb: np.ndarray, span: float, windows: int) -> float:
+    """How much the floor of ``mb`` (sampled at ``t``, from 0 to ``span``) rises over ``span``: the slope of the
+    least-squares line through each window's lowest sample (at the window's middle), times ``span``."""
+    part = np.minimum((t / span * windows).astype(int), windows - 1)
+    filled = [w for w in range(windows) if np.any(part == w)]
+    if len(filled) < 2:
+        return float(mb[-1] - mb[0])
+    middles = (np.array(filled) + 0.5) * span / windows
+    floors = np.array([mb[part == w].min() for w in filled])
+    return float(np.polyfit(middles, floors, 1)[0]) * span
 
 
 class RssTrace:
@@ -227,8 +246,7 @@ class RssTrace:
         if len(t) < max(2, criterion.min_samples) or span <= 0:
             return MemoryVerdict(float(mb[0]), float(mb[0]), float(mb[-1]), float(mb[-1] - mb[0]),
                                  float(mb.max() - mb.min()), span, len(times), None)
-        slope = float(np.polyfit(t - t[0], m, 1)[0])
-        growth = slope * span
+        growth = _floor_rise(t - t[0], m, span, criterion.windows)
         return MemoryVerdict(float(mb[0]), float(m[0]), float(m[-1]), growth, float(m.max() - m.min()), span,
                              len(times), growth > criterion.tolerance_mb)
 

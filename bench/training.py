@@ -154,7 +154,7 @@ def scale_record(record: ModelRecord, singles: dict[tuple, float]) -> ScaleRecor
 def soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[SoakRecord]:
     """The ``soak`` rows of a training run with ``check`` on: one per process (worker, PS), with tensors sent,
     received, corrupted and lost, and resident memory (the process's :class:`~bench.stats.MemoryVerdict`: once
-    settled, at the end, and its trend's growth in between)."""
+    settled, at the end, and its floor's rise in between)."""
     step_time = summarize(config, outcome)["step_time_s"]
     layout = Layout(config.servers)
     rows = []

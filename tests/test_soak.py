@@ -217,6 +217,26 @@ def test_the_rss_trace_is_bounded_and_judges_a_trend_not_noise():
     assert short.judge().leak is None  # too short to judge
 
 
+def test_buffers_in_flight_more_often_late_in_a_phase_are_no_leak():
+    from bench.stats import LeakCriterion, RssTrace
+
+    # a 200 MB model's weights on their way at a sample: rarely at first, at most samples by the end (the
+    # parameter server of a training run); memory always comes back to its floor of 900 MB
+    now = [0.0]
+    rng = np.random.default_rng(5)
+    in_flight = lambda: 200.0 * float(rng.random() < now[0] / 600)  # noqa: E731
+    trace = RssTrace(interval_s=1.0, read=lambda: 900 + in_flight(), clock=lambda: now[0])
+    for second in range(600):
+        now[0] = float(second)
+        trace.sample()
+    times, mb = trace.samples()
+    judged = times >= 60
+    assert np.polyfit(times[judged], mb[judged], 1)[0] * 540 > 100  # a line through the samples would say LEAK
+    verdict = trace.judge(LeakCriterion())
+    assert verdict.leak is False and verdict.growth_mb == pytest.approx(0.0, abs=0.5)
+    assert verdict.range_mb == pytest.approx(200.0)
+
+
 # -- the soak's own verdict: a deliberate leak is reported, a clean run is flat ---------------------------------
 
 

@@ -6,12 +6,13 @@ travels beside it (through the launcher) and is checked on arrival. Every proces
 goes, and the soak keeps nothing that grows with the transfers (streaming statistics, a bounded trace; large freed
 buffers go back to the system at once instead of staying in the allocator's heaps, which slows large transfers: the
 soak is no benchmark), so memory can only grow when something leaks: after settling (the first minute of a point or
-training run, or its first third when shorter), a process leaks when the trend of its memory rises more than 2 MB.
-records.csv has one row per process of each point: tensors sent, received, corrupted (must be 0), lost (must be 0),
-and resident memory once settled, at the end, and its growth in between (meta.json: the totals, every process's
-memory verdict, and this process's own). Exit status 1 if any tensor was corrupted or lost, a process leaked or a
-run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points checked so far. Not for CI (10 minutes of
-transfers, then 1000 training steps per transport); '--duration 20s --steps 20' is a quick look."""
+training run, or its first third when shorter), a process leaks when the floor of its memory (the lowest sample of
+each quarter of the rest) rises more than 2 MB. records.csv has one row per process of each point: tensors sent,
+received, corrupted (must be 0), lost (must be 0), and resident memory once settled, at the end, and its growth in
+between (meta.json: the totals, every process's memory verdict, and this process's own). Exit status 1 if any tensor
+was corrupted or lost, a process leaked or a run failed. Ctrl-C, SIGTERM or SIGHUP stop it keeping the points
+checked so far. Not for CI (10 minutes of transfers, then 1000 training steps per transport); '--duration 20s
+--steps 20' is a quick look."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     print(f"{'(this process)':18} {'':5} {'':>10} {'bench':>9} {'':>9} {'':>9} {'':>7} {'':>5} "
           + _memory_columns(coordinator))
     print(f"\n{totals['tensors_sent']} tensors sent, {totals['corrupted']} corrupted, {totals['lost']} lost, "
-          f"{len(leaks)} process(es) leaking (memory's trend rose more than {criterion.tolerance_mb:g} MB after "
+          f"{len(leaks)} process(es) leaking (the floor of memory rose more than {criterion.tolerance_mb:g} MB after "
           f"settling)" + (f"; {len(failures)} run(s) failed" if failures else ""))
     for leak in leaks:
         print(f"leak: {leak}")
