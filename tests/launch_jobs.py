@@ -6,6 +6,9 @@ import os
 import signal
 import time
 
+#: seconds within which a living rank answers: generous, the machine running the tests may be busy
+BOUND_S = 60
+
 
 def hello(ctx):
     return {"rank": ctx.rank, "size": ctx.size, "name": ctx.name, "pid": os.getpid(),
@@ -149,3 +152,20 @@ def word_before_mark(ctx, mark, confirm=True):
     while not os.path.exists(mark):
         time.sleep(0.01)
     return ctx.poll()
+
+
+def knock(ctx, token):
+    """Knock on the run's hub as a stranger would: a connection of its own with ``token`` (not the run's). The hub
+    is where this rank's own line to the coordinator leads (a Unix socket's path, or a TCP address). Returns
+    where it knocked and how it was answered."""
+    import socket
+
+    from bench.launch.base import LaunchError, connect
+
+    with socket.socket(fileno=os.dup(ctx._conn.fileno())) as line:
+        hub = line.getpeername()
+    try:
+        connect(hub, token).close()
+    except LaunchError as exc:
+        return {"hub": hub, "answer": str(exc)}
+    return {"hub": hub, "answer": "admitted"}

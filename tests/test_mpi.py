@@ -2,37 +2,32 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.results import load_run
+from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun
 
 pytest.importorskip("mpi4py")
 pytest.importorskip("tensorflow")
 
-MPIRUN = shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 if MPIRUN is None:  # pragma: no cover
-    pytest.skip("no mpirun here: pip install -e '.[mpi]' brings Open MPI's", allow_module_level=True)
+    pytest.skip(NO_MPIRUN, allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def mpirun(ranks: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
-           # Open MPI refuses root unless told twice; CI runs as root
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    return subprocess.run([MPIRUN, "-np", str(ranks), "--oversubscribe", sys.executable, "-m", "bench.cli", *args],
-                          capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+def bench(ranks: int, *args: str) -> subprocess.CompletedProcess:
+    """``mpirun -np RANKS bench ARGS...``"""
+    return mpirun(ranks, "-m", "bench.cli", *args, cwd=ROOT)
 
 
 def test_four_mpi_ranks_run_a_short_model_job_to_the_end(tmp_path):
     out = tmp_path / "run"
-    done = mpirun(4, "model", "tests.tiny_models:TINY", "--transport", "zerocopy,grpc_tcp", "--launcher", "mpi",
-                  "--steps", "3", "--warmup", "1", "--fabric-transport", "shm", "--no-plot", "--out", str(out),
-                  cwd=Path(__file__).resolve().parent.parent)
+    done = bench(4, "model", "tests.tiny_models:TINY", "--transport", "zerocopy,grpc_tcp", "--launcher", "mpi",
+                 "--steps", "3", "--warmup", "1", "--fabric-transport", "shm", "--no-plot", "--out", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = load_run(out)
     assert run.meta["status"] == "complete"
@@ -48,8 +43,8 @@ def test_four_mpi_ranks_run_a_short_model_job_to_the_end(tmp_path):
 
 def test_a_run_needing_more_ranks_than_the_job_has_is_refused_by_name(tmp_path):
     out = tmp_path / "run"
-    done = mpirun(2, "model", "tests.tiny_models:TINY", "--servers", "2", "--launcher", "mpi", "--steps", "1",
-                  "--no-plot", "--out", str(out), cwd=Path(__file__).resolve().parent.parent)
+    done = bench(2, "model", "tests.tiny_models:TINY", "--servers", "2", "--launcher", "mpi", "--steps", "1",
+                 "--no-plot", "--out", str(out))
     assert done.returncode != 0
     assert "this run needs 4 ranks (worker 0, worker 1, ps 0, ps 1), but the MPI job has 2: start it with " \
            "mpirun -np 4" in done.stderr  # a run's error lines go to stderr
