@@ -17,10 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transports import Key, TensorSpec
+from transports import Key, TensorSpec, peer_input
 from transports.control import ControlClient, port_is_held
 from transports.fabric.base import RemoteRegion
-from transports.on_fabric import parse_device
 from transports.zerocopy.transport import CREDIT_TABLE_ENTRIES, META, ConnectReply, ConnectRequest, Meta
 
 from .conftest import start_pair
@@ -86,7 +85,7 @@ def test_region_descriptors_from_peers_are_checked(data):
 @given(st.lists(hexes | json_values, max_size=3) | json_values)
 def test_device_addresses_from_peers_are_checked(value):
     try:
-        addresses = parse_device(value)
+        addresses = peer_input.device_address(value)
     except ValueError:
         return
     assert addresses and all(isinstance(a, bytes) and a for a in addresses)

@@ -94,7 +94,7 @@ def test_a_first_chunk_announcing_more_than_memory_is_refused_before_allocating(
     peer, receiver = fake
     announced = max(2**40, 2 * memory_bytes())
     peer.streams["huge"] = [chunk("|u1", [announced], announced, 0, b"x" * 16)]
-    refusal = rf"{PEER}.*huge@0 \(0->1\).*\({announced},\).*more than the \d+ bytes this receiver can hold"
+    refusal = rf"{PEER}.*huge@0 \(0->1\).*\({announced},\).*more than this rank can hold: it exceeds \d+ bytes"
     with pytest.raises(PeerError, match=refusal):
         receiver.recv(Key("huge", 0, 0, 1))
     still_receives(peer, receiver)

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from transports import fabric
+from transports import fabric, peer_input
 from transports.fabric import waits
 from transports.fabric.base import FabricError, FabricInterrupted, RemoteRegion
 from transports.fabric.settings import RdmaSettings, read_settings
@@ -231,7 +231,7 @@ def test_address_round_trip_and_instances_differ():
     first, second = decide.new_address(ROCE, 8), decide.new_address(ROCE, 8)
     assert first.instance != second.instance and len(first.instance) == 16
     encoded = decide.encode_address(first)
-    assert isinstance(encoded, bytes) and len(encoded) <= decide.MAX_ADDRESS_BYTES
+    assert isinstance(encoded, bytes) and len(encoded) <= peer_input.MAX_ADDRESS_BYTES  # what peers take
     assert decide.decode_address(encoded) == first
     assert (first.lid, first.port, first.link_layer, first.mtu, first.rd_atomic, first.gid) == (
         0, 2, IBV_LINK_LAYER_ETHERNET, 1024, 8, IPV4_GID)

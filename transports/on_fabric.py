@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from transports import fabric as fabrics
+from transports import peer_input
 from transports.base import (
     DEFAULT_TIMEOUT_S,
     Cluster,
@@ -46,28 +47,6 @@ SPIN_S = 0.002
 MAX_BACKOFF_S = 0.001
 #: how often a waiter checks that its peer lives
 LIVENESS_EVERY_S = 1.0
-#: a device address is this many worker addresses at most, each at most MAX_ADDRESS_BYTES
-MAX_WORKERS = 64
-MAX_ADDRESS_BYTES = 8192
-
-
-def parse_device(value: Any) -> list[bytes]:
-    """A peer's device address from the control path (a list of hex worker addresses); ValueError if malformed.
-
-    Only the form is checked here; whether the backend can use each address, the device checks before it
-    connects (:meth:`Device.channel`).
-    """
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_WORKERS:
-        raise ValueError(f"a device address must be a list of 1 to {MAX_WORKERS} worker addresses")
-    addresses = []
-    for item in value:
-        if not isinstance(item, str) or not 0 < len(item) <= 2 * MAX_ADDRESS_BYTES:
-            raise ValueError(f"a worker address must be a hex string of 1 to {MAX_ADDRESS_BYTES} bytes")
-        try:
-            addresses.append(bytes.fromhex(item))
-        except ValueError:
-            raise ValueError("a worker address is not hex") from None
-    return addresses
 
 
 def mapping_of(address: int) -> tuple[int, int]:
@@ -273,9 +252,9 @@ class FabricTransport(Transport):
         if rank not in self._peer_devices:
             reply = self._peer(rank).call("hello", timeout=self.timeout_s)
             try:
-                device = parse_device(reply.get("device"))
-            except ValueError as exc:
-                raise PeerError(f"{self.name}: {self.peer_name(rank)} answered 'hello' with {exc}") from None
+                device = peer_input.device_address(reply.get("device"), self.peer_name(rank))
+            except PeerError as exc:
+                raise PeerError(f"{self.name}: in its answer to 'hello', {exc}") from None
             self.ledger.add(control_messages=1)
             with self._lock:
                 self._peer_devices.setdefault(rank, device)

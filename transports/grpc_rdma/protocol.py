@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from transports import peer_input
 from transports.fabric.base import RemoteRegion
 
 MAX_NAME = 512
-MAX_DIMS = 8
-MAX_RKEY = 1024
+MAX_DIMS = peer_input.RECORD_DIMS
+MAX_RKEY = peer_input.MAX_RKEY_BYTES
 MAX_ERROR = 512
 MAX_TENSOR_BYTES = 1 << 48
 
@@ -63,8 +64,8 @@ class MessageType(IntEnum):
     CANCEL = 5
 
 
-class ProtocolError(ValueError):
-    """A message that does not parse; the text says which field is wrong."""
+class ProtocolError(peer_input.PeerInputError):
+    """A message or ``link`` call from a peer that does not parse; the text says which field is wrong."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,9 @@ def encode(message: Message, out: np.ndarray) -> None:
     name = message.name.encode()
     error = message.error.encode()[:MAX_ERROR]
     if len(name) > MAX_NAME:
-        raise ProtocolError(f"tensor name of {len(name)} bytes exceeds {MAX_NAME}")
+        raise ValueError(f"tensor name of {len(name)} bytes exceeds {MAX_NAME}")
     if len(message.rkey) > MAX_RKEY:
-        raise ProtocolError(f"remote key of {len(message.rkey)} bytes exceeds {MAX_RKEY}")
+        raise ValueError(f"remote key of {len(message.rkey)} bytes exceeds {MAX_RKEY}")
     out[: MESSAGE.itemsize] = 0
     record = out[: MESSAGE.itemsize].view(MESSAGE)[0]
     record["type"] = message.type
@@ -127,9 +128,9 @@ def encode(message: Message, out: np.ndarray) -> None:
     record["has_meta"] = meta is not None
     if meta is not None:
         if len(meta.shape) > MAX_DIMS:
-            raise ProtocolError(f"a tensor of {len(meta.shape)} dimensions exceeds {MAX_DIMS}")
+            raise ValueError(f"a tensor of {len(meta.shape)} dimensions exceeds {MAX_DIMS}")
         if meta.nbytes > MAX_TENSOR_BYTES:
-            raise ProtocolError(f"a tensor of {meta.nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
+            raise ValueError(f"a tensor of {meta.nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
         record["is_dead"] = meta.is_dead
         record["ndim"] = len(meta.shape)
         record["dims"][: len(meta.shape)] = meta.shape
@@ -149,9 +150,7 @@ def parse(raw: np.ndarray | bytes) -> Message:
         raise ProtocolError(f"unknown message type {int(record['type'])}") from None
     name = _text(record, "name", MAX_NAME)
     error = _text(record, "error", MAX_ERROR)
-    rkey_size = int(record["rkey_size"])
-    if rkey_size > MAX_RKEY:
-        raise ProtocolError(f"rkey_size {rkey_size} exceeds the field's {MAX_RKEY} bytes")
+    rkey = peer_input.remote_key(record["rkey"], int(record["rkey_size"]), required=False, error=ProtocolError)
     meta = _meta(record) if record["has_meta"] else None
     if kind == MessageType.META_DATA_RESPONSE and meta is None:
         raise ProtocolError("a META_DATA_RESPONSE without meta-data")
@@ -161,7 +160,7 @@ def parse(raw: np.ndarray | bytes) -> Message:
         name=name,
         step_id=int(record["step_id"]),
         remote_addr=int(record["remote_addr"]),
-        rkey=bytes(record["rkey"][:rkey_size]),
+        rkey=rkey,
         meta=meta,
         checksum=int(record["checksum"]),
         error=error,
@@ -179,30 +178,13 @@ def _text(record, field: str, limit: int) -> str:
 
 
 def _meta(record) -> TensorMeta:
-    ndim = int(record["ndim"])
-    if ndim > MAX_DIMS:
-        raise ProtocolError(f"ndim {ndim} exceeds {MAX_DIMS}")
-    shape = tuple(int(d) for d in record["dims"][:ndim])
-    if any(d < 0 for d in shape):
-        raise ProtocolError(f"negative dimension in shape {shape}")
-    try:
-        dtype = np.dtype(bytes(record["dtype"]).decode("ascii"))
-    except (TypeError, ValueError, SyntaxError, UnicodeDecodeError):
-        raise ProtocolError(f"unknown dtype {bytes(record['dtype'])!r}") from None
-    if dtype.hasobject or dtype.itemsize == 0:
-        raise ProtocolError(f"dtype {dtype} cannot be transferred as raw bytes")
-    nbytes = TensorMeta(dtype, shape).nbytes
-    if nbytes > MAX_TENSOR_BYTES or nbytes != int(record["tensor_bytes"]):
-        raise ProtocolError(f"tensor_bytes {int(record['tensor_bytes'])} does not match {dtype} {shape}")
+    shape = peer_input.shape(record["dims"], ndim=int(record["ndim"]), error=ProtocolError)
+    dtype = peer_input.dtype(bytes(record["dtype"]), error=ProtocolError)
+    peer_input.size(dtype, shape, limit=MAX_TENSOR_BYTES, announced=int(record["tensor_bytes"]), error=ProtocolError)
     return TensorMeta(dtype, shape, bool(record["is_dead"]))
 
 
 # setup over gRPC: the ``link`` control call ------------------------------------------
-
-#: bounds on a peer's fabric address: how many workers, how long each (UCX's are a few hundred bytes)
-MAX_DEVICE_ADDRESSES = 64
-MAX_DEVICE_ADDRESS_BYTES = 16 << 10
-
 
 @dataclass(frozen=True)
 class LinkRequest:
@@ -238,14 +220,10 @@ def parse_link(request: Any, *, cluster_size: int, own_rank: int | None, slots: 
     if got_slots != slots:
         raise ProtocolError(f"the peer uses RDMA_QP_QUEUE_DEPTH={got_slots}, this rank {slots}; "
                             "set the same on every rank")
-    device = request.get("device")
-    if not isinstance(device, list) or not 1 <= len(device) <= MAX_DEVICE_ADDRESSES:
-        raise ProtocolError(f"device must be a list of 1 to {MAX_DEVICE_ADDRESSES} addresses")
-    addresses = tuple(_hex(address, "device", MAX_DEVICE_ADDRESS_BYTES) for address in device)
-    if any(not address for address in addresses):
-        raise ProtocolError("device holds an empty address")
-    message = _region(request.get("message"), "message", MESSAGE.itemsize)
-    ring = _region(request.get("ring"), "ring", slots * ring_entry)
+    addresses = tuple(peer_input.device_address(request.get("device"), error=ProtocolError))
+    message = peer_input.remote_region(request.get("message"), what="'message'", length=MESSAGE.itemsize,
+                                       error=ProtocolError)
+    ring = peer_input.remote_region(request.get("ring"), what="'ring'", length=slots * ring_entry, error=ProtocolError)
     return LinkRequest(rank, addresses, message, ring, slots)
 
 
@@ -256,26 +234,3 @@ def _is_int(value: Any) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:40] + "..."
-
-
-def _hex(value: Any, field: str, limit: int) -> bytes:
-    if not isinstance(value, str) or len(value) > 2 * limit:
-        raise ProtocolError(f"{field} must hold hex strings of at most {limit} bytes")
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise ProtocolError(f"{field} is not hex") from None
-
-
-def _region(value: Any, field: str, length: int) -> RemoteRegion:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{field} must be a region descriptor (addr, length, rkey)")
-    addr, got = value.get("addr"), value.get("length")
-    if not _is_int(addr) or not 0 < addr < 2**64 or not _is_int(got):
-        raise ProtocolError(f"{field} has a malformed address or length")
-    if got != length or addr + length > 2**64:
-        raise ProtocolError(f"{field} is {_short(got)} bytes long, expected {length}")
-    rkey = _hex(value.get("rkey"), f"{field}.rkey", MAX_RKEY)
-    if not rkey:
-        raise ProtocolError(f"{field} has an empty remote key")
-    return RemoteRegion(addr, length, rkey)

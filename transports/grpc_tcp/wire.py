@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from transports.base import Ledger, dtype_problem, memory_bytes
+from transports import peer_input
+from transports.base import Ledger, memory_bytes
 from transports.grpc_tcp.tensor_pb2 import TensorChunk
 
 # protobuf and gRPC cap one message below 2 GiB; chunks stay well under it.
@@ -33,7 +34,7 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 CONTENT_ALIGNMENT = 64
 
 #: the most dimensions a received tensor may have: what this numpy can build (NPY_MAXDIMS)
-MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
+MAX_DIMS = peer_input.MAX_DIMS
 
 _PADDING_TAG = bytes([7 << 3 | 2])
 _CONTENT_TAG = bytes([8 << 3 | 2])
@@ -41,9 +42,9 @@ _CONTENT_FIELD = 8
 _LENGTH_DELIMITED = 2
 
 
-class WireError(ValueError):
+class WireError(peer_input.PeerInputError):
     """A message this receiver does not accept: not a well-formed tensor chunk, one describing a tensor
-    it cannot hold, or not the tensor its plan expects."""
+    it cannot hold (:mod:`transports.peer_input`'s checks), or not the tensor its plan expects."""
 
 
 def _varint(value: int) -> bytes:
@@ -113,11 +114,10 @@ class Chunk:
 def decode_chunk(message: bytes, limit: int | None = None) -> Chunk:
     """Parse one message; the content stays a view of ``message`` (no copy).
 
-    The tensor it describes is checked before anyone allocates for it: a dtype that can travel as raw
-    bytes, a shape numpy can build whose size (:func:`shape_bytes`) is at most ``limit`` bytes (default:
-    this machine's memory) and is the ``total_bytes`` announced, and content within those bytes.
+    The tensor it describes is checked before anyone allocates for it (:mod:`transports.peer_input`): a
+    dtype that can travel as raw bytes, a shape numpy can build whose size is at most ``limit`` bytes
+    (default: this machine's memory) and is the ``total_bytes`` announced, and content within those bytes.
     """
-    limit = memory_bytes() if limit is None else limit
     buf = memoryview(message)
     header = bytearray()
     content = memoryview(b"")
@@ -150,38 +150,12 @@ def decode_chunk(message: bytes, limit: int | None = None) -> Chunk:
         fields = TensorChunk.FromString(bytes(header))
     except DecodeError as exc:
         raise WireError(f"malformed tensor chunk: {exc}") from exc
-    try:
-        dtype = np.dtype(fields.dtype)
-    except (TypeError, ValueError, SyntaxError) as exc:  # numpy parses comma lists and sub-array shapes too
-        raise WireError(f"unknown dtype {fields.dtype!r}") from exc
-    if (problem := dtype_problem(dtype)) is not None:
-        raise WireError(problem)
-    shape = tuple(fields.shape)
-    expected = shape_bytes(dtype, shape, limit)
-    if fields.total_bytes != expected:
-        raise WireError(f"total_bytes {fields.total_bytes} does not match {dtype} {shape} ({expected} bytes)")
+    dtype = peer_input.dtype(fields.dtype, error=WireError)
+    shape = peer_input.shape(tuple(fields.shape), error=WireError)
+    expected = peer_input.size(dtype, shape, limit=limit, announced=fields.total_bytes, error=WireError)
     if fields.offset < 0 or fields.offset + len(content) > expected:
         raise WireError(f"chunk [{fields.offset}, {fields.offset + len(content)}) lies outside the tensor")
     return Chunk(dtype, shape, expected, fields.offset, content)
-
-
-def shape_bytes(dtype: np.dtype, shape: tuple[int, ...], limit: int) -> int:
-    """The bytes of a ``dtype`` tensor of ``shape`` a peer announced, checked so that numpy can build it
-    and this receiver can hold it: at most :data:`MAX_DIMS` dimensions, none negative, and the product of
-    the item size and the non-zero dimensions (what numpy checks, even for an empty tensor) at most
-    ``limit``. Multiplied in Python integers, stopping past ``limit``: nothing wraps around."""
-    if len(shape) > MAX_DIMS:
-        raise WireError(f"a shape of {len(shape)} dimensions, more than the {MAX_DIMS} numpy supports")
-    extent = dtype.itemsize
-    for d in shape:
-        if d < 0:
-            raise WireError(f"negative dimension in shape {shape}")
-        extent *= d or 1
-        if extent > limit:
-            break
-    if extent > limit:
-        raise WireError(f"{dtype.str} {shape} spans more than the {limit} bytes this receiver can hold")
-    return 0 if 0 in shape else extent
 
 
 class TensorAssembler:

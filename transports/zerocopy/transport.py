@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from transports import peer_input
 from transports.base import (
     MAX_NAME_BYTES,
     Key,
@@ -56,17 +57,16 @@ from transports.base import (
     TransportError,
     TransportTimeout,
     contiguous,
-    dtype_problem,
     keys_text,
     memory_bytes,
 )
 from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport, parse_device
+from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport
 
-MAX_DIMS = 8
-MAX_RKEY = 1024
+MAX_DIMS = peer_input.RECORD_DIMS
+MAX_RKEY = peer_input.MAX_RKEY_BYTES
 META = np.dtype(
     [
         ("nbytes", "<u8"),
@@ -88,8 +88,6 @@ CONTROL_BYTES = TRAILER_AT + TRAILER
 #: announces: a bound on what one meta-data record can make it allocate (and never more than its memory).
 #: Static placement has no such bound: the receiver placed the slot itself, for any size its memory holds.
 MAX_DYNAMIC_BYTES = 1 << 30
-#: the largest size an array can have: a static slot a peer describes is checked against it
-MAX_ARRAY_BYTES = int(np.iinfo(np.intp).max)
 #: a write of this many bytes or more is spread over every lane to the peer
 SPREAD_BYTES = 1 << 20
 COUNTERS_BYTES = 16  # [receives posted, reads done], uint64 each
@@ -121,35 +119,6 @@ def _name(value: Any) -> str:
     return value
 
 
-def _dtype(value: Any) -> np.dtype:
-    if not isinstance(value, str | bytes) or len(value) > 16:
-        raise ValueError(f"'dtype' must be a short dtype string, not {value!r:.40}")
-    try:
-        dtype = np.dtype(value.decode("ascii") if isinstance(value, bytes) else value)
-    except (TypeError, ValueError, UnicodeDecodeError, SyntaxError):
-        raise ValueError(f"'dtype' {value!r:.40} is not a dtype") from None
-    if (problem := dtype_problem(dtype)) is not None:
-        raise ValueError(f"'dtype' {dtype}: {problem}")
-    return dtype
-
-
-def _shape(value: Any, dtype: np.dtype, limit: int) -> tuple[tuple[int, ...], int]:
-    """A shape from a peer and its size in bytes, which must not exceed ``limit``.
-
-    The product is checked as it grows (after every dimension), so no shape, however large its
-    dimensions, computes more than a number just past ``limit``.
-    """
-    if not isinstance(value, list | tuple) or len(value) > MAX_DIMS:
-        raise ValueError(f"'shape' must be a list of at most {MAX_DIMS} dimensions")
-    shape = tuple(_int(d, "shape", 0, limit) for d in value)
-    nbytes = dtype.itemsize
-    for d in shape:
-        nbytes *= d
-        if nbytes > limit:
-            raise ValueError(f"'shape' {shape} of {dtype} exceeds {limit} bytes")
-    return shape, nbytes
-
-
 @dataclass(frozen=True)
 class ConnectRequest:
     """A sender's ``connect``: tensor ``name`` from rank ``src``, its device, and where to write credits."""
@@ -174,14 +143,12 @@ class ConnectRequest:
         src = _int(request["src"], "src", 0, cluster_size - 1)
         if src == own_rank:
             raise ValueError(f"'src' {src} is this rank")
-        counters = RemoteRegion.from_json(request["counters"])
-        if counters.length != COUNTERS_BYTES:
-            raise ValueError(f"'counters' must describe {COUNTERS_BYTES} bytes, not {counters.length}")
+        counters = peer_input.remote_region(request["counters"], what="'counters'", length=COUNTERS_BYTES)
         index = _int(request["index"], "index", 0, CREDIT_TABLE_ENTRIES - 1)
         if counters.addr < COUNTERS_BYTES * index or \
                 counters.addr - COUNTERS_BYTES * index + CREDIT_TABLE_BYTES > 2**64:
             raise ValueError(f"'counters' at {counters.addr:#x} cannot be entry {index} of a credit table")
-        return cls(_name(request["name"]), src, parse_device(request["device"]), counters, index)
+        return cls(_name(request["name"]), src, peer_input.device_address(request["device"]), counters, index)
 
 
 @dataclass(frozen=True)
@@ -195,8 +162,8 @@ class ConnectReply:
     dtype: np.dtype | None = None
 
     @classmethod
-    def parse(cls, reply: Any, limit: int = MAX_ARRAY_BYTES) -> ConnectReply:
-        """Checks every field; ValueError says what is wrong.
+    def parse(cls, reply: Any, limit: int = peer_input.MAX_ARRAY_BYTES) -> ConnectReply:
+        """Checks every field (:mod:`transports.peer_input`); ValueError says what is wrong.
 
         A static slot's shape and dtype must describe at most ``limit`` bytes and exactly the slot's length.
         """
@@ -205,14 +172,13 @@ class ConnectReply:
         fields = {"mode", "control"} | ({"slot", "shape", "dtype"} if reply["mode"] == "static" else set())
         if set(reply) != fields:
             raise ValueError(f"a {reply['mode']} 'connect' reply has exactly {sorted(fields)}")
-        control = RemoteRegion.from_json(reply["control"])
-        if control.length != CONTROL_BYTES:
-            raise ValueError(f"'control' must describe {CONTROL_BYTES} bytes, not {control.length}")
+        control = peer_input.remote_region(reply["control"], what="'control'", length=CONTROL_BYTES)
         if reply["mode"] == "dynamic":
             return cls("dynamic", control)
-        dtype = _dtype(reply["dtype"])
-        shape, nbytes = _shape(reply["shape"], dtype, limit)
-        slot = RemoteRegion.from_json(reply["slot"])
+        dtype = peer_input.dtype(reply["dtype"])
+        shape = peer_input.shape(reply["shape"], max_dims=MAX_DIMS)
+        nbytes = peer_input.size(dtype, shape, limit=limit)
+        slot = peer_input.remote_region(reply["slot"], what="'slot'")
         if slot.length != nbytes:
             raise ValueError(f"'slot' of {slot.length} bytes does not hold {dtype} {shape} ({nbytes} bytes)")
         return cls("static", control, slot, shape, dtype)
@@ -229,27 +195,22 @@ class Meta:
 
     @classmethod
     def parse(cls, record: np.ndarray, limit: int = MAX_DYNAMIC_BYTES) -> Meta:
-        """Reads and checks a record (``META``); ValueError says what is wrong.
+        """Reads and checks a record (``META``, with :mod:`transports.peer_input`); ValueError says what is wrong.
 
         The receiver allocates ``nbytes`` and reads that many bytes from ``addr``: the size must
         agree with shape and dtype and stay under ``limit``, and the source must not wrap.
         """
         meta = record.view(META)[0] if record.dtype != META else record
-        ndim, nbytes, rkey_len = int(meta["ndim"]), int(meta["nbytes"]), int(meta["rkey_len"])
-        if ndim > MAX_DIMS:
-            raise ValueError(f"{ndim} dimensions, more than {MAX_DIMS}")
-        dtype = _dtype(bytes(meta["dtype"]).rstrip(b"\0"))
-        shape, size = _shape([int(d) for d in meta["dims"][:ndim]], dtype, limit)
-        if size != nbytes:
-            raise ValueError(f"{nbytes} bytes announced for {dtype} {shape} ({size} bytes)")
+        shape = peer_input.shape(meta["dims"], ndim=int(meta["ndim"]))
+        dtype = peer_input.dtype(bytes(meta["dtype"]).rstrip(b"\0"))
+        nbytes = peer_input.size(dtype, shape, limit=limit, announced=int(meta["nbytes"]))
         if nbytes == 0:
             return cls(dtype, shape, 0, None)
         addr = int(meta["addr"])
-        if not 0 < rkey_len <= MAX_RKEY:
-            raise ValueError(f"a remote key of {rkey_len} bytes")
+        rkey = peer_input.remote_key(meta["rkey"], int(meta["rkey_len"]))
         if addr + nbytes > 2**64:
             raise ValueError(f"a source of {nbytes} bytes at {addr:#x} wraps around the address space")
-        return cls(dtype, shape, nbytes, RemoteRegion(addr, nbytes, bytes(meta["rkey"][:rkey_len])))
+        return cls(dtype, shape, nbytes, RemoteRegion(addr, nbytes, rkey))
 
 
 @dataclass(eq=False)
@@ -564,7 +525,7 @@ class ZeroCopyTransport(FabricTransport):
         try:
             answer = ConnectReply.parse(reply)
         except ValueError as exc:
-            raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}' with {exc}") from None
+            raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}': {exc}") from None
         outgoing.mode, outgoing.control = answer.mode, answer.control
         outgoing.flag_target = answer.control.at(TRAILER_AT, TRAILER)
         outgoing.slot, outgoing.shape, outgoing.dtype = answer.slot, answer.shape, answer.dtype

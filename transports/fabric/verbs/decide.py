@@ -82,8 +82,6 @@ GID_SCAN = 32
 #: the device address: magic, 16-byte instance id, lid, port, link layer, mtu, rd_atomic, 16-byte gid
 _ADDRESS = struct.Struct("<4s16sHBBHB16s")
 _MAGIC = b"TTV1"
-#: the largest device address a peer may send
-MAX_ADDRESS_BYTES = 8192
 #: the most lanes (queue pairs per peer) a connect request may carry
 MAX_LANES = 256
 #: queue pair numbers and packet sequence numbers are 24-bit
@@ -479,9 +477,11 @@ def _envelope(data: Any, keys: set[str], what: str) -> None:
 def parse_request(data: Any, lanes_per_peer: int) -> tuple[bytes, DeviceAddress, list[LaneEndpoint]]:
     """The requester's address (raw and decoded) and queue pairs; ValueError says what is wrong."""
     _envelope(data, {"verbs", "address", "lanes"}, "connect request")
+    # the address the requester's control server gave (checked there: transports/peer_input.py) and the
+    # device compares: bounded here by a verbs address's own fixed size, no limit of its own
     text = data["address"]
-    if not isinstance(text, str) or not 0 < len(text) <= 2 * MAX_ADDRESS_BYTES:
-        raise ValueError(f"a verbs connect request's 'address' must be a hex string of 1 to {MAX_ADDRESS_BYTES} bytes")
+    if not isinstance(text, str) or not 0 < len(text) <= 2 * _ADDRESS.size:
+        raise ValueError(f"a verbs connect request's 'address' must be a hex string of 1 to {_ADDRESS.size} bytes")
     try:
         raw = bytes.fromhex(text)
     except ValueError:
