@@ -37,8 +37,9 @@ from transports.fabric.base import MAX_RKEY_BYTES, RemoteRegion
 MAX_WORKERS = 64
 MAX_ADDRESS_BYTES = 16 << 10
 #: (MAX_RKEY_BYTES, imported: the fabric's bound on a remote key, the size of the records' key fields)
-#: a dtype string: ``dtype.str`` is at most this long for every dtype that travels (the records' field size)
-MAX_DTYPE_CHARS = 16
+#: a dtype string: longer than the ``dtype.str`` of any dtype that travels (the longest, a datetime with a
+#: unit multiplier such as ``<m8[1000000000ns]``, has 17 characters; the records' dtype fields hold 16)
+MAX_DTYPE_CHARS = 32
 #: the most dimensions a shape may have: what this numpy can build (NPY_MAXDIMS)
 MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 #: the dimensions a fixed-size record carries (grpc_rdma's message, zerocopy's meta-data record)
