@@ -194,6 +194,7 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
 
     from bench.launch import LaunchError
     from bench.runtime.ps import TrainConfig
+    from bench.tasks import TaskWorkload
     from bench.training import TrainingError
     from transports import fabric
 
@@ -202,10 +203,10 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
     losses: dict[str, list[float]] = {}
     for choice in chosen:
         label = choice.label
-        config = TrainConfig(model=task.name, transport=choice.name, transport_options={},
-                             batch_size=args.batch_size, servers=args.servers, steps=args.steps, warmup=0,
-                             learning_rate=args.learning_rate, seed=args.seed, timeout_s=args.timeout, label=label,
-                             task=True, data=args.data, evaluate_every=args.eval_every, time_s=args.time)
+        config = TrainConfig(model=task.name, workload=TaskWorkload(task.name, args.data), transport=choice.name,
+                             transport_options={}, batch_size=args.batch_size, servers=args.servers, steps=args.steps,
+                             warmup=0, learning_rate=args.learning_rate, seed=args.seed, timeout_s=args.timeout,
+                             label=label, evaluate_every=args.eval_every, time_s=args.time)
         config = dataclasses.replace(config, transport_options=options_for(choice))
         common = {"transport": label, "task": task.name, "batch_size": args.batch_size, "servers": args.servers,
                   "learning_rate": args.learning_rate}

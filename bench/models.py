@@ -292,6 +292,17 @@ EXTRA_MODELS: dict[str, ModelDef] = {
 }
 
 
+def resolve_model(name: str) -> Any:
+    """A model definition by name (``vgg16``), or ``package.module:ATTRIBUTE`` for one defined elsewhere (anything
+    with ``build``, ``loss_fn`` and ``make_batch``: ``bench.runtime.workload.Workload``)."""
+    if ":" in name:
+        import importlib
+
+        module, _, attribute = name.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    return get_model(name)
+
+
 def get_model(name: str, *, num_classes: int | None = None) -> ModelDef:
     """The model definition called ``name`` (``vgg16``; case and ``-`` vs ``_`` do not matter).
 

@@ -173,18 +173,9 @@ class Choice:
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
-    def is_local(self) -> bool:
-        """The ``local`` line (:data:`LOCAL`): the work in one process, no communication."""
-        return self.name == LOCAL
-
-    @property
-    def is_tf_grpc(self) -> bool:
-        """TensorFlow's own parameter-server training, not one of our transports."""
-        return self.name == TF_GRPC
-
-    @property
     def uses_fabric(self) -> bool:
-        return not self.is_tf_grpc and transports.transport_class(self.name).uses_fabric
+        """One of our transports, on the fabric (not ``tf_grpc``, TensorFlow's own training)."""
+        return self.name in transports.REGISTRY and transports.transport_class(self.name).uses_fabric
 
     def constructor_options(self, args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
         """The transport's constructor options: the mode's, ``timeout_s`` and, on the fabric, its backend and links."""

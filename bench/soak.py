@@ -20,10 +20,14 @@ may rise at most 2 MB.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
+import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +51,11 @@ from bench.micro import (
     run_pair,
 )
 from bench.results import SoakRecord
+from bench.runtime.analyzer import Layout
+from bench.runtime.ps import StepTimes, TrainConfig
 from bench.sizes import format_size
 from bench.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
+from bench.training import model_record
 from transports import Key, fabric
 
 
@@ -207,3 +214,146 @@ def soak_records(name: str, point: Point, sender: SoakSide, receiver: SoakSide) 
             for side, sent, received, corrupted, lost in (
                 (sender, sender.transfers, 0, 0, 0),
                 (receiver, 0, receiver.transfers, receiver.corrupted, sender.transfers - receiver.transfers))]
+
+
+# -- training, every tensor checked (``bench soak``'s model phase) ---------------------------------------------
+
+
+def checksum(array: np.ndarray) -> int:
+    """CRC-32 of the bytes of ``array``."""
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+class CheckedTransport:
+    """A transport whose every tensor is checked on arrival.
+
+    Each send first tells the receiving rank, over the launcher (outside the transport), the tensor's
+    key and CRC-32; each receive (``recv``, and ``recv_many`` and ``recv_each`` for each tensor as it
+    arrives) computes the CRC-32 of what arrived and counts it as corrupted when it differs. Tensors
+    announced but never received are counted as lost (:meth:`counts`). Everything else goes to the
+    wrapped transport.
+
+    ``memory``: the rank's :class:`~bench.stats.RssTrace`, started afresh when the first tensor of step
+    ``timed_from`` arrives, so that it covers the timed steps (the model built and traced, warm-up done);
+    :meth:`finish` stops it and judges it with the counts.
+    """
+
+    def __init__(self, transport, ctx, timeout_s: float, memory: RssTrace | None = None,
+                 timed_from: int = 0) -> None:
+        self._transport = transport
+        self._ctx = ctx
+        self._timeout_s = timeout_s
+        self._notices: dict[tuple[str, int, int], int] = {}
+        self._lock = threading.Lock()
+        self.sent = self.received = self.corrupted = 0
+        self._trace, self._memory, self._timed_from = memory, memory, timed_from
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def _announce(self, key: Key, array: np.ndarray) -> None:
+        self._ctx.send_to(key.dst, ("crc", key.name, key.step, key.src, checksum(array)))
+        with self._lock:
+            self.sent += 1
+
+    def send(self, key: Key, array: np.ndarray) -> None:
+        self._announce(key, array)
+        return self._transport.send(key, array)
+
+    def send_async(self, key: Key, array: np.ndarray):
+        self._announce(key, array)
+        return self._transport.send_async(key, array)
+
+    def recv(self, key: Key) -> np.ndarray:
+        tensor = self._transport.recv(key)
+        self._check(key, tensor)
+        return tensor
+
+    def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
+        """The wrapped transport's ``recv_each``, each tensor checked as it arrives."""
+        for key, tensor in self._transport.recv_each(keys, timeout):
+            self._check(key, tensor)
+            yield key, tensor
+
+    #: every tensor of ``keys``, received together and each checked (through :meth:`recv_each`)
+    recv_many = transports.Transport.recv_many
+
+    def _check(self, key: Key, tensor: np.ndarray) -> None:
+        got = checksum(tensor)
+        with self._lock:  # one reader of the notices at a time; a notice is sent before its tensor
+            while (key.name, key.step, key.src) not in self._notices:
+                self._take(self._ctx.receive(timeout=self._timeout_s))
+            want = self._notices.pop((key.name, key.step, key.src))
+            self.received += 1
+            self.corrupted += got != want
+            if self._memory is not None and key.step >= self._timed_from:
+                self._memory.restart()
+                self._memory = None
+
+    def _take(self, notice: Any) -> None:
+        if not (isinstance(notice, tuple) and len(notice) == 5 and notice[0] == "crc"):
+            raise RuntimeError(f"rank {self._ctx.rank} ({self._ctx.name}) got {notice!r} where it expected the "
+                               "checksum of a tensor")
+        self._notices[(notice[1], notice[2], notice[3])] = notice[4]
+
+    def counts(self, drain_s: float = 1.0) -> dict[str, int]:
+        """Tensors sent, received, corrupted, and lost (announced to this rank, never received)."""
+        with self._lock, contextlib.suppress(Exception):
+            while True:
+                self._take(self._ctx.receive(timeout=drain_s))
+        return {"tensors_sent": self.sent, "tensors_received": self.received, "corrupted": self.corrupted,
+                "lost": len(self._notices)}
+
+    def finish(self) -> dict[str, Any]:
+        """:meth:`counts` and the memory's verdict (``memory``), the trace stopped (what goes to the rank's record)."""
+        if self._trace is not None:
+            self._trace.stop()
+        # the ranks finish at about the same time: a notice still on its way has a second to arrive
+        return {**self.counts(), "memory": self._trace.judge() if self._trace is not None else None}
+
+
+@dataclass(frozen=True)
+class ContentCheck:
+    """The soak's watch over a training rank's transport (``TrainConfig.watch``): every tensor checked
+    (:class:`CheckedTransport`), this process's memory traced over the timed steps from ``timed_from``, large
+    freed blocks going back to the system at once (:func:`bench.memory.return_large_frees`)."""
+
+    timeout_s: float
+    timed_from: int
+
+    def __call__(self, transport, ctx) -> CheckedTransport:
+        return_large_frees()  # resident memory follows what is alive (see the function)
+        memory = RssTrace().start()  # sampled by a thread of its own through the steps
+        return CheckedTransport(transport, ctx, self.timeout_s, memory, self.timed_from)
+
+
+def checked(config: TrainConfig) -> TrainConfig:
+    """``config`` as the soak trains it: every tensor checked, nothing kept that grows with the steps."""
+    return dataclasses.replace(config, watch=ContentCheck(config.timeout_s, config.warmup), constant_memory=True)
+
+
+def model_soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[SoakRecord]:
+    """The ``soak`` rows of a :func:`checked` training run: one per process (worker, PS), with tensors sent,
+    received, corrupted and lost, and resident memory (the process's :class:`~bench.stats.MemoryVerdict`: once
+    settled, at the end, and its floor's rise in between)."""
+    step_time = model_record(config, outcome).step_time_s
+    layout = Layout(config.servers)
+    rows = []
+    for rank, (role, times) in sorted(outcome.items()):
+        check = times.extra["watch"]
+        memory = check["memory"]
+        server = rank if role == "worker" else rank - layout.servers
+        rows.append(SoakRecord(phase="model", transport=config.label or config.transport, model=config.model,
+                               process=f"{role} {server}", seconds=times.total,
+                               transfers=config.warmup + config.steps, tensors_sent=check["tensors_sent"],
+                               tensors_received=check["tensors_received"], corrupted=check["corrupted"],
+                               lost=check["lost"], rss_start_mb=memory.start_mb, rss_end_mb=memory.end_mb,
+                               rss_growth_mb=memory.growth_mb, step_time_s=step_time,
+                               fabric=fabric.label(times.extra.get("fabric"))))
+    return rows
+
+
+def model_soak_memory(outcome: dict[int, tuple[str, StepTimes]]) -> list[Any]:
+    """Each process's :class:`~bench.stats.MemoryVerdict` of a :func:`checked` training run, in the order of
+    :func:`model_soak_records`' rows."""
+    return [times.extra["watch"]["memory"] for _, (_, times) in sorted(outcome.items())]

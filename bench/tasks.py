@@ -236,6 +236,35 @@ def get_task(name: str = DEFAULT_TASK, data: str | os.PathLike | None = None) ->
     return _load(key, data)
 
 
+@dataclass(frozen=True)
+class TaskWorkload:
+    """A task as the training runtime is handed it (``bench.runtime.workload.RealData``): its name and data
+    directory, the task loaded where it is used (once per process: :func:`get_task` caches), so what is pickled
+    into each rank holds no data."""
+
+    name: str
+    data: str | None = None
+
+    @property
+    def task(self) -> Task:
+        return get_task(self.name, self.data)
+
+    def build(self) -> keras.Model:
+        return self.task.build()
+
+    def loss_fn(self) -> Any:
+        return self.task.loss_fn()
+
+    def make_batch(self, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.task.make_batch(batch_size, seed)
+
+    def train_batch(self, step: int, server: int, servers: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.task.train_batch(step, server, servers, batch_size)
+
+    def evaluate(self, predict: Callable[[np.ndarray], Any]) -> dict[str, float]:
+        return self.task.evaluate(predict)
+
+
 @functools.lru_cache(maxsize=8)
 def _load(key: str, data: str | None) -> Task:
     return {"digits": _digits, "text": _text, "cifar10": _cifar10, "seq2seq": _seq2seq}[key](data)

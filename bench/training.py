@@ -11,17 +11,30 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+import transports
 from bench import LOCAL, TF_GRPC
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
-from bench.results import DiskError, ModelRecord, ScaleRecord, SoakRecord
-from bench.runtime.analyzer import Layout
-from bench.runtime.ps import StepTimes, TrainConfig, local_job, profile, rank_job, resolve_model, summarize
+from bench.models import resolve_model
+from bench.results import DiskError, ModelRecord, ScaleRecord
+from bench.runtime.analyzer import Layout, Plan, analyze, traced_step
+from bench.runtime.ps import (
+    StepTimes,
+    Stopping,
+    TrainConfig,
+    build_model,
+    plan_of,
+    run_ps,
+    run_worker,
+    train_locally,
+    worker_batch,
+)
 from transports import fabric
 
 COMPUTE_MODES = {
@@ -37,6 +50,92 @@ class TrainingError(RuntimeError):
     """A training run could not be set up or did not finish; the message says which and why."""
 
 
+def model_config(model: str, **settings: Any) -> TrainConfig:
+    """A :class:`TrainConfig` for the model called ``model`` (``vgg16``, or ``package.module:ATTRIBUTE``):
+    the name resolved to the definition the runtime is handed."""
+    return TrainConfig(model=model, workload=resolve_model(model), **settings)
+
+
+# -- the processes: what each rank of a training run does ---------------------------------------------------
+
+
+def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
+    """One process of a training run: rank ``r < servers`` is worker ``r``, the others parameter servers.
+
+    ``ctx`` is the launcher's view of the run (rank, cluster, ``report``, ``link_bytes``); each worker
+    reports ``("step", server, step)`` as its steps begin and ``("loss", server, step, loss, trained_s)``
+    after computing one, worker 0 ``("eval", point)`` at each evaluation; a worker measures the traffic
+    on its host's link over the timed steps when it has one of its own (netns). With ``config.watch`` the
+    transport is the watch's, and what its ``finish()`` says goes to ``extra["watch"]``.
+    """
+    plan = config.plan if config.plan is not None else plan_of(config)
+    layout = plan.layout
+    options = {**config.transport_options, "timeout_s": config.timeout_s}
+    stopping = Stopping(config, ctx)
+    with transports.create(config.transport, **options) as transport:
+        transport.start(ctx.cluster, ctx.rank)
+        transport.plan(plan.specs(ctx.rank))
+        if config.watch is not None:
+            transport = config.watch(transport, ctx)
+        if ctx.rank < layout.servers:
+            server = ctx.rank
+            link: dict[str, Any] = {}
+
+            def on_step(step: int) -> None:
+                if step in (config.warmup, stopping.end):
+                    link[step] = (time.perf_counter(), ctx.link_bytes())
+                ctx.report(("step", server, step))
+
+            def on_loss(step: int, loss: float, trained_s: float) -> None:
+                ctx.report(("loss", server, step, loss, trained_s))
+
+            times = run_worker(config, transport, plan, server, on_step, on_loss,
+                               on_eval=lambda point: ctx.report(("eval", point)), stopping=stopping)
+            (t0, bytes0), (t1, bytes1) = link[config.warmup], link[stopping.end]
+            if bytes0 is not None:
+                times.extra["link_bytes"] = (bytes1[0] - bytes0[0], bytes1[1] - bytes0[1])
+                times.extra["link_seconds"] = t1 - t0
+            role = "worker"
+        else:
+            times = run_ps(config, transport, plan, ctx.rank - layout.servers, stopping)
+            role = "ps"
+        times.extra["fabric"] = transport.describe()
+        if config.watch is not None:
+            times.extra["watch"] = transport.finish()
+    return role, times
+
+
+def local_job(config: TrainConfig, ctx) -> StepTimes:
+    """The "local" line as a process of its own: its peak memory is its own."""
+    times, _ = train_locally(config)
+    return times
+
+
+def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[Plan, float]:
+    """The analyzer's plan and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
+    import tensorflow as tf
+
+    model = build_model(config)
+    x, y = worker_batch(config, 0, 0)
+    loss_fn = config.workload.loss_fn()
+    step_fn, concrete = traced_step(model, loss_fn, np.asarray(x), np.asarray(y))
+    plan = analyze(config.model, model, loss_fn, np.asarray(x), np.asarray(y), config.servers, config.batch_size,
+                   concrete)
+    if not steps:
+        return plan, float("nan")
+    state = [v.value for v in model.non_trainable_variables]
+    weights = [tf.constant(v.value) for v in model.trainable_variables]
+    seconds = []
+    for step in range(2 + steps):  # two warm-up steps: tracing, then first-run allocations
+        x, y = worker_batch(config, 0, step)
+        started = time.perf_counter()
+        value, grads, _ = step_fn(weights, state, x, y)
+        float(value)
+        seconds.append(time.perf_counter() - started)
+        del grads
+    return plan, float(np.median(seconds[2:]))
+
+
 def prepare(config: TrainConfig, launcher: Launcher | None = None) -> TrainConfig:
     """``config`` ready to run: for replayed compute, with the analyzer's plan and the seconds to wait.
 
@@ -46,7 +145,7 @@ def prepare(config: TrainConfig, launcher: Launcher | None = None) -> TrainConfi
     if not config.replayed or config.plan is not None:
         return config
     if config.compute == "paper":
-        per_sample = getattr(resolve_model(config.model), "paper_compute_ms_per_sample", None)
+        per_sample = getattr(config.workload, "paper_compute_ms_per_sample", None)
         if per_sample is None:
             raise TrainingError(f"the paper gives no compute time for model '{config.model}'; "
                                 "use --compute replay or real")
@@ -118,12 +217,48 @@ def local_record(config: TrainConfig, times: StepTimes) -> ModelRecord:
 
 
 def model_record(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> ModelRecord:
-    """One ``model`` record: the runtime's summary, the compute mode, and the busiest link's throughput."""
-    links = [t.extra["link_bytes"] + (t.extra["link_seconds"],) for role, t in outcome.values()
-             if role == "worker" and "link_bytes" in t.extra]
-    # per direction: a link's rate applies to each direction of the full-duplex link
-    peak = max(max(tx, rx) / seconds for tx, rx, seconds in links) / 2**20 if links else None
-    return ModelRecord(**summarize(config, outcome), compute=config.compute, link_peak_MBps=peak)
+    """One ``model`` record from what the ranks measured: workers' times averaged, copies and registrations of every
+    process per step, peak memory, the fabric and the graph analysis, and the busiest link's throughput."""
+    workers = [t for role, t in outcome.values() if role == "worker"]
+    servers = [t for role, t in outcome.values() if role == "ps"]
+    steps = config.steps
+    step_time = float(np.mean([t.total for t in workers])) / steps
+    stats = [t.extra["stats"] for _, t in outcome.values()]
+    transport_copied = sum(s["copied_bytes"] for s in stats)
+    runtime_copied = sum(t.copied_bytes for t in workers)
+    described = next((t.extra["fabric"] for t in workers), {})
+    hits = sum(s.get("sends_registered", 0) for s in stats)
+    misses = sum(s.get("sends_unregistered", 0) for s in stats)
+    sites = [t.extra["sites"] for t in workers if "sites" in t.extra]
+    links = [t.extra["link_bytes"] + (t.extra["link_seconds"],) for t in workers if "link_bytes" in t.extra]
+    return ModelRecord(
+        transport=config.label or config.transport, model=config.model, batch_size=config.batch_size,
+        servers=config.servers, steps=steps, step_time_s=step_time, throughput_batches_per_s=1.0 / step_time,
+        compute_s=float(np.mean([t.compute for t in workers])) / steps,
+        comm_s=float(np.mean([t.comm for t in workers])) / steps,
+        apply_s=float(np.mean([t.apply for t in servers])) / steps,
+        ps_wait_s=float(np.mean([t.comm for t in servers])) / steps,
+        worker_peak_rss_mb=max(t.extra["peak_rss_mb"] for t in workers),
+        ps_peak_rss_mb=max(t.extra["peak_rss_mb"] for t in servers),
+        copied_bytes_per_step=(transport_copied + runtime_copied) / steps,
+        runtime_copied_bytes_per_step=runtime_copied / steps,
+        # every memory registration (and control message) of every process in the timed steps
+        registrations_per_step=sum(s["registrations"] for s in stats) / steps,
+        control_messages_per_step=sum(s["control_messages"] for s in stats) / steps,
+        model_mb=workers[0].extra.get("model_mb"),
+        fabric=fabric.label(described),
+        compute=config.compute,
+        # per direction: a link's rate applies to each direction of the full-duplex link
+        link_peak_MBps=max(max(tx, rx) / seconds for tx, rx, seconds in links) / 2**20 if links else None,
+        # the graph analysis (zerocopy: on or off; rdma_cp places receives only) and what it achieved
+        analysis=described.get("analysis", ""),
+        dynamic_transfers_per_step=sum(s.get("dynamic_transfers", 0) for s in stats) / steps,
+        unregistered_sends_per_step=misses / steps,
+        registration_hit_rate=hits / (hits + misses) if hits + misses else None,
+        site_regions=sum(site["regions"] for site in sites) if sites else None,
+        unregistered_tensors=",".join(f"{name}:{count}" for site in sites[:1] for name, count in
+                                      site["missed"].items()) if sites else None,
+    )
 
 
 def step_samples(outcome: dict[int, tuple[str, StepTimes]]) -> dict[str, list]:
@@ -149,33 +284,6 @@ def scale_record(record: ModelRecord, singles: dict[tuple, float]) -> ScaleRecor
     return ScaleRecord(**{**record.row(), "launcher": record.launcher or "", "compute": record.compute or "",
                           "link_rate": record.link_rate or ""}, total_batches_per_s=total,
                        scaling_efficiency=total / (record.servers * base) if base else float(np.nan))
-
-
-def soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[SoakRecord]:
-    """The ``soak`` rows of a training run with ``check`` on: one per process (worker, PS), with tensors sent,
-    received, corrupted and lost, and resident memory (the process's :class:`~bench.stats.MemoryVerdict`: once
-    settled, at the end, and its floor's rise in between)."""
-    step_time = summarize(config, outcome)["step_time_s"]
-    layout = Layout(config.servers)
-    rows = []
-    for rank, (role, times) in sorted(outcome.items()):
-        check = times.extra["check"]
-        memory = check["memory"]
-        server = rank if role == "worker" else rank - layout.servers
-        rows.append(SoakRecord(phase="model", transport=config.label or config.transport, model=config.model,
-                               process=f"{role} {server}", seconds=times.total,
-                               transfers=config.warmup + config.steps, tensors_sent=check["tensors_sent"],
-                               tensors_received=check["tensors_received"], corrupted=check["corrupted"],
-                               lost=check["lost"], rss_start_mb=memory.start_mb, rss_end_mb=memory.end_mb,
-                               rss_growth_mb=memory.growth_mb, step_time_s=step_time,
-                               fabric=fabric.label(times.extra.get("fabric"))))
-    return rows
-
-
-def soak_memory(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[Any]:
-    """Each process's :class:`~bench.stats.MemoryVerdict` of a training run with ``check`` on, in the order of
-    :func:`soak_records`' rows."""
-    return [times.extra["check"]["memory"] for _, (_, times) in sorted(outcome.items())]
 
 
 # -- bench model and bench scale: every model x batch size x transport x server count -----------------------
@@ -228,7 +336,7 @@ class Trainings:
                ) -> tuple[ModelRecord, dict[str, list] | None]:
         """One run's record and its samples (none for tf_grpc, which times steps its own way)."""
         args = self.args
-        config = TrainConfig(model=model, transport=choice.name, transport_options={}, batch_size=batch,
+        config = model_config(model, transport=choice.name, transport_options={}, batch_size=batch,
                              servers=servers, steps=args.steps, warmup=args.warmup, learning_rate=args.learning_rate,
                              timeout_s=args.timeout, label=choice.label, asynchronous=args.asynchronous,
                              compute=args.compute)
@@ -236,19 +344,10 @@ class Trainings:
             self.prepared[(model, batch)] = prepare(config, self.launcher)
         ready = self.prepared[(model, batch)]
         config = dataclasses.replace(config, plan=ready.plan, compute_s=ready.compute_s)
-        samples = None
-        if choice.is_local:
-            times = train_local(config, self.launcher)
-            record = local_record(config, times)
-            samples = {"worker": [0] * len(times.steps), "step_time_s": list(times.steps)}
-        elif choice.is_tf_grpc:
-            record = tf_grpc_record(config, self.launcher)
-        else:
-            options = choice.constructor_options(args, self.launcher)
-            options.pop("timeout_s")  # the runtime's timeout is the config's
-            config.transport_options = options
-            outcome = train(config, self.launcher, on_step)["outcome"]
-            record, samples = model_record(config, outcome), step_samples(outcome)
+        options = choice.constructor_options(args, self.launcher)
+        options.pop("timeout_s")  # the runtime's timeout is the config's
+        config.transport_options = options
+        record, samples = line_of(choice.name).train(config, self.launcher, on_step)
         record.launcher, record.link_rate = self.launcher.name, args.link_rate or ""
         if self.experiment == "scale":
             record = scale_record(record, self._singles)
@@ -267,13 +366,71 @@ def copy_note(record: ModelRecord) -> str:
     return note
 
 
+# -- the lines of the training figures: one way in for each -------------------------------------------------
+
+
+class TrainingLine:
+    """A line of the training figures (``bench model``, ``scale``, ``soak``, ``converge``): what it can do and how
+    its run goes. :class:`Trainings` hands every line the same :class:`TrainConfig` and records what it returns;
+    a new line is a subclass here and an entry in :data:`LINES`."""
+
+    #: its runs move tensors between processes (``bench soak`` checks them, ``bench converge`` trains over them)
+    crosses_processes = True
+    #: one process however many servers (``bench scale`` runs it once, and its figure scales it)
+    one_process = False
+
+    def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
+              ) -> tuple[ModelRecord, dict[str, list] | None]:
+        """Run ``config`` through ``launcher``: the ``model`` record and its samples (None when the line has none)."""
+        raise NotImplementedError
+
+
+class TransportLine(TrainingLine):
+    """The parameter-server runtime over one of our transports (``config.transport``, with its options)."""
+
+    def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
+              ) -> tuple[ModelRecord, dict[str, list] | None]:
+        outcome = train(config, launcher, on_step)["outcome"]
+        return model_record(config, outcome), step_samples(outcome)
+
+
+class LocalLine(TrainingLine):
+    """The paper's Local line: the same updates on the same batches in one process, no communication."""
+
+    crosses_processes = False
+    one_process = True
+
+    def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
+              ) -> tuple[ModelRecord, dict[str, list] | None]:
+        times = train_local(config, launcher)
+        return local_record(config, times), {"worker": [0] * len(times.steps), "step_time_s": list(times.steps)}
+
+
+class TfGrpcLine(TrainingLine):
+    """TensorFlow's own parameter-server training of the same model over its gRPC (it times steps its own way:
+    no samples)."""
+
+    def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
+              ) -> tuple[ModelRecord, dict[str, list] | None]:
+        return tf_grpc_record(config, launcher), None
+
+
+#: the lines that are not one of our transports; every registered transport is a :class:`TransportLine`
+LINES: dict[str, TrainingLine] = {LOCAL: LocalLine(), TF_GRPC: TfGrpcLine()}
+
+
+def line_of(name: str) -> TrainingLine:
+    """The training line called ``name`` (a transport's, ``local`` or ``tf_grpc``)."""
+    return LINES.get(name) or TransportLine()
+
+
 def tf_grpc_record(config: TrainConfig, launcher: Launcher) -> ModelRecord:
     """TensorFlow's own parameter-server training of the same model (bench/tf_grpc.py) as a ``model`` record."""
     from bench.tf_grpc import record_row, run_tf_grpc
 
     if config.replayed:
         raise ValueError("tf_grpc runs TensorFlow's own training: it cannot replay compute (use --compute real)")
-    definition = resolve_model(config.model)
+    definition = config.workload
     record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
                          servers=config.servers, steps=config.steps, warmup=config.warmup,
                          learning_rate=config.learning_rate, timeout_s=config.timeout_s, launcher=launcher)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bench.runtime.analyzer import DEDUP_SITE, PS_SITE, Plan
-from bench.runtime.ps import TrainConfig, plan_of, summarize, train_locally
-from bench.training import train
+from bench.runtime.ps import plan_of, train_locally
+from bench.training import model_config, model_record, train
 from transports import Key, TensorSpec
 
 from .test_runtime import final_weights
@@ -22,7 +22,7 @@ F32, I32 = np.dtype(np.float32), np.dtype(np.int32)
 
 
 def config(transport="zerocopy", options=None, servers=2, steps=3, label=""):
-    return TrainConfig(model=TINY_EMBEDDING, transport=transport, transport_options=options or {}, batch_size=4,
+    return model_config(TINY_EMBEDDING, transport=transport, transport_options=options or {}, batch_size=4,
                        servers=servers, steps=steps, warmup=1, learning_rate=0.1, timeout_s=120, label=label)
 
 
@@ -90,7 +90,7 @@ def test_the_dynamic_model_trains_to_the_same_values_as_locally(label):
     assert sorted(distributed) == list(range(9))  # the weights and the BatchNorm state, all kept by the PS
     for index, value in local.items():
         np.testing.assert_allclose(distributed[index], value, rtol=1e-5, atol=1e-6, err_msg=f"variable {index}")
-    record = summarize(run, result["outcome"])
+    record = model_record(run, result["outcome"]).row()
     if name == "zerocopy":
         # a sparse gradient is two dynamic tensors per worker; with the analysis off every tensor is
         tensors = 2 if mode == "" else sum(len(u) for *_, u in EXPECTED_VARIABLES) + len(EXPECTED_VARIABLES)
@@ -101,9 +101,9 @@ def test_the_dynamic_model_trains_to_the_same_values_as_locally(label):
 def test_without_the_analysis_a_model_of_more_tensors_than_threads_trains():
     # every send is dynamic and waits for its reader on one of the transport's 64 threads; the credits of
     # tensors connected later must not queue behind them (they did: the PS waited for them forever)
-    run = TrainConfig(model="tests.tiny_models:TINY_DEEP", transport="zerocopy",
-                      transport_options={"fabric_transport": "shm", "analysis": False}, batch_size=2, servers=1,
-                      steps=1, warmup=2, learning_rate=0.1, timeout_s=60, label="zerocopy:no_analysis")
+    run = model_config("tests.tiny_models:TINY_DEEP", transport="zerocopy",
+                       transport_options={"fabric_transport": "shm", "analysis": False}, batch_size=2, servers=1,
+                       steps=1, warmup=2, learning_rate=0.1, timeout_s=60, label="zerocopy:no_analysis")
     _, local = train_locally(run)
     distributed = final_weights(train(run))
     assert len(distributed) == 80
@@ -124,7 +124,7 @@ def test_the_parameter_servers_keep_the_batchnorm_statistics():
 
 def test_zerocopy_training_of_the_dynamic_model_copies_nothing_and_registers_nothing_per_step():
     run = config(servers=1, options={"fabric_transport": "shm"}, steps=4)
-    record = summarize(run, train(run)["outcome"])
+    record = model_record(run, train(run)["outcome"]).row()
     assert record["copied_bytes_per_step"] == 0
     assert record["runtime_copied_bytes_per_step"] == 0
     # after the first step every sent tensor lies in registered memory: the PS's values in the pool, the
@@ -136,7 +136,7 @@ def test_zerocopy_training_of_the_dynamic_model_copies_nothing_and_registers_not
 
 def test_without_the_analysis_zerocopy_registers_what_it_sends():
     run = config("zerocopy", {"fabric_transport": "shm", "analysis": False}, servers=1, label="zerocopy:no_analysis")
-    record = summarize(run, train(run)["outcome"])
+    record = model_record(run, train(run)["outcome"]).row()
     assert record["site_regions"] is None  # no tracing without the analysis
     assert record["unregistered_sends_per_step"] > 0 and record["registration_hit_rate"] < 1.0
 

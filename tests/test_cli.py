@@ -123,7 +123,8 @@ def test_model_end_to_end_with_a_tiny_model(tmp_path):
 def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
     pytest.importorskip("tensorflow")
     from bench.runtime.analyzer import Plan
-    from bench.runtime.ps import TrainConfig, plan_of
+    from bench.runtime.ps import plan_of
+    from bench.training import model_config
 
     result = bench("analyze", "tests.tiny_models:TINY_EMBEDDING", "--servers", "2", "--batch-size", "4", "--json",
                    str(tmp_path / "plan.json"), "--out", str(tmp_path / "run"))
@@ -136,8 +137,8 @@ def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
     assert any(line.split()[:3] == ["s7", "state", "static"] for line in lines)
     assert "38 cross-process tensors over 2 server(s): 34 static" in result.stdout
     written = Plan.from_json(json.loads((tmp_path / "plan.json").read_text()))
-    expected = plan_of(TrainConfig(model="tests.tiny_models:TINY_EMBEDDING", transport="zerocopy",
-                                   transport_options={}, batch_size=4, servers=2))
+    expected = plan_of(model_config("tests.tiny_models:TINY_EMBEDDING", transport="zerocopy",
+                                    transport_options={}, batch_size=4, servers=2))
     assert written == expected and written.transfers == expected.transfers
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import transports
 from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_key, weight_key
-from bench.runtime.ps import TrainConfig, apply_sgd, summarize, train_locally
-from bench.training import train
+from bench.runtime.ps import TrainConfig, apply_sgd, train_locally
+from bench.training import model_config, model_record, train
 
 pytest.importorskip("tensorflow")
 
@@ -25,8 +25,8 @@ TRANSPORTS = [
 
 
 def config(transport="zerocopy", options=None, servers=1, steps=3):
-    return TrainConfig(model=TINY, transport=transport, transport_options=options or {}, batch_size=4,
-                       servers=servers, steps=steps, warmup=1, learning_rate=0.1, timeout_s=120)
+    return model_config(TINY, transport=transport, transport_options=options or {}, batch_size=4,
+                        servers=servers, steps=steps, warmup=1, learning_rate=0.1, timeout_s=120)
 
 
 def final_weights(result):
@@ -61,7 +61,7 @@ def test_two_servers_average_their_gradients_like_local_training():
 def test_zerocopy_training_copies_no_payload():
     run = config("zerocopy", {"fabric_transport": "shm"})
     result = train(run)
-    record = summarize(run, result["outcome"])
+    record = model_record(run, result["outcome"]).row()
     assert record["copied_bytes_per_step"] == 0
     assert record["runtime_copied_bytes_per_step"] == 0  # weights enter TensorFlow through DLPack in place
     # the record names the fabric and the UCX transports that carried the tensors (shared memory here)
@@ -71,7 +71,7 @@ def test_zerocopy_training_copies_no_payload():
 
 def test_grpc_tcp_training_shows_where_copies_remain():
     run = config("grpc_tcp")
-    record = summarize(run, train(run)["outcome"])
+    record = model_record(run, train(run)["outcome"]).row()
     model_bytes = (8 * 16 + 16 + 16 * 3 + 3) * 4
     # read-only message views cannot enter TensorFlow in place: one runtime copy of the weights
     assert record["runtime_copied_bytes_per_step"] == model_bytes
@@ -115,7 +115,7 @@ def test_variables_are_placed_round_robin_and_planned_both_ways():
 
 def test_buffered_grpc_rdma_results_enter_tensorflow_without_a_runtime_copy():
     run = config("grpc_rdma", {"fabric_transport": "shm", "mode": "buffered"})
-    record = summarize(run, train(run)["outcome"])
+    record = model_record(run, train(run)["outcome"]).row()
     model_bytes = (8 * 16 + 16 + 16 * 3 + 3) * 4
     assert record["runtime_copied_bytes_per_step"] == 0  # results are 64-byte aligned and writable
     assert record["copied_bytes_per_step"] == 2 * 2 * model_bytes  # one copy on each side, both directions
@@ -134,7 +134,7 @@ def test_asynchronous_sgd_with_two_workers_applies_every_gradient():
     run = config("zerocopy", {"fabric_transport": "shm"}, servers=2, steps=4)
     run.asynchronous = True
     result = train(run)
-    record = summarize(run, result["outcome"])
+    record = model_record(run, result["outcome"]).row()
     assert record["steps"] == 4 and record["throughput_batches_per_s"] > 0
     applied = [t.extra["gradients_applied"] for role, t in result["outcome"].values() if role == "ps"]
     # each of the 4 variables got one gradient per worker per timed step
@@ -158,7 +158,7 @@ def test_replayed_compute_moves_the_same_tensors_as_real_compute():
         ledgers = [{k: times.extra["stats"][k] for k in LEDGER} for times in (real_times, replayed_times)]
         assert ledgers[0] == ledgers[1]
         assert real_times.copied_bytes == replayed_times.copied_bytes  # the runtime's own copies too
-    records = [summarize(run, outcome) for run, outcome in zip((real, replay), outcomes, strict=True)]
+    records = [model_record(run, outcome).row() for run, outcome in zip((real, replay), outcomes, strict=True)]
     assert records[0]["copied_bytes_per_step"] == records[1]["copied_bytes_per_step"]
 
 
@@ -175,7 +175,7 @@ def test_replayed_processes_build_no_model():
 def test_paper_compute_is_the_papers_time_per_sample_times_the_batch():
     from bench.training import TrainingError, prepare
 
-    fcn5 = TrainConfig(model="fcn5", transport="zerocopy", transport_options={}, batch_size=4, compute="paper")
+    fcn5 = model_config("fcn5", transport="zerocopy", transport_options={}, batch_size=4, compute="paper")
     assert prepare(fcn5).compute_s == pytest.approx(4 * 4.88e-3)
     with pytest.raises(TrainingError, match=r"the paper gives no compute time for model 'tests\.tiny_models:TINY'"):
         prepare(dataclasses.replace(config(), compute="paper"))
@@ -226,8 +226,9 @@ def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in
     from transports import Cluster, Key
 
     variables = [Variable(0, "a", (3,), np.dtype(np.float32)), Variable(1, "b", (2, 2), np.dtype(np.float32))]
-    run = TrainConfig(model="scripted", transport="local", transport_options={}, batch_size=1, steps=3, warmup=0,
-                      learning_rate=0.5, compute="replay", plan=scripted_plan(variables), timeout_s=20)
+    run = TrainConfig(model="scripted", workload=None, transport="local", transport_options={}, batch_size=1,
+                      steps=3, warmup=0, learning_rate=0.5, compute="replay", plan=scripted_plan(variables),
+                      timeout_s=20)
 
     expected = initial_weights(run, variables)
     cluster = Cluster(("worker", "ps"))
@@ -281,7 +282,7 @@ class Announcing:
 
 
 def test_the_content_check_covers_receives_posted_together():
-    from bench.runtime.ps import CheckedTransport
+    from bench.soak import CheckedTransport
     from transports import Cluster, Key
 
     cluster = Cluster(("worker", "ps"))

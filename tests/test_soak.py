@@ -133,7 +133,7 @@ class Wire:
 
 
 def test_the_training_check_counts_corrupted_and_lost_tensors():
-    from bench.runtime.ps import CheckedTransport
+    from bench.soak import CheckedTransport
     from transports import Key
 
     hub = Hub()

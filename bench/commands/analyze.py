@@ -37,13 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from bench.results import AnalysisRecord
     from bench.runtime.analyzer import format_plan
-    from bench.runtime.ps import TrainConfig, plan_of
+    from bench.runtime.ps import plan_of
+    from bench.training import model_config
 
     if args.model not in options.MODEL_NAMES and ":" not in args.model:
         return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")
-    config = TrainConfig(model=args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
-                         servers=args.servers)
     try:
+        config = model_config(args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
+                              servers=args.servers)
         plan = plan_of(config)
     except (ImportError, AttributeError) as exc:
         return options.fail("analyze", f"cannot load model '{args.model}': {options.error_line(exc)}")

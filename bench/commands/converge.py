@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import transports
-from bench import LOCAL, options
+from bench import options
 from bench.commands.common import draw, failed, interrupted, open_run
 
 HELP = "time to a held-out target on real data, per transport (the paper's Figure 10)"
@@ -79,8 +79,10 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         task = get_task(args.task, args.data)
     except ValueError as exc:  # TaskDataError too: one line naming the path and what is wrong
         return options.fail("converge", str(exc))
-    if local := next((c for c in args.transports if c.is_local), None):
-        others = ", ".join(n for n in transports.names() if n != LOCAL)
+    from bench.training import line_of
+
+    if local := next((c for c in args.transports if not line_of(c.name).crosses_processes), None):
+        others = ", ".join(n for n in transports.names() if line_of(n).crosses_processes)
         return options.fail("converge", f"--transport {local}: converge trains through the parameter-server runtime "
                             f"over the transports that cross processes ({others})")
     args.task = task.name

@@ -34,17 +34,17 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
 
 def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int]) -> int:
     """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each."""
-    from bench.training import Trainings
+    from bench.training import Trainings, line_of
 
     chosen = list(args.transports)
     if args.no_analysis:
         chosen = [options.choose("zerocopy:no_analysis") if c.label == "zerocopy" else c for c in chosen]
-    if experiment == "scale" and not any(c.is_local for c in chosen):
+    if experiment == "scale" and not any(line_of(c.name).one_process for c in chosen):
         chosen.append(options.choose(LOCAL))  # the Local line of the figure
     chosen = list(dict.fromkeys(chosen))
     runs = [(m, b, c, n) for m in args.models for b in args.batch_sizes for c in chosen for n in server_counts]
     if experiment == "scale":  # the Local line is one process, drawn times the number of servers
-        runs = list(dict.fromkeys((m, b, c, 1 if c.is_local else n) for m, b, c, n in runs))
+        runs = list(dict.fromkeys((m, b, c, 1 if line_of(c.name).one_process else n) for m, b, c, n in runs))
     if problem := options.batch_problem(args.models, args.batch_sizes):
         return options.fail(experiment, problem)
     labels = options.labels(chosen)

@@ -53,12 +53,10 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     """Every transport's micro-benchmark and a training run, every tensor checked, every process's memory judged."""
     from bench.launch import LaunchError
     from bench.micro import Point
-    from bench.runtime.ps import TrainConfig
     from bench.sizes import format_size
-    from bench.soak import SoakError, run_transport, soak_records
+    from bench.soak import SoakError, checked, model_soak_memory, model_soak_records, run_transport, soak_records
     from bench.stats import LeakCriterion, RssTrace
-    from bench.training import TrainingError, prepare, soak_memory, train
-    from bench.training import soak_records as model_soak_records
+    from bench.training import TrainingError, line_of, model_config, prepare, train
 
     chosen = args.transports or options.default_choices()
     if too_big := options.sizes_problem(args.sizes):
@@ -66,7 +64,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     model = args.model[0]
     share = args.duration / (len(chosen) * len(args.sizes))
     points = [Point(size, warmup=10, iters=0, seconds=share, check=True) for size in args.sizes]
-    trained = [choice for choice in chosen if args.steps and not choice.is_local]
+    trained = [choice for choice in chosen if args.steps and line_of(choice.name).crosses_processes]
     criterion = LeakCriterion()
     settings = {"transports": options.labels(chosen), "sizes": args.sizes, "seconds_per_point": share,
                 "model": model, "steps": args.steps, "batch_size": args.batch_size, "compute": args.compute,
@@ -101,15 +99,15 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
                 options.fail("soak", str(exc))
         for choice in trained:
             print(f"soak: {choice}: {args.steps} steps of {model} ...", flush=True)
-            config = TrainConfig(model=model, transport=choice.name, transport_options={},
-                                 batch_size=args.batch_size, servers=1, steps=args.steps, warmup=2,
-                                 timeout_s=args.timeout, label=choice.label, compute=args.compute, check=True)
+            config = checked(model_config(model, transport=choice.name, transport_options={},
+                                          batch_size=args.batch_size, servers=1, steps=args.steps, warmup=2,
+                                          timeout_s=args.timeout, label=choice.label, compute=args.compute))
             try:
                 config = prepare(config, launcher)
                 config.transport_options = choice.constructor_options(args, launcher)
                 config.transport_options.pop("timeout_s")  # the runtime's timeout is the config's
                 outcome = train(config, launcher)["outcome"]
-                for row, memory in zip(model_soak_records(config, outcome), soak_memory(config, outcome), strict=True):
+                for row, memory in zip(model_soak_records(config, outcome), model_soak_memory(outcome), strict=True):
                     record(row, memory)
             except (LaunchError, TrainingError, ValueError, RuntimeError) as exc:
                 failures.append(f"{model} over {choice}: {exc}")

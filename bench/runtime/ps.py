@@ -36,33 +36,28 @@ with real compute; only the CPU the model would take is left out.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-import transports
-from bench.memory import return_large_frees
 from bench.runtime.analyzer import (
     Plan,
     Variable,
     analyze,
     gradient_key,
     step_function,
-    traced_step,
     update_keys,
     weight_key,
 )
 from bench.runtime.sites import AllocationSites
-from bench.stats import RssTrace
-from transports import Key, TensorSpec, fabric
+from bench.runtime.workload import RealData, Workload, batch
+from transports import Key, TensorSpec
 from transports.common import aligned_empty
 
 ALIGNMENT = 64
@@ -73,7 +68,10 @@ _SLICE = 1 << 20  # elements per slice of an SGD update
 class TrainConfig:
     """What to train and how."""
 
+    #: how records name the model (``vgg16``, ``digits``, ``tests.tiny_models:TINY``)
     model: str
+    #: what is trained (a model definition, a task): handed in by the experiment, see :mod:`bench.runtime.workload`
+    workload: Workload
     transport: str
     transport_options: dict[str, Any]
     batch_size: int
@@ -92,12 +90,11 @@ class TrainConfig:
     compute_s: float = 0.0
     #: the analyzer's plan (from :func:`profile`); None: each process analyses the model it builds
     plan: Plan | None = None
-    #: check the content of every tensor received (the soak): see :class:`CheckedTransport`
-    check: bool = False
-    #: train a task of ``bench.tasks`` on its real data (``bench converge``) instead of a model on synthetic batches
-    task: bool = False
-    #: where the task's data is (``--data``), for the tasks that need some
-    data: str | None = None
+    #: keep nothing that grows with the steps (no per-step times, no copy of the final weights): a long soak
+    constant_memory: bool = False
+    #: ``watch(transport, ctx)`` wraps each rank's transport (the soak's content check): a transport whose
+    #: ``finish()`` gives what goes to the rank's ``extra["watch"]`` at the end; must be picklable
+    watch: Callable[[Any, Any], Any] | None = None
     #: evaluate on the held-out set every this many steps and at the last (worker 0; 0: never)
     evaluate_every: int = 0
     #: stop once worker 0 has trained this many seconds (``steps`` is then the most it runs); None: run ``steps``
@@ -154,35 +151,13 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def resolve_model(name: str):
-    """A model definition by name (``vgg16``), or ``package.module:ATTRIBUTE`` for one defined elsewhere."""
-    if ":" in name:
-        import importlib
-
-        module, _, attribute = name.partition(":")
-        return getattr(importlib.import_module(module), attribute)
-    from bench.models import get_model
-
-    return get_model(name)
+def worker_batch(config: TrainConfig, server: int, step: int):
+    """Worker ``server``'s batch at ``step`` (see :func:`bench.runtime.workload.batch`)."""
+    return batch(config.workload, config.batch_size, config.servers, config.seed, server, step)
 
 
-def definition_of(config: TrainConfig):
-    """What ``config`` trains: a task of ``bench.tasks`` (real data), or a model definition (synthetic batches)."""
-    if config.task:
-        from bench.tasks import get_task
-
-        return get_task(config.model, config.data)
-    return resolve_model(config.model)
-
-
-def _batch(definition, config: TrainConfig, server: int, step: int):
-    """Worker ``server``'s batch at ``step``: a task's shard of its training set, or a seeded synthetic batch."""
-    if config.task:
-        return definition.train_batch(step, server, config.servers, config.batch_size)
-    return definition.make_batch(config.batch_size, seed=config.seed + 1000 * server + step)
-
-
-def _build(config: TrainConfig):
+def build_model(config: TrainConfig):
+    """The workload's model, built afresh (seeded; variable paths as in the plan)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # TensorFlow's BFC allocator on the CPU: it carves tensors out of a few large regions it keeps, so
     # the regions that hold the tensors a worker sends can be registered once (bench.runtime.sites).
@@ -190,20 +165,18 @@ def _build(config: TrainConfig):
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     import keras
 
-    definition = definition_of(config)
     # Keras names layers with a per-process counter: a fresh session keeps the variables' paths (the plan's) the
     # same however many models this process built before
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed)
-    model = definition.build()
-    return definition, model
+    return config.workload.build()
 
 
 def plan_of(config: TrainConfig) -> Plan:
     """The analyzer's plan for ``config``: the model built, its step function traced for the run's batches."""
-    definition, model = _build(config)
-    x, y = _batch(definition, config, 0, 0)
-    return analyze(config.model, model, definition.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
+    model = build_model(config)
+    x, y = worker_batch(config, 0, 0)
+    return analyze(config.model, model, config.workload.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
                    config.batch_size)
 
 
@@ -314,7 +287,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             sites.misses_seen = misses
         done = time.perf_counter()
         times.total += done - started - evaluated
-        if not config.check:  # the soak keeps no list that grows with its steps (its records want the mean)
+        if not config.constant_memory:  # a soak keeps no list that grows with its steps (its records want the mean)
             times.steps.append(done - started - evaluated)
         times.compute += computed - received - evaluated
         times.comm += (received - started) + (done - computed)
@@ -337,16 +310,16 @@ def _model_compute(config: TrainConfig, transport, plan: Plan,
                    server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple[Any, Updates]]:
     """One forward and backward pass of the real model on the values received (entering TF through DLPack):
     ``compute(step, values, copies) -> (loss, updates)``."""
-    definition, model = _build(config)
-    step_fn = step_function(model, definition.loss_fn())
+    model = build_model(config)
+    step_fn = step_function(model, config.workload.loss_fn())
     rows = SparseRows(transport, plan, plan.layout.worker(server))
     trainable = len(plan.trainable)
-    if config.task:  # trace the step now, so that a convergence run's clock does not count TensorFlow's tracing
+    if isinstance(config.workload, RealData):  # trace the step now: a convergence run's clock leaves the tracing out
         state = [v.value for v in model.non_trainable_variables]
-        step_fn([v.value for v in model.trainable_variables], state, *_batch(definition, config, server, 0))
+        step_fn([v.value for v in model.trainable_variables], state, *worker_batch(config, server, 0))
 
     def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies) -> tuple[Any, Updates]:
-        x, y = _batch(definition, config, server, step)
+        x, y = worker_batch(config, server, step)
         tensors = [copies.tensor(value) for value in values]
         loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
         return loss, rows.updates(plan, grads, new_state)
@@ -403,7 +376,7 @@ def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, fl
     """The task's held-out loss and metric for given weights (a model of its own, inference only)."""
     import tensorflow as tf
 
-    definition, model = _build(config)
+    model = build_model(config)
     non_trainable = [v.value for v in model.non_trainable_variables]
 
     @tf.function(reduce_retracing=True)
@@ -412,7 +385,7 @@ def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, fl
 
     def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
         held = [tf.constant(w) for w in weights]  # a copy: the transport may write the next step's weights
-        return definition.evaluate(lambda x: predict(held, x).numpy())
+        return config.workload.evaluate(lambda x: predict(held, x).numpy())
 
     return evaluate
 
@@ -473,7 +446,7 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
         times.extra["stats"] = {name: value * share for name, value in whole.items()}
     else:
         times = _serve(config, transport, rank, mine, weights, workers, update, stopping)
-    if not config.check:  # the soak compares no weights: no copy of them (fcn5's: 220 MB) in its memory trace
+    if not config.constant_memory:  # a soak compares no weights: no copy of them (fcn5's: 220 MB) in its memory
         times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
     return times
 
@@ -638,7 +611,7 @@ def initial_weights(config: TrainConfig, variables: list[Variable]) -> dict[int,
     if config.replayed:
         return {v.index: (np.random.default_rng(config.seed + v.index).standard_normal(v.shape) * 0.05).astype(v.dtype)
                 for v in variables}
-    _, model = _build(config)
+    model = build_model(config)
     every = list(model.trainable_variables) + list(model.non_trainable_variables)
     return {v.index: np.asarray(every[v.index].value) for v in variables}
 
@@ -655,14 +628,14 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         def compute(server: int, step: int) -> Updates:
             return replayed(step, values, RuntimeCopies())[1]
     else:
-        definition, model = _build(config)
-        step_fn = step_function(model, definition.loss_fn())
+        model = build_model(config)
+        step_fn = step_function(model, config.workload.loss_fn())
         trainable = len(plan.trainable)
         copies = RuntimeCopies()
         rows = [SparseRows(local, plan, plan.layout.worker(server)) for server in range(config.servers)]
 
         def compute(server: int, step: int) -> Updates:
-            x, y = _batch(definition, config, server, step)
+            x, y = worker_batch(config, server, step)
             tensors = [copies.tensor(v) for v in values]
             _, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
             return rows[server].updates(plan, grads, new_state)
@@ -691,218 +664,3 @@ class _LocalMemory:
     @staticmethod
     def allocate(spec: TensorSpec) -> np.ndarray:
         return aligned_empty(spec.shape, spec.dtype, ALIGNMENT)
-
-
-# -- the content check (the soak) ----------------------------------------------
-
-
-def checksum(array: np.ndarray) -> int:
-    """CRC-32 of the bytes of ``array``."""
-    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-
-
-class CheckedTransport:
-    """A transport whose every tensor is checked on arrival.
-
-    Each send first tells the receiving rank, over the launcher (outside the transport), the tensor's
-    key and CRC-32; each receive (``recv``, and ``recv_many`` and ``recv_each`` for each tensor as it
-    arrives) computes the CRC-32 of what arrived and counts it as corrupted when it differs. Tensors
-    announced but never received are counted as lost (:meth:`counts`). Everything else goes to the
-    wrapped transport.
-
-    ``memory``: the rank's :class:`~bench.stats.RssTrace`, started afresh when the first tensor of step
-    ``timed_from`` arrives, so that it covers the timed steps (the model built and traced, warm-up done).
-    """
-
-    def __init__(self, transport, ctx, timeout_s: float, memory: RssTrace | None = None,
-                 timed_from: int = 0) -> None:
-        self._transport = transport
-        self._ctx = ctx
-        self._timeout_s = timeout_s
-        self._notices: dict[tuple[str, int, int], int] = {}
-        self._lock = threading.Lock()
-        self.sent = self.received = self.corrupted = 0
-        self._memory, self._timed_from = memory, timed_from
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def _announce(self, key: Key, array: np.ndarray) -> None:
-        self._ctx.send_to(key.dst, ("crc", key.name, key.step, key.src, checksum(array)))
-        with self._lock:
-            self.sent += 1
-
-    def send(self, key: Key, array: np.ndarray) -> None:
-        self._announce(key, array)
-        return self._transport.send(key, array)
-
-    def send_async(self, key: Key, array: np.ndarray):
-        self._announce(key, array)
-        return self._transport.send_async(key, array)
-
-    def recv(self, key: Key) -> np.ndarray:
-        tensor = self._transport.recv(key)
-        self._check(key, tensor)
-        return tensor
-
-    def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
-        """The wrapped transport's ``recv_each``, each tensor checked as it arrives."""
-        for key, tensor in self._transport.recv_each(keys, timeout):
-            self._check(key, tensor)
-            yield key, tensor
-
-    #: every tensor of ``keys``, received together and each checked (through :meth:`recv_each`)
-    recv_many = transports.Transport.recv_many
-
-    def _check(self, key: Key, tensor: np.ndarray) -> None:
-        got = checksum(tensor)
-        with self._lock:  # one reader of the notices at a time; a notice is sent before its tensor
-            while (key.name, key.step, key.src) not in self._notices:
-                self._take(self._ctx.receive(timeout=self._timeout_s))
-            want = self._notices.pop((key.name, key.step, key.src))
-            self.received += 1
-            self.corrupted += got != want
-            if self._memory is not None and key.step >= self._timed_from:
-                self._memory.restart()
-                self._memory = None
-
-    def _take(self, notice: Any) -> None:
-        if not (isinstance(notice, tuple) and len(notice) == 5 and notice[0] == "crc"):
-            raise RuntimeError(f"rank {self._ctx.rank} ({self._ctx.name}) got {notice!r} where it expected the "
-                               "checksum of a tensor")
-        self._notices[(notice[1], notice[2], notice[3])] = notice[4]
-
-    def counts(self, drain_s: float = 1.0) -> dict[str, int]:
-        """Tensors sent, received, corrupted, and lost (announced to this rank, never received)."""
-        with self._lock, contextlib.suppress(Exception):
-            while True:
-                self._take(self._ctx.receive(timeout=drain_s))
-        return {"tensors_sent": self.sent, "tensors_received": self.received, "corrupted": self.corrupted,
-                "lost": len(self._notices)}
-
-
-# -- the processes -------------------------------------------------------------
-
-
-def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
-    """One process of a training run: rank ``r < servers`` is worker ``r``, the others parameter servers.
-
-    ``ctx`` is the launcher's view of the run (rank, cluster, ``report``, ``link_bytes``); each worker
-    reports ``("step", server, step)`` as its steps begin and ``("loss", server, step, loss, trained_s)``
-    after computing one, worker 0 ``("eval", point)`` at each evaluation; a worker measures the traffic
-    on its host's link over the timed steps when it has one of its own (netns).
-    """
-    plan = config.plan if config.plan is not None else plan_of(config)
-    layout = plan.layout
-    options = {**config.transport_options, "timeout_s": config.timeout_s}
-    stopping = Stopping(config, ctx)
-    with transports.create(config.transport, **options) as transport:
-        transport.start(ctx.cluster, ctx.rank)
-        transport.plan(plan.specs(ctx.rank))
-        if config.check:
-            return_large_frees()  # resident memory follows what is alive (see the function)
-            memory = RssTrace().start()  # this process's memory through the timed steps, sampled by a thread
-            transport = CheckedTransport(transport, ctx, config.timeout_s, memory, config.warmup)
-        if ctx.rank < layout.servers:
-            server = ctx.rank
-            link: dict[str, Any] = {}
-
-            def on_step(step: int) -> None:
-                if step in (config.warmup, stopping.end):
-                    link[step] = (time.perf_counter(), ctx.link_bytes())
-                ctx.report(("step", server, step))
-
-            def on_loss(step: int, loss: float, trained_s: float) -> None:
-                ctx.report(("loss", server, step, loss, trained_s))
-
-            times = run_worker(config, transport, plan, server, on_step, on_loss,
-                               on_eval=lambda point: ctx.report(("eval", point)), stopping=stopping)
-            (t0, bytes0), (t1, bytes1) = link[config.warmup], link[stopping.end]
-            if bytes0 is not None:
-                times.extra["link_bytes"] = (bytes1[0] - bytes0[0], bytes1[1] - bytes0[1])
-                times.extra["link_seconds"] = t1 - t0
-            role = "worker"
-        else:
-            times = run_ps(config, transport, plan, ctx.rank - layout.servers, stopping)
-            role = "ps"
-        times.extra["fabric"] = transport.describe()
-        if config.check:
-            memory.stop()
-            # the ranks finish at about the same time: a notice still on its way has a second to arrive
-            times.extra["check"] = {**transport.counts(), "memory": memory.judge()}
-    return role, times
-
-
-def local_job(config: TrainConfig, ctx) -> StepTimes:
-    """The "local" line as a process of its own: its peak memory is its own."""
-    times, _ = train_locally(config)
-    return times
-
-
-def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[Plan, float]:
-    """The analyzer's plan and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
-    import tensorflow as tf
-
-    definition, model = _build(config)
-    x, y = _batch(definition, config, 0, 0)
-    step_fn, concrete = traced_step(model, definition.loss_fn(), np.asarray(x), np.asarray(y))
-    plan = analyze(config.model, model, definition.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
-                   config.batch_size, concrete)
-    if not steps:
-        return plan, float("nan")
-    state = [v.value for v in model.non_trainable_variables]
-    weights = [tf.constant(v.value) for v in model.trainable_variables]
-    seconds = []
-    for step in range(2 + steps):  # two warm-up steps: tracing, then first-run allocations
-        x, y = _batch(definition, config, 0, step)
-        started = time.perf_counter()
-        value, grads, _ = step_fn(weights, state, x, y)
-        float(value)
-        seconds.append(time.perf_counter() - started)
-        del grads
-    return plan, float(np.median(seconds[2:]))
-
-
-def summarize(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> dict[str, Any]:
-    """One ``model`` record from the per-process timings (workers averaged; peak memory in ``extra``)."""
-    workers = [t for role, t in outcome.values() if role == "worker"]
-    servers = [t for role, t in outcome.values() if role == "ps"]
-    steps = config.steps
-    step_time = float(np.mean([t.total for t in workers])) / steps
-    stats = [t.extra["stats"] for _, t in outcome.values()]
-    transport_copied = sum(s["copied_bytes"] for s in stats)
-    runtime_copied = sum(t.copied_bytes for t in workers)
-    described = next((t.extra["fabric"] for t in workers), {})
-    hits = sum(s.get("sends_registered", 0) for s in stats)
-    misses = sum(s.get("sends_unregistered", 0) for s in stats)
-    sites = [t.extra["sites"] for t in workers if "sites" in t.extra]
-    return {
-        "transport": config.label or config.transport,
-        "model": config.model,
-        "batch_size": config.batch_size,
-        "servers": config.servers,
-        "steps": steps,
-        "step_time_s": step_time,
-        "throughput_batches_per_s": 1.0 / step_time,
-        "compute_s": float(np.mean([t.compute for t in workers])) / steps,
-        "comm_s": float(np.mean([t.comm for t in workers])) / steps,
-        "apply_s": float(np.mean([t.apply for t in servers])) / steps,
-        "ps_wait_s": float(np.mean([t.comm for t in servers])) / steps,
-        "worker_peak_rss_mb": max(t.extra["peak_rss_mb"] for t in workers),
-        "ps_peak_rss_mb": max(t.extra["peak_rss_mb"] for t in servers),
-        "copied_bytes_per_step": (transport_copied + runtime_copied) / steps,
-        "runtime_copied_bytes_per_step": runtime_copied / steps,
-        # every memory registration (and control message) of every process in the timed steps
-        "registrations_per_step": sum(s["registrations"] for s in stats) / steps,
-        "control_messages_per_step": sum(s["control_messages"] for s in stats) / steps,
-        "model_mb": workers[0].extra.get("model_mb"),
-        "fabric": fabric.label(described),
-        # the graph analysis (zerocopy: on or off; rdma_cp places receives only) and what it achieved
-        "analysis": described.get("analysis", ""),
-        "dynamic_transfers_per_step": sum(s.get("dynamic_transfers", 0) for s in stats) / steps,
-        "unregistered_sends_per_step": misses / steps,
-        "registration_hit_rate": hits / (hits + misses) if hits + misses else None,
-        "site_regions": sum(site["regions"] for site in sites) if sites else None,
-        "unregistered_tensors": ",".join(f"{name}:{count}" for site in sites[:1] for name, count in
-                                         site["missed"].items()) if sites else None,
-    }
