@@ -367,17 +367,30 @@ class Transport(ABC):
             raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
         return np.empty(spec.shape, dtype=spec.dtype)
 
-    @abstractmethod
     def send_async(self, key: Key, array: np.ndarray) -> Future:
-        """Offer ``array`` under ``key``; the future is done once the transport no longer reads ``array``."""
+        """Offer ``array`` under ``key``; the future is done once the transport no longer reads ``array``.
+
+        The array is checked here (:meth:`_check_array`), then the transport's :meth:`_start_send` runs."""
+        self._check_outgoing(key, array)
+        return self._start_send(key, array)
 
     @abstractmethod
     def recv_async(self, key: Key) -> Future:
         """Ask for the tensor under ``key``; the future's result is the received array."""
 
     def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
-        """Send and wait until ``array`` may be reused."""
-        self._wait(self.send_async(key, array), key, "send", timeout)
+        """Send and wait until ``array`` may be reused (checked as :meth:`send_async` checks)."""
+        self._check_outgoing(key, array)
+        self._send_and_wait(key, array, timeout)
+
+    @abstractmethod
+    def _start_send(self, key: Key, array: np.ndarray) -> Future:
+        """The transport's send of a checked array (see :meth:`send_async`)."""
+
+    def _send_and_wait(self, key: Key, array: np.ndarray, timeout: float | None) -> None:
+        """The transport's send of a checked array, waiting until it may be reused: :meth:`_start_send`, then
+        wait; a transport with a faster way when the caller waits anyway overrides it."""
+        self._wait(self._start_send(key, array), key, "send", timeout)
 
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
         """Receive the tensor under ``key``, waiting at most ``timeout`` seconds."""
@@ -478,17 +491,22 @@ class Transport(ABC):
         if problem is not None:
             raise ValueError(f"{self.name}: cannot send {_show(key)}: {problem}")
 
+    def _check_outgoing(self, key: Key, array: Any) -> None:
+        """Every send checks its array once, here: a ValueError for one that cannot travel, after telling a
+        receiver that may wait for ``key`` already (:meth:`_refused`) when the key itself is sound."""
+        try:
+            self._check_array(key, array)
+        except ValueError as exc:
+            try:
+                self._check_key(key, "send")
+            except (ValueError, TransportError):
+                raise exc from None
+            self._refused(key, exc)
+            raise
+
     def _refused(self, key: Key, error: BaseException) -> None:
         """Hook: a send of ``key`` was refused on this side; tell a receiver that waits for it, if the protocol can."""
         return None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # every send path checks the array once, here, whatever the subclass does itself
-        super().__init_subclass__(**kwargs)
-        for method in ("send", "send_async"):
-            impl = cls.__dict__.get(method)
-            if impl is not None and not getattr(impl, "_checks_array", False):
-                setattr(cls, method, _checking_array(impl))
 
     def __enter__(self) -> Transport:
         return self
@@ -557,24 +575,6 @@ def _show(key: Any) -> str:
     except Exception:  # a lone surrogate, a broken __str__
         text = ascii(key)
     return text if len(text) <= 200 else text[:200] + "..."
-
-
-def _checking_array(impl: Any) -> Any:
-    def send(self: Transport, key: Key, array: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            self._check_array(key, array)
-        except ValueError as exc:
-            try:
-                self._check_key(key, "send")
-            except (ValueError, TransportError):
-                raise exc from None
-            self._refused(key, exc)  # a receiver may be waiting for this key already
-            raise
-        return impl(self, key, array, *args, **kwargs)
-
-    send._checks_array = True  # type: ignore[attr-defined]
-    send.__name__, send.__qualname__, send.__doc__ = impl.__name__, impl.__qualname__, impl.__doc__
-    return send
 
 
 def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:

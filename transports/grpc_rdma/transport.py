@@ -355,7 +355,7 @@ class GrpcRdmaTransport(FabricTransport):
 
     # sending: passive --------------------------------------------------------
 
-    def send_async(self, key: Key, array: np.ndarray) -> Future:
+    def _start_send(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         sent: Future = Future()
         self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))

@@ -212,7 +212,7 @@ class GrpcTcpTransport(Transport):
 
     # sending: passive ------------------------------------------------------
 
-    def send_async(self, key: Key, array: np.ndarray) -> Future:
+    def _start_send(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         sent: Future = Future()
         self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))

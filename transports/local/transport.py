@@ -54,7 +54,7 @@ class LocalTransport(Transport):
         for _array, sent in self._inbox.close():
             settle(sent, error=TransportClosed(f"local rank {self.rank} closed before receiving"))
 
-    def send_async(self, key: Key, array: np.ndarray) -> Future:
+    def _start_send(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         array = np.asarray(array)
         sent: Future = Future()

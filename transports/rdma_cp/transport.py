@@ -9,14 +9,14 @@ statically, so the receiver copies nothing.
 
 from __future__ import annotations
 
-from transports.zerocopy.transport import ZeroCopyTransport
+from transports.zerocopy.transport import StageEverySend, ZeroCopyTransport
 
 
 class RdmaCopyTransport(ZeroCopyTransport):
-    """Zerocopy's protocol with a staging copy on every send."""
+    """Zerocopy's protocol with a staging copy on every send (its sender: :class:`StageEverySend`)."""
 
     name = "rdma_cp"
-    stages_sends = True
+    sender = StageEverySend()
 
     @classmethod
     def modes(cls) -> dict:

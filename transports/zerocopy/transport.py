@@ -43,7 +43,7 @@ import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -307,14 +307,47 @@ class _Incoming:
         self.waiter: FlagSet | None = None  # a wait on this slot's flag alone (recv)
 
 
+class SendInPlace:
+    """How zerocopy's sender writes a tensor: from where it is. With the analysis on, ``allocate()`` hands out
+    registered memory (reserved by ``plan()``), so a tensor built there goes without a copy; any other tensor is
+    registered on the fly (the registration cache)."""
+
+    #: ``allocate()`` places the tensors to send in registered memory (the analysis on)
+    places_sends = True
+    #: what the run's records say the analysis does, when it is on
+    analysis = "on"
+
+    def static_source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
+        """What a static send writes: the tensor's own bytes."""
+        return array
+
+    def source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
+        """What a dynamic send offers: the tensor's bytes (``flat``) where they are."""
+        return flat
+
+
+class StageEverySend(SendInPlace):
+    """rdma_cp's sender: every tensor copied into its registered staging buffer first (one copy, counted);
+    ``allocate()`` hands out ordinary memory, the analysis places the receives only."""
+
+    places_sends = False
+    analysis = "receives"
+
+    def static_source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
+        return transport._flat(outgoing, array)
+
+    def source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
+        return transport._stage(outgoing, flat)
+
+
 class ZeroCopyTransport(FabricTransport):
     """RDMA.zerocp over the fabric (UCX); see the module docstring for the protocol."""
 
     name = "zerocopy"
     #: the analysis off is a model-training comparison (Figure 12), not a line of every micro-benchmark
     optional_modes = ("no_analysis",)
-    #: whether the sender copies every tensor into registered memory first (rdma_cp)
-    stages_sends = False
+    #: how a tensor leaves the sender (rdma_cp: :class:`StageEverySend`)
+    sender: ClassVar[SendInPlace] = SendInPlace()
 
     def __init__(self, *, analysis: bool = True, **options: Any) -> None:
         super().__init__(**options)
@@ -346,7 +379,7 @@ class ZeroCopyTransport(FabricTransport):
     @property
     def zero_copy_sends(self) -> bool:
         """Whether a tensor in registered memory is sent from where it is (the analysis on, no staging)."""
-        return self.analysis and not self.stages_sends
+        return self.analysis and self.sender.places_sends
 
     @classmethod
     def modes(cls) -> dict[str, dict[str, Any]]:
@@ -354,8 +387,7 @@ class ZeroCopyTransport(FabricTransport):
         return {"no_analysis": {"analysis": False}}
 
     def describe(self) -> dict[str, Any]:
-        # rdma_cp's analysis places the receives only: its sends are staged
-        analysis = ("receives" if self.stages_sends else "on") if self.analysis else "off"
+        analysis = self.sender.analysis if self.analysis else "off"
         return {**super().describe(), "analysis": analysis}
 
     def control_handlers(self) -> dict[str, Any]:
@@ -376,7 +408,7 @@ class ZeroCopyTransport(FabricTransport):
                                  f"rank's memory ({self.memory_bytes} bytes)")
         super().plan(specs)
         sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
-        if not self.stages_sends:
+        if self.sender.places_sends:
             sizes += [s.nbytes for s in outgoing]
         self.pool.reserve(sizes)
         for spec in incoming:
@@ -385,7 +417,7 @@ class ZeroCopyTransport(FabricTransport):
     def allocate(self, spec: TensorSpec) -> np.ndarray:
         if spec.shape is None:
             raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        if self.stages_sends or not self.analysis:  # the analysis is off: tensors live in ordinary memory
+        if not self.zero_copy_sends:  # tensors live in ordinary memory (the analysis off, or rdma_cp)
             return super().allocate(spec)
         return self.pool.alloc(spec.nbytes).view(spec.dtype, spec.shape)
 
@@ -534,7 +566,7 @@ class ZeroCopyTransport(FabricTransport):
 
     # sending ---------------------------------------------------------------
 
-    def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
+    def _send_and_wait(self, key: Key, array: np.ndarray, timeout: float | None) -> None:
         self._check_key(key, "send")
         self._claim(key)
         self._send_claimed(key, array, timeout)
@@ -580,7 +612,7 @@ class ZeroCopyTransport(FabricTransport):
         self._await(lambda slice_s: device.wait_counter(counter, above, slice_s) or None, lambda: what,
                     lambda: peers, deadline)
 
-    def send_async(self, key: Key, array: np.ndarray) -> Future:
+    def _start_send(self, key: Key, array: np.ndarray) -> Future:
         """A send that waits for its credit in the send poller (one thread for all of them), once connected.
 
         The first send of a tensor connects it on the transport's threads, and so does every send on the
@@ -709,7 +741,7 @@ class ZeroCopyTransport(FabricTransport):
     def _flat(self, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
         """``array``'s bytes, from where they are written: the tensor itself, or (rdma_cp) a staging copy."""
         flat = array.reshape(-1).view(np.uint8) if array.nbytes else np.empty(0, np.uint8)
-        return self._stage(outgoing, flat) if self.stages_sends else flat
+        return self.sender.source(self, outgoing, flat)
 
     def _stage(self, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
         """A copy of ``flat`` in the tensor's registered staging buffer (grown when too small), counted."""
@@ -754,7 +786,7 @@ class ZeroCopyTransport(FabricTransport):
                 f"{self.name}: {key} has {array.dtype} {array.shape}, but the receiver placed it as "
                 f"{outgoing.dtype} {outgoing.shape}"
             )
-        data = self._flat(outgoing, array) if self.stages_sends else array  # the tensor's own bytes
+        data = self.sender.static_source(self, outgoing, array)
         self._write_flagged(outgoing, data, outgoing.slot, seq, key)
 
     def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
