@@ -74,6 +74,17 @@ def test_a_rank_that_raises_ends_the_run_naming_it_and_nobody_is_left(local):
     assert pids and not any(alive(pid) for pid in pids)
 
 
+def test_a_crashed_ranks_log_tail_keeps_its_stacks_not_the_extension_modules(tmp_path):
+    from bench.launch.local import log_tail
+
+    log = tmp_path / "rank0.log"
+    log.write_text("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n"
+                   '  File "jobs.py", line 9 in crash_here\n\n'
+                   "Extension modules: " + ", ".join(f"module{i}._ext" for i in range(400)) + " (total: 400)\n")
+    tail = log_tail(log)
+    assert "in crash_here" in tail and "Extension modules" not in tail
+
+
 @pytest.mark.parametrize("held", [False, True], ids=["stderr", "stderr-held-back"])
 def test_a_rank_that_crashes_is_named_with_its_signal_and_its_stack(local, held):
     with pytest.raises(RankFailed, match=r"rank 0 \(crasher\) died \(killed by SIGSEGV\)") as failed:

@@ -46,12 +46,14 @@ def describe_exit(returncode: int) -> str:
 
 
 def log_tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
-    """The end of a rank's log without TensorFlow's start-up lines."""
+    """The end of a rank's log without TensorFlow's start-up lines, nor the list of extension modules a crashed
+    rank's faulthandler writes after its stacks (hundreds of names with TensorFlow loaded: the stacks say where)."""
     try:
         text = path.read_bytes().decode(errors="replace")
     except OSError:
         return ""
-    lines = [line for line in text.splitlines() if not is_start_up_noise(line)]
+    lines = [line for line in text.splitlines()
+             if not is_start_up_noise(line) and not line.startswith("Extension modules: ")]
     return "\n".join(lines)[-chars:].strip()
 
 
