@@ -44,13 +44,15 @@ silent ends the run with :class:`TfGrpcError` naming it, and no process is left 
 
 from __future__ import annotations
 
-import faulthandler
 import functools
 import ipaddress
 import math
 import os
 import pickle
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -202,36 +204,86 @@ def _server(kind: str, index: int, ctx: RankContext) -> None:
     server.join()
 
 
-def _progress(ctx: RankContext, payload: Any, timeout_s: float) -> None:
-    """Report to the launcher, and rewind the chief's watchdog."""
+class SilenceWatch:
+    """Should the chief stay silent for most of the run's silence limit, every thread's Python stack goes to
+    its log shortly before the launcher ends the run (the timeout's error ends with the log).
+
+    A thread of our own that reads the stacks holding the interpreter's lock. ``faulthandler``'s
+    ``dump_traceback_later`` reads them without it, from a C thread, while TensorFlow's threads (the
+    coordinator's, autograph's) run and change them: when it fired it crashed the chief with SIGSEGV
+    (reproduced by arming it every 50 ms), turning a slow run into a crash with no stack.
+    """
+
+    def __init__(self, timeout_s: float, out: Any = None) -> None:
+        self.after_s = max(0.8 * timeout_s, timeout_s - 5.0)
+        self._out = out
+        self._rewound = threading.Event()
+        self._closed = False
+        self.fired = 0
+        self._thread = threading.Thread(target=self._watch, name="silence-watch", daemon=True)
+        self._thread.start()
+
+    def rewind(self) -> None:
+        """Something was said: the silence starts again."""
+        self._rewound.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._rewound.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._closed:
+            if self._rewound.wait(self.after_s):
+                self._rewound.clear()
+                continue
+            self.fired += 1
+            self._write_stacks()
+
+    def _write_stacks(self) -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        lines = [f"silent for {self.after_s:.0f} s: the stacks of every thread (most recent call last)\n"]
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            lines.append(f"\nthread {names.get(ident, ident)}:\n")
+            lines.extend(traceback.format_stack(frame))
+        out = self._out or sys.stderr
+        out.write("".join(lines))
+        out.flush()
+
+
+def _progress(ctx: RankContext, payload: Any, watch: SilenceWatch) -> None:
+    """Report to the launcher, and rewind the chief's silence watch."""
     ctx.report(payload)
-    _watchdog(timeout_s)
-
-
-def _watchdog(timeout_s: float) -> None:
-    """Should the chief stay silent, its stacks go to its log shortly before the launcher ends the run for it
-    (the error quotes the end of the log)."""
-    faulthandler.dump_traceback_later(max(0.8 * timeout_s, timeout_s - 5.0))
+    watch.rewind()
 
 
 def _chief(spec: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
     """Build the model under ParameterServerStrategy and time the steps; returns the record."""
     started = time.perf_counter()
-    timeout_s = spec["timeout_s"]
-    _watchdog(timeout_s)
+    watch = SilenceWatch(spec["timeout_s"])
+    try:
+        return _train(spec, ctx, watch, started)
+    finally:
+        watch.close()
+
+
+def _train(spec: dict[str, Any], ctx: RankContext, watch: SilenceWatch, started: float) -> dict[str, Any]:
     import keras
     import numpy as np
     import tensorflow as tf
 
-    _progress(ctx, ("started", os.getpid()), timeout_s)
+    _progress(ctx, ("started", os.getpid()), watch)
     cluster = _cluster_spec(ctx)
     servers, batch_size = spec["servers"], spec["batch_size"]
     for _ in range(2 * servers):  # each server says when it serves; one that dies ends the run
-        _progress(ctx, ("heard", ctx.receive()), timeout_s)
+        _progress(ctx, ("heard", ctx.receive()), watch)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=None)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    _progress(ctx, ("connected",), watch)  # every phase reports: a slow machine's silences stay short
 
     x, y = spec["make_batch"](batch_size, 0)
     x, y = np.asarray(x), np.asarray(y)
@@ -242,6 +294,7 @@ def _chief(spec: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
         if not model.built:
             model(x[:1])  # creates the variables now, on the PS tasks, not inside the step function
         loss_object = spec["loss_fn"]()
+    _progress(ctx, ("built", model.name), watch)
     trainable = list(model.trainable_variables)
     learning_rate = spec["learning_rate"]
 
@@ -263,7 +316,7 @@ def _chief(spec: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
         return strategy.run(replica_fn, args=(inputs, labels)), index
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    _progress(ctx, ("training",), timeout_s)
+    _progress(ctx, ("training",), watch)
     setup_s = time.perf_counter() - started
     times: list[float] = []
     first = last = None
@@ -276,7 +329,7 @@ def _chief(spec: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
             times.append(seconds)
         first = first or losses
         last = losses
-        _progress(ctx, ("step", step, seconds), timeout_s)
+        _progress(ctx, ("step", step, seconds), watch)
     step_time = float(np.median(times))
     record = {
         "transport": TRANSPORT,
@@ -303,7 +356,6 @@ def _chief(spec: dict[str, Any], ctx: RankContext) -> dict[str, Any]:
         "keras": keras.__version__,
         "cluster": cluster,
     }
-    faulthandler.cancel_dump_traceback_later()
     return record
 
 

@@ -254,3 +254,34 @@ def test_bad_arguments_are_refused(bad):
     arguments = {"batch_size": 4, "servers": 1, "steps": 2, **bad}
     with pytest.raises(ValueError, match=next(iter(bad))):
         run_tf_grpc(TINY.build, TINY.make_batch, TINY.loss_fn, **arguments)
+
+
+def test_the_silence_watch_writes_every_threads_stack_and_lets_the_chief_live():
+    """The chief's watch reads the stacks holding the interpreter's lock (faulthandler's timer read them without it
+    and crashed the chief with SIGSEGV amid TensorFlow's threads); it names the other threads and their frames."""
+    import io
+    import threading
+    import time
+
+    from bench.tf_grpc import SilenceWatch
+
+    stop = threading.Event()
+
+    def waiting_in_a_named_frame() -> None:
+        stop.wait()
+
+    other = threading.Thread(target=waiting_in_a_named_frame, name="a-busy-peer")
+    other.start()
+    out = io.StringIO()
+    watch = SilenceWatch(0.1, out)
+    try:
+        while not watch.fired:
+            time.sleep(0.01)
+    finally:
+        watch.close()
+        stop.set()
+        other.join()
+    text = out.getvalue()
+    assert "thread a-busy-peer:" in text and "waiting_in_a_named_frame" in text
+    assert "thread silence-watch" not in text  # its own stack says nothing
+    assert not watch._thread.is_alive()
