@@ -13,9 +13,9 @@ import signal
 import sys
 from types import ModuleType
 
-from bench import quiet_tensorflow
 from bench.commands import COMMANDS
 from bench.commands.common import signal_of
+from bench.ground import quiet_tensorflow
 from bench.options import EXIT_USAGE, Parser, extras_problem, fabric_problem
 
 

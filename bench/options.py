@@ -70,7 +70,7 @@ def error_line(exc: BaseException) -> str:
 
 def sizes(text: str) -> list[int]:
     """Tensor sizes: ``1KB-1GB`` (x4 steps), ``1KB-1MB:x2``, or ``1KB,64KB,1MB`` (binary units)."""
-    from bench.sizes import SizeError, parse_sizes
+    from bench.ground.sizes import SizeError, parse_sizes
 
     try:
         return parse_sizes(text)
@@ -281,7 +281,8 @@ def fabric_problem(args: argparse.Namespace) -> str | None:
     """Why ``--fabric`` with ``--fabric-transport`` (and ``--launcher``) cannot run here, or None.
 
     Also refuses a run on the fabric that would quietly go without RDMA: ``--fabric-transport auto`` on a machine
-    with an ACTIVE RDMA port that the fabric cannot reach (``bench.doctor.unreached_rdma``); runs whose transports
+    with an ACTIVE RDMA port that the fabric cannot reach (``bench.experiments.doctor.unreached_rdma``); runs whose
+    transports
     use no fabric (grpc_tcp, local) are not held to it. A command that diagnoses the fabric itself (``bench
     doctor``, ``diagnoses_fabric``) is only held to the choice being offered.
     """
@@ -301,7 +302,7 @@ def fabric_problem(args: argparse.Namespace) -> str | None:
         asked = "" if args.fabric_transport == "auto" or netns else f" --fabric-transport {args.fabric_transport}"
         return f"--fabric {args.fabric}{asked}: not available here: {status.reason}"
     if args.fabric_transport == "auto" and not netns and _uses_fabric(args):  # netns runs tcp whatever is asked
-        from bench.doctor import unreached_rdma
+        from bench.experiments.doctor import unreached_rdma
 
         return unreached_rdma(args.fabric)
     return None
@@ -330,7 +331,7 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
 
 def add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:
     """``--compute real|replay|paper``: how workers spend their compute time."""
-    from bench.training import COMPUTE_MODES
+    from bench.experiments.training import COMPUTE_MODES
 
     parser.add_argument("--compute", choices=list(COMPUTE_MODES), default=default,
                         help="; ".join(f"{name}: {what}" for name, what in COMPUTE_MODES.items())
@@ -348,8 +349,8 @@ def add_timeout(parser: argparse.ArgumentParser, default: float, what: str) -> N
 
 def sizes_problem(chosen: list[int]) -> str | None:
     """Why a tensor of the largest size cannot be measured here (sender and receiver hold one each), or None."""
-    from bench.memory import machine_memory_bytes
-    from bench.sizes import format_size
+    from bench.ground.memory import machine_memory_bytes
+    from bench.ground.sizes import format_size
 
     memory = machine_memory_bytes()
     if memory is not None and 2 * max(chosen) > memory:
@@ -363,8 +364,8 @@ def batch_problem(models: list[str], batch_sizes: list[int]) -> str | None:
 
     A lower bound (the activations need more): it catches a batch size that could only end in MemoryError.
     """
-    from bench.memory import machine_memory_bytes
-    from bench.models import get_model
+    from bench.experiments.models import get_model
+    from bench.ground.memory import machine_memory_bytes
 
     memory = machine_memory_bytes()
     if memory is None:

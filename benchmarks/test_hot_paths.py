@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.sizes import parse_sizes
+from bench.ground.sizes import parse_sizes
 from transports.base import Ledger
 from transports.grpc_tcp.wire import TensorAssembler, decode_chunk, encode_chunks
 

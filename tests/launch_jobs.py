@@ -54,7 +54,7 @@ def crash(ctx, while_stderr_is_held=False):
     during TensorFlow's import."""
     import contextlib
 
-    from bench.quiet_tensorflow import start_up_noise_held_back
+    from bench.ground.quiet_tensorflow import start_up_noise_held_back
 
     with start_up_noise_held_back() if while_stderr_is_held else contextlib.nullcontext():
         crash_here()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.converge import Target, losses_agree, parse_target, summary_records
+from bench.experiments.converge import Target, losses_agree, parse_target, summary_records
 from bench.results import load_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import doctor
-from bench.doctor import Check, Needs, exit_status, format_checks, memlock_check, rdma_checks
+from bench.experiments import doctor
+from bench.experiments.doctor import Check, Needs, exit_status, format_checks, memlock_check, rdma_checks
 from bench.options import choose, fabric_problem
 from transports.fabric import rdma_devices
 from transports.fabric.rdma_devices import SYSFS_VARIABLE, active_mtu, gid_choice, missing_reason, read_devices

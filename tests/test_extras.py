@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.quiet_tensorflow import START_UP_NOISE
+from bench.ground.quiet_tensorflow import START_UP_NOISE
 
 #: runs bench's entry point with TensorFlow hidden, as on an install without the 'models' extra
 WITHOUT_TENSORFLOW = ("import sys; sys.modules['tensorflow'] = None; from bench.cli import main; "

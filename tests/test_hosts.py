@@ -319,7 +319,7 @@ def test_sweep_stale_removes_dead_owners_namespaces_only(netns) -> None:
 # both, then waits to be killed.
 PRIVATE_CREATOR = """
 import subprocess, time
-from bench.reference import private_network
+from bench.experiments.reference import private_network
 with private_network("the test") as enter:
     inside = subprocess.Popen([*enter, "sleep", "600"])
     print(enter[-1], inside.pid, flush=True)
@@ -351,7 +351,7 @@ def test_a_reference_tools_private_namespace_goes_with_its_creator_and_matches_t
 
 
 def test_a_reference_tools_private_namespace_is_removed_with_what_runs_inside(netns) -> None:
-    from bench.reference import private_network
+    from bench.experiments.reference import private_network
 
     with private_network("the test") as enter:
         name = enter[-1]

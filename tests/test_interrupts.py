@@ -205,7 +205,7 @@ def test_a_rank_stuck_in_c_dies_with_its_coordinator(launcher):
 
 
 class FakeClock:
-    """``time`` for bench.micro, whose monotonic clock moves only when a transfer takes time."""
+    """``time`` for bench.experiments.micro, whose monotonic clock moves only when a transfer takes time."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -224,7 +224,7 @@ class SlowTransport:
         self.clock, self.seconds = clock, seconds
 
     def recv(self, key):
-        from bench.micro import marker
+        from bench.experiments.micro import marker
 
         self.clock.now += self.seconds
         tensor = np.zeros(256, dtype=np.float32)  # 1KB
@@ -247,7 +247,7 @@ def test_the_receiver_reports_progress_often_in_time_however_long_the_point(monk
     """A point of 400 transfers of 0.3 s (2 min) or 2.5 s each: before, progress came every 5% of the point
     (20 transfers: 6 s, 50 s), and the watchdog counted a long point as silence ("no progress for 63 s" while
     every transfer took 45 ms). Now a report comes at least every second, and after every slower transfer."""
-    from bench import micro
+    from bench.experiments import micro
 
     clock = FakeClock()
     monkeypatch.setattr(micro, "time", clock)
@@ -284,7 +284,7 @@ def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
 def test_a_timed_point_reports_about_once_a_second_not_every_transfer(monkeypatch):
     """The soak's points last a duration (iters 0): 5% of no iterations reported every transfer, a message to
     the coordinator per tensor (1000 a second at 1KB)."""
-    from bench import micro
+    from bench.experiments import micro
 
     clock = FakeClock()
     monkeypatch.setattr(micro, "time", clock)

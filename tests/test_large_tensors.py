@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from bench import micro
+from bench.experiments import micro
 from transports import Key, PeerError, TensorSpec, TransportStats
 from transports.fabric.settings import RdmaSettings
 from transports.fabric.verbs import device as verbs_device

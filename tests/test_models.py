@@ -7,8 +7,8 @@ import argparse
 import numpy as np
 import pytest
 
-from bench import models
-from bench.models import MB, MODELS, describe_model, format_models_table, get_model
+from bench.experiments import models
+from bench.experiments.models import MB, MODELS, describe_model, format_models_table, get_model
 
 keras = pytest.importorskip("keras")
 

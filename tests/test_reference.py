@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import reference
-from bench.reference import (
+from bench.experiments import reference
+from bench.experiments.reference import (
     LATENCY_MAX_SIZE,
     ReferenceUnavailable,
     memcpy_records,
@@ -50,7 +50,8 @@ Final:                300000      5.528    11.284    10.195     5539.03    6130.
 
 # Captured here (ucx 1.22, libucx-cu12 wheel) from the client of
 #   ucx_perftest 127.0.0.1 -p 13337 -t TEST -s SIZE -n ITERS -w 10
-# with UCX_TLS=shm or tcp, server and client in a network namespace of their own (as bench/reference.py runs them).
+# with UCX_TLS=shm or tcp, server and client in a network namespace of their own (as
+# bench/experiments/reference.py runs them).
 SHM_PUT_BW_1KB = """\
 +--------------+--------------+------------------------------+---------------------+-----------------------+
 |              |              |       overhead (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |

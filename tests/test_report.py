@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import paper
 from bench.commands import report as command
+from bench.ground import paper
 from bench.readers.report import write_report
 from bench.results import MicroRecord, RunWriter
 from tests.test_results import micro_record

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import transports
+from bench.experiments.training import model_config, model_record, train
 from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_key, weight_key
 from bench.runtime.ps import TrainConfig, apply_sgd, train_locally
-from bench.training import model_config, model_record, train
 
 pytest.importorskip("tensorflow")
 
@@ -146,7 +146,7 @@ LEDGER = ("tensors_sent", "tensors_received", "payload_bytes_sent", "payload_byt
 
 
 def test_replayed_compute_moves_the_same_tensors_as_real_compute():
-    from bench.training import prepare
+    from bench.experiments.training import prepare
 
     real = config("grpc_tcp", servers=2)  # the transport with copies on both sides, and the runtime's own
     replay = prepare(dataclasses.replace(real, compute="replay"))
@@ -163,7 +163,7 @@ def test_replayed_compute_moves_the_same_tensors_as_real_compute():
 
 
 def test_replayed_processes_build_no_model():
-    from bench.training import prepare
+    from bench.experiments.training import prepare
 
     replay = prepare(config("zerocopy", {"fabric_transport": "shm"}, servers=1))
     replay = prepare(dataclasses.replace(replay, compute="replay"))
@@ -173,7 +173,7 @@ def test_replayed_processes_build_no_model():
 
 
 def test_paper_compute_is_the_papers_time_per_sample_times_the_batch():
-    from bench.training import TrainingError, prepare
+    from bench.experiments.training import TrainingError, prepare
 
     fcn5 = model_config("fcn5", transport="zerocopy", transport_options={}, batch_size=4, compute="paper")
     assert prepare(fcn5).compute_s == pytest.approx(4 * 4.88e-3)
@@ -282,7 +282,7 @@ class Announcing:
 
 
 def test_the_content_check_covers_receives_posted_together():
-    from bench.soak import CheckedTransport
+    from bench.experiments.soak import CheckedTransport
     from transports import Cluster, Key
 
     cluster = Cluster(("worker", "ps"))

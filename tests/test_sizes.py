@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.sizes import SizeError, format_size, parse_size, parse_sizes
+from bench.ground.sizes import SizeError, format_size, parse_size, parse_sizes
 
 KB, MB, GB = 1 << 10, 1 << 20, 1 << 30
 

@@ -74,7 +74,7 @@ class CorruptingTransport:
         self.point, self.bad = point, bad
 
     def recv(self, key):
-        from bench.micro import content, marker
+        from bench.experiments.micro import content, marker
 
         tensor = content(self.point).copy()
         tensor[-1] = marker(key.step, tensor.dtype)
@@ -89,7 +89,7 @@ class CorruptingTransport:
 
 
 def test_the_micro_check_counts_a_corrupted_tensor_and_goes_on():
-    from bench import micro
+    from bench.experiments import micro
 
     point = micro.Point(1024, warmup=1, iters=5, check=True)
     sides = []
@@ -133,7 +133,7 @@ class Wire:
 
 
 def test_the_training_check_counts_corrupted_and_lost_tensors():
-    from bench.soak import CheckedTransport
+    from bench.experiments.soak import CheckedTransport
     from transports import Key
 
     hub = Hub()
@@ -150,7 +150,7 @@ def test_the_training_check_counts_corrupted_and_lost_tensors():
 
 @pytest.mark.parametrize("name", ["lognormal", "uniform", "bimodal", "few", "constant"])
 def test_streaming_percentiles_match_numpy_within_the_stated_error(name):
-    from bench.stats import RELATIVE_ERROR, StreamingStats
+    from bench.ground.stats import RELATIVE_ERROR, StreamingStats
 
     rng = np.random.default_rng(7)
     values = {
@@ -175,7 +175,7 @@ def test_streaming_percentiles_match_numpy_within_the_stated_error(name):
 def test_streaming_stats_take_the_same_memory_however_many_values_and_merge():
     import pickle
 
-    from bench.stats import StreamingStats
+    from bench.ground.stats import StreamingStats
 
     few, many = StreamingStats(), StreamingStats()
     few.add(5.0)
@@ -189,7 +189,7 @@ def test_streaming_stats_take_the_same_memory_however_many_values_and_merge():
 
 
 def test_the_rss_trace_is_bounded_and_judges_a_trend_not_noise():
-    from bench.stats import LeakCriterion, RssTrace
+    from bench.ground.stats import LeakCriterion, RssTrace
 
     now = [0.0]
     memory = iter(())
@@ -218,7 +218,7 @@ def test_the_rss_trace_is_bounded_and_judges_a_trend_not_noise():
 
 
 def test_buffers_in_flight_more_often_late_in_a_phase_are_no_leak():
-    from bench.stats import LeakCriterion, RssTrace
+    from bench.ground.stats import LeakCriterion, RssTrace
 
     # a 200 MB model's weights on their way at a sample: rarely at first, at most samples by the end (the
     # parameter server of a training run); memory always comes back to its floor of 900 MB
@@ -263,15 +263,16 @@ class Keeping:
 
 
 def soak_in_process(leak_every_s: float):
-    """One 64KB point of the soak's transfers (bench.soak's loops, both sides in this process over ``local``)
+    """One 64KB point of the soak's transfers (bench.experiments.soak's loops, both sides in this process over
+    ``local``)
     for 4 s, the receiver wrapped in :class:`Keeping`; both sides' accounts."""
     import multiprocessing as mp
     import threading
 
     import transports
-    from bench import soak
-    from bench.micro import Point
-    from bench.stats import LeakCriterion
+    from bench.experiments import soak
+    from bench.experiments.micro import Point
+    from bench.ground.stats import LeakCriterion
     from transports import Cluster
 
     point = Point(65536, warmup=10, iters=0, seconds=4.0, check=True)
@@ -301,7 +302,7 @@ def soak_in_process(leak_every_s: float):
 _FREED_BLOCKS = """
 import sys
 import numpy as np
-from bench.memory import private_mb, return_large_frees
+from bench.ground.memory import private_mb, return_large_frees
 if sys.argv[1] == "returned":
     assert return_large_frees()
 before = private_mb()
@@ -321,7 +322,7 @@ def test_freed_large_buffers_go_back_to_the_system_in_the_soaks_processes(settin
 
 
 def test_a_job_that_keeps_received_tensors_is_reported_as_a_leak():
-    from bench import soak
+    from bench.experiments import soak
 
     point, sender, receiver, kept = soak_in_process(leak_every_s=0.005)  # up to 12 MB a second of copies
     assert len(kept) > 100

@@ -9,8 +9,8 @@ import pickle
 import numpy as np
 import pytest
 
-from bench import tasks
-from bench.tasks import TASKS, Task, TaskDataError, get_task
+from bench.experiments import tasks
+from bench.experiments.tasks import TASKS, Task, TaskDataError, get_task
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")

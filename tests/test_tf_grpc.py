@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.experiments.tf_grpc import TfGrpcError, TfGrpcTimeout, record_row, run_tf_grpc
 from bench.launch import LaunchError, LauncherUnavailable, RankSpec
 from bench.launch.addresses import interface_address
 from bench.launch.hosts import NetnsUnavailable
@@ -19,7 +20,6 @@ from bench.launch.local import LocalLauncher
 from bench.launch.mpi import MpiLauncher
 from bench.launch.netns import NetnsLauncher
 from bench.results import REQUIRED_COLUMNS
-from bench.tf_grpc import TfGrpcError, TfGrpcTimeout, record_row, run_tf_grpc
 from tests.tf_grpc_models import build_failing, build_hanging
 from tests.tiny_models import TINY
 
@@ -263,7 +263,7 @@ def test_the_silence_watch_writes_every_threads_stack_and_lets_the_chief_live():
     import threading
     import time
 
-    from bench.tf_grpc import SilenceWatch
+    from bench.experiments.tf_grpc import SilenceWatch
 
     stop = threading.Event()
 

@@ -35,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bench.experiments.training import model_config
     from bench.results import AnalysisRecord
     from bench.runtime.analyzer import format_plan
     from bench.runtime.ps import plan_of
-    from bench.training import model_config
 
     if args.model not in options.MODEL_NAMES and ":" not in args.model:
         return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")

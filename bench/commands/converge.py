@@ -20,13 +20,13 @@ STARTS_RANKS = True
 
 
 def _task_names() -> dict[str, str]:
-    from bench.tasks import TASKS
+    from bench.experiments.tasks import TASKS
 
     return TASKS
 
 
 def _target(text: str) -> Any:
-    from bench.converge import parse_target
+    from bench.experiments.converge import parse_target
 
     try:
         return parse_target(text)
@@ -72,14 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
     """Each transport trains the task to its target; records, a summary, figures."""
-    from bench.converge import BASELINE, converge, losses_agree, paper_speedup, parse_target
-    from bench.tasks import get_task
+    from bench.experiments.converge import BASELINE, converge, losses_agree, paper_speedup, parse_target
+    from bench.experiments.tasks import get_task
 
     try:
         task = get_task(args.task, args.data)
     except ValueError as exc:  # TaskDataError too: one line naming the path and what is wrong
         return options.fail("converge", str(exc))
-    from bench.training import line_of
+    from bench.experiments.training import line_of
 
     if local := next((c for c in args.transports if not line_of(c.name).crosses_processes), None):
         others = ", ".join(n for n in transports.names() if line_of(n).crosses_processes)

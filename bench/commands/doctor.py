@@ -17,7 +17,7 @@ STARTS_RANKS = False
 
 def memory_size(text: str) -> int:
     """``--memory``: one size such as ``4GB`` (binary units)."""
-    from bench.sizes import SizeError, parse_size
+    from bench.ground.sizes import SizeError, parse_size
 
     try:
         return parse_size(text)
@@ -27,8 +27,8 @@ def memory_size(text: str) -> int:
 
 def _default_memory() -> str:
     from bench.commands.micro import DEFAULT_SIZES
-    from bench.doctor import run_memory
-    from bench.sizes import format_size, parse_sizes
+    from bench.experiments.doctor import run_memory
+    from bench.ground.sizes import format_size, parse_sizes
 
     return format_size(run_memory(parse_sizes(DEFAULT_SIZES)))
 
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.doctor import diagnose, exit_status, format_checks, size_text
+    from bench.experiments.doctor import diagnose, exit_status, format_checks, size_text
 
     checks = diagnose(args.fabric, args.fabric_transport, args.memory)
     print(f"bench doctor: --fabric {args.fabric} --fabric-transport {args.fabric_transport}, "

@@ -64,7 +64,7 @@ def _launcher_info() -> dict[str, str]:
 def _fabric_info() -> list[str]:
     """Each fabric backend: whether it can run here and why not, its --fabric-transport choices, and for
     one that runs what it offers (UCX: the version and the transports and devices of ``ucx_info -d``)."""
-    from bench.doctor import ucx_library
+    from bench.experiments.doctor import ucx_library
     from transports import fabric
 
     lines = []
@@ -91,7 +91,7 @@ def _fabric_info() -> list[str]:
 def _rdma_info() -> list[str]:
     """The RDMA devices sysfs shows, their ports and GIDs, and per fabric backend which of its links reach the
     active ports (or why there is no device at all)."""
-    from bench.doctor import describe_devices
+    from bench.experiments.doctor import describe_devices
     from transports import fabric
     from transports.fabric.rdma_devices import active_ports, missing_reason, read_devices, sysfs_root
 

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
-    from bench.micro import plan_points
+    from bench.experiments.micro import plan_points
 
     chosen: list[Choice] = args.transports or options.default_choices()
     slowed = {choice.label for choice in args.extra_copy}
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     if writer is None:
         return options.EXIT_USAGE
     out = writer.path
-    from bench.sizes import format_size
+    from bench.ground.sizes import format_size
 
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
@@ -127,10 +127,11 @@ class Sweep:
         self.reference_MBps: dict[int, float] = {}
 
     def measure_references(self, points: list) -> None:
-        """The reference lines of the figure (see bench/reference.py): the fabric library's own put bandwidth and
+        """The reference lines of the figure (see bench/experiments/reference.py): the fabric library's own put
+        bandwidth and
         latency (UCX's ucx_perftest, or perftest's ib_write_bw and ib_write_lat on verbs) and memcpy in one
         process; the bandwidth line's throughput by size is kept for of_reference."""
-        from bench.reference import ReferenceUnavailable, reference_measures
+        from bench.experiments.reference import ReferenceUnavailable, reference_measures
         from bench.results import of_reference
 
         by_size = {p.size_bytes: p for p in points}
@@ -174,9 +175,9 @@ class Sweep:
     def _run(self, choice: Choice, points: list, round_: int, bar: Any) -> None:
         from dataclasses import replace
 
-        from bench.micro import MicroError, make_record, run_transport, transfer_times
+        from bench.experiments.micro import MicroError, make_record, run_transport, transfer_times
+        from bench.ground.sizes import format_size
         from bench.results import of_reference
-        from bench.sizes import format_size
 
         copies = 1 if choice.label in self.slowed else 0
         points = [replace(p, extra_copies=copies) for p in points]
@@ -210,8 +211,8 @@ class Sweep:
 def print_summary(out: Path) -> None:
     """The run's points (rounds folded: the median, and the range across rounds), and each transport's time
     relative to zerocopy's at the same size, with its range."""
+    from bench.ground.sizes import format_size
     from bench.results import ResultsError, load_run, ratio
-    from bench.sizes import format_size
 
     try:
         run = load_run(out)

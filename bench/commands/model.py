@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
 
 def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int]) -> int:
     """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each."""
-    from bench.training import Trainings, line_of
+    from bench.experiments.training import Trainings, line_of
 
     chosen = list(args.transports)
     if args.no_analysis:

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.models import MODELS, get_model, models_table, row_line, table_header
+    from bench.experiments.models import MODELS, get_model, models_table, row_line, table_header
 
     try:
         names = [get_model(name).name for name in (args.models or MODELS)]

@@ -51,12 +51,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
     """Every transport's micro-benchmark and a training run, every tensor checked, every process's memory judged."""
+    from bench.experiments.micro import Point
+    from bench.experiments.soak import (
+        SoakError,
+        checked,
+        model_soak_memory,
+        model_soak_records,
+        run_transport,
+        soak_records,
+    )
+    from bench.experiments.training import TrainingError, line_of, model_config, prepare, train
+    from bench.ground.sizes import format_size
+    from bench.ground.stats import LeakCriterion, RssTrace
     from bench.launch import LaunchError
-    from bench.micro import Point
-    from bench.sizes import format_size
-    from bench.soak import SoakError, checked, model_soak_memory, model_soak_records, run_transport, soak_records
-    from bench.stats import LeakCriterion, RssTrace
-    from bench.training import TrainingError, line_of, model_config, prepare, train
 
     chosen = args.transports or options.default_choices()
     if too_big := options.sizes_problem(args.sizes):

@@ -44,7 +44,7 @@ from multiprocessing import AuthenticationError, Pipe
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any, ClassVar
 
-from bench.memory import peak_rss_mb, reset_peak_rss
+from bench.ground.memory import peak_rss_mb, reset_peak_rss
 from transports import Cluster
 
 log = logging.getLogger(__name__)
@@ -687,6 +687,10 @@ class Launcher(ABC):
     name: ClassVar[str]
     #: whether this process coordinates (writes results); under MPI only rank 0 does
     is_coordinator: ClassVar[bool] = True
+    #: whether every host of a run is private: its ranks' listeners out of the host network's reach (netns)
+    private_hosts: ClassVar[bool] = False
+    #: whether it starts the ranks' processes itself (local, netns), rather than finding them started (mpi)
+    starts_processes: ClassVar[bool] = True
 
     @abstractmethod
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,

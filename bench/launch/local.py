@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.ground.quiet_tensorflow import is_start_up_noise
 from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
 from bench.launch.hosts import Reaper
-from bench.quiet_tensorflow import is_start_up_noise
 from transports import Cluster
 from transports.base import free_port, release_cluster_ports
 

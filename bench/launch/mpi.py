@@ -52,6 +52,7 @@ class MpiLauncher(Launcher):
     #: one for a reason of its own
     options: ClassVar[tuple[str, ...]] = ("bind",)
     refuses: ClassVar[dict[str, str]] = {}
+    starts_processes = False
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         # MPI brings its own copy of UCX's libraries; ours must be loaded first, or UCX's symbols clash

@@ -29,6 +29,7 @@ class NetnsLauncher(LocalLauncher):
     name = "netns"
     options: ClassVar[tuple[str, ...]] = ("link_rate",)
     refuses: ClassVar[dict[str, str]] = {"bind": "every host has its own address"}
+    private_hosts = True
 
     def __init__(self, link_rate: str | None = None, log_dir: Path | None = None) -> None:
         try:

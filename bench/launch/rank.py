@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 
-from bench import quiet_tensorflow
+from bench.ground import quiet_tensorflow
 from bench.launch.base import connect, serve_rank
 
 #: from <linux/prctl.h>

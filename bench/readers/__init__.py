@@ -4,6 +4,6 @@
 - :mod:`bench.readers.report`: one page (HTML or Markdown) for any mix of runs, set against the paper;
 - :mod:`bench.readers.compare`: two runs of one experiment, point by point.
 
-They import only the ground (:mod:`bench.results`, :mod:`bench.paper`, :mod:`bench.sizes`, ...) and each other,
-never an experiment, the launch layer or the runtime.
+They import only the ground (:mod:`bench.results`, :mod:`bench.ground.paper`, :mod:`bench.ground.sizes`,
+...) and each other, never an experiment, the launch layer or the runtime.
 """

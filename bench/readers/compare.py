@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.reference import FABRIC_LINES
+from bench.experiments.reference import FABRIC_LINES
+from bench.ground.sizes import format_size
 from bench.results import ResultsError, Run, load_run, points, record_type
-from bench.sizes import format_size
 
 #: the threshold when none is given: 10%
 DEFAULT_THRESHOLD = 0.10

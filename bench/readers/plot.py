@@ -38,9 +38,9 @@ from matplotlib.legend import Legend
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
 
-from bench.paper import model_name
+from bench.ground.paper import model_name
+from bench.ground.sizes import format_size
 from bench.results import Run, load_run, replace_file
-from bench.sizes import format_size
 
 FORMATS = ("png", "svg")
 #: one look per transport, the same in every figure
@@ -402,7 +402,7 @@ def micro_time_lines(points: pd.DataFrame) -> list[Line]:
 
     The time is the median (``p50_us``) with its spread (``p50_us_low``/``_high``). ``ucx_perftest``
     (put_bw) has none, its puts being pipelined: it is drawn from ``mean_us``, size / bandwidth, and labelled
-    so (bench/reference.py says why it is no latency). ``ucx_perftest_lat`` is drawn from its median, half a
+    so (bench/experiments/reference.py says why it is no latency). ``ucx_perftest_lat`` is drawn from its median, half a
     round trip: the floor of a send/receive.
     """
     lines = []

@@ -93,7 +93,7 @@ class MicroRecord(Record):
     Times are per transfer in µs from the sender's ``send`` to the receiver having consumed the
     tensor; ``throughput_MBps`` is size / mean time (MB = 2**20 bytes); the ledger columns are per
     transfer, both sides together. Reference lines (``ucx_perftest``, ``memcpy``, ...) leave empty
-    what they do not measure (bench/reference.py says which).
+    what they do not measure (bench/experiments/reference.py says which).
     """
 
     experiment = "micro"
@@ -227,7 +227,7 @@ class SoakRecord(Record):
 @dataclass(kw_only=True)
 class ConvergeRecord(Record):
     """``bench converge``: a step (training loss), an evaluation (held-out loss and metric) or, per transport,
-    the summary (time to the target); ``kind`` says which (bench/converge.py)."""
+    the summary (time to the target); ``kind`` says which (bench/experiments/converge.py)."""
 
     experiment = "converge"
     key = ("kind", "transport", "task", "step")

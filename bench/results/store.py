@@ -54,7 +54,7 @@ REQUIRED_COLUMNS: dict[str, list[str]] = {name: cls.required() for name, cls in 
 COLUMNS: dict[str, list[str]] = {name: cls.columns() for name, cls in RECORD_TYPES.items()}
 
 #: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
-#: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/reference.py)
+#: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/experiments/reference.py)
 REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
 
 

@@ -29,7 +29,7 @@ Replayed compute (``compute`` ``replay`` or ``paper``): a worker waits
 gradient-shaped tensors (built once in memory from ``Transport.allocate``);
 the parameter servers start from seeded random weights of the variables'
 shapes. Nobody builds the model: the variables come from the analyzer, run
-once beforehand (:func:`bench.training.profile`), which also measures the compute time that
+once beforehand (:func:`bench.experiments.training.profile`), which also measures the compute time that
 ``replay`` waits. Every transfer, ledger entry and runtime copy is the same as
 with real compute; only the CPU the model would take is left out.
 """
@@ -88,7 +88,8 @@ class TrainConfig:
     #: ``real`` runs the model; ``replay`` and ``paper`` wait ``compute_s`` per step instead (see the module)
     compute: str = "real"
     compute_s: float = 0.0
-    #: the analyzer's plan (from :func:`bench.training.profile`); None: each process analyses the model it builds
+    #: the analyzer's plan (from :func:`bench.experiments.training.profile`); None: each process analyses the model
+    #: it builds
     plan: Plan | None = None
     #: keep nothing that grows with the steps (no per-step times, no copy of the final weights): a long soak
     constant_memory: bool = False

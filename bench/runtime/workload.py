@@ -1,8 +1,8 @@
 """What the runtime trains, handed in by the experiment: a model on synthetic batches, or a task on its real data.
 
 The runtime imports no model or task of its own: ``bench model`` hands it a model definition
-(``bench.models``), ``bench converge`` a task (``bench.tasks``), a test a tiny model of its own. Anything
-with these methods will do; it is pickled into every rank, so it must be picklable (a module-level
+(``bench.experiments.models``), ``bench converge`` a task (``bench.experiments.tasks``), a test a tiny model of its
+own. Anything with these methods will do; it is pickled into every rank, so it must be picklable (a module-level
 object) and small (a task loads its data where it is used, not in the pickle).
 """
 

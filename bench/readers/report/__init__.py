@@ -17,7 +17,7 @@ Figure 11, scalability      scale        total throughput / the Local line's, / 
 Figure 12, copy overhead    model        step time with the analysis off (or RDMA.cp) / on
 ==========================  ===========  ============================================================
 
-Each section quotes the paper (:mod:`bench.paper`, the one place its numbers live), says where the ratios
+Each section quotes the paper (:mod:`bench.ground.paper`, the one place its numbers live), says where the ratios
 fall against them, and explains the differences from the run's own data: the fabric that carried the
 tensors (``ucx:cma,posix,sysv`` is shared memory on one host, not an RDMA NIC), the cores, replayed compute,
 launcher and link rate, batch sizes and servers, against the paper's 8 servers with P100 GPUs and 100 Gbps

@@ -13,7 +13,7 @@ import html
 import re
 from typing import Any
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.page import Figure, Report, Section, Table
 
 #: the page's style sheet: figures beside the numbers, tables that scroll in a box of their own

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.page import Report, Table
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.text import (
     REFERENCE_LINES,
     ZERO_COPY,

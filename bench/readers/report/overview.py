@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.notes import describe_fabric
 from bench.readers.report.page import Report, Table
 from bench.readers.report.text import REFERENCE_LINES, listing, unique

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import paper
+from bench.ground import paper
 from bench.results import ratio
 
 #: short names of the lines, as the paper calls them (this suite's labels otherwise)

@@ -4,7 +4,7 @@ over gRPC.TCP (and gRPC.RDMA), beside the paper's.
 
 from __future__ import annotations
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (

@@ -4,8 +4,8 @@ RDMA.cp): the mini-batch time without the zero-copy analysis over with it.
 
 from __future__ import annotations
 
-from bench import paper
-from bench.paper import model_name
+from bench.ground import paper
+from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, fabric_notes, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import MISSING, NO_ANALYSIS, ZERO_COPY, divide, line_name, listing, num, percent, quote

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bench import paper
+from bench.ground import paper
+from bench.ground.sizes import format_size
 from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, rounds_note, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (
@@ -24,7 +25,6 @@ from bench.readers.report.text import (
     ratio_cell,
 )
 from bench.results import Run
-from bench.sizes import format_size
 
 
 def figure8(run: Run, label: str) -> Section:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.notes import status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import MISSING, listing, missing, num

@@ -4,8 +4,8 @@ the same transport on one server, beside the paper's speed-ups.
 
 from __future__ import annotations
 
-from bench import paper
-from bench.paper import model_name
+from bench.ground import paper
+from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, cores_note, fabric_notes, launch_notes, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (

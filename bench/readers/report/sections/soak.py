@@ -4,11 +4,11 @@ memory stayed flat.
 
 from __future__ import annotations
 
+from bench.ground.sizes import format_size
 from bench.readers.report.notes import status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import MISSING, missing, num
 from bench.results import Run
-from bench.sizes import format_size
 
 
 def soak(run: Run, label: str) -> Section:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from bench import paper
+from bench.ground import paper
 from bench.readers.report.notes import status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import divide, missing, num, range_text, times
@@ -42,7 +42,8 @@ def table2(run: Run, label: str) -> Section:
         section.notes.append(f"Compute per sample here is {range_text(slow)} the paper's: this CPU "
                              f"({run.meta.get('cpu', '?')}, {run.meta.get('cpu_count', '?')} cores) against one "
                              "Tesla P100 GPU.")
-    section.notes.append("Sizes are of float32 variables in MB of 2**20 bytes; bench/models.py explains the layouts "
+    section.notes.append("Sizes are of float32 variables in MB of 2**20 bytes; "
+                         "bench/experiments/models.py explains the layouts "
                          "(10 output classes, Keras' Inception-v3 without its auxiliary head, TensorFlow 1's RNN cells "
                          "splitting their variables differently).")
     section.notes += status_notes(run)

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from bench import paper
-from bench.paper import model_name
+from bench.ground import paper
+from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, cores_note, fabric_notes, launch_notes, rounds_note, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (

@@ -45,7 +45,6 @@ silent ends the run with :class:`TfGrpcError` naming it, and no process is left 
 from __future__ import annotations
 
 import functools
-import ipaddress
 import math
 import os
 import pickle
@@ -57,6 +56,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bench.launch import Launcher, LauncherUnavailable, RankContext, RankFailed, RankSpec
+from bench.launch.private import private_hosts
 
 if TYPE_CHECKING:
     from bench.results import ModelRecord
@@ -117,8 +117,10 @@ def run_tf_grpc(
             f"tf_grpc: build_model, make_batch and loss_fn must be picklable module-level callables "
             f"(the chief's process imports them by name): {type(exc).__name__}: {exc}"
         ) from exc
-    chosen, own, note = _choose_launcher(launcher)
-    isolated = chosen.name == "netns"
+    try:
+        chosen, own, isolated, note = private_hosts(launcher, "tf.distribute.Server")
+    except LauncherUnavailable as exc:
+        raise TfGrpcError(f"tf_grpc: {exc}") from None
     private = own and isolated  # our one private emulated host holds every rank
     ranks = [RankSpec(functools.partial(_chief, spec), "chief")]
     ranks += [RankSpec(functools.partial(_server, kind, i), f"{kind} {i}", host=0 if private else i, service=True)
@@ -146,31 +148,6 @@ def record_row(record: dict[str, Any]) -> ModelRecord:
     from bench.results import ModelRecord
 
     return ModelRecord.from_row({k: v for k, v in record.items() if k in ModelRecord.columns()})
-
-
-def _choose_launcher(launcher: Launcher | None) -> tuple[Launcher, bool, str]:
-    """(the launcher to run on, whether it is ours to close, the isolation note)."""
-    if launcher is not None and launcher.name != "local":
-        note = (f"--launcher {launcher.name}: each server's ranks on their own emulated host (network namespace)"
-                if launcher.name == "netns" else f"--launcher {launcher.name}")
-        return launcher, False, note
-    from bench.launch.netns import NetnsLauncher
-
-    log_dir = getattr(launcher, "log_dir", None)
-    try:
-        private = NetnsLauncher(log_dir=log_dir)
-    except LauncherUnavailable as exc:
-        bind = launcher.bind if launcher is not None else "127.0.0.1"
-        if ipaddress.ip_address(bind).is_loopback:
-            raise TfGrpcError(
-                f"tf_grpc: no private network namespace here ({exc}), and TensorFlow's servers listen on every "
-                f"interface of the host, not on {bind}: run where network namespaces can be made (as root, or "
-                "--launcher netns), or accept listening on the network with --bind ADDRESS|INTERFACE") from None
-        return (launcher, False,
-                f"no private network namespace here ({exc}): tf.distribute.Server listens on every interface "
-                f"of the host (--bind {bind})")
-    return private, True, ("one private emulated host (network namespace, no link to the host's "
-                                 "interfaces): tf.distribute.Server listens on every interface")
 
 
 def _check_arguments(batch_size: int, servers: int, steps: int, warmup: int, timeout_s: float) -> None:

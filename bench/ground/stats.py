@@ -11,7 +11,7 @@ itself and hide a leak or fake one. So the soak measures with:
   of ``np.percentile`` of the same values. Values outside that range are counted in an end bucket
   and represented by the exact min or max. Its size is fixed (about 11 KB), whatever it has seen.
 * :class:`RssTrace`: this process's resident memory over time (not backed by a file: heap and shared
-  memory, ``bench.memory.private_mb``; file pages come and go under memory pressure and are no leak),
+  memory, ``bench.ground.memory.private_mb``; file pages come and go under memory pressure and are no leak),
   at most :attr:`RssTrace.capacity` samples: when full, every other sample goes and the interval
   between samples doubles, so the trace spans the whole run at an ever coarser, still even, spacing.
 * :class:`LeakCriterion` judges a trace: memory settles first (the first minute, or the first third
@@ -23,7 +23,7 @@ itself and hide a leak or fake one. So the soak measures with:
   above its floor, however often a sample meets it, while what leaks stays and lifts every later
   floor. (A line through all the samples would read buffers in flight more often late in a phase
   as growth.) Memory returns to its floor only when freed memory goes back to the system:
-  the soak's processes see to that for large blocks (``bench.memory.return_large_frees``).
+  the soak's processes see to that for large blocks (``bench.ground.memory.return_large_frees``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.memory import private_mb
+from bench.ground.memory import private_mb
 
 #: the histogram's range (in whatever unit the values come in; µs for the soak's transfer times)
 LOW, HIGH = 1e-3, 1e9

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.paper import TABLE2, PaperModel
+from bench.ground.paper import TABLE2, PaperModel
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -233,7 +233,8 @@ class ModelDef:
 
     @property
     def paper(self) -> PaperModel | None:
-        """The model's row of the paper's Table 2 (``bench.paper.TABLE2``), None for a model beyond the paper's."""
+        """The model's row of the paper's Table 2 (``bench.ground.paper.TABLE2``), None for a model beyond the
+        paper's."""
         return TABLE2.get(self.name)
 
     @property
@@ -271,7 +272,7 @@ class ModelDef:
         return loss_fn()
 
 
-# The paper's six (Table 2; its numbers are in bench/paper.py)
+# The paper's six (Table 2; its numbers are in bench/ground/paper.py)
 MODELS: dict[str, ModelDef] = {
     defn.name: defn
     for defn in (

@@ -59,7 +59,7 @@ memcpy, and names the bandwidth reference. The programs come from the fabric bac
 (``fabric.backend(name).tool``): the libucx-cu12 wheel's ``ucx_perftest``, perftest's tools on
 PATH. For all four perftest lines the CPU columns are empty (both processes busy-poll for their
 whole life, not only the timed loop) and no payload is copied in user space. All return records
-with the columns of ``bench.micro.make_record``, in the same order, so they can go into the
+with the columns of ``bench.experiments.micro.make_record``, in the same order, so they can go into the
 same ``records.csv``.
 """
 
@@ -314,7 +314,8 @@ def parse_perftest_output(text: str, size: int | None = None) -> PerftestResult:
         implied_mb = size / (result.time_us * 1e-6) / overall_bw
         if not 0.98 < implied_mb / 2**20 < 1.02:  # 2**20 and 10**6 differ by 4.9%
             raise ReferenceUnavailable(
-                f"ucx_perftest's MB/s is not 2^20 bytes/s here ({implied_mb:.0f} bytes); update bench/reference.py"
+                f"ucx_perftest's MB/s is not 2^20 bytes/s here ({implied_mb:.0f} bytes); "
+                f"update bench/experiments/reference.py"
             )
     return result
 
@@ -545,7 +546,7 @@ def parse_ib_write_bw_output(text: str, size: int | None = None) -> VerbsBandwid
         peak, average = (value * 1e9 / 8 / 2**20 for value in (peak, average))
     elif "[MB/sec]" not in header:
         raise ReferenceUnavailable(f"{VERBS_BANDWIDTH_TOOL} printed bandwidth in a unit other than MB/sec or "
-                                   f"Gb/sec: {header.strip()!r}; update bench/reference.py")
+                                   f"Gb/sec: {header.strip()!r}; update bench/experiments/reference.py")
     result = VerbsBandwidthResult(int(row_size), int(iters), peak if peak > 0 else _NAN, average, rate,
                                   _perftest_device(text))
     if size is not None and average >= 1 and rate >= 0.01:
@@ -553,7 +554,7 @@ def parse_ib_write_bw_output(text: str, size: int | None = None) -> VerbsBandwid
         if not 0.98 < implied_mb / 2**20 < 1.02:
             raise ReferenceUnavailable(
                 f"{VERBS_BANDWIDTH_TOOL}'s MB/sec is not 2^20 bytes/s here ({implied_mb:.0f} bytes); "
-                "update bench/reference.py"
+                "update bench/experiments/reference.py"
             )
     return result
 

@@ -8,7 +8,7 @@ as the ratio ``2.17`` with ``percent=True`` so that it is shown the way the pape
 
 Transport names are this suite's labels (``grpc_tcp`` = gRPC.TCP, ``grpc_rdma`` = gRPC.RDMA, ``rdma_cp`` =
 RDMA.cp, ``zerocopy`` = RDMA.zerocp, ``local`` = the "Local" line); model names are those of
-:mod:`bench.models` (``vgg16`` = VGGNet-16, ``inception_v3`` = Inception-v3, ``fcn5`` = FCN-5).
+:mod:`bench.experiments.models` (``vgg16`` = VGGNet-16, ``inception_v3`` = Inception-v3, ``fcn5`` = FCN-5).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class PaperModel:
     compute_ms_per_sample: float
 
 
-#: Section 5, Table 2 ("Deep learning benchmarks"), keyed by bench.models' names
+#: Section 5, Table 2 ("Deep learning benchmarks"), keyed by bench.experiments.models' names
 TABLE2: dict[str, PaperModel] = {
     "alexnet": PaperModel("AlexNet", 176.42, 16, 7.61),
     "inception_v3": PaperModel("Inception-v3", 92.90, 196, 68.32),
@@ -182,7 +182,7 @@ PAPER_LINE_OF = {"tf_grpc": "grpc_tcp"}
 
 _FIG10 = "§5.2 Convergence, Figure 10"
 #: Section 5.2, Figure 10: how many times sooner zero copy reaches the target than each other transport, by task
-#: (bench/tasks.py's names; the paper's SE task has no counterpart here)
+#: (bench/experiments/tasks.py's names; the paper's SE task has no counterpart here)
 CONVERGE_SPEEDUP: dict[tuple[str, str], Claim] = {
     ("seq2seq", "grpc_tcp"): Claim(3.0, None, _FIG10, "it takes about 220 minutes to converge to perplexity under 20 "
                                                       "with gRPC.TCP. However, when using our RDMA mechanism, it "

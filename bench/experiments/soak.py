@@ -1,7 +1,7 @@
 """The soak's transfers (``bench soak``): the micro-benchmark's pairing, kept going for a time, in constant memory.
 
 A sender and a receiver (one process each; both in one process for ``local``) move one size after
-another, each for ``Point.seconds`` after its warm-up, as ``bench micro`` does (:mod:`bench.micro`):
+another, each for ``Point.seconds`` after its warm-up, as ``bench micro`` does (:mod:`bench.experiments.micro`):
 the receiver says it is ready for transfer ``i`` (through the coordinator), the sender reads the
 clock and sends, the receiver consumes the tensor (a reduce-max), reads the clock, then compares every
 element with what the sender wrote and counts the tensors that differ.
@@ -9,11 +9,11 @@ element with what the sender wrote and counts the tensors that differ.
 Unlike ``bench micro`` neither side keeps a list of clock readings: a soak goes on for hours, and
 memory that grows with every transfer is what it exists to find. The receiver's ready signal for
 transfer ``i`` carries its two clock readings of transfer ``i - 1``, so the sender, which knows when it
-sent that one, adds the transfer's time to a :class:`~bench.stats.StreamingStats` (a fixed-size
+sent that one, adds the transfer's time to a :class:`~bench.ground.stats.StreamingStats` (a fixed-size
 histogram) and forgets it. Each process has its large freed blocks go back to the system at once
-(:func:`bench.memory.return_large_frees`: the allocator's keeping of freed buffers is no leak). Each
-side samples its own resident memory into a bounded :class:`~bench.stats.RssTrace` as it goes and
-judges it at the end of the point (:class:`~bench.stats.LeakCriterion`): memory settles for the
+(:func:`bench.ground.memory.return_large_frees`: the allocator's keeping of freed buffers is no leak). Each
+side samples its own resident memory into a bounded :class:`~bench.ground.stats.RssTrace` as it goes and
+judges it at the end of the point (:class:`~bench.ground.stats.LeakCriterion`): memory settles for the
 point's first minute (its first third when shorter), then its floor (each quarter's lowest sample)
 may rise at most 2 MB.
 """
@@ -34,9 +34,7 @@ from typing import Any
 import numpy as np
 
 import transports
-from bench.launch import Launcher, LaunchError, RankContext, RankSpec
-from bench.memory import return_large_frees
-from bench.micro import (
+from bench.experiments.micro import (
     PROGRESS_EVERY_S,
     RECEIVER,
     SENDER,
@@ -50,12 +48,14 @@ from bench.micro import (
     marker,
     run_pair,
 )
+from bench.experiments.training import model_record
+from bench.ground.memory import return_large_frees
+from bench.ground.sizes import format_size
+from bench.ground.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
+from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.results import SoakRecord
 from bench.runtime.analyzer import Layout
 from bench.runtime.ps import StepTimes, TrainConfig
-from bench.sizes import format_size
-from bench.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
-from bench.training import model_record
 from transports import Key, fabric
 
 
@@ -233,7 +233,7 @@ class CheckedTransport:
     announced but never received are counted as lost (:meth:`counts`). Everything else goes to the
     wrapped transport.
 
-    ``memory``: the rank's :class:`~bench.stats.RssTrace`, started afresh when the first tensor of step
+    ``memory``: the rank's :class:`~bench.ground.stats.RssTrace`, started afresh when the first tensor of step
     ``timed_from`` arrives, so that it covers the timed steps (the model built and traced, warm-up done);
     :meth:`finish` stops it and judges it with the counts.
     """
@@ -316,7 +316,7 @@ class CheckedTransport:
 class ContentCheck:
     """The soak's watch over a training rank's transport (``TrainConfig.watch``): every tensor checked
     (:class:`CheckedTransport`), this process's memory traced over the timed steps from ``timed_from``, large
-    freed blocks going back to the system at once (:func:`bench.memory.return_large_frees`)."""
+    freed blocks going back to the system at once (:func:`bench.ground.memory.return_large_frees`)."""
 
     timeout_s: float
     timed_from: int
@@ -334,7 +334,7 @@ def checked(config: TrainConfig) -> TrainConfig:
 
 def model_soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> list[SoakRecord]:
     """The ``soak`` rows of a :func:`checked` training run: one per process (worker, PS), with tensors sent,
-    received, corrupted and lost, and resident memory (the process's :class:`~bench.stats.MemoryVerdict`: once
+    received, corrupted and lost, and resident memory (the process's :class:`~bench.ground.stats.MemoryVerdict`: once
     settled, at the end, and its floor's rise in between)."""
     step_time = model_record(config, outcome).step_time_s
     layout = Layout(config.servers)
@@ -354,6 +354,6 @@ def model_soak_records(config: TrainConfig, outcome: dict[int, tuple[str, StepTi
 
 
 def model_soak_memory(outcome: dict[int, tuple[str, StepTimes]]) -> list[Any]:
-    """Each process's :class:`~bench.stats.MemoryVerdict` of a :func:`checked` training run, in the order of
+    """Each process's :class:`~bench.ground.stats.MemoryVerdict` of a :func:`checked` training run, in the order of
     :func:`model_soak_records`' rows."""
     return [times.extra["watch"]["memory"] for _, (_, times) in sorted(outcome.items())]

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.paper import CONVERGE_SPEEDUP
+from bench.ground.paper import CONVERGE_SPEEDUP
 from bench.results import ConvergeRecord, DiskError
 
 #: transport whose time to target every other is compared with (the paper's baseline)
@@ -35,7 +35,7 @@ BASELINE = "grpc_tcp"
 
 
 def paper_speedup(task: str) -> float | None:
-    """Zero copy's time-to-target advantage over gRPC.TCP in the paper's Figure 10 (``bench.paper``), by task."""
+    """Zero copy's time-to-target advantage over gRPC.TCP in the paper's Figure 10 (``bench.ground.paper``), by task."""
     claim = CONVERGE_SPEEDUP.get((task, BASELINE))
     return claim.low if claim else None
 
@@ -169,7 +169,7 @@ class Progress:
 
 def run_task(config, launcher, bar) -> Progress:
     """One transport's training run (``config``: a ``TrainConfig`` of a task); what its ranks reported."""
-    from bench.training import train
+    from bench.experiments.training import train
 
     progress = Progress.empty()
 
@@ -192,10 +192,10 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
 
     from tqdm import tqdm
 
+    from bench.experiments.tasks import TaskWorkload
+    from bench.experiments.training import TrainingError
     from bench.launch import LaunchError
     from bench.runtime.ps import TrainConfig
-    from bench.tasks import TaskWorkload
-    from bench.training import TrainingError
     from transports import fabric
 
     failures: list[str] = []

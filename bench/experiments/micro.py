@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 import transports
+from bench.ground.memory import rss_mb
+from bench.ground.sizes import format_size
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
-from bench.memory import rss_mb
 from bench.results import MicroRecord, latency_summary
-from bench.sizes import format_size
 from transports import Cluster, Key, TensorSpec, Transport, TransportStats, fabric
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes

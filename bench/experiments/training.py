@@ -19,9 +19,9 @@ import numpy as np
 
 import transports
 from bench import LOCAL, TF_GRPC
+from bench.experiments.models import resolve_model
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
-from bench.models import resolve_model
 from bench.results import DiskError, ModelRecord, ScaleRecord
 from bench.runtime.analyzer import Layout, Plan, analyze, traced_step
 from bench.runtime.ps import (
@@ -425,8 +425,9 @@ def line_of(name: str) -> TrainingLine:
 
 
 def tf_grpc_record(config: TrainConfig, launcher: Launcher) -> ModelRecord:
-    """TensorFlow's own parameter-server training of the same model (bench/tf_grpc.py) as a ``model`` record."""
-    from bench.tf_grpc import record_row, run_tf_grpc
+    """TensorFlow's own parameter-server training of the same model (bench/experiments/tf_grpc.py) as a ``model``
+    record."""
+    from bench.experiments.tf_grpc import record_row, run_tf_grpc
 
     if config.replayed:
         raise ValueError("tf_grpc runs TensorFlow's own training: it cannot replay compute (use --compute real)")
