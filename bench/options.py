@@ -282,8 +282,7 @@ def fabric_problem(args: argparse.Namespace) -> str | None:
 
     Also refuses a run on the fabric that would quietly go without RDMA: ``--fabric-transport auto`` on a machine
     with an ACTIVE RDMA port that the fabric cannot reach (``bench.experiments.doctor.unreached_rdma``); runs whose
-    transports
-    use no fabric (grpc_tcp, local) are not held to it. A command that diagnoses the fabric itself (``bench
+    transports use no fabric (grpc_tcp, local) are not held to it. A command that diagnoses the fabric itself (``bench
     doctor``, ``diagnoses_fabric``) is only held to the choice being offered.
     """
     from transports import fabric

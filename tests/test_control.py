@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from transports.base import free_port
 from transports.control import ControlClient, ControlServer
+from transports.ports import free_port
 
 
 def test_a_slow_peer_is_alive_and_a_vanished_one_is_not():

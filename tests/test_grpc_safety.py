@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 import transports
 from transports import Cluster, Key, PeerError, TransportError, TransportTimeout
 from transports.auth import call_metadata
-from transports.base import MAX_NAME_BYTES, free_port
+from transports.base import MAX_NAME_BYTES
 from transports.control import METHOD as CONTROL_METHOD
 from transports.grpc_tcp.tensor_pb2 import RecvTensorRequest
 from transports.grpc_tcp.transport import MAX_REQUEST_BYTES, RECV_TENSOR
+from transports.ports import free_port
 
 from .conftest import SHORT_TIMEOUT_S, start_pair
 from .processes import open_sockets
@@ -474,7 +475,7 @@ def test_a_meta_data_response_claiming_more_than_memory_is_refused():
 
 RESERVE = textwrap.dedent("""
     import sys
-    from transports.base import free_port
+    from transports.ports import free_port
     ports = [free_port() for _ in range(200)]
     print(" ".join(map(str, ports)))
     sys.stdout.flush()
@@ -522,7 +523,7 @@ def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_rea
     # Cluster.on_loopback reserves every rank's port in the process that makes the cluster; before, the
     # reservation of a rank started in another process stayed open here (up to 256 of them): one socket
     # per such peer, seen by tests/test_peer_kill.py as a leak in every case
-    from transports.base import _reservations
+    from transports.ports import _reservations
 
     sockets_before = open_sockets()
     cluster = Cluster.on_loopback(2)
@@ -547,7 +548,7 @@ def test_the_reservation_for_a_rank_in_another_process_is_dropped_once_it_is_rea
 
 @pytest.mark.parametrize("name", ["grpc_tcp", pytest.param("grpc_rdma", marks=FABRIC)])
 def test_reservations_for_peers_never_reached_go_when_the_rank_closes(name):
-    from transports.base import _reservations
+    from transports.ports import _reservations
 
     sockets_before = open_sockets()
     cluster = Cluster.on_loopback(2)

@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 
 from transports import Cluster, Key, PeerError, TensorSpec
 from transports.auth import TokenCheck
-from transports.base import Ledger, memory_bytes, release_port
+from transports.base import Ledger, memory_bytes
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest, TensorChunk
 from transports.grpc_tcp.transport import GrpcTcpTransport
 from transports.grpc_tcp.wire import MAX_DIMS, TensorAssembler, WireError, decode_chunk, encode_chunks
+from transports.ports import release_port
 
 from .conftest import SHORT_TIMEOUT_S, start_pair
 

@@ -13,21 +13,27 @@ from pathlib import Path
 import pytest
 
 from bench.experiments import reference
+from bench.experiments.micro import MicroError, plan_points, run_line
 from bench.experiments.reference import (
     LATENCY_MAX_SIZE,
+    REGISTRY,
+    Memcpy,
     ReferenceUnavailable,
+    UcxPerftest,
+    UcxPerftestLatency,
     memcpy_records,
     parse_ib_write_bw_output,
     parse_ib_write_lat_output,
     parse_perftest_output,
     perftest_record,
-    reference_measures,
+    reference_lines,
     ucx_perftest_records,
     verbs_label,
     verbs_record,
     verbs_records,
 )
-from bench.results import REFERENCE_LINES, REQUIRED_COLUMNS
+from bench.launch.local import LocalLauncher
+from bench.results import REFERENCE_LINES, REFERENCE_NAMES, REQUIRED_COLUMNS
 from transports import fabric
 from transports.fabric.base import Tool
 from transports.fabric.ucx.device import UCX_HOME_VARIABLE  # a test may import the backend; bench/ may not
@@ -100,6 +106,25 @@ def _iters(size: int) -> int:
     return 50
 
 
+#: the perftest lines run on private hosts of the launch layer: a network namespace, which needs root and iproute2
+needs_namespaces = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
+                                      reason="a private network namespace needs root and iproute2")
+
+
+def _measure(line, sizes, iters: int = 50, warmup: int | None = None) -> list:
+    """``line``'s records at ``sizes``, as bench micro measures it: its rank on the hosts it asks the local
+    launcher for, through the harness."""
+    points = line.points(plan_points(sizes, iters, warmup))
+    records = []
+    hosts = line.hosts(LocalLauncher())
+    try:
+        run_line(line, points, hosts.launcher, line.timeout_s, on_record=lambda point, record: records.append(record))
+    finally:
+        if hosts.own:
+            hosts.launcher.close()
+    return records
+
+
 def _no_perftest_left() -> bool:
     ps = subprocess.run(["ps", "-eo", "ppid=,comm="], capture_output=True, text=True, check=True).stdout
     return not any(line.split()[0] == str(os.getpid()) and "ucx_perftest" in line for line in ps.splitlines())
@@ -126,9 +151,10 @@ def test_memcpy_records_reject_a_bad_iteration_count():
         memcpy_records([4096], lambda size: 0)
 
 
+@needs_namespaces
 @pytest.mark.parametrize("fabric_transport", ["shm", "tcp"])
 def test_ucx_perftest_records_over_a_fabric_transport(fabric_transport):
-    records = ucx_perftest_records(SIZES, fabric_transport, _iters, timeout_s=30)
+    records = _measure(UcxPerftest(fabric_transport=fabric_transport, timeout_s=30), SIZES)
     records = [r.row() for r in records]
     assert [r["size_bytes"] for r in records] == SIZES
     for record in records:
@@ -149,10 +175,11 @@ def test_ucx_perftest_records_over_a_fabric_transport(fabric_transport):
     assert _no_perftest_left()
 
 
+@needs_namespaces
 @pytest.mark.parametrize("fabric_transport", ["shm", "tcp"])
 def test_ucx_perftest_latency_records_stop_at_1mb(fabric_transport):
-    records = ucx_perftest_records([*SIZES, 2 * LATENCY_MAX_SIZE], fabric_transport, _iters, timeout_s=30,
-                                   test="ucp_put_lat")
+    records = _measure(UcxPerftestLatency(fabric_transport=fabric_transport, timeout_s=30),
+                       [*SIZES, 2 * LATENCY_MAX_SIZE])
     records = [r.row() for r in records]
     assert [r["size_bytes"] for r in records] == SIZES  # 2 MiB is past the latency line
     for record in records:
@@ -187,7 +214,6 @@ def _fake_perftest(tmp_path, monkeypatch, output: str) -> Path:
     return calls
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 def test_latency_test_runs_ucp_put_lat_pinned_up_to_1mb_only(monkeypatch, tmp_path):
     calls = _fake_perftest(tmp_path, monkeypatch, SHM_PUT_LAT_1KB)
     monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
@@ -204,7 +230,6 @@ def test_latency_test_runs_ucp_put_lat_pinned_up_to_1mb_only(monkeypatch, tmp_pa
     assert client[client.index("-c") + 1] == "1" and servers[0][servers[0].index("-c") + 1] == "0"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 def test_a_table_of_the_wrong_test_is_refused(monkeypatch, tmp_path):
     calls = _fake_perftest(tmp_path, monkeypatch, SHM_PUT_LAT_1KB)
     with pytest.raises(ReferenceUnavailable, match="printed a latency table, expected bandwidth"):
@@ -212,17 +237,18 @@ def test_a_table_of_the_wrong_test_is_refused(monkeypatch, tmp_path):
     assert " -c " not in calls.read_text()  # the bandwidth test is not pinned
 
 
+@needs_namespaces
 def test_ucx_perftest_records_go_into_the_same_csv_as_the_transports(tmp_path):
     from bench.results import RunWriter, load_run
 
     writer = RunWriter(tmp_path / "run", "micro", {})
-    for record in memcpy_records([4096], _iters) + ucx_perftest_records([4096], "shm", _iters, timeout_s=30):
+    for record in memcpy_records([4096], _iters) + _measure(UcxPerftest(fabric_transport="shm", timeout_s=30),
+                                                             [4096]):
         writer.add(record)
     writer.finish()
     assert sorted(load_run(tmp_path / "run").records["transport"]) == ["memcpy", "ucx_perftest"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 @pytest.mark.parametrize(("fabric_transport", "tls"), [("shm", "shm"), ("tcp", "tcp"), ("auto", None)])
 def test_perftest_runs_with_the_ucx_backends_tool_environment(monkeypatch, tmp_path, fabric_transport, tls):
     # the UCX backend's tool: UCX_TLS of the fabric transport ("auto": left alone), and the install's lib/ first
@@ -357,28 +383,29 @@ def test_the_latency_record_takes_p50_from_the_typical_latency():
     assert math.isnan(record["sender_cpu_s"]) and record["copied_bytes_per_transfer"] == 0
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
-def test_perftest_runs_in_a_network_namespace_with_loopback_only(monkeypatch, tmp_path):
-    # ucx_perftest's server listens on every interface: where it runs, loopback must be the only one
+@needs_namespaces
+def test_perftest_runs_on_a_private_host_of_the_launch_layer(monkeypatch, tmp_path):
+    # ucx_perftest's server listens on every interface: where it runs, no interface may reach the host's network.
+    # The line's rank runs on one private emulated host (a namespace whose one link goes to a bridge of its own).
+    from bench.launch.hosts import EmulatedHosts
+
     seen = tmp_path / "seen"
     fake = tmp_path / "bin" / "ucx_perftest"
     fake.parent.mkdir()
     fake.write_text(f"#!/bin/sh\nreadlink /proc/self/ns/net >> {seen}\n"
-                    f"cut -d: -f1 /proc/net/dev | tail -n +3 >> {seen}\n"
-                    'case "$*" in *-t*) exit 3;; esac\nexec sleep 30\n')
+                    f"cut -d: -f1 /proc/net/dev | tail -n +3 >> {seen}\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
-    with pytest.raises(ReferenceUnavailable, match="exit code 3"):
-        ucx_perftest_records([4096], "tcp", _iters, timeout_s=20)
+    monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))  # the rank's environment is ours
+    with pytest.raises(MicroError,
+                       match=r"ucx_perftest: rank 0 \(ucx_perftest\) failed: .*server failed \(exit code 3\)"):
+        _measure(UcxPerftest(fabric_transport="tcp", timeout_s=20), [4096])
     lines = [line.strip() for line in seen.read_text().splitlines() if line.strip()]
     namespaces = {line for line in lines if line.startswith("net:")}
     interfaces = {line for line in lines if not line.startswith("net:")}
-    # server and client in one namespace, not ours
     assert len(namespaces) == 1 and os.readlink("/proc/self/ns/net") not in namespaces
-    assert interfaces == {"lo"}
+    assert "lo" in interfaces and interfaces <= {"lo", EmulatedHosts.INTERFACE}
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"tt-perftest-{os.getpid()}-" not in left
+    assert f"-{os.getpid()}-" not in left  # the private host went with the line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,12 +578,9 @@ def test_verbs_label_prefers_the_tools_arguments():
 def test_verbs_lines_say_the_fabric_is_not_available_here():
     status = fabric.availability("verbs")
     assert not status.ok  # no RDMA device on this machine
-    refs = reference_measures([4096], "verbs", "auto", _iters)
-    for name, measure in refs.measures[:2]:
-        with pytest.raises(ReferenceUnavailable) as caught:
-            measure()
-        message = str(caught.value)
-        assert message.startswith(f"{name}: the verbs fabric is not available here: ")
+    for line in reference_lines("verbs", "auto")[:2]:
+        message = line.unavailable()
+        assert message.startswith(f"{line.name}: the verbs fabric is not available here: ")
         assert status.reason in message and "--no-references" in message
         assert "\n" not in message
 
@@ -570,27 +594,35 @@ def test_verbs_lines_name_the_missing_rdma_device(monkeypatch):
     assert verbs_records([2 * LATENCY_MAX_SIZE], "ib_write_lat", _iters) == []  # nothing to measure: not asked
 
 
-def test_reference_measures_of_the_verbs_fabric():
-    refs = reference_measures([4096], "verbs", "auto", _iters)
-    assert refs.bandwidth_line == REFERENCE_LINES["verbs"] == "ib_write_bw"
-    assert [name for name, _ in refs.measures] == ["ib_write_bw", "ib_write_lat", "memcpy"]
-    records = refs.measures[2][1]()
-    assert [(r.transport, r.size_bytes) for r in records] == [("memcpy", 4096)]
+def test_the_reference_lines_of_the_verbs_fabric():
+    lines = reference_lines("verbs", "auto")
+    assert [line.name for line in lines] == ["ib_write_bw", "ib_write_lat", "memcpy"]
+    assert [line.name for line in lines if line.bandwidth_reference] == [REFERENCE_LINES["verbs"]] == ["ib_write_bw"]
+    [point] = plan_points([4096], 50)
+    record = Memcpy().measure(point, port=0)
+    assert (record.transport, record.size_bytes, record.iters) == ("memcpy", 4096, 50)
 
 
-def test_reference_measures_of_the_ucx_fabric_run_its_perftest_lines():
-    bandwidth_line, measures = reference_measures([4096], "ucx", "shm", _iters, lambda size: 3, timeout_s=30)
-    assert bandwidth_line == REFERENCE_LINES["ucx"] == "ucx_perftest"
-    assert [name for name, _ in measures] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
-    for name, measure in measures[:2]:
-        records = measure()
-        records = [r.row() for r in records]
-        assert [(r["transport"], r["fabric"], r["warmup"], r["iters"]) for r in records] == [(name, "ucx:shm", 3, 50)]
+@needs_namespaces
+def test_the_reference_lines_of_the_ucx_fabric_run_its_perftest_lines():
+    lines = reference_lines("ucx", "shm", timeout_s=30)
+    assert [line.name for line in lines] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
+    assert [line.name for line in lines if line.bandwidth_reference] == [REFERENCE_LINES["ucx"]] == ["ucx_perftest"]
+    for line in lines[:2]:
+        records = [r.row() for r in _measure(line, [4096], iters=50, warmup=3)]
+        assert [(r["transport"], r["fabric"], r["warmup"], r["iters"]) for r in records] == [
+            (line.name, "ucx:shm", 3, 50)]
+    assert _no_perftest_left()
 
 
-def test_reference_measures_refuses_an_unknown_fabric():
+def test_reference_lines_refuse_an_unknown_fabric():
     with pytest.raises(ValueError, match="no reference lines for fabric 'gm'"):
-        reference_measures([4096], "gm", "auto", _iters)
+        reference_lines("gm", "auto")
+
+
+def test_the_registry_names_every_reference_line_the_readers_know():
+    assert tuple(REGISTRY) == REFERENCE_NAMES
+    assert [REGISTRY.load(name)().name for name in REGISTRY] == list(REFERENCE_NAMES)
 
 
 def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_0", "-i", "1", "-x", "3")) -> Path:
@@ -609,7 +641,6 @@ def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_
     return calls
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 def test_ib_write_bw_runs_server_and_client_with_the_backends_arguments(monkeypatch, tmp_path):
     calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_BW_64KB)
     records = verbs_records([65536], "ib_write_bw", lambda size: 5000)
@@ -625,7 +656,6 @@ def test_ib_write_bw_runs_server_and_client_with_the_backends_arguments(monkeypa
     assert client == [*server, "127.0.0.1"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 def test_ib_write_lat_runs_pinned_up_to_1mb_only(monkeypatch, tmp_path):
     calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_LAT_4KB, arguments=())
     monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
@@ -652,7 +682,6 @@ def _logging_spawn(spawn, log: Path):
     return logged
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="a private network namespace needs root")
 def test_ib_write_bw_without_a_device_says_what_to_check(monkeypatch, tmp_path):
     real_wait_listening = reference._wait_listening
     _fake_verbs_tool(tmp_path, monkeypatch, "")

@@ -19,7 +19,8 @@ from typing import Any
 import grpc
 
 from transports.auth import TokenCheck, call_metadata
-from transports.base import PeerError, TransportError, release_port
+from transports.base import PeerError, TransportError
+from transports.ports import release_port
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ from transports.base import (
     TransportError,
     TransportStats,
     TransportTimeout,
-    release_cluster_ports,
 )
 from transports.common import Availability
 from transports.control import ControlClient, ControlServer
@@ -40,6 +39,7 @@ from transports.fabric.base import Channel, Device, FabricError, FabricInterrupt
 from transports.fabric.netdev import cluster_interfaces
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.settings import SettingsError, read_settings
+from transports.ports import release_cluster_ports
 
 #: grpc_rdma's poller: spin this long, then sleep in growing steps up to MAX_BACKOFF_S (flags and
 #: counters of the other fabric transports are waited for in the fabric, see Device.flag_set)
@@ -186,7 +186,7 @@ class FabricTransport(Transport):
             client.close()
         self._registrations_at_close = self.device.registrations_made
         self.device.close()
-        release_cluster_ports(self.cluster)
+        release_cluster_ports(self.cluster.addresses)
         # dropped, not only stopped and closed: gRPC's core (its poller and threads) lives as long as
         # any server or channel object does, and this transport object may outlive its close()
         with self._lock:

@@ -90,13 +90,9 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
           + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "") + f", launcher {launcher.name} -> {out}")
-    sweep = Sweep(args, launcher, writer, chosen, slowed)
+    sweep = Sweep(args, launcher, writer, lines_of(args, launcher, chosen, slowed))
     started = time.monotonic()
     try:
-        # The references first: each transport's record carries its throughput as a fraction of the fabric's own
-        # bandwidth at the same size (of_reference), and records are written as they are measured.
-        if not args.no_references and launcher.name == "local":
-            sweep.measure_references(points)
         sweep.measure(points)
         writer.finish("failed" if sweep.failures else "complete", failures=sweep.failures, fabric=sweep.fabrics,
                       elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
@@ -108,104 +104,140 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     except BaseException as exc:
         failed(writer, sweep.failures, exc, fabric=sweep.fabrics, launcher=launcher.describe())
         raise
+    finally:
+        sweep.close()
     print_summary(out)
     if not args.no_plot:
         draw(out, "micro")
     return 1 if sweep.failures else 0
 
 
-class Sweep:
-    """The measurements of one ``bench micro`` run: reference lines, then every transport at every size (in
-    rounds when asked), each record (and its samples) written as it is measured."""
+def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slowed: set[str]) -> list[Any]:
+    """The run's lines, in the order they are measured: the reference lines of its fabric (unless
+    --no-references: of_reference needs each size's bandwidth reference first), then the transports."""
+    from bench.experiments.micro import TransportLine
+    from bench.experiments.reference import reference_lines
 
-    def __init__(self, args: argparse.Namespace, launcher: Any, writer: Any, chosen: list[Choice],
-                 slowed: set[str]) -> None:
-        self.args, self.launcher, self.writer, self.chosen, self.slowed = args, launcher, writer, chosen, slowed
+    lines: list[Any] = []
+    if not args.no_references:
+        lines += reference_lines(args.fabric, launcher.fabric_transport(args.fabric_transport), args.timeout)
+    for choice in chosen:
+        lines.append(TransportLine(choice.label, choice.constructor_options(args, launcher),
+                                   extra_copies=1 if choice.label in slowed else 0))
+    return lines
+
+
+class Sweep:
+    """The measurements of one ``bench micro`` run: every line at every size (in rounds when asked), each record
+    (and its samples) written as it is measured. It asks a line what it can do, never what it is called."""
+
+    def __init__(self, args: argparse.Namespace, launcher: Any, writer: Any, lines: list[Any]) -> None:
+        self.args, self.launcher, self.writer = args, launcher, writer
         self.failures: list[str] = []
-        self.failed: set[str] = set()  # labels of the transports that failed: not tried again in later rounds
+        self.failed: set[str] = set()  # the lines that failed: not tried again in later rounds
         self.fabrics: dict[str, str] = {}
         self.reference_MBps: dict[int, float] = {}
+        self.lines: list[Any] = []
+        self.hosts: dict[str, Any] = {}  # line name -> where its ranks run (PrivateHosts)
+        for line in lines:
+            self._admit(line)
 
-    def measure_references(self, points: list) -> None:
-        """The reference lines of the figure (see bench/experiments/reference.py): the fabric library's own put
-        bandwidth and
-        latency (UCX's ucx_perftest, or perftest's ib_write_bw and ib_write_lat on verbs) and memcpy in one
-        process; the bandwidth line's throughput by size is kept for of_reference."""
-        from bench.experiments.reference import ReferenceUnavailable, reference_measures
-        from bench.results import of_reference
+    def _admit(self, line: Any) -> None:
+        """Keep ``line`` if it can run here and under the launcher; a reference that cannot is left out with one
+        line (a transport cannot fail so: the command checked the transports before)."""
+        from bench.launch import LaunchError
 
-        by_size = {p.size_bytes: p for p in points}
-        references = reference_measures(list(by_size), self.args.fabric, self.args.fabric_transport,
-                                        lambda n: by_size[n].iters, warmup_for=lambda n: max(1, by_size[n].warmup),
-                                        timeout_s=self.args.timeout)
-        for name, measure in references.measures:
-            print(f"reference: {name} ...", flush=True)
+        why = line.unavailable()
+        if why is None:
             try:
-                for record in measure():
-                    if record.transport == references.bandwidth_line:
-                        self.reference_MBps[record.size_bytes] = record.throughput_MBps
-                    record.of_reference = of_reference(record.throughput_MBps,
-                                                       self.reference_MBps.get(record.size_bytes))
-                    self.writer.add(record)
-                    self.fabrics[name] = record.fabric
-            except ReferenceUnavailable as exc:
-                print(f"bench micro: warning: no {name} line: {exc}", file=sys.stderr)
+                self.hosts[line.name] = line.hosts(self.launcher)
+            except LaunchError as exc:
+                why = str(exc)
+        if why is None:
+            self.lines.append(line)
+        elif line.required:
+            self._fail(line, why)
+        else:
+            print(f"bench micro: warning: no {line.name} line: {why}", file=sys.stderr)
+
+    def close(self) -> None:
+        """Release the hosts made for lines (a private emulated host)."""
+        for hosts in self.hosts.values():
+            if hosts.own:
+                hosts.launcher.close()
+        self.hosts.clear()
 
     def measure(self, points: list) -> None:
-        """Every transport at every point: one launch per transport over all sizes, or with --rounds, per size
-        every transport once per round (a launch each), round after round."""
+        """Every line at every point: one launch per line over all sizes, or with --rounds, per size every line
+        once per round (a launch each), round after round."""
         from tqdm import tqdm
 
         rounds = self.args.rounds
-        per_transport = sum(p.warmup + p.iters for p in points)
-        with tqdm(total=per_transport * len(self.chosen) * rounds, unit="xfer", dynamic_ncols=True,
-                  disable=None) as bar:
+        total = sum(p.warmup + p.iters for line in self.lines for p in line.points(points))
+        with tqdm(total=total * rounds, unit="xfer", dynamic_ncols=True, disable=None) as bar:
             if rounds == 1:
-                for choice in self.chosen:
-                    self._run(choice, points, 1, bar)
+                for line in self.lines:
+                    self._run(line, line.points(points), 1, bar)
                 return
             for point in points:
                 for round_ in range(1, rounds + 1):
-                    for choice in self.chosen:
-                        if choice.label in self.failed:
+                    for line in self.lines:
+                        if not (mine := line.points([point])):
+                            continue
+                        if line.name in self.failed:
                             bar.update(point.warmup + point.iters)  # it failed before: not tried again
                             continue
-                        self._run(choice, [point], round_, bar)
+                        self._run(line, mine, round_, bar)
 
-    def _run(self, choice: Choice, points: list, round_: int, bar: Any) -> None:
-        from dataclasses import replace
-
-        from bench.experiments.micro import MicroError, make_record, run_transport, transfer_times
+    def _run(self, line: Any, points: list, round_: int, bar: Any) -> None:
+        from bench.experiments.micro import MicroError, make_record, run_line, transfer_times
         from bench.ground.sizes import format_size
-        from bench.results import of_reference
 
-        copies = 1 if choice.label in self.slowed else 0
-        points = [replace(p, extra_copies=copies) for p in points]
         base = bar.n
         done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
                        for p in points}
         where = f" round {round_}" if self.args.rounds > 1 else ""
+        bar.set_postfix_str(f"{line.name}{where}")
 
         def progress(size: int, n: int) -> None:
-            bar.set_postfix_str(f"{choice.label} {format_size(size)}{where}")
+            bar.set_postfix_str(f"{line.name} {format_size(size)}{where}")
             bar.update(base + done_before[size] + n - bar.n)
 
-        def on_point(point: Any, sender: Any, receiver: Any) -> None:
+        def on_sides(point: Any, sender: Any, receiver: Any) -> None:
             times = transfer_times(sender, receiver)
-            record = make_record(choice.label, point, sender, receiver, round_, times)
-            record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(point.size_bytes))
-            self.writer.add(record)
-            self.writer.add_samples(record, times)
-            self.fabrics[choice.label] = record.fabric
+            self._add(line, make_record(line.name, point, sender, receiver, round_, times), times)
+
+        def on_record(point: Any, record: Any) -> None:
+            record.round = round_
+            self._add(line, record, None)
+            progress(point.size_bytes, point.warmup + point.iters)
 
         try:
-            run_transport(choice.label, points, choice.constructor_options(self.args, self.launcher), self.launcher,
-                          on_point, progress)
+            run_line(line, points, self.hosts[line.name].launcher, self.args.timeout, on_sides, on_record, progress)
         except MicroError as exc:
-            self.failures.append(str(exc))
-            self.failed.add(choice.label)
-            bar.write(f"bench micro: error: {exc}", file=sys.stderr)
+            if line.required:
+                self._fail(line, str(exc), bar)
+            else:
+                self.failed.add(line.name)
+                bar.write(f"bench micro: warning: no {line.name} line: {exc}", file=sys.stderr)
         bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
+
+    def _add(self, line: Any, record: Any, times: Any) -> None:
+        """Write a record (and its samples), its throughput set against the bandwidth reference of its size."""
+        from bench.results import of_reference
+
+        if line.bandwidth_reference:
+            self.reference_MBps[record.size_bytes] = record.throughput_MBps
+        record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(record.size_bytes))
+        self.writer.add(record)
+        if times is not None:
+            self.writer.add_samples(record, times)
+        self.fabrics[line.name] = record.fabric
+
+    def _fail(self, line: Any, why: str, bar: Any = None) -> None:
+        self.failures.append(why)
+        self.failed.add(line.name)
+        (bar.write if bar is not None else print)(f"bench micro: error: {why}", file=sys.stderr)
 
 
 def print_summary(out: Path) -> None:

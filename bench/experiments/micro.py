@@ -40,9 +40,10 @@ import multiprocessing as mp
 import resource
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -50,6 +51,7 @@ import transports
 from bench.ground.memory import rss_mb
 from bench.ground.sizes import format_size
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.launch.private import PrivateHosts
 from bench.results import MicroRecord, latency_summary
 from transports import Cluster, Key, TensorSpec, Transport, TransportStats, fabric
 
@@ -391,12 +393,98 @@ class MicroError(RuntimeError):
     """A transport's run failed; the message names the transport and the side."""
 
 
-def ranks_of(label: str, options: dict[str, Any], points: list[Point]) -> list[RankSpec]:
-    """The run's ranks: a sender and a receiver on two hosts, or one rank for a same-process transport."""
-    if transports.transport_class(transports.resolve(label)[0]).same_process_only:
-        return [RankSpec(functools.partial(pair_job, label, options, points), "sender+receiver")]
-    job = functools.partial(role_job, label, options, points)
-    return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+@dataclass(frozen=True)
+class Measured:
+    """rank -> coordinator: a line's record of one size, measured whole inside the rank (a reference tool)."""
+
+    size_bytes: int
+    record: MicroRecord
+
+
+class MicroLine(ABC):
+    """One line of ``bench micro``: a transport, or a reference measured beside them (``bench.experiments.reference``).
+
+    A line says whether it can run here, where its ranks run, and which ranks measure it; the harness
+    (:func:`run_line`, and the command's sweep) owns the sizes, warm-up, rounds, timing of the transports, the
+    records and their ``of_reference``, and asks nothing of a line's name. Its ranks report what they measure:
+    a transport's sender and receiver each a :class:`Side` per size (the harness times the transfers between
+    them), a reference a :class:`Measured` record per size.
+    """
+
+    #: the records' ``transport`` column
+    name: str
+    #: whether a failure fails the run (a transport); a reference that cannot run is left out with one line
+    required: ClassVar[bool] = False
+    #: whether its throughput at a size is every record's ``of_reference`` denominator at that size
+    bandwidth_reference: ClassVar[bool] = False
+
+    def unavailable(self) -> str | None:
+        """Why it cannot run here, in one line with the fix; None when it can."""
+        return None
+
+    def points(self, points: list[Point]) -> list[Point]:
+        """The points it measures of those asked (a latency test stops at 1 MiB)."""
+        return points
+
+    def hosts(self, launcher: Launcher) -> PrivateHosts:
+        """Where its ranks run: the run's launcher, unless it needs hosts of its own (private ones, say).
+        Raises ``LaunchError`` when it cannot run under ``launcher``."""
+        return PrivateHosts(launcher, False, launcher.private_hosts, f"--launcher {launcher.name}")
+
+    @abstractmethod
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        """The ranks that measure ``points`` (what ``self.points`` kept)."""
+
+
+@dataclass
+class TransportLine(MicroLine):
+    """A transport (``label``: its name and options, e.g. ``grpc_rdma:direct``) built with ``options``: a sender
+    and a receiver on two hosts, or one rank of both for a same-process transport (``local``)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    #: copies of each tensor the sender makes before sending it (--extra-copy: a known slow-down)
+    extra_copies: int = 0
+    required: ClassVar[bool] = True
+
+    def points(self, points: list[Point]) -> list[Point]:
+        return [replace(p, extra_copies=self.extra_copies) for p in points]
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        if transports.transport_class(transports.resolve(self.name)[0]).same_process_only:
+            return [RankSpec(functools.partial(pair_job, self.name, self.options, points), "sender+receiver")]
+        job = functools.partial(role_job, self.name, self.options, points)
+        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+
+
+def run_line(line: MicroLine, points: list[Point], launcher: Launcher, timeout_s: float,
+             on_sides: Callable[[Point, Side, Side], None] = lambda point, sender, receiver: None,
+             on_record: Callable[[Point, MicroRecord], None] = lambda point, record: None,
+             on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
+    """Measure ``line`` at its ``points`` on ``launcher`` (the launcher of ``line.hosts``): a transport's
+    ``on_sides(point, sender, receiver)`` as soon as both sides of a point are in, a reference's
+    ``on_record(point, record)``. ``timeout_s`` bounds one transfer (a reference: one size). Raises
+    :class:`MicroError` naming the line."""
+    sides: dict[tuple[str, int], Side] = {}
+    by_size = {p.size_bytes: p for p in points}
+
+    def on_report(rank: int, payload: Any) -> None:
+        if isinstance(payload, Progress):
+            on_progress(payload.size_bytes, payload.done)
+        elif isinstance(payload, Measured):
+            on_record(by_size[payload.size_bytes], payload.record)
+        else:
+            sides[(payload.role, payload.size_bytes)] = payload
+            size = payload.size_bytes
+            if ("sender", size) in sides and ("receiver", size) in sides:
+                on_sides(by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
+
+    try:
+        # a transfer may take up to timeout_s, and the receiver reports at least every PROGRESS_EVERY_S
+        launcher.run(line.ranks(points), timeout_s + SILENCE_SLACK_S, on_report, label=line.name,
+                     startup_s=STARTUP_S)
+    except LaunchError as exc:
+        raise MicroError(f"{line.name}: {exc}") from None
 
 
 def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
@@ -404,25 +492,8 @@ def run_transport(label: str, points: list[Point], options: dict[str, Any], laun
                   on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
     """Measure every point over transport ``label`` built with ``options``; ``on_point(point, sender,
     receiver)`` gets both sides' measurements of each point as soon as it is measured."""
-    timeout_s = options.get("timeout_s", 120.0)
-    sides: dict[tuple[str, int], Side] = {}
-    by_size = {p.size_bytes: p for p in points}
-
-    def on_report(rank: int, payload: Any) -> None:
-        if isinstance(payload, Progress):
-            on_progress(payload.size_bytes, payload.done)
-            return
-        sides[(payload.role, payload.size_bytes)] = payload
-        size = payload.size_bytes
-        if ("sender", size) in sides and ("receiver", size) in sides:
-            on_point(by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
-
-    try:
-        # a transfer may take up to timeout_s, and the receiver reports at least every PROGRESS_EVERY_S
-        launcher.run(ranks_of(label, options, points), timeout_s + SILENCE_SLACK_S, on_report, label=label,
-                     startup_s=STARTUP_S)
-    except LaunchError as exc:
-        raise MicroError(f"{label}: {exc}") from None
+    run_line(TransportLine(label, options), points, launcher, options.get("timeout_s", 120.0), on_sides=on_point,
+             on_progress=on_progress)
 
 
 def transfer_times(sender: Side, receiver: Side) -> dict[str, np.ndarray]:

@@ -54,10 +54,11 @@
 
 - ``memcpy``: one ``np.copyto`` of the tensor in one process, the cost of a single copy.
 
-:func:`reference_measures` gives the lines of a run: the two perftest lines of its fabric, then
-memcpy, and names the bandwidth reference. The programs come from the fabric backends
-(``fabric.backend(name).tool``): the libucx-cu12 wheel's ``ucx_perftest``, perftest's tools on
-PATH. For all four perftest lines the CPU columns are empty (both processes busy-poll for their
+:func:`reference_lines` gives the lines of a run (:data:`REGISTRY`): the two perftest lines of its fabric,
+then memcpy; each is a ``MicroLine`` of the harness (``bench.experiments.micro``) measured in one rank of the
+launch layer, the perftest lines on private hosts (:func:`bench.launch.private.private_hosts`). The programs
+come from the fabric backends (``fabric.backend(name).tool``): the libucx-cu12 wheel's ``ucx_perftest``,
+perftest's tools on PATH. For all four perftest lines the CPU columns are empty (both processes busy-poll for their
 whole life, not only the timed loop) and no payload is copied in user space. All return records
 with the columns of ``bench.experiments.micro.make_record``, in the same order, so they can go into the
 same ``records.csv``.
@@ -67,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import math
 import os
 import re
@@ -74,15 +76,20 @@ import shutil
 import subprocess
 import tempfile
 import time
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, ClassVar
 
 import numpy as np
 
+from bench.experiments.micro import Measured, MicroLine, Point
+from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.launch.private import PrivateHosts, private_hosts
 from bench.results import MicroRecord, latency_summary
 from transports import fabric
+from transports.common import Registry
 from transports.fabric.base import FabricError, Tool
 
 PERFTEST_TEST = "ucp_put_bw"
@@ -146,8 +153,9 @@ def fabric_label(env: dict[str, str]) -> str:
 
 def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Callable[[int], int],
                          timeout_s: float = 120, *, warmup_for: Callable[[int], int] | None = None,
-                         test: str = PERFTEST_TEST) -> list[MicroRecord]:
-    """Run ``ucx_perftest -t <test>`` once per size over loopback; one record per size.
+                         test: str = PERFTEST_TEST, port: int = _PERFTEST_PORT) -> list[MicroRecord]:
+    """Run ``ucx_perftest -t <test>`` once per size, server and client in this process's network namespace
+    (the line's rank runs it in a private one: :class:`UcxPerftest`); one record per size.
 
     ``test`` is ``ucp_put_bw`` (the ``ucx_perftest`` line) or ``ucp_put_lat`` (the
     ``ucx_perftest_lat`` line, measured only at the sizes up to :data:`LATENCY_MAX_SIZE`; the
@@ -155,8 +163,8 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
     ``fabric_transport`` is ``auto``, ``shm`` or ``tcp`` (UCX_TLS unset / ``shm`` / ``tcp``).
     ``iters_for(size)`` gives the timed puts (bandwidth) or round trips (latency) per size,
     ``warmup_for(size)`` the untimed ones (default: a tenth of the timed ones, 1 to 10).
-    ``timeout_s`` bounds each size's run; on timeout both processes are killed. Raises
-    ReferenceUnavailable if ucx_perftest cannot run.
+    ``timeout_s`` bounds each size's run; on timeout both processes are killed. The server listens on
+    ``port``. Raises ReferenceUnavailable if ucx_perftest cannot run.
     """
     if test not in PERFTEST_LINES:
         raise ValueError(f"unknown perftest test '{test}' (known: {', '.join(PERFTEST_LINES)})")
@@ -167,44 +175,13 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
     tool = _tool("ucx", "ucx_perftest", fabric_transport)
     binary, env = tool.path, tool.environment
     records = []
-    with private_network() as enter:
-        for size in sizes:
-            iters = _count(iters_for(size), "iters_for", size)
-            warmup = _count(warmup_for(size), "warmup_for", size) if warmup_for else max(1, min(10, iters // 10))
-            result = run_perftest(binary, env, size, iters, warmup, timeout_s, enter, test=test,
-                                  cpus=_cpu_pair() if test == PERFTEST_LATENCY_TEST else None)
-            records.append(perftest_record(result, size, warmup, iters, fabric_label(env)))
+    for size in sizes:
+        iters = _count(iters_for(size), "iters_for", size)
+        warmup = _count(warmup_for(size), "warmup_for", size) if warmup_for else max(1, min(10, iters // 10))
+        result = run_perftest(binary, env, size, iters, warmup, timeout_s, port, test=test,
+                              cpus=_cpu_pair() if test == PERFTEST_LATENCY_TEST else None)
+        records.append(perftest_record(result, size, warmup, iters, fabric_label(env)))
     return records
-
-
-@contextlib.contextmanager
-def private_network(what: str = "ucx_perftest"):
-    """A network namespace of its own with only loopback up; yields the command prefix that enters it.
-
-    ucx_perftest's server listens on every interface and has no option to bind one, and its UCX
-    opens listeners of its own; perftest's verbs tools (``what``: the tool's name) do the same with
-    their out-of-band socket. In a namespace whose only interface is loopback, nothing of them is
-    reachable from the network. Shared memory and cma work across network namespaces, and so do
-    RDMA devices while rdma-core's namespace mode is ``shared`` (the default; ``rdma system show
-    netns``). Needs root and iproute2; without them the reference line is not run (one line says why).
-    The namespace is the launch layer's (``bench.launch.hosts.private_namespace``): what runs inside is
-    killed when it goes, a reaper removes it should this process die, and the stale sweep knows its name.
-    """
-    from bench.launch.hosts import CommandError, private_namespace
-
-    ip = shutil.which("ip")
-    if os.geteuid() != 0 or ip is None:
-        raise ReferenceUnavailable(
-            f"{what} listens on every interface (it has no bind option), so it runs only inside a private "
-            "network namespace, which needs root and iproute2 ('ip'); run as root or pass --no-references"
-        )
-    with contextlib.ExitStack() as stack:
-        try:
-            name = stack.enter_context(private_namespace())
-        except CommandError as exc:
-            raise ReferenceUnavailable(
-                f"cannot make a private network namespace for {what} ({exc}); pass --no-references") from None
-        yield [ip, "netns", "exec", name]
 
 
 def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str) -> MicroRecord:
@@ -227,17 +204,15 @@ def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, 
 
 
 def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmup: int,
-                 timeout_s: float, enter: list[str], *, test: str = PERFTEST_TEST,
+                 timeout_s: float, port: int = _PERFTEST_PORT, *, test: str = PERFTEST_TEST,
                  cpus: tuple[int, int] | None = None) -> PerftestResult:
-    """One ucx_perftest server and client pair running ``test``, both through ``enter`` (see
-    :func:`private_network`); ``cpus``: the CPU the server and the one the client are pinned to
-    (``ucx_perftest -c``)."""
-    port = _PERFTEST_PORT
+    """One ucx_perftest server (on ``port``) and client pair running ``test`` in this network namespace;
+    ``cpus``: the CPU the server and the one the client are pinned to (``ucx_perftest -c``)."""
     server_pin, client_pin = (["-c", str(cpus[0])], ["-c", str(cpus[1])]) if cpus else ([], [])
     with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
         server = client = None
         try:
-            server = _spawn([*enter, str(binary), "-p", str(port), *server_pin], env, server_out)
+            server = _spawn([str(binary), "-p", str(port), *server_pin], env, server_out)
             deadline = time.monotonic() + timeout_s
             if not _wait_listening(server, port, min(_LISTEN_TIMEOUT_S, timeout_s)):
                 if server.poll() is None:
@@ -245,8 +220,8 @@ def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmu
                         f"ucx_perftest server did not listen on port {port} within "
                         f"{min(_LISTEN_TIMEOUT_S, timeout_s):.0f} s{_tail(server_out)}"
                     )
-                raise _failed("server", server.returncode, server_out, binary, env)
-            command = [*enter, str(binary), "127.0.0.1", "-p", str(port), "-t", test,
+                raise _failed("server", server.returncode, server_out, binary, env, port=port)
+            command = [str(binary), "127.0.0.1", "-p", str(port), "-t", test,
                        "-s", str(size), "-n", str(iters), "-w", str(warmup), *client_pin]
             client = _spawn(command, env, client_out)
             try:
@@ -258,7 +233,7 @@ def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmu
                     "raise --timeout or use fewer iterations"
                 ) from None
             if client.returncode != 0:
-                raise _failed("client", client.returncode, client_out, binary, env, server_out, test=test)
+                raise _failed("client", client.returncode, client_out, binary, env, server_out, test=test, port=port)
             with contextlib.suppress(subprocess.TimeoutExpired):  # the numbers are in; finally kills it
                 server.wait(timeout=_SERVER_EXIT_TIMEOUT_S)
             result = parse_perftest_output(_read(client_out), size)
@@ -393,7 +368,8 @@ def _listening(port: int, pid: int) -> bool | None:
 
 
 def _failed(role: str, code: int | None, out: IO[str], binary: Path, env: dict[str, str],
-            other: IO[str] | None = None, *, test: str = PERFTEST_TEST) -> ReferenceUnavailable:
+            other: IO[str] | None = None, *, test: str = PERFTEST_TEST,
+            port: int = _PERFTEST_PORT) -> ReferenceUnavailable:
     text = _read(out) + (_read(other) if other is not None else "")
     if "error while loading shared libraries" in text:
         hint = (f"its libraries are not found; set LD_LIBRARY_PATH to the UCX lib directory "
@@ -401,7 +377,7 @@ def _failed(role: str, code: int | None, out: IO[str], binary: Path, env: dict[s
     else:
         tls = f"UCX_TLS={env['UCX_TLS']} " if env.get("UCX_TLS") else ""
         setup = f"{tls}LD_LIBRARY_PATH={binary.parent.parent / 'lib'}"
-        hint = (f"run '{setup} {binary} -p 13337' and '{setup} {binary} 127.0.0.1 -p 13337 -t {test}' "
+        hint = (f"run '{setup} {binary} -p {port}' and '{setup} {binary} 127.0.0.1 -p {port} -t {test}' "
                 "by hand to see why, or try another --fabric-transport")
     return ReferenceUnavailable(f"ucx_perftest {role} failed (exit code {code}): {hint}{_tail_text(text)}")
 
@@ -621,16 +597,16 @@ def verbs_record(result: VerbsBandwidthResult | VerbsLatencyResult, fabric_label
 
 
 def verbs_records(sizes: list[int], tool_name: str, iters_for: Callable[[int], int], timeout_s: float = 120,
-                  fabric_transport: str = "auto") -> list[MicroRecord]:
+                  fabric_transport: str = "auto", port: int = _VERBS_PORT) -> list[MicroRecord]:
     """Run perftest's ``tool_name`` (``ib_write_bw`` or ``ib_write_lat``) once per size, server and client
     on this host; one record per size.
 
     The latency line runs only the sizes up to :data:`LATENCY_MAX_SIZE`. The tool, its arguments
     (the device, port and GID index of the RDMA_* settings) and its environment come from the verbs
-    backend (``fabric.backend("verbs").tool``); the pair runs in a network namespace of its own
-    (:func:`private_network`), the client reaching the server's out-of-band socket over loopback
-    while the writes go through the RDMA device. ``iters_for(size)`` gives the iterations (at least
-    5, perftest's minimum); perftest takes no warm-up count, so the records' ``warmup`` is 0.
+    backend (``fabric.backend("verbs").tool``); the pair runs in this process's network namespace (the
+    line's rank runs it in a private one: :class:`IbWriteBw`), the client reaching the server's out-of-band
+    socket on ``port`` over loopback while the writes go through the RDMA device. ``iters_for(size)`` gives
+    the iterations (at least 5, perftest's minimum); perftest takes no warm-up count, so the records' ``warmup`` is 0.
     Raises ReferenceUnavailable if the verbs fabric is not available here or the tool cannot run.
     """
     if tool_name not in VERBS_LINES:
@@ -646,26 +622,25 @@ def verbs_records(sizes: list[int], tool_name: str, iters_for: Callable[[int], i
                                    "(its lines need one; measure on a host with an RDMA NIC, or pass --no-references)")
     tool = _tool("verbs", tool_name, fabric_transport)
     records = []
-    with private_network(tool_name) as enter:
-        for size in sizes:
-            iters = max(_VERBS_MIN_ITERS, _count(iters_for(size), "iters_for", size))
-            text = run_verbs_tool(tool, size, iters, timeout_s, enter, cpus=_cpu_pair() if latency else None)
-            result = parse_ib_write_lat_output(text, size) if latency else parse_ib_write_bw_output(text, size)
-            records.append(verbs_record(result, verbs_label(tool, result.device)))
+    for size in sizes:
+        iters = max(_VERBS_MIN_ITERS, _count(iters_for(size), "iters_for", size))
+        text = run_verbs_tool(tool, size, iters, timeout_s, port, cpus=_cpu_pair() if latency else None)
+        result = parse_ib_write_lat_output(text, size) if latency else parse_ib_write_bw_output(text, size)
+        records.append(verbs_record(result, verbs_label(tool, result.device)))
     return records
 
 
-def run_verbs_tool(tool: Tool, size: int, iters: int, timeout_s: float, enter: list[str], *,
+def run_verbs_tool(tool: Tool, size: int, iters: int, timeout_s: float, port: int = _VERBS_PORT, *,
                    cpus: tuple[int, int] | None = None) -> str:
-    """One server and client pair of perftest's ``tool`` at ``size`` bytes, both through ``enter`` (see
-    :func:`private_network`); the client's output. ``cpus``: the CPU the server and the one the client are
+    """One server (out-of-band socket on ``port``) and client pair of perftest's ``tool`` at ``size`` bytes in
+    this network namespace; the client's output. ``cpus``: the CPU the server and the one the client are
     pinned to (with ``taskset``, where there is one)."""
     taskset = shutil.which("taskset") if cpus else None
     server_pin, client_pin = ([taskset, "-c", str(cpus[0])], [taskset, "-c", str(cpus[1])]) \
         if taskset and cpus else ([], [])
-    common = [str(tool.path), *tool.arguments, "-p", str(_VERBS_PORT), "-s", str(size), "-n", str(iters), "-F"]
-    server_command = [*enter, *server_pin, *common]
-    client_command = [*enter, *client_pin, *common, "127.0.0.1"]
+    common = [str(tool.path), *tool.arguments, "-p", str(port), "-s", str(size), "-n", str(iters), "-F"]
+    server_command = [*server_pin, *common]
+    client_command = [*client_pin, *common, "127.0.0.1"]
     fix = _PERFTEST_INSTALL
     with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
         server = client = None
@@ -673,9 +648,9 @@ def run_verbs_tool(tool: Tool, size: int, iters: int, timeout_s: float, enter: l
             server = _spawn(server_command, tool.environment, server_out, fix)
             deadline = time.monotonic() + timeout_s
             listen_s = min(_LISTEN_TIMEOUT_S, timeout_s)
-            if not _wait_listening(server, _VERBS_PORT, listen_s):
+            if not _wait_listening(server, port, listen_s):
                 if server.poll() is None:
-                    raise ReferenceUnavailable(f"{tool.name} server did not listen on port {_VERBS_PORT} within "
+                    raise ReferenceUnavailable(f"{tool.name} server did not listen on port {port} within "
                                                f"{listen_s:.0f} s{_tail(server_out)}")
                 raise _verbs_failed(tool, "server", server.returncode, _read(server_out), common)
             client = _spawn(client_command, tool.environment, client_out, fix)
@@ -742,47 +717,161 @@ def memcpy_records(sizes: list[int], iters_for: Callable[[int], int]) -> list[Mi
 
 
 # ---------------------------------------------------------------------------------------------
-# the lines of a run
-
-#: the perftest lines of each fabric backend; the first is its bandwidth reference (of_reference's denominator)
-FABRIC_LINES: dict[str, tuple[str, str]] = {
-    "ucx": (PERFTEST_LINES[PERFTEST_TEST], PERFTEST_LINES[PERFTEST_LATENCY_TEST]),
-    "verbs": (VERBS_BANDWIDTH_TOOL, VERBS_LATENCY_TOOL),
-}
+# the lines: each a MicroLine of bench micro, measured in one rank of the launch layer
 
 
-class References(NamedTuple):
-    """What :func:`reference_measures` gives: the record name whose throughput is every record's
-    ``of_reference`` denominator, and the lines to measure, in order, each ``(name, measure)``."""
+@dataclass
+class ReferenceLine(MicroLine):
+    """A reference line of ``bench micro``: one rank that measures every point itself and reports a record each.
 
-    bandwidth_line: str
-    measures: list[tuple[str, Callable[[], list[MicroRecord]]]]
-
-
-def reference_measures(sizes: list[int], fabric_name: str, fabric_transport: str, iters_for: Callable[[int], int],
-                       warmup_for: Callable[[int], int] | None = None, timeout_s: float = 120) -> References:
-    """The reference lines of a ``bench micro`` run over fabric backend ``fabric_name``: its two perftest
-    lines (``ucx``: ucx_perftest and ucx_perftest_lat; ``verbs``: ib_write_bw and ib_write_lat), then
-    memcpy. Nothing runs until a measure is called; each returns its records, or raises
-    ReferenceUnavailable with one line saying why and what to do. ``iters_for``/``warmup_for`` as in
-    :func:`ucx_perftest_records` (the verbs tools take no warm-up count); ``timeout_s`` bounds each size
-    of a perftest line. ValueError for a fabric without reference lines.
+    ``fabric_transport``: the UCX transports of the run (what its launcher makes of ``--fabric-transport``);
+    ``timeout_s`` bounds one size.
     """
-    if fabric_name not in FABRIC_LINES:
-        raise ValueError(f"no reference lines for fabric '{fabric_name}' (known: {', '.join(FABRIC_LINES)})")
-    sizes = list(sizes)
-    measures: list[tuple[str, Callable[[], list[MicroRecord]]]] = []
-    if fabric_name == "ucx":
-        for test in (PERFTEST_TEST, PERFTEST_LATENCY_TEST):
-            measures.append((PERFTEST_LINES[test], functools.partial(
-                ucx_perftest_records, sizes, fabric_transport, iters_for, timeout_s, warmup_for=warmup_for,
-                test=test)))
-    else:
-        for tool_name in FABRIC_LINES[fabric_name]:
-            measures.append((tool_name, functools.partial(
-                verbs_records, sizes, tool_name, iters_for, timeout_s, fabric_transport=fabric_transport)))
-    measures.append(("memcpy", functools.partial(memcpy_records, sizes, iters_for)))
-    return References(FABRIC_LINES[fabric_name][0], measures)
+
+    fabric_transport: str = "auto"
+    timeout_s: float = 120.0
+    #: the fabric backend whose runs it belongs in (None: every run)
+    fabric: ClassVar[str | None] = None
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        return [RankSpec(functools.partial(_reference_job, self, points), self.name)]
+
+    @abstractmethod
+    def measure(self, point: Point, port: int) -> MicroRecord:
+        """The record of ``point``, measured here; ``port`` is this rank's own to listen on."""
+
+
+def _reference_job(line: ReferenceLine, points: list[Point], ctx: RankContext) -> None:
+    port = int(ctx.cluster.addresses[ctx.rank].rsplit(":", 1)[1])
+    for point in points:
+        ctx.report(Measured(point.size_bytes, line.measure(point, port)))
+
+
+@dataclass
+class PerftestLine(ReferenceLine):
+    """A perftest tool's line: server and client in the line's rank, on private hosts of the launch layer.
+
+    Its tools listen on every interface (no bind option), so the rank runs where the network cannot reach
+    it: in one private emulated host under the local launcher, on the emulated host under netns
+    (:func:`bench.launch.private.private_hosts`), with the launch layer's reaper and stale sweep.
+    """
+
+    #: the perftest's tool, of the fabric backend
+    tool: ClassVar[str]
+    #: a latency test: the sizes up to LATENCY_MAX_SIZE, server and client pinned to a CPU each
+    latency: ClassVar[bool] = False
+
+    def points(self, points: list[Point]) -> list[Point]:
+        return [p for p in points if p.size_bytes <= LATENCY_MAX_SIZE] if self.latency else points
+
+    def unavailable(self) -> str | None:
+        if self.fabric is not None and not (status := fabric.availability(self.fabric)).ok:
+            return (f"{self.name}: the {self.fabric} fabric is not available here: {status.reason} (its lines "
+                    "need it; measure where it is, or pass --no-references)")
+        try:
+            _tool(self.fabric, self.tool, self.fabric_transport)
+        except ReferenceUnavailable as exc:
+            return str(exc)
+        return None
+
+    def hosts(self, launcher: Launcher) -> PrivateHosts:
+        try:
+            chosen = private_hosts(launcher, self.tool)
+        except LaunchError as exc:
+            raise LaunchError(f"{exc}; or pass --no-references") from None
+        bind = getattr(launcher, "bind", "") or "127.0.0.1"
+        if not chosen.isolated and ipaddress.ip_address(bind).is_loopback:
+            raise LaunchError(f"{self.tool} listens on every interface (it has no bind option) and --launcher "
+                              f"{launcher.name} runs it on the host's own network: pass --bind ADDRESS to accept "
+                              "that, or --no-references")
+        return chosen
+
+
+@dataclass
+class UcxPerftest(PerftestLine):
+    """UCX's put bandwidth, ``ucx_perftest -t ucp_put_bw``: the run's bandwidth reference."""
+
+    name: str = "ucx_perftest"
+    fabric: ClassVar[str | None] = "ucx"
+    tool: ClassVar[str] = "ucx_perftest"
+    test: ClassVar[str] = PERFTEST_TEST
+    bandwidth_reference: ClassVar[bool] = True
+
+    def measure(self, point: Point, port: int) -> MicroRecord:
+        [record] = ucx_perftest_records([point.size_bytes], self.fabric_transport, lambda size: point.iters,
+                                        self.timeout_s, warmup_for=lambda size: max(1, point.warmup),
+                                        test=self.test, port=port)
+        return record
+
+
+@dataclass
+class UcxPerftestLatency(UcxPerftest):
+    """UCX's put latency, ``ucx_perftest -t ucp_put_lat``, up to 1 MiB."""
+
+    name: str = "ucx_perftest_lat"
+    test: ClassVar[str] = PERFTEST_LATENCY_TEST
+    latency: ClassVar[bool] = True
+    bandwidth_reference: ClassVar[bool] = False
+
+
+@dataclass
+class IbWriteBw(PerftestLine):
+    """perftest's RDMA write bandwidth, ``ib_write_bw``: the bandwidth reference of a verbs run."""
+
+    name: str = VERBS_BANDWIDTH_TOOL
+    fabric: ClassVar[str | None] = "verbs"
+    tool: ClassVar[str] = VERBS_BANDWIDTH_TOOL
+    bandwidth_reference: ClassVar[bool] = True
+
+    def measure(self, point: Point, port: int) -> MicroRecord:
+        [record] = verbs_records([point.size_bytes], self.tool, lambda size: point.iters, self.timeout_s,
+                                 self.fabric_transport, port=port)
+        return record
+
+
+@dataclass
+class IbWriteLat(IbWriteBw):
+    """perftest's RDMA write latency, ``ib_write_lat``, up to 1 MiB."""
+
+    name: str = VERBS_LATENCY_TOOL
+    tool: ClassVar[str] = VERBS_LATENCY_TOOL
+    latency: ClassVar[bool] = True
+    bandwidth_reference: ClassVar[bool] = False
+
+
+@dataclass
+class Memcpy(ReferenceLine):
+    """One ``np.copyto`` of the tensor in one process: the cost of a single copy."""
+
+    name: str = "memcpy"
+
+    def measure(self, point: Point, port: int) -> MicroRecord:
+        [record] = memcpy_records([point.size_bytes], lambda size: point.iters)
+        return record
+
+
+#: the reference lines, in the order they are measured (before the transports: of_reference needs the
+#: bandwidth reference of each size first); each entry's class says which fabric's runs it belongs in
+REGISTRY = Registry("reference line", {
+    "ucx_perftest": ("bench.experiments.reference:UcxPerftest", "UCX's put bandwidth (ucx_perftest -t ucp_put_bw)"),
+    "ucx_perftest_lat": ("bench.experiments.reference:UcxPerftestLatency",
+                         "UCX's put latency (ucx_perftest -t ucp_put_lat), up to 1 MiB"),
+    "ib_write_bw": ("bench.experiments.reference:IbWriteBw", "perftest's RDMA write bandwidth (verbs fabric)"),
+    "ib_write_lat": ("bench.experiments.reference:IbWriteLat", "perftest's RDMA write latency (verbs fabric)"),
+    "memcpy": ("bench.experiments.reference:Memcpy", "one copy of the tensor in one process"),
+})
+
+
+def reference_lines(fabric_name: str, fabric_transport: str = "auto",
+                    timeout_s: float = 120.0) -> list[ReferenceLine]:
+    """The reference lines of a ``bench micro`` run over fabric backend ``fabric_name`` (those of its fabric and
+    those of every run), in order; ValueError for a fabric without lines of its own."""
+    classes = [REGISTRY.load(name) for name in REGISTRY]
+    if not any(cls.fabric == fabric_name for cls in classes):
+        known = sorted({cls.fabric for cls in classes if cls.fabric})
+        raise ValueError(f"no reference lines for fabric '{fabric_name}' (known: {', '.join(known)})")
+    return [cls(fabric_transport=fabric_transport, timeout_s=timeout_s) for cls in classes
+            if cls.fabric in (None, fabric_name)]
 
 
 # ---------------------------------------------------------------------------------------------

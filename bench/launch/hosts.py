@@ -17,8 +17,9 @@ creator's process group spares it) whose stdin is the read end of a pipe only th
 :meth:`EmulatedHosts.close` tears down, writes ``closed`` and closes the pipe; the reaper exits. When
 the creator dies instead (even by SIGKILL) the reaper reads EOF without ``closed``, kills what runs
 in the namespaces, deletes them and the directories it was given, and exits, so no reaper outlives its
-hosts. The local launcher's hub directory (its socket, the ranks' logs) and the private namespace of a
-reference tool (:func:`private_namespace`) have reapers too.
+hosts. The local launcher's hub directory (its socket, the ranks' logs) has a reaper too. Programs that
+listen on every interface (TensorFlow's servers, perftest's tools) run on a private emulated host of their
+own (:func:`bench.launch.private.private_hosts`).
 """
 
 from __future__ import annotations
@@ -254,29 +255,6 @@ class Reaper:
                 self._process.kill()
                 self._process.wait()
             self._process = None
-
-
-@contextlib.contextmanager
-def private_namespace(owner_pid: int | None = None):
-    """A network namespace of its own with only loopback up, swept like emulated hosts; yields its name.
-
-    Its name follows the emulated hosts' scheme (``tbench-<pid>-<nonce>-lo``), so :func:`sweep_stale`
-    finds it once its creator is dead, and a reaper removes it (and kills what runs inside) if the
-    creator dies first. Raises :class:`CommandError` when it cannot be made.
-    """
-    name = f"{NAME_PREFIX}-{owner_pid or os.getpid()}-{secrets.token_hex(4)}-lo"
-    reaper = Reaper(namespaces=[name]).start()
-    clean = False
-    try:
-        _run(["ip", "netns", "add", name])
-        _run(["ip", "-n", name, "link", "set", "lo", "up"])
-        yield name
-    finally:
-        try:
-            _teardown([name])
-            clean = True
-        finally:
-            reaper.release(clean)
 
 
 class EmulatedHosts:

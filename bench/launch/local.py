@@ -28,7 +28,7 @@ from bench.launch.addresses import resolve_bind, ucx_devices
 from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
 from bench.launch.hosts import Reaper
 from transports import Cluster
-from transports.base import free_port, release_cluster_ports
+from transports.ports import free_port, release_cluster_ports
 
 #: seconds ranks get to exit by themselves after their result, and after SIGTERM
 _EXIT_GRACE_S = 30.0
@@ -139,7 +139,7 @@ class LocalLauncher(Launcher):
             if hub is not None:
                 hub.close()
             if cluster is not None:  # the ranks are gone: the ports free_port reserved for them here go too
-                release_cluster_ports(cluster)
+                release_cluster_ports(cluster.addresses)
             self._close_hosts()
             shutil.rmtree(workdir, ignore_errors=True)
             reaper.release(clean=True)

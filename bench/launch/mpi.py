@@ -41,7 +41,7 @@ from bench.launch.base import (
     serve_rank,
 )
 from transports import Cluster, load_fabric
-from transports.base import free_port
+from transports.ports import free_port
 
 
 class MpiLauncher(Launcher):

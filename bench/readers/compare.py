@@ -52,9 +52,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.experiments.reference import FABRIC_LINES
 from bench.ground.sizes import format_size
-from bench.results import ResultsError, Run, load_run, points, record_type
+from bench.results import REFERENCE_NAMES, ResultsError, Run, load_run, points, record_type
 
 #: the threshold when none is given: 10%
 DEFAULT_THRESHOLD = 0.10
@@ -65,7 +64,7 @@ HIGHER_IS_BETTER = frozenset({"throughput_MBps", "throughput_batches_per_s", "to
 
 #: per experiment, the lines that measure the machine or another project, not this code
 REFERENCES: dict[str, frozenset[str]] = {
-    "micro": frozenset({line for lines in FABRIC_LINES.values() for line in lines} | {"memcpy"}),
+    "micro": frozenset(REFERENCE_NAMES),
     "model": frozenset({"tf_grpc"}),
     "scale": frozenset({"tf_grpc"}),
 }

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import matplotlib
 
+from bench import LOCAL
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
@@ -680,7 +682,7 @@ def _scale_figure(run: Run, column: str, ylabel: str, title: str) -> Figure:
         servers = sorted(set(subset["servers"]))
         for name in _transports_in_order(subset):
             line = subset[subset["transport"] == name]
-            if name == "local":  # one process: perfect scaling of it is the reference
+            if name == LOCAL:  # one process: perfect scaling of it is the reference
                 single = line["total_batches_per_s"].median()
                 values = [single * n for n in servers] if column == "total_batches_per_s" else [1.0] * len(servers)
                 _line(ax, "local", _label("local") + " x servers", servers, values)
@@ -696,7 +698,7 @@ def _scale_figure(run: Run, column: str, ylabel: str, title: str) -> Figure:
         ax.set_ylabel(ylabel)
         ax.set_title(f"{model_name(model)}, batch {batch} per worker", fontsize=10)
         ax.grid(True, alpha=0.3)
-    _title(fig, title, run, [_notes(run.records), spread_note(points[points["transport"] != "local"])])
+    _title(fig, title, run, [_notes(run.records), spread_note(points[points["transport"] != LOCAL])])
     return _finish(fig, axes)
 
 

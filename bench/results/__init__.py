@@ -33,6 +33,7 @@ from bench.results.store import (
     READABLE_VERSIONS,
     RECORDS_FILE,
     REFERENCE_LINES,
+    REFERENCE_NAMES,
     REQUIRED_COLUMNS,
     RESERVE_FILE,
     SAMPLES_FILE,
@@ -53,7 +54,8 @@ from bench.results.store import (
 
 __all__ = [
     "AnalysisRecord", "COLUMNS", "ConvergeRecord", "DiskError", "META_FILE", "MicroRecord", "ModelRecord",
-    "ModelsRecord", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REQUIRED_COLUMNS",
+    "ModelsRecord", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REFERENCE_NAMES",
+    "REQUIRED_COLUMNS",
     "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter", "SAMPLES_FILE", "SCHEMA_VERSION",
     "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed", "environment", "git_commit",
     "is_disk_error", "latency_summary", "load_run", "median_interval", "now_iso", "of_reference", "package_versions",

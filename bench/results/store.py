@@ -56,6 +56,9 @@ COLUMNS: dict[str, list[str]] = {name: cls.columns() for name, cls in RECORD_TYP
 #: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
 #: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/experiments/reference.py)
 REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
+#: the record names of every reference line of ``bench micro`` (``bench.experiments.reference.REGISTRY``), in order:
+#: the lines that measure the machine or the fabric library, not this code
+REFERENCE_NAMES = ("ucx_perftest", "ucx_perftest_lat", "ib_write_bw", "ib_write_lat", "memcpy")
 
 
 def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float | None:

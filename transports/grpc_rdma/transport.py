@@ -54,16 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import (
-    Key,
-    PeerError,
-    TransportClosed,
-    TransportError,
-    TransportTimeout,
-    contiguous,
-    memory_bytes,
-    release_port,
-)
+from transports.base import Key, PeerError, TransportClosed, TransportError, TransportTimeout, contiguous, memory_bytes
 from transports.common import aligned_empty, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
@@ -79,6 +70,7 @@ from transports.grpc_rdma.protocol import (
     parse_link,
 )
 from transports.on_fabric import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
+from transports.ports import release_port
 from transports.rendezvous import Rendezvous
 
 IMM_MESSAGE = 0xFFFFFFFF

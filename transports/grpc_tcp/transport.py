@@ -51,12 +51,11 @@ from transports.base import (
     TransportTimeout,
     contiguous,
     key_problem,
-    release_cluster_ports,
-    release_port,
 )
 from transports.common import settle
 from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest
 from transports.grpc_tcp.wire import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, TensorAssembler, WireError, encode_chunks
+from transports.ports import release_cluster_ports, release_port
 from transports.rendezvous import Rendezvous
 
 _SERVICE = DESCRIPTOR.services_by_name["TensorTransport"]
@@ -189,7 +188,7 @@ class GrpcTcpTransport(Transport):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()
-            release_cluster_ports(self.cluster)
+            release_cluster_ports(self.cluster.addresses)
 
     async def _shutdown(self) -> None:
         if self._watchdog is not None:

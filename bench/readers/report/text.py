@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from bench.ground import paper
-from bench.results import ratio
+from bench.results import REFERENCE_NAMES, ratio
 
 #: short names of the lines, as the paper calls them (this suite's labels otherwise)
 NAMES = {
@@ -30,7 +30,7 @@ NAMES = {
 ORDER = ("zerocopy", "zerocopy:no_analysis", "rdma_cp", "grpc_rdma", "grpc_rdma:direct", "grpc_tcp", "tf_grpc",
          "local")
 #: micro lines that are no transport: the fabric library's limit and a copy in one process (never a ratio's base)
-REFERENCE_LINES = ("ucx_perftest", "ucx_perftest_lat", "ib_write_bw", "ib_write_lat", "memcpy")
+REFERENCE_LINES = REFERENCE_NAMES
 ZERO_COPY = "zerocopy"
 NO_ANALYSIS = "zerocopy:no_analysis"
 MISSING = "—"

@@ -4,6 +4,7 @@ the same transport on one server, beside the paper's speed-ups.
 
 from __future__ import annotations
 
+from bench import LOCAL
 from bench.ground import paper
 from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, cores_note, fabric_notes, launch_notes, status_notes
@@ -40,10 +41,10 @@ def figure11(run: Run, label: str) -> Section:
     comparisons = []
     for model, batch in dict.fromkeys((r.model, int(r.batch_size)) for r in points.itertuples(index=False)):
         subset = points[(points["model"] == model) & (points["batch_size"] == batch)]
-        local_rows = subset[subset["transport"] == "local"]
+        local_rows = subset[subset["transport"] == LOCAL]
         local = float(local_rows["total_batches_per_s"].median()) if len(local_rows) else None
-        lines = [t for t in ordered(subset["transport"]) if t != "local"]
-        servers = sorted({int(s) for s in subset[subset["transport"] != "local"]["servers"]})
+        lines = [t for t in ordered(subset["transport"]) if t != LOCAL]
+        servers = sorted({int(s) for s in subset[subset["transport"] != LOCAL]["servers"]})
         header = ["servers"]
         for line in lines:
             header += [f"{line_name(line)} (batches/s)", "over Local" if local else "", "over 1 server"]
