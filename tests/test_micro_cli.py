@@ -137,3 +137,37 @@ def test_bench_help_lists_every_command_with_its_line():
     text = " ".join(result.stdout.split()).replace("- ", "-")  # argparse wraps lines after a hyphen
     for name in COMMANDS:
         assert f"{name} {' '.join(command_module(name).HELP.split())}" in text, name
+
+
+@needs_namespace
+def test_references_are_lines_of_every_round(tmp_path):
+    """One harness for every line: with --rounds the references are measured per size and round like the
+    transports, before them, and each round's transport records are set against that round's reference."""
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB,2MB", "--iters", "5", "--warmup", "1", "--transports", "local",
+                   "--fabric-transport", "shm", "--rounds", "2", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_run(out).records
+    assert list(zip(records["size_bytes"], records["round"], records["transport"], strict=True)) == [
+        (1024, 1, "ucx_perftest"), (1024, 1, "ucx_perftest_lat"), (1024, 1, "memcpy"), (1024, 1, "local"),
+        (1024, 2, "ucx_perftest"), (1024, 2, "ucx_perftest_lat"), (1024, 2, "memcpy"), (1024, 2, "local"),
+        (2 << 20, 1, "ucx_perftest"), (2 << 20, 1, "memcpy"), (2 << 20, 1, "local"),
+        (2 << 20, 2, "ucx_perftest"), (2 << 20, 2, "memcpy"), (2 << 20, 2, "local")]
+    for row in records.itertuples():
+        reference = records[(records["transport"] == "ucx_perftest") & (records["size_bytes"] == row.size_bytes)
+                             & (records["round"] == row.round)]["throughput_MBps"].iloc[0]
+        assert row.of_reference == pytest.approx(row.throughput_MBps / reference, rel=1e-9)
+
+
+@needs_namespace
+def test_references_run_under_netns_on_an_emulated_host(tmp_path):
+    """Under --launcher netns the reference lines run too (they were left out before): ucx_perftest's pair on
+    an emulated host, over the launcher's fabric transport (tcp), memcpy in a rank."""
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "4KB", "--iters", "5", "--warmup", "1", "--transports", "local",
+                   "--launcher", "netns", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = load_run(out)
+    assert list(run.records["transport"]) == ["ucx_perftest", "ucx_perftest_lat", "memcpy", "local"]
+    assert run.meta["fabric"]["ucx_perftest"] == "ucx:tcp"
+    assert "warning" not in result.stderr

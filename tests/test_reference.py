@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from bench.experiments.reference import (
     LATENCY_MAX_SIZE,
     REGISTRY,
     Memcpy,
+    ReferenceLine,
     ReferenceUnavailable,
     UcxPerftest,
     UcxPerftestLatency,
@@ -692,3 +694,22 @@ def test_ib_write_bw_without_a_device_says_what_to_check(monkeypatch, tmp_path):
                                                    r".*rdma system show netns"):
         verbs_records([4096], "ib_write_bw", _iters, timeout_s=10)
 
+
+
+@dataclass
+class Constant(ReferenceLine):
+    """A line of the test's own: what a new reference needs (a class with ``measure``), nothing else."""
+
+    name: str = "constant"
+
+    def measure(self, point, port: int):
+        return reference._record(self.name, point.size_bytes, point.warmup, point.iters, p50_us=float(port),
+                                 p99_us=1.0, mean_us=1.0, min_us=1.0, max_us=1.0, throughput_MBps=1.0,
+                                 sender_cpu_s=0.0, receiver_cpu_s=0.0, copied_bytes=0, fabric="none")
+
+
+def test_a_new_line_is_one_class_measured_in_a_rank_of_the_launcher():
+    records = _measure(Constant(), [1024, 4096], iters=7)
+    assert [(r.transport, r.size_bytes, r.iters) for r in records] == [("constant", 1024, 7), ("constant", 4096, 7)]
+    # measured in a rank, on the port the launcher gave it (not the test process's: it has none)
+    assert all(r.p50_us > 1024 for r in records)
