@@ -144,7 +144,7 @@ def test_without_the_analysis_zerocopy_registers_what_it_sends():
 def test_a_static_tensor_arriving_with_another_shape_is_an_error_naming_it_and_the_slot_is_untouched():
     spec = TensorSpec("g1", (4, 5), np.float32, 0, 1)
     pair = pair_of("zerocopy", "shm")
-    pair[1].plan([spec])  # only the receiver knows the shape: it placed the tensor, the sender learns it
+    pair[1].placement.plan([spec])  # only the receiver knows the shape: it placed the tensor, the sender learns it
     try:
         slot = pair[1]._incoming_slot("g1", 0)
         guard = slot.data.array.copy()

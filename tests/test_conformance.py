@@ -132,8 +132,8 @@ def test_keys_for_other_ranks_are_refused(pair):
 
 def test_allocate_gives_a_writable_tensor_of_the_spec(pair):
     spec = TensorSpec("w", (4, 8), np.float32, 0, 1)
-    pair[0].plan([spec])
-    tensor = pair[0].allocate(spec)
+    pair[0].placement.plan([spec])
+    tensor = pair[0].placement.allocate(spec)
     assert tensor.shape == (4, 8) and tensor.dtype == np.float32 and tensor.flags.writeable
     tensor[...] = 1.5
     np.testing.assert_array_equal(transfer(pair, tensor, name="w"), tensor)

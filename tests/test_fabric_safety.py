@@ -230,7 +230,7 @@ def test_a_received_tensor_stays_readable_after_close(name, mode):
         pair = start_pair({name!r}, fabric_transport="shm")
         if {mode!r} == "static":
             for t in pair:
-                t.plan([TensorSpec("w", (1000,), np.float32, 0, 1)])
+                t.placement.plan([TensorSpec("w", (1000,), np.float32, 0, 1)])
         sending = pair[0].send_async(Key("w", 0, 0, 1), np.full(1000, 7, np.float32))
         got = pair[1].recv(Key("w", 0, 0, 1))
         sending.result(timeout=60)
@@ -332,7 +332,7 @@ def test_plan_keeps_static_placement():
     pair = start_pair("zerocopy", fabric_transport="shm")
     try:
         for t in pair:
-            t.plan([TensorSpec("p", (4,), np.float64, 0, 1)])
+            t.placement.plan([TensorSpec("p", (4,), np.float64, 0, 1)])
         sending = pair[0].send_async(Key("p", 0, 0, 1), np.arange(4.0))
         assert pair[1].recv(Key("p", 0, 0, 1)).tolist() == [0.0, 1.0, 2.0, 3.0]
         sending.result(timeout=60)

@@ -104,7 +104,7 @@ def test_a_first_chunk_announcing_more_than_memory_is_refused_before_allocating(
 def test_a_tensor_other_than_the_plans_is_refused(fake):
     # before: recv returned the float64 (3,) array silently
     peer, receiver = fake
-    receiver.plan([TensorSpec("w", (16,), np.float32, 0, 1)])
+    receiver.placement.plan([TensorSpec("w", (16,), np.float32, 0, 1)])
     peer.streams["w"] = list(encode_chunks(np.zeros(3, np.float64), Ledger()))
     with pytest.raises(PeerError, match=rf"{PEER}.*w@0 \(0->1\).*<f8 \(3,\).*plan.*<f4 \(16,\)"):
         receiver.recv(Key("w", 0, 0, 1))
@@ -116,7 +116,7 @@ def test_a_tensor_other_than_the_plans_is_refused(fake):
 def test_a_real_sender_of_the_wrong_tensor_fails_only_that_receive():
     sender, receiver = pair = start_pair("grpc_tcp", chunk_bytes=1000)
     try:
-        receiver.plan([TensorSpec("w", (4, 250), np.float32, 0, 1), TensorSpec("g", None, np.float32, 0, 1)])
+        receiver.placement.plan([TensorSpec("w", (4, 250), np.float32, 0, 1), TensorSpec("g", None, np.float32, 0, 1)])
         sender.send_async(Key("w", 0, 0, 1), np.zeros((250, 4), np.float32))  # the same bytes, another shape
         with pytest.raises(PeerError, match=rf"{PEER}.*w@0.*\(250, 4\).*plan.*\(4, 250\)"):
             receiver.recv(Key("w", 0, 0, 1))

@@ -63,8 +63,8 @@ def test_a_tensor_over_1_gib_arrives_whole(name, nbytes, copies, lanes):
         for transport in pair:
             # GBs to fault in and copy on two shared cores: the tests' short timeout is for small tensors
             transport.timeout_s = LARGE_TIMEOUT_S
-            transport.plan([spec])
-        tensor = pair[0].allocate(spec)
+            transport.placement.plan([spec])
+        tensor = pair[0].placement.allocate(spec)
         flat = tensor.reshape(-1)
         micro.fill(flat)
         for step in range(2):
@@ -232,11 +232,11 @@ def test_a_rank_refuses_to_place_a_static_tensor_beyond_its_memory():
     try:
         huge = TensorSpec("w", (1 << 40, 1 << 20), np.float32, 0, 1)  # 4 EiB
         with pytest.raises(ValueError, match=r"cannot place 'w' from rank 0: .* more than this rank's memory"):
-            pair[1].plan([huge])
+            pair[1].placement.plan([huge])
         wrapping = TensorSpec("v", (1 << 33, 1 << 33, 4), np.uint8, 0, 1)  # an int64 product of 0
         with pytest.raises(ValueError, match="more than this rank's memory"):
-            pair[1].plan([wrapping])
-        assert not pair[1].specs  # nothing of a refused plan is kept
+            pair[1].placement.plan([wrapping])
+        assert not pair[1].placement.specs  # nothing of a refused plan is kept
     finally:
         for transport in pair:
             transport.close()
@@ -385,7 +385,7 @@ def test_the_fabric_transports_move_a_tensor_of_several_work_requests_over_verbs
     pair = start_pair(name, fabric="verbs", lanes_per_peer=2, **options)
     try:
         for transport in pair:
-            transport.plan([spec])
+            transport.placement.plan([spec])
         for step in range(2):
             data = np.arange(5000, dtype=np.float64) * 1.5 + step
             sending = pair[0].send_async(Key("w", step, 0, 1), data)

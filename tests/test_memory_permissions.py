@@ -231,10 +231,10 @@ def hold(name: str, options: dict) -> None:
     # small tensors live in the pool's shared tier (UCX-allocated shared memory), large ones in its local tier
     static = [TensorSpec("small", (1 << 14,), np.float32, 0, 1), TensorSpec("large", (1 << 20,), np.float32, 0, 1)]
     for transport in pair:
-        transport.plan(static)
+        transport.placement.plan(static)
     sent = {}
     for spec in static:
-        sent[spec.name] = pair[0].allocate(spec)
+        sent[spec.name] = pair[0].placement.allocate(spec)
         sent[spec.name][:] = PATTERN
     sent["dynamic"] = np.full(1 << 14, PATTERN, dtype=np.float32)  # not planned: sent dynamically
     kept = []

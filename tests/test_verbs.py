@@ -887,7 +887,7 @@ def test_every_fabric_transport_runs_on_the_verbs_backend_of_the_simulated_nic(m
         assert sender.device.name == "verbs" and sender.describe()["used"] == ["rc/mlx5_0:1"]
         spec = TensorSpec("w", (64, 32), np.dtype(np.float32), src=0, dst=1)
         for transport in pair:
-            transport.plan([spec])
+            transport.placement.plan([spec])
         for step in range(3):
             tensor = np.full((64, 32), step, np.float32)
             sent = sender.send_async(Key("w", step, 0, 1), tensor)

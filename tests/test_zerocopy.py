@@ -27,7 +27,7 @@ def fabric(request):
 def pair_of(name, fabric, specs=()):
     pair = start_pair(name, fabric_transport=fabric)
     for transport in pair:
-        transport.plan(specs)
+        transport.placement.plan(specs)
     return pair
 
 
@@ -54,7 +54,7 @@ def test_static_tensors_from_allocate_are_sent_with_zero_copies(fabric):
     spec = TensorSpec("w", (1 << 16,), np.float32, 0, 1)
     pair = pair_of("zerocopy", fabric, [spec])
     try:
-        tensor = pair[0].allocate(spec)
+        tensor = pair[0].placement.allocate(spec)
         tensor[:] = 3.0
         warmup = pair[0].send_async(Key("w", 0, 0, 1), tensor)
         pair[1].recv(Key("w", 0, 0, 1))  # connects and warms up
@@ -91,7 +91,7 @@ def test_rdma_cp_copies_each_tensor_once_on_the_sender(fabric):
     spec = TensorSpec("w", (4096,), np.float64, 0, 1)
     pair = pair_of("rdma_cp", fabric, [spec])
     try:
-        tensor = pair[0].allocate(spec)
+        tensor = pair[0].placement.allocate(spec)
         tensor[:] = 1.0
 
         sender, receiver = ledger_delta(pair, lambda: send_steps(pair, "w", tensor, range(5)))
@@ -176,7 +176,7 @@ def test_data_is_whole_whenever_the_flag_is_seen(fabric):
     spec = TensorSpec("t", (n,), np.int32, 0, 1)
     pair = pair_of("zerocopy", fabric, [spec])
     try:
-        tensor = pair[0].allocate(spec)
+        tensor = pair[0].placement.allocate(spec)
         for step in range(100):
             tensor[:] = step
             tensor[step % n] = -step  # one element that moves, so each checksum differs
@@ -273,7 +273,7 @@ def test_a_peer_killed_mid_transfer_is_named_within_bounded_time(fabric):
     receiver = transports.create("zerocopy", fabric_transport=fabric, timeout_s=60)
     receiver.start(cluster, 1)
     try:
-        receiver.plan([TensorSpec("big", (1 << 20,), np.float32, 0, 1)])
+        receiver.placement.plan([TensorSpec("big", (1 << 20,), np.float32, 0, 1)])
         assert ready.wait(30)
         receiving = receiver.recv_async(Key("big", 0, 0, 1))
         time.sleep(0.2)
@@ -334,12 +334,12 @@ def test_a_large_write_spread_over_lanes_arrives_whole(fabric):
     pair = start_pair("zerocopy", fabric_transport=fabric, lanes_per_peer=3)
     try:
         for transport in pair:
-            transport.plan([spec])
+            transport.placement.plan([spec])
         spread = []
         write_lanes = pair[0].device.write_flagged_lanes
         pair[0].device.write_flagged_lanes = lambda channels, *args, **kw: (spread.append(len(channels)),
                                                                              write_lanes(channels, *args, **kw))
-        tensor = pair[0].allocate(spec)
+        tensor = pair[0].placement.allocate(spec)
         for step in range(4):
             tensor[:] = np.arange(n, dtype=np.int32) * (step + 1)
             sending = pair[0].send_async(Key("big", step, 0, 1), tensor)
@@ -357,7 +357,7 @@ def test_a_step_of_many_tensors_costs_one_credit_message_per_peer(fabric):
     specs = [TensorSpec(f"w{i}", (64 + i,), np.float32, 0, 1) for i in range(12)]
     pair = pair_of("zerocopy", fabric, specs)
     try:
-        arrays = [pair[0].allocate(spec) for spec in specs]
+        arrays = [pair[0].placement.allocate(spec) for spec in specs]
 
         def step(s):
             keys = [Key(spec.name, s, 0, 1) for spec in specs]

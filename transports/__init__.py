@@ -12,7 +12,6 @@ from transports.base import (
     Cluster,
     Key,
     PeerError,
-    TensorSpec,
     Transport,
     TransportClosed,
     TransportError,
@@ -20,6 +19,7 @@ from transports.base import (
     TransportTimeout,
 )
 from transports.common import Availability, Registry
+from transports.placement import TensorSpec
 
 
 class UnknownTransport(ValueError):

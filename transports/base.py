@@ -9,7 +9,6 @@ it copies in user space, so that experiments report copies, not just time.
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import threading
@@ -23,6 +22,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from transports.common import Availability
+from transports.placement import Placement
 from transports.ports import free_port
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -80,28 +80,6 @@ class Key(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step} ({self.src}->{self.dst})"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A statically known cross-process tensor; ``shape`` is None when it is only known at run time."""
-
-    name: str
-    shape: tuple[int, ...] | None
-    dtype: np.dtype
-    src: int
-    dst: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
-        if self.shape is not None:
-            object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-
-    @property
-    def nbytes(self) -> int | None:
-        if self.shape is None:
-            return None
-        return math.prod(self.shape) * self.dtype.itemsize  # Python integers: exact for any shape
 
 
 def new_token() -> str:
@@ -209,12 +187,12 @@ def keys_text(keys: Iterable[Key]) -> str:
 class Transport(ABC):
     """Moves tensors between the ranks of a cluster.
 
-    Lifecycle: construct with options, :meth:`start` once, optionally
-    :meth:`plan`, then any number of :meth:`send` / :meth:`recv`, then
-    :meth:`close`. A sent array must not be modified until its send has
-    completed (the future returned by :meth:`send_async` is done). Received
-    arrays belong to the caller; they may be read-only views of transport
-    buffers.
+    Lifecycle: construct with options, :meth:`start` once, optionally ``placement.plan``, then any number
+    of :meth:`send` / :meth:`recv`, then :meth:`close`. Where tensors live (the plan, memory for sends,
+    registration) is the transport's :attr:`placement` (``transports/placement.py``), an optional part
+    beside this core. A sent array must not be modified until its send has completed (the future returned
+    by :meth:`send_async` is done). Received arrays belong to the caller; they may be read-only views of
+    transport buffers.
     """
 
     name: ClassVar[str]
@@ -230,8 +208,8 @@ class Transport(ABC):
         self.ledger = Ledger()
         self.cluster: Cluster | None = None
         self.rank = -1
-        #: the planned transfers, by (name, src, dst): one name may go between several pairs
-        self.specs: dict[tuple[str, int, int], TensorSpec] = {}
+        #: where its tensors live (see transports/placement.py); a transport that places them replaces it
+        self.placement = Placement()
 
     @classmethod
     def availability(cls) -> Availability:
@@ -256,32 +234,8 @@ class Transport(ABC):
     def close(self) -> None:
         """Release everything; waiting operations fail with :class:`TransportClosed`."""
 
-    def plan(self, specs: Iterable[TensorSpec]) -> None:
-        """Learn the statically known transfers; transports that can, preallocate for them."""
-        for spec in specs:
-            self.specs[(spec.name, spec.src, spec.dst)] = spec
-
     #: modes left out of the runs that take every transport by default (``bench micro``): asked for by name only
     optional_modes: ClassVar[tuple[str, ...]] = ()
-    #: whether tensors in memory from :meth:`allocate` or :meth:`register_site` are sent without any copy
-    zero_copy_sends: ClassVar[bool] = False
-
-    def registered(self, array: np.ndarray) -> bool:
-        """Whether ``array``'s memory is registered with this transport's fabric now (False without one)."""
-        return False
-
-    def register_site(self, array: np.ndarray) -> int:
-        """Register, once, the region of process memory an allocator placed ``array`` in, so that tensors the
-        allocator places there later are sent from registered memory; returns the bytes registered (0:
-        nothing to do, or no fabric). The region is for this process's sends only: no peer may access it."""
-        return 0
-
-    def allocate(self, spec: TensorSpec) -> np.ndarray:
-        """Memory where a producer should build a tensor it will send (plain memory by default)."""
-        if spec.shape is None:
-            raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        return np.empty(spec.shape, dtype=spec.dtype)
-
     def send_async(self, key: Key, array: np.ndarray) -> Future:
         """Offer ``array`` under ``key``; the future is done once the transport no longer reads ``array``.
 

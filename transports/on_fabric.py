@@ -39,6 +39,7 @@ from transports.fabric.base import Channel, Device, FabricError, FabricInterrupt
 from transports.fabric.netdev import cluster_interfaces
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.settings import SettingsError, read_settings
+from transports.placement import Placement
 from transports.ports import release_cluster_ports
 
 #: grpc_rdma's poller: spin this long, then sleep in growing steps up to MAX_BACKOFF_S (flags and
@@ -124,8 +125,7 @@ class FabricTransport(Transport):
         #: blocking transfers under way: token -> (peer, channel, start), watched by the watchdog
         self._inflight: dict[object, tuple[int, Channel, float]] = {}
         self._watchdog: threading.Thread | None = None
-        #: allocator regions registered for sending from (register_site): id(region) -> (region, its view)
-        self._sites: dict[int, tuple[Any, np.ndarray]] = {}
+        self.placement: FabricPlacement = FabricPlacement(self)
 
     @classmethod
     def availability(cls) -> Availability:
@@ -199,33 +199,6 @@ class FabricTransport(Transport):
     def describe(self) -> dict[str, Any]:
         """The fabric actually used (for ``meta.json``)."""
         return self.device.describe() if self.device else {"fabric": self.fabric}
-
-    # registered memory the runtime asks about (allocation sites) ------------
-
-    def registered(self, array: np.ndarray) -> bool:
-        if self.device is None:
-            return False
-        return not array.nbytes or self.pool.segment_of(array) is not None or self.device.registered(array)
-
-    def register_site(self, array: np.ndarray) -> int:
-        """Register the mapping of process memory that holds ``array`` (its allocator's region), once.
-
-        The region stays registered until close: its view is kept here, so the registration cache never
-        expires it. It is for sending from only: :meth:`is_site` tells the transports never to hand
-        a peer a key to it (a tensor there that a peer must read is staged into the pool instead).
-        """
-        if self.device is None or not array.nbytes or self.registered(array):
-            return 0
-        low, high = mapping_of(array.__array_interface__["data"][0])
-        view = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
-        region = self.device.register(view)
-        with self._lock:
-            self._sites[id(region)] = (region, view)
-        return high - low
-
-    def is_site(self, region: Any) -> bool:
-        """Whether ``region`` is an allocator's region registered by :meth:`register_site` (never exported)."""
-        return id(region) in self._sites
 
     def _operation(self) -> _Operation:
         """Brackets a send or recv so that close() waits for it before tearing the device down."""
@@ -391,3 +364,43 @@ class FabricTransport(Transport):
             return channel.wait(future, self.timeout_s)
         except FabricError as exc:
             raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
+
+
+class FabricPlacement(Placement):
+    """A fabric transport's placement: memory registered with its device (its pool, the device's registration
+    cache) and the allocation sites the runtime asks it to register for sending from."""
+
+    def __init__(self, transport: FabricTransport) -> None:
+        super().__init__()
+        self._transport = transport
+        self._lock = threading.Lock()
+        #: allocator regions registered for sending from (register_site): id(region) -> (region, its view)
+        self._sites: dict[int, tuple[Any, np.ndarray]] = {}
+
+    def registered(self, array: np.ndarray) -> bool:
+        transport = self._transport
+        if transport.device is None:
+            return False
+        return (not array.nbytes or transport.pool.segment_of(array) is not None
+                or transport.device.registered(array))
+
+    def register_site(self, array: np.ndarray) -> int:
+        """Register the mapping of process memory that holds ``array`` (its allocator's region), once.
+
+        The region stays registered until close: its view is kept here, so the registration cache never
+        expires it. It is for sending from only: :meth:`is_site` tells the transports never to hand
+        a peer a key to it (a tensor there that a peer must read is staged into the pool instead).
+        """
+        device = self._transport.device
+        if device is None or not array.nbytes or self.registered(array):
+            return 0
+        low, high = mapping_of(array.__array_interface__["data"][0])
+        view = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
+        region = device.register(view)
+        with self._lock:
+            self._sites[id(region)] = (region, view)
+        return high - low
+
+    def is_site(self, region: Any) -> bool:
+        """Whether ``region`` is an allocator's region registered by :meth:`register_site` (never exported)."""
+        return id(region) in self._sites

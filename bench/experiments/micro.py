@@ -261,7 +261,7 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
     for point in points:
         spec = point.spec
         rss0 = rss_mb()
-        tensor = transport.allocate(spec)
+        tensor = transport.placement.allocate(spec)
         flat = tensor.reshape(-1)
         fill(flat)
         scratch = np.empty_like(tensor) if point.extra_copies else None
@@ -341,7 +341,7 @@ def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
     """A rank of the benchmark: rank 0 sends, rank 1 receives."""
     with transports.create(transports.resolve(label)[0], **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
-        transport.plan([p.spec for p in points])
+        transport.placement.plan([p.spec for p in points])
         loop = sender_loop if ctx.rank == SENDER else receiver_loop
         loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, False)
 
@@ -372,7 +372,7 @@ def run_pair(label: str, options: dict, points: list[Point], token: str,
     try:
         for rank, transport in enumerate(pair):
             transport.start(cluster, rank)
-            transport.plan([p.spec for p in points])
+            transport.placement.plan([p.spec for p in points])
         threads = [threading.Thread(target=role, args=(sender, pair[SENDER], ctrl_send), daemon=True),
                    threading.Thread(target=role, args=(receiver, pair[RECEIVER], ctrl_recv), daemon=True)]
         for thread in threads:

@@ -88,7 +88,7 @@ def sender_loop(transport, points: list[Point], ctrl, report: Callable[[Any], No
         spec = point.spec
         trace = RssTrace()
         trace.sample(force=True)
-        tensor = transport.allocate(spec)
+        tensor = transport.placement.allocate(spec)
         tensor[...] = content(point)
         time_us, transfer_us = StreamingStats(), StreamingStats()
         first = t_send = last = 0
@@ -159,7 +159,7 @@ def role_job(label: str, options: dict, points: list[Point], criterion: LeakCrit
     return_large_frees()
     with transports.create(transports.resolve(label)[0], **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
-        transport.plan([p.spec for p in points])
+        transport.placement.plan([p.spec for p in points])
         loop = sender_loop if ctx.rank == SENDER else receiver_loop
         loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, criterion)
 

@@ -74,7 +74,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     stopping = Stopping(config, ctx)
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
-        transport.plan(plan.specs(ctx.rank))
+        transport.placement.plan(plan.specs(ctx.rank))
         if config.watch is not None:
             transport = config.watch(transport, ctx)
         if ctx.rank < layout.servers:

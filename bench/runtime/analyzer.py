@@ -20,7 +20,8 @@ each sent tensor the plan names its *site*: the graph operation that allocates i
 walking back through the operations that only forward a buffer (``Identity``); at run time the
 runtime traces where those tensors actually are (``bench.runtime.sites``).
 
-``Plan.specs(rank)`` is what the runtime hands to ``Transport.plan``; ``bench analyze`` prints it.
+``Plan.specs(rank)`` is what the runtime hands to ``Placement.plan`` (a transport's ``placement``);
+``bench analyze`` prints it.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class Plan:
         return [t for t in self.transfers if rank in (t.src, t.dst)]
 
     def specs(self, rank: int | None = None) -> list[TensorSpec]:
-        """What ``Transport.plan`` takes: every tensor (of ``rank``, when given)."""
+        """What ``Placement.plan`` takes: every tensor (of ``rank``, when given)."""
         transfers = self.transfers if rank is None else self.of(rank)
         return [t.spec() for t in transfers]
 

@@ -26,7 +26,7 @@ cannot cross without a copy (read-only or misaligned memory: TensorFlow needs
 
 Replayed compute (``compute`` ``replay`` or ``paper``): a worker waits
 ``compute_s`` per step instead of running the model, then sends
-gradient-shaped tensors (built once in memory from ``Transport.allocate``);
+gradient-shaped tensors (built once in memory from ``transport.placement.allocate``);
 the parameter servers start from seeded random weights of the variables'
 shapes. Nobody builds the model: the variables come from the analyzer, run
 once beforehand (:func:`bench.experiments.training.profile`), which also measures the compute time that
@@ -59,6 +59,7 @@ from bench.runtime.sites import AllocationSites
 from bench.runtime.workload import RealData, Workload, batch
 from transports import Key, TensorSpec
 from transports.common import aligned_empty
+from transports.placement import Placement
 
 ALIGNMENT = 64
 _SLICE = 1 << 20  # elements per slice of an SGD update
@@ -249,7 +250,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
         compute = _replayed_compute(config, transport, plan, rank)
     else:
         compute = _model_compute(config, transport, plan, server)
-    sites = AllocationSites(transport, plan, rank) if getattr(transport, "zero_copy_sends", False) else None
+    sites = AllocationSites(transport, plan, rank) if transport.placement.zero_copy_sends else None
     stopping = stopping or Stopping(config)
     evaluate = _evaluator(config) if config.evaluate_every and server == 0 and on_eval is not None else None
     times = StepTimes()
@@ -339,7 +340,8 @@ class SparseRows:
             if variable.sparse:
                 ps = plan.layout.ps_of(variable)
                 transfers = [plan.transfer(name, rank, ps) for name in update_keys(variable)]
-                self.buffers[variable.index] = [transport.allocate(TensorSpec(t.name, t.bound, t.dtype, rank, ps))
+                place = transport.placement
+                self.buffers[variable.index] = [place.allocate(TensorSpec(t.name, t.bound, t.dtype, rank, ps))
                                                 for t in transfers]
 
     def updates(self, plan: Plan, grads: list, new_state: list) -> Updates:
@@ -404,7 +406,7 @@ def _replayed_compute(config: TrainConfig, transport, plan: Plan,
             shape = transfer.shape if transfer.shape is not None else transfer.bound
             if shape is None:
                 raise ValueError(f"replayed compute needs a bound on the shape of dynamic tensor '{name}'")
-            tensor = transport.allocate(TensorSpec(name, shape, transfer.dtype, rank, transfer.dst))
+            tensor = transport.placement.allocate(TensorSpec(name, shape, transfer.dtype, rank, transfer.dst))
             if transfer.shape is None:  # a sparse gradient's distinct rows
                 tensor = tensor[:max(1, min(shape[0] // 2, variable.shape[0]))]
             if name.endswith(".indices"):
@@ -432,7 +434,7 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
     weights: dict[int, np.ndarray] = {}
     for variable in mine:  # the initial values, in memory the transport can send from without copies
         spec = plan.transfer(weight_key(variable), rank, layout.worker(0)).spec()
-        weights[variable.index] = transport.allocate(spec)
+        weights[variable.index] = transport.placement.allocate(spec)
         weights[variable.index][...] = initial.pop(variable.index)
     workers = [layout.worker(s) for s in range(layout.servers)]
     update = threading.Lock()
@@ -659,9 +661,15 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
     return times, dict(enumerate(values))
 
 
-class _LocalMemory:
-    """What local training allocates from where a transport would: aligned process memory."""
+class _AlignedPlacement(Placement):
+    """Aligned process memory, where local training builds what a transport's placement would give."""
 
-    @staticmethod
-    def allocate(spec: TensorSpec) -> np.ndarray:
+    def allocate(self, spec: TensorSpec) -> np.ndarray:
         return aligned_empty(spec.shape, spec.dtype, ALIGNMENT)
+
+
+class _LocalMemory:
+    """What local training allocates from where a transport would (its ``placement``)."""
+
+    def __init__(self) -> None:
+        self.placement = _AlignedPlacement()

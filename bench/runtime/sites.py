@@ -5,10 +5,10 @@ without a copy, that memory must be registered with the fabric, and registering 
 paper avoids. In the first mini-batch, for every tensor sent, the tracer records its allocation site
 (the graph operation the analyzer names in the plan) and where its buffer is; a buffer outside
 registered memory has its allocator region registered with the transport, once
-(``Transport.register_site``). The transport counts, per send, whether the tensor was in
-registered memory (``sends_registered``, a registration-cache hit) or not (``sends_unregistered``);
-after every later step the tracer registers the regions of the tensors that missed, so each region
-is registered once. With TensorFlow's BFC allocator (which the runtime selects) the regions are
+(``Placement.register_site``, of the transport's ``placement``). The transport counts, per send,
+whether the tensor was in registered memory (``sends_registered``, a registration-cache hit) or not
+(``sends_unregistered``); after every later step the tracer registers the regions of the tensors that
+missed, so each region is registered once. With TensorFlow's BFC allocator (which the runtime selects) the regions are
 reused every step: once the allocator has stopped growing (a step or two), every tensor hits.
 
 The paper redirects the allocation itself (a site in its set allocates from the RDMA allocator); from
@@ -56,13 +56,13 @@ class AllocationSites:
                 if first:
                     site = self.plan.transfer(name, self.rank, layout.ps_of(variable)).site
                     self.sites[site] = self.sites.get(site, 0) + 1
-                if self.transport.registered(array):
+                if self.transport.placement.registered(array):
                     self.registered_already += first
                     continue
                 if not first:
                     self.missed[name] = self.missed.get(name, 0) + 1
                 try:
-                    registered = self.transport.register_site(array)
+                    registered = self.transport.placement.register_site(array)
                 except ValueError as exc:
                     self.refused[name] = str(exc)
                     continue

@@ -336,7 +336,7 @@ class GrpcTcpTransport(Transport):
             metadata=self._metadata,
             wait_for_ready=True,
         )
-        spec = self.specs.get((key.name, key.src, key.dst))
+        spec = self.placement.spec(key.name, key.src, key.dst)
         # as zerocopy's static placement: a tensor the plan gives a shape must arrive as planned
         planned = (spec.dtype, spec.shape) if spec is not None and spec.shape is not None else None
         assembler = TensorAssembler(self.ledger, expected=planned)

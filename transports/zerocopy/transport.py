@@ -52,7 +52,6 @@ from transports.base import (
     MAX_NAME_BYTES,
     Key,
     PeerError,
-    TensorSpec,
     TransportClosed,
     TransportError,
     TransportTimeout,
@@ -63,7 +62,8 @@ from transports.base import (
 from transports.common import settle
 from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
 from transports.fabric.pool import Block, aligned
-from transports.on_fabric import LIVENESS_EVERY_S, FabricTransport
+from transports.on_fabric import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
+from transports.placement import TensorSpec
 
 MAX_DIMS = peer_input.RECORD_DIMS
 MAX_RKEY = peer_input.MAX_RKEY_BYTES
@@ -354,6 +354,7 @@ class ZeroCopyTransport(FabricTransport):
         #: False (``zerocopy:no_analysis``): the plan's shapes are ignored, every tensor goes by dynamic
         #: allocation and is sent from wherever it is (registered on the fly through the cache)
         self.analysis = bool(analysis)
+        self.placement: PoolPlacement = PoolPlacement(self)
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: set[Key] = set()
         self._incoming: dict[tuple[str, int], _Incoming] = {}
@@ -376,11 +377,6 @@ class ZeroCopyTransport(FabricTransport):
         #: transport's pool they could queue behind sends that wait for the peer, which waits for these credits
         self._granter: ThreadPoolExecutor | None = None
 
-    @property
-    def zero_copy_sends(self) -> bool:
-        """Whether a tensor in registered memory is sent from where it is (the analysis on, no staging)."""
-        return self.analysis and self.sender.places_sends
-
     @classmethod
     def modes(cls) -> dict[str, dict[str, Any]]:
         """``zerocopy:no_analysis``: the graph analysis off (the paper's Figure 12), see ``__init__``."""
@@ -395,32 +391,6 @@ class ZeroCopyTransport(FabricTransport):
 
     # planning and allocation -------------------------------------------------
 
-    def plan(self, specs) -> None:
-        specs = list(specs)
-        if not self.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
-            specs = [TensorSpec(s.name, None, s.dtype, s.src, s.dst) for s in specs]
-        incoming = [s for s in specs if s.dst == self.rank and s.shape is not None]
-        outgoing = [s for s in specs if s.src == self.rank and s.shape is not None]
-        for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
-            if (nbytes := math.prod(spec.shape) * np.dtype(spec.dtype).itemsize) > self.memory_bytes:
-                raise ValueError(f"{self.name}: cannot place '{spec.name}' from rank {spec.src}: "
-                                 f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
-                                 f"rank's memory ({self.memory_bytes} bytes)")
-        super().plan(specs)
-        sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
-        if self.sender.places_sends:
-            sizes += [s.nbytes for s in outgoing]
-        self.pool.reserve(sizes)
-        for spec in incoming:
-            self._incoming_slot(spec.name, spec.src)
-
-    def allocate(self, spec: TensorSpec) -> np.ndarray:
-        if spec.shape is None:
-            raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        if not self.zero_copy_sends:  # tensors live in ordinary memory (the analysis off, or rdma_cp)
-            return super().allocate(spec)
-        return self.pool.alloc(spec.nbytes).view(spec.dtype, spec.shape)
-
     # setup over the control path ---------------------------------------------
 
     def _incoming_slot(self, name: str, src: int) -> _Incoming:
@@ -431,7 +401,7 @@ class ZeroCopyTransport(FabricTransport):
         with self._lock:
             key = (name, src)
             if key not in self._incoming:
-                spec = self.specs.get((name, src, self.rank))
+                spec = self.placement.spec(name, src, self.rank)
                 control = self.pool.alloc(CONTROL_BYTES)
                 control.array[TRAILER_AT:] = 0
                 if spec is not None and spec.shape is not None:
@@ -733,7 +703,7 @@ class ZeroCopyTransport(FabricTransport):
 
     def _count_source(self, array: np.ndarray) -> None:
         """A registration-cache hit (the tensor is in registered memory already) or a miss, in the ledger."""
-        if self.registered(array):
+        if self.placement.registered(array):
             self.ledger.add(sends_registered=1)
         else:
             self.ledger.add(sends_unregistered=1)
@@ -761,7 +731,7 @@ class ZeroCopyTransport(FabricTransport):
         region = self.pool.segment_of(flat)
         if region is None:
             region = self.device.register(flat)
-            if self.is_site(region):
+            if self.placement.is_site(region):
                 flat = self._stage(outgoing, flat)
                 region = self.pool.segment_of(flat)
         start = flat.__array_interface__["data"][0] - region.address
@@ -939,3 +909,44 @@ class ZeroCopyTransport(FabricTransport):
         self._grant(incoming.mirror, [incoming], reads_done=seq + 1)  # the sender may reuse its buffer
         incoming.lent = block
         return block.view(meta.dtype, meta.shape)
+
+
+class PoolPlacement(FabricPlacement):
+    """zerocopy's placement: its receive slots and (unless it stages every send, rdma_cp) the tensors it sends
+    live in its registered pool, placed when the plan gives their shapes (the graph analysis)."""
+
+    def __init__(self, transport: ZeroCopyTransport) -> None:
+        super().__init__(transport)
+        self._zerocopy = transport
+
+    @property
+    def zero_copy_sends(self) -> bool:
+        """Whether a tensor in registered memory is sent from where it is (the analysis on, no staging)."""
+        return self._zerocopy.analysis and self._zerocopy.sender.places_sends
+
+    def plan(self, specs) -> None:
+        transport = self._zerocopy
+        specs = list(specs)
+        if not transport.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
+            specs = [TensorSpec(s.name, None, s.dtype, s.src, s.dst) for s in specs]
+        incoming = [s for s in specs if s.dst == transport.rank and s.shape is not None]
+        outgoing = [s for s in specs if s.src == transport.rank and s.shape is not None]
+        for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
+            if (nbytes := math.prod(spec.shape) * np.dtype(spec.dtype).itemsize) > transport.memory_bytes:
+                raise ValueError(f"{transport.name}: cannot place '{spec.name}' from rank {spec.src}: "
+                                 f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
+                                 f"rank's memory ({transport.memory_bytes} bytes)")
+        super().plan(specs)
+        sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
+        if transport.sender.places_sends:
+            sizes += [s.nbytes for s in outgoing]
+        transport.pool.reserve(sizes)
+        for spec in incoming:
+            transport._incoming_slot(spec.name, spec.src)
+
+    def allocate(self, spec: TensorSpec) -> np.ndarray:
+        if spec.shape is None:
+            raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
+        if not self.zero_copy_sends:  # tensors live in ordinary memory (the analysis off, or rdma_cp)
+            return super().allocate(spec)
+        return self._zerocopy.pool.alloc(spec.nbytes).view(spec.dtype, spec.shape)
