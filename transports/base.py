@@ -243,9 +243,16 @@ class Transport(ABC):
         self._check_outgoing(key, array)
         return self._start_send(key, array)
 
-    @abstractmethod
     def recv_async(self, key: Key) -> Future:
-        """Ask for the tensor under ``key``; the future's result is the received array."""
+        """Ask for the tensor under ``key``; the future's result is the received array.
+
+        The key is checked here (:meth:`_check_key`), then the transport's :meth:`_start_recv` runs."""
+        self._check_key(key, "recv")
+        return self._start_recv(key)
+
+    @abstractmethod
+    def _start_recv(self, key: Key) -> Future:
+        """The transport's receive of a checked key (see :meth:`recv_async`)."""
 
     def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         """Send and wait until ``array`` may be reused (checked as :meth:`send_async` checks)."""
@@ -262,8 +269,15 @@ class Transport(ABC):
         self._wait(self._start_send(key, array), key, "send", timeout)
 
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
-        """Receive the tensor under ``key``, waiting at most ``timeout`` seconds."""
-        return self._wait(self.recv_async(key), key, "recv", timeout)
+        """Receive the tensor under ``key``, waiting at most ``timeout`` seconds (checked as :meth:`recv_async`
+        checks)."""
+        self._check_key(key, "recv")
+        return self._recv_and_wait(key, timeout)
+
+    def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
+        """The transport's receive of a checked key, waiting for it: :meth:`_start_recv`, then wait; a transport
+        with a faster way when the caller waits anyway overrides it."""
+        return self._wait(self._start_recv(key), key, "recv", timeout)
 
     def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
         """Receive every key of ``keys`` (posted together) and yield ``(key, array)`` as each arrives.
@@ -278,7 +292,7 @@ class Transport(ABC):
         """
         keys = self._check_keys(keys)
         timeout = self.timeout_s if timeout is None else timeout
-        pending = {self.recv_async(key): key for key in keys}
+        pending = {self._start_recv(key): key for key in keys}
         try:
             for future in as_completed(pending, timeout):
                 yield pending.pop(future), future.result()

@@ -463,18 +463,17 @@ class GrpcRdmaTransport(FabricTransport):
 
     # receiving: initiates ----------------------------------------------------
 
-    def recv_async(self, key: Key) -> Future:
-        """As Transport's; cancelling the future withdraws the request (its buffer and slot are released)."""
-        self._check_key(key, "recv")
+    def _start_recv(self, key: Key) -> Future:
+        """Cancelling the future withdraws the request (its buffer and slot are released)."""
         if self._closed.is_set():
             raise TransportClosed(f"grpc_rdma rank {self.rank} was closed")
         future: Future = Future()
         self._start_request(key, future)
         return future
 
-    def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
-        """As Transport's; a recv that times out withdraws its request, so nothing of it stays behind."""
-        future = self.recv_async(key)
+    def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
+        """A recv that times out withdraws its request, so nothing of it stays behind."""
+        future = self._start_recv(key)
         try:
             return self._wait(future, key, "recv", timeout)
         except TransportTimeout:

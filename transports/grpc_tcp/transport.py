@@ -276,8 +276,7 @@ class GrpcTcpTransport(Transport):
 
     # receiving: initiates the call -----------------------------------------
 
-    def recv_async(self, key: Key) -> Future:
-        self._check_key(key, "recv")
+    def _start_recv(self, key: Key) -> Future:
         received: Future = Future()
         with self._lock:
             if self._closed:

@@ -66,8 +66,7 @@ class LocalTransport(Transport):
         _inbox(self.cluster, key.dst).fail(
             key, PeerError(f"local: {self.peer_name(key.src)} failed to send {key}: {error}"))
 
-    def recv_async(self, key: Key) -> Future:
-        self._check_key(key, "recv")
+    def _start_recv(self, key: Key) -> Future:
         taken = self._inbox.take(key)
         received: Future = Future()
 

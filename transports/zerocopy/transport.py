@@ -786,9 +786,8 @@ class ZeroCopyTransport(FabricTransport):
 
     # receiving -------------------------------------------------------------
 
-    def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
+    def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
         """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
-        self._check_key(key, "recv")
         timeout = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._operation():
@@ -803,9 +802,8 @@ class ZeroCopyTransport(FabricTransport):
                 self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline, timeout)
                 return self._take(incoming, key)
 
-    def recv_async(self, key: Key) -> Future:
-        self._check_key(key, "recv")
-        return self._submit(self.recv, key)
+    def _start_recv(self, key: Key) -> Future:
+        return self._submit(self._recv_and_wait, key, None)
 
     def recv_each(self, keys, timeout: float | None = None):
         """All receives posted at once (credits: one write per sender), then one wait over all their flags."""
