@@ -418,6 +418,11 @@ class MicroLine(ABC):
     #: whether its throughput at a size is every record's ``of_reference`` denominator at that size
     bandwidth_reference: ClassVar[bool] = False
 
+    @property
+    def log_label(self) -> str:
+        """What its ranks' logs are named after."""
+        return self.name
+
     def unavailable(self) -> str | None:
         """Why it cannot run here, in one line with the fix; None when it can."""
         return None
@@ -450,10 +455,17 @@ class TransportLine(MicroLine):
     def points(self, points: list[Point]) -> list[Point]:
         return [replace(p, extra_copies=self.extra_copies) for p in points]
 
+    def jobs(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """Its rank jobs, each taking ``(points, ctx)``: one side's (a rank per side), and both sides' in one
+        process (a same-process transport); the soak's are others."""
+        return (functools.partial(role_job, self.name, self.options),
+                functools.partial(pair_job, self.name, self.options))
+
     def ranks(self, points: list[Point]) -> list[RankSpec]:
+        role, pair = self.jobs()
         if transports.transport_class(transports.resolve(self.name)[0]).same_process_only:
-            return [RankSpec(functools.partial(pair_job, self.name, self.options, points), "sender+receiver")]
-        job = functools.partial(role_job, self.name, self.options, points)
+            return [RankSpec(functools.partial(pair, points), "sender+receiver")]
+        job = functools.partial(role, points)
         return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
 
 
@@ -473,7 +485,7 @@ def run_line(line: MicroLine, points: list[Point], launcher: Launcher, timeout_s
             on_progress(payload.size_bytes, payload.done)
         elif isinstance(payload, Measured):
             on_record(by_size[payload.size_bytes], payload.record)
-        else:
+        else:  # a side's account of a point (the soak's has the same role and size)
             sides[(payload.role, payload.size_bytes)] = payload
             size = payload.size_bytes
             if ("sender", size) in sides and ("receiver", size) in sides:
@@ -481,7 +493,7 @@ def run_line(line: MicroLine, points: list[Point], launcher: Launcher, timeout_s
 
     try:
         # a transfer may take up to timeout_s, and the receiver reports at least every PROGRESS_EVERY_S
-        launcher.run(line.ranks(points), timeout_s + SILENCE_SLACK_S, on_report, label=line.name,
+        launcher.run(line.ranks(points), timeout_s + SILENCE_SLACK_S, on_report, label=line.log_label,
                      startup_s=STARTUP_S)
     except LaunchError as exc:
         raise MicroError(f"{line.name}: {exc}") from None

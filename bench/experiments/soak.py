@@ -38,21 +38,22 @@ from bench.experiments.micro import (
     PROGRESS_EVERY_S,
     RECEIVER,
     SENDER,
-    SILENCE_SLACK_S,
-    STARTUP_S,
+    MicroError,
     PeerSignals,
     Point,
     Progress,
+    TransportLine,
     clock_ns,
     content,
     marker,
+    run_line,
     run_pair,
 )
 from bench.experiments.training import model_record
 from bench.ground.memory import return_large_frees
 from bench.ground.sizes import format_size
 from bench.ground.stats import LeakCriterion, MemoryVerdict, RssTrace, StreamingStats
-from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.launch import Launcher, RankContext
 from bench.results import SoakRecord
 from bench.runtime.analyzer import Layout
 from bench.runtime.ps import StepTimes, TrainConfig
@@ -154,7 +155,7 @@ def receiver_loop(transport, points: list[Point], ctrl, report: Callable[[Any], 
         report(SoakSide("receiver", point.size_bytes, i, trace.judge(criterion), corrupted=corrupted))
 
 
-def role_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
+def role_job(label: str, options: dict, criterion: LeakCriterion, points: list[Point], ctx: RankContext) -> None:
     """A rank of the soak: rank 0 sends, rank 1 receives."""
     return_large_frees()
     with transports.create(transports.resolve(label)[0], **options) as transport:
@@ -164,7 +165,7 @@ def role_job(label: str, options: dict, points: list[Point], criterion: LeakCrit
         loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, criterion)
 
 
-def pair_job(label: str, options: dict, points: list[Point], criterion: LeakCriterion, ctx: RankContext) -> None:
+def pair_job(label: str, options: dict, criterion: LeakCriterion, points: list[Point], ctx: RankContext) -> None:
     """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
     return_large_frees()
     run_pair(label, options, points, ctx.cluster.token,
@@ -172,32 +173,32 @@ def pair_job(label: str, options: dict, points: list[Point], criterion: LeakCrit
              lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, criterion))
 
 
+@dataclass
+class SoakLine(TransportLine):
+    """A transport soaked: the micro harness's line, with the soak's rank jobs (its loops check every tensor
+    and follow memory) and its leak ``criterion``."""
+
+    criterion: LeakCriterion = dataclasses.field(default_factory=LeakCriterion)
+
+    @property
+    def log_label(self) -> str:
+        return f"soak-{self.name}"
+
+    def jobs(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        return (functools.partial(role_job, self.name, self.options, self.criterion),
+                functools.partial(pair_job, self.name, self.options, self.criterion))
+
+
 def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
                   on_point: Callable[[Point, SoakSide, SoakSide], None],
                   criterion: LeakCriterion | None = None) -> None:
     """Soak every point over transport ``label`` built with ``options``; ``on_point(point, sender, receiver)``
     gets both sides' accounts of each point as soon as it is done."""
-    criterion = criterion or LeakCriterion()
-    timeout_s = options.get("timeout_s", 120.0)
-    sides: dict[tuple[str, int], SoakSide] = {}
-    by_size = {p.size_bytes: p for p in points}
-    same_process = transports.transport_class(transports.resolve(label)[0]).same_process_only
-    job = functools.partial(pair_job if same_process else role_job, label, options, points, criterion)
-    ranks = ([RankSpec(job, "sender+receiver")] if same_process
-             else [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)])
-
-    def on_report(rank: int, payload: Any) -> None:
-        if not isinstance(payload, SoakSide):
-            return  # progress: signs of life for the watchdog
-        sides[(payload.role, payload.size_bytes)] = payload
-        size = payload.size_bytes
-        if ("sender", size) in sides and ("receiver", size) in sides:
-            on_point(by_size[size], sides.pop(("sender", size)), sides.pop(("receiver", size)))
-
+    line = SoakLine(label, options, criterion=criterion or LeakCriterion())
     try:
-        launcher.run(ranks, timeout_s + SILENCE_SLACK_S, on_report, label=f"soak-{label}", startup_s=STARTUP_S)
-    except LaunchError as exc:
-        raise SoakError(f"{label}: {exc}") from None
+        run_line(line, points, launcher, options.get("timeout_s", 120.0), on_sides=on_point)
+    except MicroError as exc:
+        raise SoakError(str(exc)) from None
 
 
 def soak_records(name: str, point: Point, sender: SoakSide, receiver: SoakSide) -> list[SoakRecord]:
