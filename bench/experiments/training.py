@@ -385,7 +385,7 @@ class TrainingLine:
         raise NotImplementedError
 
 
-class TransportLine(TrainingLine):
+class TransportTraining(TrainingLine):
     """The parameter-server runtime over one of our transports (``config.transport``, with its options)."""
 
     def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
@@ -394,7 +394,7 @@ class TransportLine(TrainingLine):
         return model_record(config, outcome), step_samples(outcome)
 
 
-class LocalLine(TrainingLine):
+class LocalTraining(TrainingLine):
     """The paper's Local line: the same updates on the same batches in one process, no communication."""
 
     crosses_processes = False
@@ -406,7 +406,7 @@ class LocalLine(TrainingLine):
         return local_record(config, times), {"worker": [0] * len(times.steps), "step_time_s": list(times.steps)}
 
 
-class TfGrpcLine(TrainingLine):
+class TfGrpcTraining(TrainingLine):
     """TensorFlow's own parameter-server training of the same model over its gRPC (it times steps its own way:
     no samples)."""
 
@@ -415,13 +415,13 @@ class TfGrpcLine(TrainingLine):
         return tf_grpc_record(config, launcher), None
 
 
-#: the lines that are not one of our transports; every registered transport is a :class:`TransportLine`
-LINES: dict[str, TrainingLine] = {LOCAL: LocalLine(), TF_GRPC: TfGrpcLine()}
+#: the lines that are not one of our transports; every registered transport is a :class:`TransportTraining`
+LINES: dict[str, TrainingLine] = {LOCAL: LocalTraining(), TF_GRPC: TfGrpcTraining()}
 
 
 def line_of(name: str) -> TrainingLine:
     """The training line called ``name`` (a transport's, ``local`` or ``tf_grpc``)."""
-    return LINES.get(name) or TransportLine()
+    return LINES.get(name) or TransportTraining()
 
 
 def tf_grpc_record(config: TrainConfig, launcher: Launcher) -> ModelRecord:
