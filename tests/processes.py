@@ -79,6 +79,15 @@ def held_resources() -> tuple[int, int, int]:
     return len(shm_maps), len(sysv_maps), len(os.listdir("/proc/self/fd"))
 
 
+def open_fds() -> dict[int, str]:
+    """This process's open file descriptors and what each is (a path, ``socket:[inode]``, ``anon_inode:...``)."""
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+    return fds
+
+
 @contextlib.contextmanager
 def no_cyclic_collector():
     """Whatever stays alive in here is referenced, not merely waiting for the cyclic collector (run once first)."""

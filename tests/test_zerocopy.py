@@ -302,7 +302,7 @@ def test_a_receiver_that_vanishes_fails_the_waiting_sender():
 
 @pytest.mark.parametrize("name", ["zerocopy", "grpc_rdma"])
 def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
-    from .processes import held_resources
+    from .processes import held_resources, open_fds
 
     def cycle():
         pair = start_pair(name, fabric_transport="shm")
@@ -316,12 +316,13 @@ def test_open_close_cycles_leave_no_registrations_or_segments_behind(name):
         assert all(device.registrations() == 0 for device in devices)
 
     cycle()
-    before = held_resources()
+    before, fds_before = held_resources(), open_fds()
     for _ in range(100):
         cycle()
-    after = held_resources()
-    # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)
-    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after)
+    after, fds_after = held_resources(), open_fds()
+    # no growth (other tests' leftovers may be released meanwhile, so fewer is fine); what is new is named
+    new = {fd: what for fd, what in fds_after.items() if fds_before.get(fd) != what}
+    assert all(now <= then for now, then in zip(after, before, strict=True)), (before, after, new)
 
 
 @pytest.mark.parametrize("fabric", FABRICS)
