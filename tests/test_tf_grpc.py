@@ -231,7 +231,11 @@ def test_the_ranks_are_the_chief_then_the_ps_tasks_then_the_workers_on_their_ser
     seen: list[RankSpec] = []
 
     class Recording(LocalLauncher):
+        """A launcher whose hosts are private (as netns'): tf_grpc runs on it as it is, each server's ranks on
+        their host."""
+
         name = "recording"
+        private_hosts = True
 
         def run(self, ranks, timeout_s, on_report=None, label="run"):
             seen.extend(ranks)
