@@ -74,4 +74,10 @@ def ucx_devices(address: str) -> dict[str, str]:
     device = "lo" if ipaddress.ip_address(address).is_loopback else interface_of(address)
     if not device:
         return {}
-    return {"UCX_NET_DEVICES": ",".join([device, *(port.name for port in active_ports(read_devices()))])}
+    return {"UCX_NET_DEVICES": ",".join([device, *rdma_ports()])}
+
+
+def rdma_ports() -> list[str]:
+    """The active RDMA ports here, as UCX names them (``mlx5_0:1``): a ``UCX_NET_DEVICES`` that names an interface
+    must name them too, or UCX is shut off them."""
+    return [port.name for port in active_ports(read_devices())]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.launch.addresses import rdma_ports
 from bench.launch.base import LaunchError, RankSpec
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
 from bench.launch.local import LocalLauncher
@@ -76,7 +77,9 @@ class NetnsLauncher(LocalLauncher):
         return self._hosts.command(spec.host, argv)
 
     def _environment(self) -> dict[str, str]:
-        return {"UCX_NET_DEVICES": EmulatedHosts.INTERFACE}
+        # the emulated host's link for UCX over tcp, and the RDMA ports (shared across namespaces): a private host
+        # of a run over rdma (perftest's, under the local launcher) keeps its device
+        return {"UCX_NET_DEVICES": ",".join([EmulatedHosts.INTERFACE, *rdma_ports()])}
 
     def _link_interface(self, spec: RankSpec) -> str | None:
         return EmulatedHosts.INTERFACE
