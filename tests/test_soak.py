@@ -5,6 +5,7 @@ The real soak (10 minutes of transfers, 1000 training steps per transport) is no
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -242,7 +243,7 @@ def test_buffers_in_flight_more_often_late_in_a_phase_are_no_leak():
 
 class Keeping:
     """A job that keeps what it received: a copy of a received tensor every ``every_s`` (``local`` hands over
-    the sender's one array, so keeping the reference alone would keep nothing new)."""
+    the sender's one array, so keeping the reference alone would keep nothing new), each in new memory."""
 
     def __init__(self, transport, every_s: float) -> None:
         import time
@@ -257,7 +258,12 @@ class Keeping:
     def recv(self, key):
         tensor = self._transport.recv(key)
         if self.every_s and self._clock() - self._last >= self.every_s:
-            self.kept.append(tensor.copy())
+            # into fresh pages of their own: a copy from the heap could land in free space that threads of
+            # earlier tests left in this process's arenas, resident already, and leak without a trace in RSS
+            pages = mmap.mmap(-1, tensor.nbytes)
+            copy = np.frombuffer(pages, tensor.dtype).reshape(tensor.shape)
+            copy[...] = tensor
+            self.kept.append(copy)
             self._last = self._clock()
         return tensor
 
