@@ -18,7 +18,7 @@ import transports
 from bench import options
 from bench.commands.common import disk_full, draw, failed, interrupted, open_run
 from bench.options import Choice
-from bench.results import DiskError
+from bench.results import PEER_NAMES, DiskError
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
 STARTS_RANKS = True
@@ -56,8 +56,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "put bandwidth (ucx_perftest ucp_put_bw, or ib_write_bw on --fabric verbs: the limit and the "
                         "denominator of the of_reference column) and put latency up to 1MB (ucp_put_lat or "
                         "ib_write_lat) over the same links, and memcpy in one process")
+    peers = parser.add_mutually_exclusive_group()
+    peers.add_argument("--peers", type=peer_names, default=None, metavar="PEERS",
+                       help=f"comma list of the peer lines to measure (known: {', '.join(PEER_NAMES)}; default: "
+                       "every one installed here): the libraries a user could pick instead (MPI two-sided and "
+                       "one-sided, NVIDIA NIXL, a plain TCP socket), timed exactly like a transport, measured "
+                       "after the reference lines and before the transports; every transport's record carries "
+                       "of_peer, its p50 over the best peer's p50 at that size")
+    peers.add_argument("--no-peers", action="store_true", help="skip the peer lines")
     options.add_no_plot(parser)
     options.add_launch_options(parser)
+
+
+def peer_names(text: str) -> list[str]:
+    """``--peers``: known peer names, comma separated."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("no peer named; pass --no-peers to measure none")
+    if unknown := [name for name in names if name not in PEER_NAMES]:
+        raise argparse.ArgumentTypeError(f"unknown peer {', '.join(map(repr, unknown))} (known: "
+                                         f"{', '.join(PEER_NAMES)})")
+    return list(dict.fromkeys(names))
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
@@ -78,6 +97,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
+        "peers": [] if args.no_peers else (args.peers or list(PEER_NAMES)),
         "timeout_s": args.timeout,
         **options.fabric_settings(args, launcher),
     }
@@ -114,13 +134,17 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
 
 def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slowed: set[str]) -> list[Any]:
     """The run's lines, in the order they are measured: the reference lines of its fabric (unless
-    --no-references: of_reference needs each size's bandwidth reference first), then the transports."""
+    --no-references: of_reference needs each size's bandwidth reference first), the peer lines (unless
+    --no-peers: of_peer needs each size's best peer first), then the transports."""
     from bench.experiments.micro import TransportLine
+    from bench.experiments.peers import peer_lines
     from bench.experiments.reference import reference_lines
 
     lines: list[Any] = []
     if not args.no_references:
         lines += reference_lines(args.fabric, launcher.fabric_transport(args.fabric_transport), args.timeout)
+    if not args.no_peers:
+        lines += peer_lines(args.peers, args.timeout)
     for choice in chosen:
         lines.append(TransportLine(choice.label, choice.constructor_options(args, launcher),
                                    extra_copies=1 if choice.label in slowed else 0))
@@ -137,6 +161,7 @@ class Sweep:
         self.failed: set[str] = set()  # the lines that failed: not tried again in later rounds
         self.fabrics: dict[str, str] = {}
         self.reference_MBps: dict[int, float] = {}
+        self.best_peer_p50_us: dict[tuple[int, int], float] = {}  # (size, round) -> the lowest p50 of a peer line
         self.lines: list[Any] = []
         self.hosts: dict[str, Any] = {}  # line name -> where its ranks run (PrivateHosts)
         for line in lines:
@@ -223,12 +248,18 @@ class Sweep:
         bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
 
     def _add(self, line: Any, record: Any, times: Any) -> None:
-        """Write a record (and its samples), its throughput set against the bandwidth reference of its size."""
-        from bench.results import of_reference
+        """Write a record (and its samples), its throughput set against the bandwidth reference of its size and
+        (a transport's) its p50 against the best peer's at its size and round."""
+        from bench.results import of_peer, of_reference
 
         if line.bandwidth_reference:
             self.reference_MBps[record.size_bytes] = record.throughput_MBps
         record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(record.size_bytes))
+        at = (record.size_bytes, record.round)
+        if line.time_reference and record.p50_us is not None and record.p50_us > 0:
+            self.best_peer_p50_us[at] = min(record.p50_us, self.best_peer_p50_us.get(at, float("inf")))
+        elif line.required:
+            record.of_peer = of_peer(record.p50_us, self.best_peer_p50_us.get(at))
         self.writer.add(record)
         if times is not None:
             self.writer.add_samples(record, times)
@@ -241,8 +272,8 @@ class Sweep:
 
 
 def print_summary(out: Path) -> None:
-    """The run's points (rounds folded: the median, and the range across rounds), and each transport's time
-    relative to zerocopy's at the same size, with its range."""
+    """The run's points (rounds folded: the median, and the range across rounds; a transport's time over the
+    best peer's), and each transport's time relative to zerocopy's at the same size, with its range."""
     from bench.ground.sizes import format_size
     from bench.results import ResultsError, load_run, ratio
 
@@ -259,12 +290,13 @@ def print_summary(out: Path) -> None:
     spread = f"{'p50 range µs':>23} " if rounds > 1 else ""
     # ucx_perftest (put_bw) has no per-transfer median: its time is size / bandwidth of a pipelined stream
     print(f"\n{'transport':16} {'size':>6} {'iters':>5} {'p50 µs':>11} {spread}{'p99 µs':>11} {'MB/s':>9} "
-          f"{'of ref':>7} {'copied/xfer':>12}")
+          f"{'of ref':>7} {'of peer':>7} {'copied/xfer':>12}")
     for row in points.itertuples():
         within = f"{number(row.p50_us_low, 11, 1)}-{number(row.p50_us_high, 11, 1).strip():<11} " if rounds > 1 else ""
         print(f"{row.transport:16} {format_size(row.size_bytes):>6} {row.iters:>5.0f} {number(row.p50_us, 11, 3)} "
               f"{within}{number(row.p99_us, 11, 3)} {number(row.throughput_MBps, 9, 1)} "
-              f"{number(row.of_reference, 7, 3)} {format_size(int(row.copied_bytes_per_transfer)):>12}")
+              f"{number(row.of_reference, 7, 3)} {number(getattr(row, 'of_peer', float('nan')), 7, 2)} "
+              f"{format_size(int(row.copied_bytes_per_transfer)):>12}")
     baseline = points[points["transport"] == BASELINE].set_index("size_bytes")
     others = [t for t in dict.fromkeys(points["transport"])
               if t != BASELINE and t.partition(":")[0] in transports.REGISTRY]  # transports, not reference lines

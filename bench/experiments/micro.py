@@ -402,7 +402,8 @@ class Measured:
 
 
 class MicroLine(ABC):
-    """One line of ``bench micro``: a transport, or a reference measured beside them (``bench.experiments.reference``).
+    """One line of ``bench micro``: a transport, a reference measured beside them (``bench.experiments.reference``),
+    or a peer library timed as a transport is (``bench.experiments.peers``).
 
     A line says whether it can run here, where its ranks run, and which ranks measure it; the harness
     (:func:`run_line`, and the command's sweep) owns the sizes, warm-up, rounds, timing of the transports, the
@@ -417,6 +418,8 @@ class MicroLine(ABC):
     required: ClassVar[bool] = False
     #: whether its throughput at a size is every record's ``of_reference`` denominator at that size
     bandwidth_reference: ClassVar[bool] = False
+    #: whether its p50 at a size is a candidate for the transports' ``of_peer`` denominator (a peer line)
+    time_reference: ClassVar[bool] = False
 
     @property
     def log_label(self) -> str:

@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from bench.ground.sizes import format_size
-from bench.results import REFERENCE_NAMES, ResultsError, Run, load_run, points, record_type
+from bench.results import PEER_NAMES, REFERENCE_NAMES, ResultsError, Run, load_run, points, record_type
 
 #: the threshold when none is given: 10%
 DEFAULT_THRESHOLD = 0.10
@@ -62,9 +62,9 @@ DEFAULT_THRESHOLD = 0.10
 HIGHER_IS_BETTER = frozenset({"throughput_MBps", "throughput_batches_per_s", "total_batches_per_s",
                               "scaling_efficiency", "of_reference"})
 
-#: per experiment, the lines that measure the machine or another project, not this code
+#: per experiment, the lines that measure the machine or another project (a peer library), not this code
 REFERENCES: dict[str, frozenset[str]] = {
-    "micro": frozenset(REFERENCE_NAMES),
+    "micro": frozenset(REFERENCE_NAMES) | frozenset(PEER_NAMES),
     "model": frozenset({"tf_grpc"}),
     "scale": frozenset({"tf_grpc"}),
 }

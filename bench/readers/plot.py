@@ -61,6 +61,11 @@ STYLE = {
     "ib_write_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
     "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
     "tf_grpc": {"color": "#7f7f7f", "marker": "*", "linestyle": "-."},
+    # peer lines: the libraries a user could pick instead, drawn thin and dashed beside the transports
+    "mpi": {"color": "#000000", "marker": "o", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
+    "mpi_rma": {"color": "#555555", "marker": "s", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
+    "nixl": {"color": "#76b900", "marker": "P", "linestyle": (0, (5, 2))},
+    "socket": {"color": "#a0522d", "marker": "h", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
 }
 LABELS = {
     "local": "Local (no transfer)",
@@ -76,6 +81,10 @@ LABELS = {
     "ib_write_lat": "ib_write_lat (the NIC's write latency)",
     "memcpy": "memcpy in one process",
     "tf_grpc": "TensorFlow PS over gRPC (today)",
+    "mpi": "MPI Send/Recv (peer: Open MPI)",
+    "mpi_rma": "MPI one-sided put + flag (peer)",
+    "nixl": "NIXL write + notification (peer)",
+    "socket": "TCP socket (peer)",
 }
 #: bars of what moves no tensor between processes are hatched: a reference, not a transport
 _REFERENCE_HATCH = {"local": "//", "memcpy": "//"}

@@ -30,6 +30,7 @@ from bench.results.records import (
 from bench.results.store import (
     COLUMNS,
     META_FILE,
+    PEER_NAMES,
     READABLE_VERSIONS,
     RECORDS_FILE,
     REFERENCE_LINES,
@@ -45,6 +46,7 @@ from bench.results.store import (
     git_commit,
     load_run,
     now_iso,
+    of_peer,
     of_reference,
     package_versions,
     reference_throughputs,
@@ -54,10 +56,10 @@ from bench.results.store import (
 
 __all__ = [
     "AnalysisRecord", "COLUMNS", "ConvergeRecord", "DiskError", "META_FILE", "MicroRecord", "ModelRecord",
-    "ModelsRecord", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES", "REFERENCE_NAMES",
-    "REQUIRED_COLUMNS",
-    "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter", "SAMPLES_FILE", "SCHEMA_VERSION",
-    "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed", "environment", "git_commit",
-    "is_disk_error", "latency_summary", "load_run", "median_interval", "now_iso", "of_reference", "package_versions",
-    "points", "ratio", "record_type", "reference_throughputs", "replace_file", "with_of_reference", "writer_alive",
+    "ModelsRecord", "PEER_NAMES", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES",
+    "REFERENCE_NAMES", "REQUIRED_COLUMNS", "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter",
+    "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed",
+    "environment", "git_commit", "is_disk_error", "latency_summary", "load_run", "median_interval", "now_iso",
+    "of_peer", "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
+    "replace_file", "with_of_reference", "writer_alive",
 ]

@@ -93,7 +93,8 @@ class MicroRecord(Record):
     Times are per transfer in µs from the sender's ``send`` to the receiver having consumed the
     tensor; ``throughput_MBps`` is size / mean time (MB = 2**20 bytes); the ledger columns are per
     transfer, both sides together. Reference lines (``ucx_perftest``, ``memcpy``, ...) leave empty
-    what they do not measure (bench/experiments/reference.py says which).
+    what they do not measure (bench/experiments/reference.py says which); peer lines (``mpi``, ``socket``,
+    ...: bench/experiments/peers) have a transport's columns.
     """
 
     experiment = "micro"
@@ -119,6 +120,8 @@ class MicroRecord(Record):
     throughput_MBps: float | None
     #: throughput / the same run's bandwidth reference at this size (ucx_perftest, ib_write_bw)
     of_reference: float | None = None
+    #: p50 / the best (lowest) p50 of the same run's peer lines (mpi, socket, ...) at this size in this round
+    of_peer: float | None = None
     sender_cpu_s: float | None
     receiver_cpu_s: float | None
     sender_cpu_us_per_transfer: float | None = None

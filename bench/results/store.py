@@ -59,6 +59,19 @@ REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
 #: the record names of every reference line of ``bench micro`` (``bench.experiments.reference.REGISTRY``), in order:
 #: the lines that measure the machine or the fabric library, not this code
 REFERENCE_NAMES = ("ucx_perftest", "ucx_perftest_lat", "ib_write_bw", "ib_write_lat", "memcpy")
+#: the record names of every peer line of ``bench micro`` (``bench.experiments.peers.REGISTRY``), in order: the
+#: libraries a user could pick instead of this code, timed as a transport is
+PEER_NAMES = ("mpi", "mpi_rma", "nixl", "socket")
+
+
+def of_peer(p50_us: float | None, best_peer_p50_us: float | None) -> float | None:
+    """A micro record's ``of_peer``: its p50 over the best (lowest) p50 of the same run's peer lines at the same
+    size in the same round; below 1.0 is faster than every peer. None (an empty cell) without peers
+    (``--no-peers``, none installed) or without a time."""
+    if best_peer_p50_us is None or not best_peer_p50_us > 0 or p50_us is None:
+        return None
+    value = float(p50_us)
+    return None if math.isnan(value) else value / float(best_peer_p50_us)
 
 
 def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float | None:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from bench.ground import paper
 from bench.readers.report.text import (
+    PEER_LINES,
     REFERENCE_LINES,
     ZERO_COPY,
     line_name,
@@ -52,7 +53,7 @@ def fabric_notes(frame: pd.DataFrame) -> list[str]:
         return []
     carried: dict[str, list[str]] = {}
     for line, fabric in zip(frame["transport"], frame["fabric"], strict=True):
-        if missing(fabric) or fabric in ("", "none") or line in REFERENCE_LINES:
+        if missing(fabric) or fabric in ("", "none") or line in REFERENCE_LINES or line in PEER_LINES:
             continue
         carried.setdefault(str(fabric), [])
         if line not in carried[str(fabric)]:

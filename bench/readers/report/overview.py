@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.ground import paper
 from bench.readers.report.notes import describe_fabric
 from bench.readers.report.page import Report, Table
-from bench.readers.report.text import REFERENCE_LINES, listing, unique
+from bench.readers.report.text import PEER_LINES, REFERENCE_LINES, listing, unique
 
 
 def overview_tables(report: Report) -> list[Table]:
@@ -33,7 +33,7 @@ def overview_tables(report: Report) -> list[Table]:
     for _, run in report.runs:
         records = run.records
         if "transport" in records:
-            records = records[~records["transport"].isin(REFERENCE_LINES)]
+            records = records[~records["transport"].isin([*REFERENCE_LINES, *PEER_LINES])]
         fabrics += [f for f in unique(records, "fabric") if f != "none"]
     tf = listing(dict.fromkeys(str((m.get("packages") or {}).get("tensorflow", "?")) for m in metas))
     python = listing(dict.fromkeys(str((m.get("packages") or {}).get("python", "?")) for m in metas))

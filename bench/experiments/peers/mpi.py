@@ -1,0 +1,315 @@
+"""The ``mpi`` and ``mpi_rma`` peers: what MPI moves between two processes of one host (mpi4py on the MPI it
+finds; the ``mpi`` extra brings Open MPI's wheel, whose shared-memory transport carries the data).
+
+- ``mpi``: ``comm.Send`` of the tensor's bytes, ``comm.Recv`` into a buffer preallocated per tensor.
+- ``mpi_rma``: one-sided. Per tensor both sides make a window (``Win.Allocate``: the receiver's holds an 8-byte
+  flag and the tensor, the sender's nothing) and open a passive epoch on it (``Lock_all``). A send is ``Put``
+  of the bytes, ``Flush``, ``Put`` of the flag (the transfer's number), ``Flush``; a receive polls the flag
+  (``Win.Sync`` between reads) and returns a view of the window. The window of a tensor is made at its first
+  transfer (a warm-up one) and freed at the next tensor's.
+
+The two MPI processes must be started together (Open MPI 5's singletons cannot connect to each other:
+``Comm_accept``/``Comm_connect`` and ``Comm.Join`` fail with ``MPI_ERR_INTERN``), so the line's one rank, the
+*relay*, runs ``mpirun -np 2 python -m bench.experiments.peers.mpi HUB``. The two processes join the relay over
+a Unix socket in a private directory (authenticated with the run's token, as ranks join a coordinator), get the
+points, signal each other over MPI (tag 1, outside the timed interval as always) and send their reports to the
+relay, which hands them to the coordinator. So the line runs where its relay's launcher runs processes on this
+host (the local launcher); under a launcher of emulated hosts both processes would share one host and never cross
+its link, and under ``--launcher mpi`` a second mpirun inside an MPI job is not started: there it is left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
+from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
+from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error
+from bench.launch.private import PrivateHosts
+from transports import Cluster, Key
+
+#: the signals' tag (the data goes on DATA_TAG)
+SIGNAL_TAG, DATA_TAG = 1, 2
+#: seconds mpirun may take to end once both processes said they finished
+_EXIT_S = 30.0
+#: bytes before the tensor in a receiver's window: the flag (the number of the last transfer written, plus one)
+_FLAG_BYTES = 8
+
+
+def mpirun_path() -> str | None:
+    """The ``mpirun`` beside this Python (Open MPI's wheel brings it), else the first on PATH."""
+    return shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def _library() -> str:
+    from mpi4py import MPI
+
+    first = MPI.Get_library_version().split(",")[0].strip()  # "Open MPI v5.0.11"
+    return first.replace(" ", "-").lower()
+
+
+class MpiSignals:
+    """The ready signals between the two MPI processes, over MPI itself (tag 1)."""
+
+    def __init__(self, comm: Any, peer: int) -> None:
+        self.comm, self.peer = comm, peer
+
+    def send(self, value: Any) -> None:
+        self.comm.send(value, dest=self.peer, tag=SIGNAL_TAG)
+
+    def recv(self) -> Any:
+        return self.comm.recv(source=self.peer, tag=SIGNAL_TAG)
+
+
+class MpiLink(PeerLink):
+    """Two-sided MPI: ``Send``/``Recv`` of the bytes."""
+
+    def __init__(self, comm: Any, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self.comm = comm
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def send(self, key: Key, tensor: np.ndarray) -> None:
+        self.comm.Send(_bytes(tensor), dest=RECEIVER, tag=DATA_TAG)
+        self._sent(tensor)
+
+    def recv(self, key: Key) -> np.ndarray:
+        shape, dtype, nbytes = self.planned(key)
+        buffer = self._buffers.get(key.name)
+        if buffer is None:
+            self._buffers.clear()
+            buffer = self._buffers[key.name] = np.empty(shape, dtype)
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        self.comm.Recv(_bytes(buffer), source=SENDER, tag=DATA_TAG, status=status)
+        if (got := status.Get_count(MPI.BYTE)) != nbytes:
+            raise PeerError(f"mpi: {key} arrived with {got} bytes, the plan says {nbytes}")
+        self._received(buffer)
+        return buffer
+
+    def describe(self) -> dict[str, Any]:
+        return {"fabric": "mpi", "used": [_library()]}
+
+
+class MpiRmaLink(MpiLink):
+    """One-sided MPI: Put, Flush, Put of the flag, Flush; the receiver polls the flag in its window."""
+
+    def __init__(self, comm: Any, timeout_s: float) -> None:
+        super().__init__(comm, timeout_s)
+        self._window: Any = None
+        self._window_of: str | None = None
+        self._flag: np.ndarray | None = None
+        self._data: np.ndarray | None = None
+        self._mark = np.zeros(1, np.int64)
+
+    def _open(self, key: Key) -> None:
+        """The window of ``key``'s tensor (collective: both sides get here at the tensor's first transfer)."""
+        if self._window_of == key.name:
+            return
+        from mpi4py import MPI
+
+        self._free()
+        shape, dtype, nbytes = self.planned(key)
+        mine = _FLAG_BYTES + nbytes if self.comm.Get_rank() == RECEIVER else 0
+        self._window = MPI.Win.Allocate(mine, 1, comm=self.comm)
+        if mine:
+            memory = np.frombuffer(self._window.tomemory(), dtype=np.uint8)
+            self._flag = memory[:_FLAG_BYTES].view(np.int64)
+            self._flag[0] = 0
+            self._data = memory[_FLAG_BYTES:].view(dtype).reshape(shape)
+        self._window.Lock_all()
+        self.comm.Barrier()  # the receiver's flag is zero before the first put
+        self._window_of = key.name
+
+    def send(self, key: Key, tensor: np.ndarray) -> None:
+        self._open(key)
+        window = self._window
+        window.Put(_bytes(tensor), RECEIVER, target=_FLAG_BYTES)
+        window.Flush(RECEIVER)
+        self._mark[0] = key.step + 1
+        window.Put(self._mark, RECEIVER, target=0)
+        window.Flush(RECEIVER)
+        self._sent(tensor)
+
+    def recv(self, key: Key) -> np.ndarray:
+        self._open(key)
+        window, flag, want = self._window, self._flag, key.step + 1
+        deadline = time.monotonic() + self.timeout_s
+        polls = 0
+        while flag[0] != want:
+            window.Sync()
+            polls += 1
+            if polls % 4096 == 0 and time.monotonic() > deadline:
+                raise PeerError(f"mpi_rma: {key}: the sender wrote no flag within {self.timeout_s:.0f} s")
+        self._received(self._data)
+        return self._data
+
+    def _free(self) -> None:
+        if self._window is not None:
+            self._flag = self._data = None
+            self._window.Unlock_all()
+            self._window.Free()
+            self._window, self._window_of = None, None
+
+    def close(self) -> None:
+        self._free()
+
+
+def _bytes(tensor: np.ndarray) -> np.ndarray:
+    """The tensor's memory as bytes (no copy)."""
+    return np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)
+
+
+# -- the line: a relay rank and the MPI pair it starts ---------------------------------------------------
+
+
+@dataclass
+class MpiLine(PeerLine):
+    """mpi4py point-to-point between two processes that one ``mpirun`` starts."""
+
+    module: ClassVar[str] = "mpi4py"
+    install: ClassVar[str] = "pip install -e '.[mpi]' brings mpi4py and Open MPI's wheel"
+    link_class: ClassVar[type[MpiLink]] = MpiLink
+
+    def unavailable(self) -> str | None:
+        if (why := super().unavailable()) is not None:
+            return why
+        if mpirun_path() is None:
+            return f"no mpirun here ({self.install})"
+        return None
+
+    def hosts(self, launcher: Launcher) -> PrivateHosts:
+        if not launcher.starts_processes or launcher.private_hosts:
+            raise LaunchError(f"the {self.name} line starts its own pair of MPI processes on this host: under "
+                              f"--launcher {launcher.name} they would not cross the run's links (measure it "
+                              "under --launcher local)")
+        return super().hosts(launcher)
+
+    def link(self, cluster: Cluster, rank: int) -> MpiLink:
+        raise NotImplementedError("an MPI link is made in the MPI processes (see _mpi_process)")
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        return [RankSpec(functools.partial(_relay_job, self, points), "mpirun")]
+
+
+@dataclass
+class MpiRmaLine(MpiLine):
+    """MPI one-sided put, flush and flag between two processes that one ``mpirun`` starts."""
+
+    link_class: ClassVar[type[MpiLink]] = MpiRmaLink
+
+
+def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
+    """Start the MPI pair, hand it the points, pass its reports on; a failure of either is this rank's."""
+    with tempfile.TemporaryDirectory(prefix="bench-mpi-peer-") as private:  # 0700: only we can connect
+        hub = Hub(os.path.join(private, "hub"), ctx.cluster.token, 2)
+        log_path = Path(private) / "mpirun.log"
+        env = {**os.environ, TOKEN_VARIABLE: ctx.cluster.token, "PYTHONPATH": os.pathsep.join(sys.path),
+               # Open MPI refuses root unless told twice
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        with open(log_path, "w+") as log:
+            proc = subprocess.Popen([mpirun_path() or "mpirun", "-np", "2", "--oversubscribe", sys.executable,
+                                     "-m", __name__, hub.address], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env)
+            try:
+                _relay(line, points, ctx, hub, proc, log)
+            finally:
+                _end(proc)
+                hub.close()
+
+
+def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc: subprocess.Popen, log: Any) -> None:
+    def broken(what: str) -> PeerError:
+        log.flush()
+        log.seek(0)
+        tail = "".join(log.readlines()[-8:]).strip()
+        return PeerError(f"{line.name}: {what}" + (f"; mpirun said:\n{tail}" if tail else ""))
+
+    conns: dict[int, Connection] = {}
+    deadline = time.monotonic() + STARTUP_S
+    while len(conns) < 2:
+        try:
+            rank, conn = hub.arrivals.get(timeout=0.2)
+            conns[rank] = conn
+        except queue.Empty:
+            if proc.poll() is not None:
+                raise broken(f"mpirun exited (code {proc.returncode}) before both MPI processes started") from None
+            if time.monotonic() > deadline:
+                raise broken(f"the MPI processes did not start within {STARTUP_S:.0f} s") from None
+    for conn in conns.values():
+        conn.send((line.link_class, points, line.timeout_s))
+    open_ = {conn: rank for rank, conn in conns.items()}
+    while open_:
+        ready = wait(list(open_), timeout=0.5)
+        for conn in ready:
+            role = "sender" if open_[conn] == SENDER else "receiver"
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                raise broken(f"the MPI {role} ended without a word") from None
+            if message == "finished":
+                del open_[conn]
+            elif isinstance(message, tuple) and message[:1] == ("failed",):
+                raise PeerError(f"{line.name}: the MPI {role} failed: {message[1]}")
+            else:
+                ctx.report(message)
+        if not ready and proc.poll() is not None:
+            raise broken(f"mpirun exited (code {proc.returncode}) before the MPI processes finished")
+    try:
+        code = proc.wait(timeout=_EXIT_S)
+    except subprocess.TimeoutExpired:
+        raise broken(f"mpirun did not end within {_EXIT_S:.0f} s of both processes finishing") from None
+    if code != 0:
+        raise broken(f"mpirun exited with code {code}")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """mpirun gone, and its processes with it (SIGTERM: mpirun ends its job; then SIGKILL)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _mpi_process(hub: str) -> int:
+    """One of the two MPI processes: join the relay, get the points, run its side, report."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    conn = connect(hub, os.environ.pop(TOKEN_VARIABLE, ""))
+    conn.send(Hello(rank))
+    link_class, points, timeout_s = conn.recv()
+    try:
+        with link_class(comm, timeout_s) as link:
+            drive(link, points, rank, MpiSignals(comm, RECEIVER - rank), conn.send)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("failed", describe_error(exc)))
+        comm.Abort(1)  # the other process may wait on this one: end the job
+    conn.send("finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_mpi_process(sys.argv[1]))
