@@ -77,7 +77,7 @@ def test_a_fabric_that_cannot_run_here_is_a_usage_error_naming_why(tmp_path):
 def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB,64KB", "--iters", "4", "--warmup", "1",
-                   "--transports", "grpc_tcp,local", "--out", str(out))
+                   "--transports", "grpc_tcp,local", "--no-peers", "--out", str(out))
     assert result.returncode == 0, result.stderr
     run = load_run(out)
     assert run.meta["status"] == "complete"

@@ -26,7 +26,7 @@ def one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
     assert fragment in result.stderr, result.stderr
 
 
-QUICK = ["--sizes", "1KB", "--iters", "1", "--transports", "local", "--no-references", "--no-plot"]
+QUICK = ["--sizes", "1KB", "--iters", "1", "--transports", "local", "--no-references", "--no-peers", "--no-plot"]
 
 #: options that keep a run small, given before each case's own
 SAFE = {

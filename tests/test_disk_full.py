@@ -191,7 +191,8 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 def test_bench_micro_on_a_full_disk_stops_with_one_line_and_keeps_its_points(small_disk):
     disk = small_disk("160k")  # room for the first few of the six sizes' samples (about 30 kB each)
     out = disk / "run"
-    done = bench("micro", "--sizes", "1KB-1MB", "--transports", "local", "--no-references", "--iters", "1000",
+    done = bench("micro", "--sizes", "1KB-1MB", "--transports", "local", "--no-references", "--no-peers", "--iters",
+                 "1000",
                  "--out", str(out))
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()

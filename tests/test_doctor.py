@@ -347,6 +347,7 @@ def test_a_run_that_would_leave_an_active_rdma_port_unused_is_refused(tmp_path, 
         pytest.skip("this machine's UCX lists rxe0:1")
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB", "--transports", "zerocopy", "--iters", "2", "--no-references",
+                   "--no-peers",
                    "--no-plot", "--out", str(out), sysfs_root=sysfs, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.strip().splitlines()
@@ -395,7 +396,8 @@ def test_with_fabric_transport_shm_the_same_run_goes_ahead(tmp_path, sysfs):
     write_device(sysfs, "rxe0")
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB", "--transports", "zerocopy", "--iters", "2", "--warmup", "0",
-                   "--no-references", "--no-plot", "--fabric-transport", "shm", "--out", str(out), sysfs_root=sysfs,
+                   "--no-references", "--no-peers", "--no-plot", "--fabric-transport", "shm", "--out",
+                   str(out), sysfs_root=sysfs,
                    cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (out / "records.csv").exists()

@@ -78,7 +78,7 @@ def test_a_signal_keeps_the_records_marks_the_run_and_stops_every_rank(tmp_path,
     out = tmp_path / "run"
     # the first size takes seconds, the second far longer: the signal comes while it is measured
     bench = start_bench("micro", "--sizes", "1KB,4MB", "--iters", "3000", "--warmup", "1", "--transports",
-                        transport, "--no-references", "--no-plot", "--out", str(out))
+                        transport, "--no-references", "--no-peers", "--no-plot", "--out", str(out))
     pids = wait_for_a_record(bench, out, ranks)
     os.kill(bench.pid, signum)
     output = finish(bench)
@@ -136,7 +136,7 @@ def test_a_soak_stopped_by_sigterm_keeps_the_points_it_checked(tmp_path):
 def test_ranks_die_with_a_killed_bench_and_its_run_reads_as_killed(tmp_path):
     out = tmp_path / "run"
     bench = start_bench("micro", "--sizes", "1KB,4MB", "--iters", "3000", "--warmup", "1", "--transports",
-                        "grpc_tcp", "--no-references", "--no-plot", "--out", str(out))
+                        "grpc_tcp", "--no-references", "--no-peers", "--no-plot", "--out", str(out))
     pids = wait_for_a_record(bench, out, 2)
     bench.kill()
     bench.wait()
@@ -273,6 +273,7 @@ def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "bench.cli", "micro", "--sizes", "1KB", "--iters", "10000",
                            "--warmup", "0", "--transports", "grpc_tcp", "--timeout", "2", "--no-references",
+                           "--no-peers",
                            "--no-plot", "--out", str(out)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stdout + done.stderr

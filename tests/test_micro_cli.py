@@ -28,6 +28,7 @@ def test_micro_records_the_latency_line_and_of_reference(tmp_path):
     out = tmp_path / "run"
     # 2MB: past the latency line's 1MB; all of it well under 256 MB
     result = bench("micro", "--sizes", "1KB,2MB", "--iters", "20", "--warmup", "2", "--transports", "local",
+                   "--no-peers",
                    "--fabric-transport", "shm", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
@@ -58,7 +59,7 @@ def test_micro_records_the_latency_line_and_of_reference(tmp_path):
 def test_micro_without_references_leaves_of_reference_empty(tmp_path):
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB", "--iters", "3", "--warmup", "1", "--transports", "local",
-                   "--no-references", "--no-plot", "--out", str(out))
+                   "--no-references", "--no-peers", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records
     assert list(records["transport"]) == ["local"]
@@ -71,7 +72,7 @@ def test_micro_without_references_leaves_of_reference_empty(tmp_path):
 def test_rounds_interleave_the_transports_per_size_and_keep_every_transfer(tmp_path):
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB,4KB", "--iters", "4", "--warmup", "1", "--transports", "zerocopy,grpc_tcp",
-                   "--rounds", "2", "--no-references", "--no-plot", "--out", str(out))
+                   "--rounds", "2", "--no-references", "--no-peers", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
     # per size: every transport once, then again
@@ -100,7 +101,7 @@ def test_rounds_interleave_the_transports_per_size_and_keep_every_transfer(tmp_p
 def test_an_extra_copy_is_made_and_counted_over_the_transports_named_only(tmp_path):
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "64KB", "--iters", "3", "--warmup", "1", "--transports", "zerocopy,rdma_cp",
-                   "--extra-copy", "zerocopy", "--no-references", "--no-plot", "--out", str(out))
+                   "--extra-copy", "zerocopy", "--no-references", "--no-peers", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records.set_index("transport")
     assert records.loc["zerocopy", "extra_copies"] == 1 and records.loc["rdma_cp", "extra_copies"] == 0
@@ -121,7 +122,7 @@ def test_an_extra_copy_over_a_transport_not_measured_is_refused(tmp_path):
 def test_a_run_compared_with_itself_has_not_changed(tmp_path):
     out = tmp_path / "run"
     assert bench("micro", "--sizes", "1KB,4KB", "--iters", "5", "--transports", "zerocopy,grpc_tcp",
-                 "--no-references", "--no-plot", "--out", str(out)).returncode == 0
+                 "--no-references", "--no-peers", "--no-plot", "--out", str(out)).returncode == 0
     result = bench("compare", str(out), str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.rstrip().endswith("nothing slower beyond 10%")
@@ -145,6 +146,7 @@ def test_references_are_lines_of_every_round(tmp_path):
     transports, before them, and each round's transport records are set against that round's reference."""
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB,2MB", "--iters", "5", "--warmup", "1", "--transports", "local",
+                   "--no-peers",
                    "--fabric-transport", "shm", "--rounds", "2", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records
@@ -164,7 +166,7 @@ def test_references_run_under_netns_on_an_emulated_host(tmp_path):
     """Under --launcher netns the reference lines run too (they were left out before): ucx_perftest's pair on
     an emulated host, over the launcher's fabric transport (tcp), memcpy in a rank."""
     out = tmp_path / "run"
-    result = bench("micro", "--sizes", "4KB", "--iters", "5", "--warmup", "1", "--transports", "local",
+    result = bench("micro", "--sizes", "4KB", "--iters", "5", "--warmup", "1", "--transports", "local", "--no-peers",
                    "--launcher", "netns", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)

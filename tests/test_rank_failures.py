@@ -49,7 +49,7 @@ def kill_rank_mid_run(args: list[str], victim: int, ranks: int, settle_s: float)
 
 @pytest.mark.parametrize(("args", "victim", "named"), [
     (["micro", "--sizes", "1KB", "--iters", "1000000", "--transports", "zerocopy", "--fabric-transport", "shm",
-      "--no-references"], 1, "rank 1 (receiver) died (killed by SIGKILL)"),
+      "--no-references", "--no-peers"], 1, "rank 1 (receiver) died (killed by SIGKILL)"),
     (["model", "tests.tiny_models:TINY", "--transport", "zerocopy", "--steps", "1000000", "--fabric-transport",
       "shm"], 1, "rank 1 (ps 0) died (killed by SIGKILL)"),
 ], ids=["micro", "model"])

@@ -300,13 +300,14 @@ def _mpi_process(hub: str) -> int:
     conn = connect(hub, os.environ.pop(TOKEN_VARIABLE, ""))
     conn.send(Hello(rank))
     link_class, points, timeout_s = conn.recv()
+    link = link_class(comm, timeout_s)
     try:
-        with link_class(comm, timeout_s) as link:
-            drive(link, points, rank, MpiSignals(comm, RECEIVER - rank), conn.send)
-    except Exception as exc:
+        drive(link, points, rank, MpiSignals(comm, RECEIVER - rank), conn.send)
+    except Exception as exc:  # said first: closing a window is collective and would wait for the other process
         with contextlib.suppress(OSError):
             conn.send(("failed", describe_error(exc)))
         comm.Abort(1)  # the other process may wait on this one: end the job
+    link.close()
     conn.send("finished")
     return 0
 

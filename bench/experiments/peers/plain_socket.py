@@ -29,6 +29,56 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def open_stream(cluster: Cluster, rank: int, timeout_s: float) -> socket.socket:
+    """A TCP stream between the sender and the receiver of ``cluster``: the receiver listens on its rank's address
+    and takes the first caller that proves it knows the run's token; the sender calls until it is listening."""
+    address, token = cluster.addresses[RECEIVER], cluster.token.encode()
+    host, port = _host_port(address)
+    deadline = time.monotonic() + timeout_s
+    if rank != RECEIVER:
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout_s)
+                sock.sendall(token)
+                break
+            except ConnectionRefusedError:  # the receiver is not listening yet
+                if time.monotonic() > deadline:
+                    raise PeerError(f"the receiver at {address} did not listen within {timeout_s:.0f} s") from None
+                time.sleep(0.01)
+    else:
+        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET) as server:
+            server.settimeout(timeout_s)
+            while True:
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError:
+                    raise PeerError(f"the sender did not connect to {address} within {timeout_s:.0f} s") from None
+                sock.settimeout(max(1.0, deadline - time.monotonic()))
+                try:
+                    said = _recv_exactly(sock, len(token))
+                except (OSError, EOFError):
+                    said = b""
+                if hmac.compare_digest(said, token):
+                    break
+                sock.close()  # not the run's sender: wait for it
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(timeout_s)
+    return sock
+
+
+def send_message(sock: socket.socket, data: bytes) -> None:
+    """A length, then ``data``."""
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def recv_message(sock: socket.socket, limit: int = 64 << 20) -> bytes:
+    """What :func:`send_message` sent (at most ``limit`` bytes: a length beyond it is a broken peer)."""
+    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
+    if length > limit:
+        raise PeerError(f"the peer announced a message of {length} bytes (at most {limit} expected)")
+    return _recv_exactly(sock, length)
+
+
 class SocketLink(PeerLink):
     """One side of a TCP stream between the sender and the receiver."""
 
@@ -36,45 +86,10 @@ class SocketLink(PeerLink):
         super().__init__(timeout_s)
         self._buffers: dict[str, np.ndarray] = {}
         self._peer = cluster.addresses[1 - rank]  # the other side's, for errors
-        if rank == RECEIVER:
-            self._sock = self._accept(cluster.addresses[RECEIVER], cluster.token)
-        else:
-            self._sock = self._connect(cluster.addresses[RECEIVER], cluster.token)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(timeout_s)
-
-    def _accept(self, address: str, token: str) -> socket.socket:
-        host, port = _host_port(address)
-        with socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET) as server:
-            server.settimeout(self.timeout_s)
-            deadline = time.monotonic() + self.timeout_s
-            while True:
-                try:
-                    sock, _ = server.accept()
-                except TimeoutError:
-                    raise PeerError(f"socket: the sender did not connect to {address} within {self.timeout_s:.0f} s"
-                                    ) from None
-                sock.settimeout(max(1.0, deadline - time.monotonic()))
-                try:
-                    said = _recv_exactly(sock, len(token.encode()))
-                except (OSError, EOFError):
-                    said = b""
-                if hmac.compare_digest(said, token.encode()):
-                    return sock
-                sock.close()  # not the run's sender: wait for it
-
-    def _connect(self, address: str, token: str) -> socket.socket:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                sock = socket.create_connection(_host_port(address), timeout=self.timeout_s)
-                sock.sendall(token.encode())
-                return sock
-            except ConnectionRefusedError:  # the receiver is not listening yet
-                if time.monotonic() > deadline:
-                    raise PeerError(f"socket: the receiver at {address} did not listen within "
-                                    f"{self.timeout_s:.0f} s") from None
-                time.sleep(0.01)
+        try:
+            self._sock = open_stream(cluster, rank, timeout_s)
+        except PeerError as exc:
+            raise PeerError(f"socket: {exc}") from None
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(tensor)).cast("B")

@@ -1,0 +1,134 @@
+"""The ``nixl`` peer: NVIDIA's NIXL (the inference transfer library of Dynamo) moving host memory over its UCX
+backend, as its examples do: both sides make an agent (no progress thread: the caller's checks progress it), the
+receiver registers a buffer per tensor and hands its descriptors to the sender, and each transfer is a ``WRITE``
+from the sender's registered tensor into the receiver's with a notification (the transfer's number); the sender
+waits for the write to complete, the receiver for the notification.
+
+Agents' metadata and the receiver's descriptors go over a TCP stream between the two ranks (the ``socket`` peer's,
+authenticated with the run's token), once per tensor, outside the timed transfers (at a tensor's first transfer,
+a warm-up one). The sender's tensor is registered at its first send; both sides' registrations are released at
+the next tensor's and on close.
+
+Install: NIXL's wheels declare torch and CUDA packages that host memory does not need:
+``pip install --no-deps nixl nixl-cu12`` (NIXL's UCX comes inside ``nixl-cu12``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from bench.experiments.micro import RECEIVER
+from bench.experiments.peers import PeerError, PeerLine, PeerLink
+from bench.experiments.peers.plain_socket import open_stream, recv_message, send_message
+from transports import Cluster, Key
+
+#: the install line of a missing NIXL
+INSTALL = "pip install --no-deps nixl nixl-cu12 (its wheels declare torch and CUDA, which host memory does not need)"
+
+
+class NixlLink(PeerLink):
+    """One side of a NIXL link: an agent each, a WRITE and a notification per transfer."""
+
+    def __init__(self, cluster: Cluster, rank: int, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        from nixl._api import nixl_agent, nixl_agent_config
+
+        self._rank = rank
+        self._names = ("sender", "receiver")
+        self._agent = nixl_agent(self._names[rank], nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+        try:
+            self._sock = open_stream(cluster, rank, timeout_s)
+        except PeerError as exc:
+            raise PeerError(f"nixl: {exc}") from None
+        send_message(self._sock, self._agent.get_agent_metadata())
+        remote = self._agent.add_remote_agent(recv_message(self._sock))
+        self._remote = remote.decode() if isinstance(remote, bytes) else remote  # notifications are keyed by str
+        self._tensor_of: str | None = None
+        self._registered: Any = None
+        self._buffer: np.ndarray | None = None
+        self._xfer: Any = None
+        self._local: Any = None
+
+    def _open(self, key: Key, tensor: np.ndarray | None = None) -> None:
+        """Register ``key``'s tensor (the sender's ``tensor``; a new buffer on the receiver) and, on the sender, make
+        the transfer into the receiver's buffer, whose descriptors the receiver sends."""
+        if self._tensor_of == key.name:
+            return
+        self._release()
+        if self._rank == RECEIVER:
+            shape, dtype, _ = self.planned(key)
+            self._buffer = np.empty(shape, dtype)
+            self._buffer.reshape(-1).view(np.uint8)[::4096] = 0  # resident before it is registered
+            self._registered = self._agent.register_memory([(*_region(self._buffer), "")], "DRAM")
+            descs = self._agent.get_xfer_descs([_region(self._buffer)], "DRAM")
+            # the sender learns of the new registration (its remote keys), then where to write
+            send_message(self._sock, self._agent.get_partial_agent_metadata(self._registered, False, ["UCX"]))
+            send_message(self._sock, self._agent.get_serialized_descs(descs))
+        else:
+            self._registered = self._agent.register_memory([(*_region(tensor), "")], "DRAM")
+            self._agent.add_remote_agent(recv_message(self._sock))
+            remote = self._agent.deserialize_descs(recv_message(self._sock))
+            self._local = self._agent.get_xfer_descs([_region(tensor)], "DRAM")
+            self._xfer = self._agent.initialize_xfer("WRITE", self._local, remote, self._remote, b"0")
+        self._tensor_of = key.name
+
+    def send(self, key: Key, tensor: np.ndarray) -> None:
+        self._open(key, tensor)
+        state = self._agent.transfer(self._xfer, str(key.step + 1).encode())
+        deadline = time.monotonic() + self.timeout_s
+        while state == "PROC":
+            state = self._agent.check_xfer_state(self._xfer)
+            if state == "PROC" and time.monotonic() > deadline:
+                raise PeerError(f"nixl: writing {key} to the receiver did not complete within {self.timeout_s:.0f} s")
+        if state != "DONE":
+            raise PeerError(f"nixl: writing {key} to the receiver failed ({state})")
+        self._sent(tensor)
+
+    def recv(self, key: Key) -> np.ndarray:
+        self._open(key)
+        want = str(key.step + 1).encode()
+        deadline = time.monotonic() + self.timeout_s
+        while not self._agent.check_remote_xfer_done(self._remote, want, tag_is_prefix=False):
+            if time.monotonic() > deadline:
+                raise PeerError(f"nixl: {key}: no notification from the sender within {self.timeout_s:.0f} s")
+        self._received(self._buffer)
+        return self._buffer
+
+    def describe(self) -> dict[str, Any]:
+        return {"fabric": "nixl", "used": ["ucx"]}
+
+    def _release(self) -> None:
+        if self._xfer is not None:
+            self._agent.release_xfer_handle(self._xfer)
+            self._xfer = None
+        if self._registered is not None:
+            self._agent.deregister_memory(self._registered)
+            self._registered = None
+        self._buffer, self._tensor_of = None, None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the agent goes with the process; a failed release must not hide why
+            self._release()
+            self._agent.remove_remote_agent(self._remote)
+        self._sock.close()
+
+
+def _region(array: np.ndarray) -> tuple[int, int, int]:
+    """NIXL's descriptor of host memory: address, length, device 0."""
+    return array.ctypes.data, array.nbytes, 0
+
+
+@dataclass
+class NixlLine(PeerLine):
+    """NIXL's WRITE with a notification, over its UCX backend."""
+
+    module: ClassVar[str] = "nixl"
+    install: ClassVar[str] = INSTALL
+
+    def link(self, cluster: Cluster, rank: int) -> NixlLink:
+        return NixlLink(cluster, rank, self.timeout_s)

@@ -1,0 +1,215 @@
+"""The peer lines of ``bench micro`` (bench/experiments/peers): the libraries a user could pick instead, timed as a
+transport is. Each one's data check catches a corrupted buffer, a missing library is one line, a peer's records
+have a transport's columns, and every transport's record carries ``of_peer``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench.commands.micro import Sweep
+from bench.experiments.micro import MicroError, plan_points, run_line
+from bench.experiments.peers import REGISTRY, PeerLine, peer_lines
+from bench.experiments.peers.mpi import MpiLine, mpirun_path
+from bench.launch import LaunchError
+from bench.launch.local import LocalLauncher
+from bench.results import PEER_NAMES, load_run
+from tests import peer_faults
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and mpirun_path() is not None
+HAVE_NIXL = importlib.util.find_spec("nixl") is not None
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="no mpi4py and mpirun here: pip install -e '.[mpi]'")
+needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="no NIXL here: pip install --no-deps nixl nixl-cu12")
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=env)
+
+
+def test_every_peer_is_registered_and_named_in_the_results_layer():
+    assert tuple(REGISTRY) == PEER_NAMES
+    assert [line.name for line in peer_lines()] == list(PEER_NAMES)
+    assert [line.name for line in peer_lines(["socket", "mpi"])] == ["mpi", "socket"]  # the registry's order
+    with pytest.raises(ValueError, match=r"unknown peer 'carrier_pigeon' \(known: mpi, mpi_rma, nixl, socket\)"):
+        peer_lines(["carrier_pigeon"])
+
+
+def _installed() -> list[str]:
+    return [line.name for line in peer_lines() if line.unavailable() is None]
+
+
+def test_peer_records_have_a_transports_columns_and_transports_carry_of_peer(tmp_path):
+    peers = _installed()
+    assert "socket" in peers  # needs nothing but Python
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB,64KB", "--iters", "20", "--warmup", "2", "--transports", "local",
+                   "--no-references", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = load_run(out)
+    assert run.meta["settings"]["peers"] == list(PEER_NAMES)
+    records = run.records
+    assert list(dict.fromkeys(records["transport"])) == [*peers, "local"]  # peers first, then the transports
+    local = records[records["transport"] == "local"].set_index("size_bytes")
+    measured = {c for c in local.columns if not local[c].isna().any()} - {"of_peer"}
+    for peer in peers:
+        rows = records[records["transport"] == peer].set_index("size_bytes")
+        assert sorted(rows.index) == [1024, 65536]
+        assert not rows[sorted(measured)].isna().any().any(), f"{peer} leaves a transport's column empty"
+        assert (rows["iters"] == 20).all() and (rows["warmup"] == 2).all()
+        assert rows["of_peer"].isna().all()  # a peer is not held against the peers
+        assert rows["fabric"].iloc[0] != "none"
+    for size in (1024, 65536):
+        best = records[(records["transport"].isin(peers)) & (records["size_bytes"] == size)]["p50_us"].min()
+        assert math.isclose(local.loc[size, "of_peer"], local.loc[size, "p50_us"] / best)
+    # the summary shows the column, the missing libraries are one line each
+    assert "of peer" in result.stdout
+    for name in set(PEER_NAMES) - set(peers):
+        [line] = [x for x in result.stderr.splitlines() if f"no {name} line" in x]
+        assert "is not installed here" in line or "no mpirun here" in line
+
+
+def test_no_peers_and_a_chosen_peer(tmp_path):
+    quick = ["--sizes", "1KB", "--iters", "3", "--warmup", "1", "--transports", "local", "--no-references",
+             "--no-plot"]
+    none = bench("micro", *quick, "--no-peers", "--out", str(tmp_path / "none"))
+    assert none.returncode == 0, none.stderr[-2000:]
+    run = load_run(tmp_path / "none")
+    assert set(run.records["transport"]) == {"local"} and run.records["of_peer"].isna().all()
+    assert run.meta["settings"]["peers"] == []
+    one = bench("micro", *quick, "--peers", "socket", "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert list(dict.fromkeys(load_run(tmp_path / "one").records["transport"])) == ["socket", "local"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--peers", "carrier_pigeon"], "--peers: unknown peer 'carrier_pigeon' (known: mpi, mpi_rma, nixl, socket)"),
+    (["--peers", ","], "--peers: no peer named; pass --no-peers to measure none"),
+    (["--peers", "socket", "--no-peers"], "argument --no-peers: not allowed with argument --peers"),
+])
+def test_bad_peer_options_are_one_line(args, message, tmp_path):
+    result = bench("micro", "--sizes", "1KB", "--transports", "local", *args, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+class _Missing(PeerLine):
+    module = "no_such_library_for_tests"
+    install = "pip install no-such-library"
+
+    def link(self, cluster, rank):  # pragma: no cover (never made: the line is left out)
+        raise AssertionError("a line that cannot be imported must not run")
+
+
+def test_a_missing_library_is_one_line_and_the_run_goes_on(capsys):
+    line = _Missing(name="missing")
+    assert line.unavailable() == ("no_such_library_for_tests is not installed here (pip install no-such-library; "
+                                  "or leave it out with --peers/--no-peers)")
+    sweep = Sweep(SimpleNamespace(rounds=1, timeout=5.0), LocalLauncher(), None, [line])
+    assert sweep.lines == [] and sweep.failures == []
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning.startswith("bench micro: warning: no missing line: no_such_library_for_tests is not installed")
+
+
+def test_the_mpi_lines_run_only_where_their_pair_crosses_the_runs_links():
+    class EmulatedHosts(LocalLauncher):
+        private_hosts = True
+
+    with pytest.raises(LaunchError, match=r"would not cross the run's links .*--launcher local"):
+        MpiLine(name="mpi").hosts(EmulatedHosts())
+    assert MpiLine(name="mpi").hosts(LocalLauncher()).launcher is not None
+
+
+def _run(line: PeerLine, sizes: list[int], iters: int = 6) -> list:
+    records = []
+    points = plan_points(sizes, iters, 1)
+    run_line(line, points, LocalLauncher(), line.timeout_s,
+             on_sides=lambda point, sender, receiver: records.append((point, sender, receiver)))
+    return records
+
+
+FAULTY = [
+    pytest.param(peer_faults.CorruptingSocketLine, id="socket"),
+    pytest.param(peer_faults.CorruptingMpiLine, id="mpi", marks=needs_mpi),
+    pytest.param(peer_faults.CorruptingMpiRmaLine, id="mpi_rma", marks=needs_mpi),
+    pytest.param(peer_faults.CorruptingNixlLine, id="nixl", marks=needs_nixl),
+]
+
+
+@pytest.mark.parametrize("line_class", FAULTY)
+def test_each_peers_data_check_fails_on_a_corrupted_buffer(line_class):
+    line = line_class(name=line_class.__name__, timeout_s=60)
+    with pytest.raises(MicroError, match=r"transfer 0 of 64KB arrived wrong: element 8192 of 16384 differs"):
+        _run(line, [64 << 10])
+
+
+@pytest.mark.parametrize("name", ["socket", pytest.param("mpi", marks=needs_mpi),
+                                  pytest.param("mpi_rma", marks=needs_mpi), pytest.param("nixl", marks=needs_nixl)])
+def test_each_peer_moves_every_size_intact_and_counts_what_it_moved(name):
+    [line] = peer_lines([name], timeout_s=60)
+    sizes = [1 << 10, 1_000_001, 4 << 20]  # a size that is no whole number of floats goes as bytes
+    measured = _run(line, sizes)
+    assert [point.size_bytes for point, _, _ in measured] == sizes
+    for point, sender, receiver in measured:
+        assert sender.transfers == receiver.transfers == point.warmup + point.iters
+        assert sender.stats.tensors_sent == receiver.stats.tensors_received == point.iters
+        assert sender.stats.payload_bytes_sent == point.iters * point.size_bytes
+        assert sender.stats.copied_bytes == receiver.stats.copied_bytes == 0
+        assert sender.fabric["fabric"] in {"socket", "mpi", "nixl"}
+
+
+_REAPER = """
+import ctypes, json, os, sys, time
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the run come to this process
+from bench.experiments import peers
+from transports.common import Registry
+peers.REGISTRY = Registry("peer", {"mpi": "tests.peer_faults:DyingMpiLine"})  # the mpi line, dying
+from bench.cli import main
+code = main(sys.argv[1:])
+from tests.processes import children_of
+deadline = time.monotonic() + 60
+while True:  # every process the run started is gone once it is reaped; a live one is left behind
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    left = children_of(os.getpid())
+    if not left or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
+print(json.dumps({"code": code, "left": list(left.values())}))
+"""
+
+
+@needs_mpi
+def test_an_mpi_process_that_dies_mid_run_ends_the_line_with_its_name_and_leaves_nothing(tmp_path):
+    """The receiver of the MPI pair kills itself at transfer 3 (``tests.peer_faults.DIE_AT``): the line fails
+    naming itself (a warning: a peer's failure does not fail the run), the transports still run, and no process
+    of the run is left (the run is started under a process that adopts orphans)."""
+    script = tmp_path / "reaper.py"
+    script.write_text(_REAPER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    done = subprocess.run([sys.executable, str(script), "micro", "--sizes", "64KB", "--iters", "10", "--warmup", "1",
+                           "--transports", "local", "--no-references", "--no-plot", "--peers", "mpi",
+                           "--timeout", "60", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["left"] == [], f"left behind: {outcome['left']}"
+    assert outcome["code"] == 0  # a peer line is not a transport: the run completes without it
+    [warning] = [line for line in done.stderr.splitlines() if "no mpi line" in line]
+    assert "mpi: rank 0 (mpirun) failed" in warning and "the MPI receiver" in warning
+    assert set(load_run(tmp_path / "run").records["transport"]) == {"local"}
