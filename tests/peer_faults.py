@@ -17,6 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from bench.experiments.peers import PeerLink
+from bench.experiments.peers.mooncake import MooncakeLine, MooncakeLink
 from bench.experiments.peers.mpi import MpiLine, MpiLink, MpiRmaLink
 from bench.experiments.peers.nixl import NixlLine, NixlLink
 from bench.experiments.peers.plain_socket import SocketLine, SocketLink
@@ -52,6 +53,7 @@ def dying(cls: type[PeerLink]) -> type[PeerLink]:
 
 CorruptingSocketLink = corrupting(SocketLink)
 CorruptingNixlLink = corrupting(NixlLink)
+CorruptingMooncakeLink = corrupting(MooncakeLink)
 CorruptingMpiLink = corrupting(MpiLink)
 CorruptingMpiRmaLink = corrupting(MpiRmaLink)
 DyingMpiLink = dying(MpiLink)
@@ -67,6 +69,12 @@ class CorruptingSocketLine(SocketLine):
 class CorruptingNixlLine(NixlLine):
     def link(self, cluster: Cluster, rank: int) -> PeerLink:
         return CorruptingNixlLink(cluster, rank, self.timeout_s)
+
+
+@dataclass
+class CorruptingMooncakeLine(MooncakeLine):
+    def link(self, cluster: Cluster, rank: int) -> PeerLink:
+        return CorruptingMooncakeLink(cluster, rank, self.timeout_s)
 
 
 @dataclass

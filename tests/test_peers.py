@@ -18,6 +18,7 @@ import pytest
 from bench.commands.micro import Sweep
 from bench.experiments.micro import MicroError, plan_points, run_line
 from bench.experiments.peers import REGISTRY, PeerLine, peer_lines
+from bench.experiments.peers.mooncake import MooncakeLine
 from bench.experiments.peers.mpi import MpiLine, mpirun_path
 from bench.launch import LaunchError
 from bench.launch.local import LocalLauncher
@@ -29,6 +30,8 @@ HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and mpirun_path() is n
 HAVE_NIXL = importlib.util.find_spec("nixl") is not None
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="no mpi4py and mpirun here: pip install -e '.[mpi]'")
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="no NIXL here: pip install --no-deps nixl nixl-cu12")
+MOONCAKE_MISSING = MooncakeLine(name="mooncake").unavailable()
+needs_mooncake = pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +44,8 @@ def test_every_peer_is_registered_and_named_in_the_results_layer():
     assert tuple(REGISTRY) == PEER_NAMES
     assert [line.name for line in peer_lines()] == list(PEER_NAMES)
     assert [line.name for line in peer_lines(["socket", "mpi"])] == ["mpi", "socket"]  # the registry's order
-    with pytest.raises(ValueError, match=r"unknown peer 'carrier_pigeon' \(known: mpi, mpi_rma, nixl, socket\)"):
+    with pytest.raises(ValueError, match=r"unknown peer 'carrier_pigeon' \(known: mpi, mpi_rma, nixl, mooncake, "
+                                         r"socket\)"):
         peer_lines(["carrier_pigeon"])
 
 
@@ -93,7 +97,8 @@ def test_no_peers_and_a_chosen_peer(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--peers", "carrier_pigeon"], "--peers: unknown peer 'carrier_pigeon' (known: mpi, mpi_rma, nixl, socket)"),
+    (["--peers", "carrier_pigeon"], "--peers: unknown peer 'carrier_pigeon' (known: mpi, mpi_rma, nixl, mooncake, "
+     "socket)"),
     (["--peers", ","], "--peers: no peer named; pass --no-peers to measure none"),
     (["--peers", "socket", "--no-peers"], "argument --no-peers: not allowed with argument --peers"),
 ])
@@ -132,10 +137,16 @@ def test_the_mpi_lines_run_only_where_their_pair_crosses_the_runs_links():
 
 
 def _run(line: PeerLine, sizes: list[int], iters: int = 6) -> list:
+    """``line`` measured at ``sizes`` on the hosts it asks the local launcher for: every point's two sides."""
     records = []
     points = plan_points(sizes, iters, 1)
-    run_line(line, points, LocalLauncher(), line.timeout_s,
-             on_sides=lambda point, sender, receiver: records.append((point, sender, receiver)))
+    hosts = line.hosts(LocalLauncher())
+    try:
+        run_line(line, points, hosts.launcher, line.timeout_s,
+                 on_sides=lambda point, sender, receiver: records.append((point, sender, receiver)))
+    finally:
+        if hosts.own:
+            hosts.launcher.close()
     return records
 
 
@@ -144,6 +155,7 @@ FAULTY = [
     pytest.param(peer_faults.CorruptingMpiLine, id="mpi", marks=needs_mpi),
     pytest.param(peer_faults.CorruptingMpiRmaLine, id="mpi_rma", marks=needs_mpi),
     pytest.param(peer_faults.CorruptingNixlLine, id="nixl", marks=needs_nixl),
+    pytest.param(peer_faults.CorruptingMooncakeLine, id="mooncake", marks=needs_mooncake),
 ]
 
 
@@ -155,7 +167,8 @@ def test_each_peers_data_check_fails_on_a_corrupted_buffer(line_class):
 
 
 @pytest.mark.parametrize("name", ["socket", pytest.param("mpi", marks=needs_mpi),
-                                  pytest.param("mpi_rma", marks=needs_mpi), pytest.param("nixl", marks=needs_nixl)])
+                                  pytest.param("mpi_rma", marks=needs_mpi), pytest.param("nixl", marks=needs_nixl),
+                                  pytest.param("mooncake", marks=needs_mooncake)])
 def test_each_peer_moves_every_size_intact_and_counts_what_it_moved(name):
     [line] = peer_lines([name], timeout_s=60)
     sizes = [1 << 10, 1_000_001, 4 << 20]  # a size that is no whole number of floats goes as bytes
@@ -166,7 +179,7 @@ def test_each_peer_moves_every_size_intact_and_counts_what_it_moved(name):
         assert sender.stats.tensors_sent == receiver.stats.tensors_received == point.iters
         assert sender.stats.payload_bytes_sent == point.iters * point.size_bytes
         assert sender.stats.copied_bytes == receiver.stats.copied_bytes == 0
-        assert sender.fabric["fabric"] in {"socket", "mpi", "nixl"}
+        assert sender.fabric["fabric"] in {"socket", "mpi", "nixl", "mooncake"}
 
 
 _REAPER = """

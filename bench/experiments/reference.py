@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import math
 import os
 import re
@@ -85,8 +84,8 @@ from typing import IO, ClassVar
 import numpy as np
 
 from bench.experiments.micro import Measured, MicroLine, Point
-from bench.launch import Launcher, LaunchError, RankContext, RankSpec
-from bench.launch.private import PrivateHosts, private_hosts
+from bench.launch import Launcher, RankContext, RankSpec
+from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from bench.results import MicroRecord, latency_summary
 from transports import fabric
 from transports.common import Registry
@@ -775,16 +774,7 @@ class PerftestLine(ReferenceLine):
         return None
 
     def hosts(self, launcher: Launcher) -> PrivateHosts:
-        try:
-            chosen = private_hosts(launcher, self.tool)
-        except LaunchError as exc:
-            raise LaunchError(f"{exc}; or pass --no-references") from None
-        bind = getattr(launcher, "bind", "") or "127.0.0.1"
-        if not chosen.isolated and ipaddress.ip_address(bind).is_loopback:
-            raise LaunchError(f"{self.tool} listens on every interface (it has no bind option) and --launcher "
-                              f"{launcher.name} runs it on the host's own network: pass --bind ADDRESS to accept "
-                              "that, or --no-references")
-        return chosen
+        return hosts_for_open_listeners(launcher, self.tool, "--no-references")
 
 
 @dataclass

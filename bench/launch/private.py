@@ -60,3 +60,21 @@ def private_hosts(launcher: Launcher | None, what: str) -> PrivateHosts:
                                                     f"on every interface of the host (--bind {bind})")
     return PrivateHosts(private, True, True, f"one private emulated host (network namespace, no link to the "
                                              f"host's interfaces): {what} listens on every interface")
+
+
+def hosts_for_open_listeners(launcher: Launcher, what: str, leave_out: str) -> PrivateHosts:
+    """Where to run ranks of ``what`` (a program that listens on every interface): :func:`private_hosts`, refused
+    when its ranks would still listen on the host's own network while the run was asked to stay on loopback.
+    ``leave_out`` is the option that goes without it (``--no-references``), named in every refusal."""
+    from bench.launch import LaunchError
+
+    try:
+        chosen = private_hosts(launcher, what)
+    except LaunchError as exc:
+        raise LaunchError(f"{exc}; or pass {leave_out}") from None
+    bind = getattr(launcher, "bind", "") or "127.0.0.1"
+    if not chosen.isolated and ipaddress.ip_address(bind).is_loopback:
+        raise LaunchError(f"{what} listens on every interface (it has no bind option) and --launcher "
+                          f"{launcher.name} runs it on the host's own network: pass --bind ADDRESS to accept "
+                          f"that, or {leave_out}")
+    return chosen

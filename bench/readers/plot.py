@@ -65,6 +65,7 @@ STYLE = {
     "mpi": {"color": "#000000", "marker": "o", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
     "mpi_rma": {"color": "#555555", "marker": "s", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
     "nixl": {"color": "#76b900", "marker": "P", "linestyle": (0, (5, 2))},
+    "mooncake": {"color": "#e7298a", "marker": "*", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
     "socket": {"color": "#a0522d", "marker": "h", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
 }
 LABELS = {
@@ -84,6 +85,7 @@ LABELS = {
     "mpi": "MPI Send/Recv (peer: Open MPI)",
     "mpi_rma": "MPI one-sided put + flag (peer)",
     "nixl": "NIXL write + notification (peer)",
+    "mooncake": "Mooncake transfer engine, tcp (peer)",
     "socket": "TCP socket (peer)",
 }
 #: bars of what moves no tensor between processes are hatched: a reference, not a transport

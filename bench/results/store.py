@@ -61,7 +61,7 @@ REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
 REFERENCE_NAMES = ("ucx_perftest", "ucx_perftest_lat", "ib_write_bw", "ib_write_lat", "memcpy")
 #: the record names of every peer line of ``bench micro`` (``bench.experiments.peers.REGISTRY``), in order: the
 #: libraries a user could pick instead of this code, timed as a transport is
-PEER_NAMES = ("mpi", "mpi_rma", "nixl", "socket")
+PEER_NAMES = ("mpi", "mpi_rma", "nixl", "mooncake", "socket")
 
 
 def of_peer(p50_us: float | None, best_peer_p50_us: float | None) -> float | None:

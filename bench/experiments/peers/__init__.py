@@ -17,7 +17,9 @@ The peers (:data:`REGISTRY`):
 - ``mpi_rma``: MPI one-sided: ``Put`` into the receiver's window, flush, ``Put`` of a flag, flush; the receiver
   polls the flag (same module);
 - ``nixl``: NVIDIA's NIXL (UCX backend, host memory): a write into the receiver's registered tensor and a
-  notification (``bench.experiments.peers.nixl``).
+  notification (``bench.experiments.peers.nixl``);
+- ``mooncake``: Mooncake's transfer engine over tcp: a write of the tensor into the receiver's registered buffer,
+  then of a flag the receiver polls (``bench.experiments.peers.mooncake``).
 
 A peer whose library is not installed is left out with one line naming the extra that brings it.
 """
@@ -154,6 +156,8 @@ REGISTRY = Registry("peer", {
                 "MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
     "nixl": ("bench.experiments.peers.nixl:NixlLine",
              "NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification"),
+    "mooncake": ("bench.experiments.peers.mooncake:MooncakeLine",
+                 "Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
     "socket": ("bench.experiments.peers.plain_socket:SocketLine",
                "a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
 }, unknown=ValueError)

@@ -28,6 +28,7 @@ NAMES = {
     "mpi": "MPI Send/Recv",
     "mpi_rma": "MPI one-sided put",
     "nixl": "NIXL",
+    "mooncake": "Mooncake TE",
     "socket": "TCP socket",
 }
 #: the order lines appear in, in every table
