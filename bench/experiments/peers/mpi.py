@@ -8,6 +8,8 @@ finds; the ``mpi`` extra brings Open MPI's wheel, whose shared-memory transport 
   (``Win.Sync`` between reads) and returns a view of the window. The window of a tensor is made at its first
   transfer (a warm-up one) and freed at the next tensor's.
 
+A tensor over 1 GiB goes in pieces of 1 GiB (messages or puts): Open MPI's wheel refuses a count beyond a C int.
+
 The two MPI processes must be started together (Open MPI 5's singletons cannot connect to each other:
 ``Comm_accept``/``Comm_connect`` and ``Comm.Join`` fail with ``MPI_ERR_INTERN``), so the line's one rank, the
 *relay*, runs ``mpirun -np 2 python -m bench.experiments.peers.mpi HUB``. The two processes join the relay over
@@ -50,6 +52,9 @@ SIGNAL_TAG, DATA_TAG = 1, 2
 _EXIT_S = 30.0
 #: bytes before the tensor in a receiver's window: the flag (the number of the last transfer written, plus one)
 _FLAG_BYTES = 8
+#: the most bytes one message or put carries: Open MPI's wheel refuses counts beyond a C int (MPI_ERR_ARG), so a
+#: larger tensor goes in pieces of this size, as a user of MPI moves one
+CHUNK_BYTES = 1 << 30
 
 
 def mpirun_path() -> str | None:
@@ -86,7 +91,8 @@ class MpiLink(PeerLink):
         self._buffers: dict[str, np.ndarray] = {}
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
-        self.comm.Send(_bytes(tensor), dest=RECEIVER, tag=DATA_TAG)
+        for piece in _pieces(_bytes(tensor)):
+            self.comm.Send(piece, dest=RECEIVER, tag=DATA_TAG)
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
@@ -98,8 +104,11 @@ class MpiLink(PeerLink):
         from mpi4py import MPI
 
         status = MPI.Status()
-        self.comm.Recv(_bytes(buffer), source=SENDER, tag=DATA_TAG, status=status)
-        if (got := status.Get_count(MPI.BYTE)) != nbytes:
+        got = 0
+        for piece in _pieces(_bytes(buffer)):
+            self.comm.Recv(piece, source=SENDER, tag=DATA_TAG, status=status)
+            got += status.Get_count(MPI.BYTE)
+        if got != nbytes:
             raise PeerError(f"mpi: {key} arrived with {got} bytes, the plan says {nbytes}")
         self._received(buffer)
         return buffer
@@ -141,7 +150,8 @@ class MpiRmaLink(MpiLink):
     def send(self, key: Key, tensor: np.ndarray) -> None:
         self._open(key)
         window = self._window
-        window.Put(_bytes(tensor), RECEIVER, target=_FLAG_BYTES)
+        for offset, piece in enumerate(_pieces(_bytes(tensor))):
+            window.Put(piece, RECEIVER, target=_FLAG_BYTES + offset * CHUNK_BYTES)
         window.Flush(RECEIVER)
         self._mark[0] = key.step + 1
         window.Put(self._mark, RECEIVER, target=0)
@@ -175,6 +185,11 @@ class MpiRmaLink(MpiLink):
 def _bytes(tensor: np.ndarray) -> np.ndarray:
     """The tensor's memory as bytes (no copy)."""
     return np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)
+
+
+def _pieces(data: np.ndarray) -> list[np.ndarray]:
+    """``data`` (bytes) in views of at most :data:`CHUNK_BYTES`, in order; one view for a smaller tensor."""
+    return [data[start:start + CHUNK_BYTES] for start in range(0, max(1, data.size), CHUNK_BYTES)]
 
 
 # -- the line: a relay rank and the MPI pair it starts ---------------------------------------------------
