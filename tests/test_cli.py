@@ -47,7 +47,8 @@ def test_info_lists_every_transport_and_versions():
     result = bench("info")
     assert result.returncode == 0
     for word in ("grpc_tcp", "zerocopy", "local", "grpcio", "numpy", "ucx 1.", "ucx transport tcp",
-                 "launchers (--launcher):", "netns", "mpi", "fabric:", "ucx    available", "verbs"):
+                 "launchers (--launcher):", "netns", "mpi", "fabric:", "ucx    available", "verbs",
+                 "peer lines of bench micro (--peers):", "socket   available"):
         assert word in result.stdout
 
 

@@ -36,6 +36,12 @@ def run(args: argparse.Namespace) -> int:
     print("\nlaunchers (--launcher):")
     for name, status in _launcher_info().items():
         print(f"  {name:6} {status}")
+    print("\npeer lines of bench micro (--peers):")
+    from bench.experiments.peers import peer_lines
+
+    for line in peer_lines():
+        why = line.unavailable()
+        print(f"  {line.name:8} {'available' if why is None else 'not available: ' + why}")
     return 0
 
 
