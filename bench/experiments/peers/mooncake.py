@@ -26,7 +26,8 @@ import numpy as np
 
 from bench.experiments.micro import RECEIVER
 from bench.experiments.peers import PeerError, PeerLine, PeerLink
-from bench.experiments.peers.plain_socket import open_stream, recv_message, send_message
+from bench.experiments.peers.plain_socket import open_stream
+from bench.experiments.stream import recv_message, send_message
 from bench.launch import Launcher
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key

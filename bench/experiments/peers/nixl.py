@@ -24,7 +24,8 @@ import numpy as np
 
 from bench.experiments.micro import RECEIVER
 from bench.experiments.peers import PeerError, PeerLine, PeerLink
-from bench.experiments.peers.plain_socket import open_stream, recv_message, send_message
+from bench.experiments.peers.plain_socket import open_stream
+from bench.experiments.stream import recv_message, send_message
 from transports import Cluster, Key
 
 #: the install line of a missing NIXL
