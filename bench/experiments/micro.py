@@ -4,8 +4,8 @@ A sender and a receiver run in separate processes (the paper's two servers;
 the ``local`` reference runs both in one process, as it must). For every
 size, after warm-up transfers, each timed transfer goes like this:
 
-1. the receiver tells the sender, outside the transport (through the
-   launcher's coordinator), that it is ready for transfer ``i`` and calls ``recv``;
+1. the receiver tells the sender, outside the transport (over a TCP stream of
+   their own, :class:`DirectSignals`), that it is ready for transfer ``i`` and calls ``recv``;
 2. the sender reads the clock (``t_send``) and calls ``send``;
 3. the receiver gets the tensor, consumes it with a reduce-max (as in the
    paper) and reads the clock (``t_done``); then, outside the timed interval,
@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import multiprocessing as mp
 import resource
+import struct
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -48,6 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 import transports
+from bench.experiments.stream import accept, connect, host_port, listen, recv_into
 from bench.ground.memory import rss_mb
 from bench.ground.sizes import format_size
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
@@ -244,6 +246,49 @@ class Side:
     rss_end_mb: float = float("nan")
 
 
+class DirectSignals:
+    """The ready signals between sender and receiver, outside the transport, over a TCP stream of their own
+    (:mod:`bench.experiments.stream`): set up once through the coordinator (the receiver's port), then no third
+    process is woken per transfer, as MPI's own signals wake none. A signal is 8 bytes: the transfer the
+    receiver is ready for, or -1 for done."""
+
+    _SIGNAL = struct.Struct("<q")
+    _DONE = -1
+
+    def __init__(self, ctx: RankContext) -> None:
+        peer = RECEIVER - ctx.rank
+        host = host_port(ctx.cluster.addresses[ctx.rank])[0]
+        if ctx.rank == RECEIVER:
+            with listen(host) as server:
+                ctx.send_to(peer, server.getsockname()[1])
+                self.sock = accept(server, ctx.cluster.token, STARTUP_S)
+        else:
+            port = ctx.receive(timeout=STARTUP_S)
+            self.sock = connect((host_port(ctx.cluster.addresses[peer])[0], port), ctx.cluster.token, STARTUP_S)
+        self.sock.settimeout(None)  # a silent peer is the launcher's watchdog's to find (its reports stop)
+        self._buffer = bytearray(self._SIGNAL.size)
+
+    def send(self, value: Any) -> None:
+        self.sock.sendall(self._SIGNAL.pack(self._DONE if value == "done" else value))
+
+    def recv(self) -> Any:
+        try:
+            recv_into(self.sock, memoryview(self._buffer))
+        except EOFError:
+            raise RuntimeError("the other side closed the ready signals' stream (it ended or failed)") from None
+        (value,) = self._SIGNAL.unpack(self._buffer)
+        return "done" if value == self._DONE else value
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> DirectSignals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class PeerSignals:
     """The ready signals between sender and receiver, outside the transport (through the coordinator)."""
 
@@ -343,7 +388,8 @@ def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
         transport.start(ctx.cluster, ctx.rank)
         transport.placement.plan([p.spec for p in points])
         loop = sender_loop if ctx.rank == SENDER else receiver_loop
-        loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, False)
+        with DirectSignals(ctx) as signals:
+            loop(transport, points, signals, ctx.report, False)
 
 
 def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:

@@ -35,10 +35,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import (
-    RECEIVER,
     SENDER,
+    DirectSignals,
     MicroLine,
-    PeerSignals,
     Point,
     receiver_loop,
     sender_loop,
@@ -145,8 +144,8 @@ def drive(link: PeerLink, points: list[Point], rank: int, ctrl: Any, report: Any
 
 
 def _peer_job(line: PeerLine, points: list[Point], ctx: RankContext) -> None:
-    with line.link(ctx.cluster, ctx.rank) as link:
-        drive(link, points, ctx.rank, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report)
+    with line.link(ctx.cluster, ctx.rank) as link, DirectSignals(ctx) as signals:
+        drive(link, points, ctx.rank, signals, ctx.report)
 
 
 #: the peer lines, in the order they are measured and drawn
