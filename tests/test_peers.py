@@ -226,3 +226,41 @@ def test_an_mpi_process_that_dies_mid_run_ends_the_line_with_its_name_and_leaves
     [warning] = [line for line in done.stderr.splitlines() if "no mpi line" in line]
     assert "mpi: rank 0 (mpirun) failed" in warning and "the MPI receiver" in warning
     assert set(load_run(tmp_path / "run").records["transport"]) == {"local"}
+
+
+def _run_with_peers(path: Path) -> Path:
+    """A micro run: two peers and two transports at two sizes, each transport's of_peer set as bench micro sets it."""
+    from bench.results import RunWriter
+    from tests.test_results import micro_record
+
+    writer = RunWriter(path, "micro", {"fabric": "ucx", "fabric_transport": "shm"})
+    p50 = {"mpi": (10.0, 300.0), "socket": (30.0, 200.0), "zerocopy": (20.0, 100.0), "grpc_tcp": (400.0, 900.0)}
+    for i, size in enumerate((1024, 1 << 20)):
+        best = min(p50["mpi"][i], p50["socket"][i])
+        for line, times in p50.items():
+            transport = line not in PEER_NAMES
+            writer.add(micro_record(transport=line, size_bytes=size, p50_us=times[i], p99_us=times[i] * 2,
+                                    mean_us=times[i], throughput_MBps=size / 2**20 / (times[i] / 1e6),
+                                    of_peer=times[i] / best if transport else None))
+    writer.finish()
+    return path
+
+
+def test_the_report_holds_every_transport_against_the_best_peer_and_compare_treats_peers_as_references(tmp_path):
+    from bench.readers.compare import compare
+    from bench.readers.report import write_report
+    from tests.test_report import cell, parse_page
+
+    run = _run_with_peers(tmp_path / "run")
+    page = tmp_path / "page.html"
+    write_report([run], page)
+    tables = parse_page(page.read_text()).tables
+    peers = tables["figure8-peers"]
+    assert cell(peers, "1KB", "MPI Send/Recv p50 (µs)") == "10"
+    assert cell(peers, "1KB", "RDMA.zerocp / best") == "2.00"
+    assert cell(peers, "1MB", "RDMA.zerocp / best") == "0.50"
+    assert cell(peers, "1MB", "gRPC.TCP / best") == "4.50"
+    ratios = tables["figure8-ratios"]
+    assert "over MPI Send/Recv" not in ratios[0]  # zero copy's ratios are over transports; peers have their table
+    comparison = compare(run, run)
+    assert {row.point[0] for row in comparison.rows if row.reference} == {"mpi", "socket"}
