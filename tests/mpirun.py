@@ -6,13 +6,14 @@ Used by the MPI tests (``tests/test_mpi.py``) and the launcher conformance suite
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from bench.launch.mpi import mpirun_path
+
 #: None where there is no mpirun (pip install -e '.[mpi]' brings Open MPI's)
-MPIRUN = shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+MPIRUN = mpirun_path()
 #: what a test says when it skips for want of mpirun
 NO_MPIRUN = "no mpirun here: pip install -e '.[mpi]' brings Open MPI's"
 

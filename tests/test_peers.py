@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,16 +20,20 @@ from bench.commands.micro import Sweep
 from bench.experiments.micro import MicroError, plan_points, run_line
 from bench.experiments.peers import REGISTRY, PeerLine, peer_lines
 from bench.experiments.peers.mooncake import MooncakeLine
-from bench.experiments.peers.mpi import MpiLine, mpirun_path
+from bench.experiments.peers.mpi import MpiLine
 from bench.launch import LaunchError
 from bench.launch.local import LocalLauncher
+from bench.launch.mpi import mpirun_path
 from bench.results import PEER_NAMES, load_run
 from tests import peer_faults
 
 ROOT = Path(__file__).resolve().parent.parent
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and mpirun_path() is not None
+#: the MPI pair (like mooncake's engine) runs on a private emulated host: a network namespace, root and iproute2
+NAMESPACES = os.geteuid() == 0 and shutil.which("ip") is not None
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and mpirun_path() is not None and NAMESPACES
 HAVE_NIXL = importlib.util.find_spec("nixl") is not None
-needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="no mpi4py and mpirun here: pip install -e '.[mpi]'")
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="no mpi4py and mpirun here (pip install -e '.[mpi]'), or no "
+                               "private network namespace for them (root and iproute2)")
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="no NIXL here: pip install --no-deps nixl nixl-cu12")
 MOONCAKE_MISSING = MooncakeLine(name="mooncake").unavailable()
 needs_mooncake = pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
@@ -50,7 +55,19 @@ def test_every_peer_is_registered_and_named_in_the_results_layer():
 
 
 def _installed() -> list[str]:
-    return [line.name for line in peer_lines() if line.unavailable() is None]
+    """The peers that can run here under the local launcher (their library, and the hosts they ask for)."""
+    names = []
+    for line in peer_lines():
+        if line.unavailable() is not None:
+            continue
+        try:
+            hosts = line.hosts(LocalLauncher())
+        except LaunchError:
+            continue
+        if hosts.own:
+            hosts.launcher.close()
+        names.append(line.name)
+    return names
 
 
 def test_peer_records_have_a_transports_columns_and_transports_carry_of_peer(tmp_path):
@@ -80,7 +97,7 @@ def test_peer_records_have_a_transports_columns_and_transports_carry_of_peer(tmp
     assert "of peer" in result.stdout
     for name in set(PEER_NAMES) - set(peers):
         [line] = [x for x in result.stderr.splitlines() if f"no {name} line" in x]
-        assert "is not installed here" in line or "no mpirun here" in line
+        assert "is not installed here" in line or "no mpirun here" in line or "network namespace" in line
 
 
 def test_no_peers_and_a_chosen_peer(tmp_path):
@@ -133,7 +150,12 @@ def test_the_mpi_lines_run_only_where_their_pair_crosses_the_runs_links():
 
     with pytest.raises(LaunchError, match=r"would not cross the run's links .*--launcher local"):
         MpiLine(name="mpi").hosts(EmulatedHosts())
-    assert MpiLine(name="mpi").hosts(LocalLauncher()).launcher is not None
+    if NAMESPACES:  # where it runs: a private emulated host, out of the network's reach (mpirun listens everywhere)
+        hosts = MpiLine(name="mpi").hosts(LocalLauncher())
+        try:
+            assert hosts.own and hosts.isolated
+        finally:
+            hosts.launcher.close()
 
 
 def _run(line: PeerLine, sizes: list[int], iters: int = 6) -> list:

@@ -5,8 +5,6 @@ this machine and, if not, why."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import transports
 from bench.results import package_versions
@@ -48,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
 def _launcher_info() -> dict[str, str]:
     """Whether each launcher can run here, without starting anything (MPI is not initialised)."""
     import importlib.util
-    import shutil
 
     from bench.launch import LAUNCHERS
     from bench.launch.hosts import NetnsUnavailable, check_support
+    from bench.launch.mpi import mpirun_path
 
     status = dict.fromkeys(LAUNCHERS, "available")
     try:
@@ -61,8 +59,7 @@ def _launcher_info() -> dict[str, str]:
     if importlib.util.find_spec("mpi4py") is None:
         status["mpi"] = "not available: mpi4py is not installed (pip install -e '.[mpi]')"
     else:
-        mpirun = shutil.which("mpirun", path=os.pathsep.join([os.path.dirname(sys.executable),
-                                                              os.environ.get("PATH", "")]))
+        mpirun = mpirun_path()
         status["mpi"] = f"available (mpirun: {mpirun or 'not on PATH; srun or a system mpirun will do'})"
     return status
 

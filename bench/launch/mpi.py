@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -42,6 +43,11 @@ from bench.launch.base import (
 )
 from transports import Cluster, load_fabric
 from transports.ports import free_port
+
+
+def mpirun_path() -> str | None:
+    """The ``mpirun`` beside this Python (Open MPI's wheel brings it), else the first on PATH; None without one."""
+    return shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
 class MpiLauncher(Launcher):

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,6 +66,8 @@ class PeerLink(ABC):
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.placement = Placement()
+        self._receive_into: np.ndarray | None = None
+        self._receive_name: str | None = None
         self._counts = {"tensors_sent": 0, "tensors_received": 0, "payload_bytes_sent": 0,
                         "payload_bytes_received": 0}
 
@@ -92,6 +96,26 @@ class PeerLink(ABC):
     def _received(self, tensor: np.ndarray) -> None:
         self._counts["tensors_received"] += 1
         self._counts["payload_bytes_received"] += tensor.nbytes
+
+    def buffer(self, key: Key) -> np.ndarray:
+        """Where ``key``'s tensor is received: one buffer per tensor, made at its first transfer (the last tensor's
+        goes: a micro run moves one tensor at a time)."""
+        if self._receive_name != key.name:
+            shape, dtype, _ = self.planned(key)
+            self._receive_into = None  # the last tensor's buffer goes before the next is made
+            self._receive_into, self._receive_name = np.empty(shape, dtype), key.name
+        return self._receive_into
+
+    def await_flag(self, flag: np.ndarray, want: int, key: Key, sync: Callable[[], object] = lambda: None) -> None:
+        """Poll ``flag[0]`` until the sender wrote ``want`` into it (``sync`` between reads: a memory barrier the
+        library asks for); ``PeerError`` after ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        polls = 0
+        while flag[0] != want:
+            sync()
+            polls += 1
+            if polls % 4096 == 0 and time.monotonic() > deadline:
+                raise PeerError(f"{key}: the sender wrote no flag within {self.timeout_s:.0f} s")
 
     def planned(self, key: Key) -> tuple[tuple[int, ...], np.dtype, int]:
         """The shape, dtype and byte size the plan gives ``key``'s tensor (every micro transfer is planned)."""

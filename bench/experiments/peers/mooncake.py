@@ -18,7 +18,6 @@ driver library); at run time it needs ``libibverbs1`` and ``libnl-route-3-200`` 
 from __future__ import annotations
 
 import struct
-import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,13 +100,7 @@ class MooncakeLink(PeerLink):
 
     def recv(self, key: Key) -> np.ndarray:
         self._open(key)
-        flag, want = self._flag_in, key.step + 1
-        deadline = time.monotonic() + self.timeout_s
-        polls = 0
-        while flag[0] != want:
-            polls += 1
-            if polls % 4096 == 0 and time.monotonic() > deadline:
-                raise PeerError(f"mooncake: {key}: the sender wrote no flag within {self.timeout_s:.0f} s")
+        self.await_flag(self._flag_in, key.step + 1, key)
         self._received(self._data)
         return self._data
 

@@ -16,8 +16,10 @@ The two MPI processes must be started together (Open MPI 5's singletons cannot c
 a Unix socket in a private directory (authenticated with the run's token, as ranks join a coordinator), get the
 points, signal each other over MPI (tag 1, outside the timed interval as always) and send their reports to the
 relay, which hands them to the coordinator. So the line runs where its relay's launcher runs processes on this
-host (the local launcher); under a launcher of emulated hosts both processes would share one host and never cross
-its link, and under ``--launcher mpi`` a second mpirun inside an MPI job is not started: there it is left out.
+host (the local launcher), in a private emulated host as perftest's tools run: mpirun's own listeners (PRRTE's,
+PMIx's) and Open MPI's tcp component listen on every interface. Under a launcher of emulated hosts both processes
+would share one host and never cross its link, and under ``--launcher mpi`` a second mpirun inside an MPI job is
+not started: there it is left out.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import contextlib
 import functools
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +44,8 @@ from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error
-from bench.launch.private import PrivateHosts
+from bench.launch.mpi import mpirun_path
+from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
 
 #: the signals' tag (the data goes on DATA_TAG)
@@ -55,11 +57,6 @@ _FLAG_BYTES = 8
 #: the most bytes one message or put carries: Open MPI's wheel refuses counts beyond a C int (MPI_ERR_ARG), so a
 #: larger tensor goes in pieces of this size, as a user of MPI moves one
 CHUNK_BYTES = 1 << 30
-
-
-def mpirun_path() -> str | None:
-    """The ``mpirun`` beside this Python (Open MPI's wheel brings it), else the first on PATH."""
-    return shutil.which("mpirun", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
 def _library() -> str:
@@ -88,7 +85,6 @@ class MpiLink(PeerLink):
     def __init__(self, comm: Any, timeout_s: float) -> None:
         super().__init__(timeout_s)
         self.comm = comm
-        self._buffers: dict[str, np.ndarray] = {}
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         for piece in _pieces(_bytes(tensor)):
@@ -96,11 +92,7 @@ class MpiLink(PeerLink):
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
-        shape, dtype, nbytes = self.planned(key)
-        buffer = self._buffers.get(key.name)
-        if buffer is None:
-            self._buffers.clear()
-            buffer = self._buffers[key.name] = np.empty(shape, dtype)
+        buffer = self.buffer(key)
         from mpi4py import MPI
 
         status = MPI.Status()
@@ -108,8 +100,8 @@ class MpiLink(PeerLink):
         for piece in _pieces(_bytes(buffer)):
             self.comm.Recv(piece, source=SENDER, tag=DATA_TAG, status=status)
             got += status.Get_count(MPI.BYTE)
-        if got != nbytes:
-            raise PeerError(f"mpi: {key} arrived with {got} bytes, the plan says {nbytes}")
+        if got != buffer.nbytes:
+            raise PeerError(f"mpi: {key} arrived with {got} bytes, the plan says {buffer.nbytes}")
         self._received(buffer)
         return buffer
 
@@ -160,14 +152,7 @@ class MpiRmaLink(MpiLink):
 
     def recv(self, key: Key) -> np.ndarray:
         self._open(key)
-        window, flag, want = self._window, self._flag, key.step + 1
-        deadline = time.monotonic() + self.timeout_s
-        polls = 0
-        while flag[0] != want:
-            window.Sync()
-            polls += 1
-            if polls % 4096 == 0 and time.monotonic() > deadline:
-                raise PeerError(f"mpi_rma: {key}: the sender wrote no flag within {self.timeout_s:.0f} s")
+        self.await_flag(self._flag, key.step + 1, key, self._window.Sync)
         self._received(self._data)
         return self._data
 
@@ -215,7 +200,8 @@ class MpiLine(PeerLine):
             raise LaunchError(f"the {self.name} line starts its own pair of MPI processes on this host: under "
                               f"--launcher {launcher.name} they would not cross the run's links (measure it "
                               "under --launcher local)")
-        return super().hosts(launcher)
+        # mpirun (PRRTE's and PMIx's listeners) and Open MPI's tcp component listen on every interface
+        return hosts_for_open_listeners(launcher, "mpirun and its MPI processes", "--peers without mpi and mpi_rma")
 
     def link(self, cluster: Cluster, rank: int) -> MpiLink:
         raise NotImplementedError("an MPI link is made in the MPI processes (see _mpi_process)")

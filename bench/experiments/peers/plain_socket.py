@@ -50,7 +50,6 @@ class SocketLink(PeerLink):
 
     def __init__(self, cluster: Cluster, rank: int, timeout_s: float) -> None:
         super().__init__(timeout_s)
-        self._buffers: dict[str, np.ndarray] = {}
         self._peer = cluster.addresses[1 - rank]  # the other side's, for errors
         try:
             self._sock = open_stream(cluster, rank, timeout_s)
@@ -63,21 +62,19 @@ class SocketLink(PeerLink):
             prefix = length_prefix(view.nbytes)
             sent = self._sock.sendmsg([prefix, view])
             if sent < len(prefix) + view.nbytes:  # the kernel took part: the rest as a stream
-                self._sock.sendall(view[sent - len(prefix):] if sent >= len(prefix) else prefix[sent:] + bytes(view))
+                if sent < len(prefix):
+                    self._sock.sendall(prefix[sent:])
+                self._sock.sendall(view[max(0, sent - len(prefix)):])
         except (TimeoutError, OSError) as exc:
             raise PeerError(f"socket: sending {key} to the receiver at {self._peer} failed: {exc}") from None
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
-        shape, dtype, nbytes = self.planned(key)
-        buffer = self._buffers.get(key.name)
-        if buffer is None:
-            self._buffers.clear()  # one tensor at a time: the last one's buffer goes
-            buffer = self._buffers[key.name] = np.empty(shape, dtype)
+        buffer = self.buffer(key)
         try:
             length = recv_length(self._sock)
-            if length != nbytes:
-                raise PeerError(f"socket: {key} announced {length} bytes, the plan says {nbytes}")
+            if length != buffer.nbytes:
+                raise PeerError(f"socket: {key} announced {length} bytes, the plan says {buffer.nbytes}")
             recv_into(self._sock, memoryview(buffer.reshape(-1)).cast("B"))
         except (TimeoutError, OSError, EOFError) as exc:
             raise PeerError(f"socket: receiving {key} from the sender at {self._peer} failed: {exc}") from None
