@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import time
 
@@ -68,6 +69,24 @@ def test_static_tensors_from_allocate_are_sent_with_zero_copies(fabric):
         assert sender.registrations == 0 and receiver.registrations == 0
         assert sender.serialisations == 0 and receiver.deserialisations == 0
         assert sender.payload_bytes_sent == 10 * spec.nbytes
+    finally:
+        close(pair)
+
+
+def test_over_shared_memory_the_sender_copies_into_the_mapped_slot_itself(fabric):
+    """Over shm the receiver's slot is mapped into the sender: each transfer (data, then the trailer with
+    the flag last) is one copy by the sender, not UCX's cma; over tcp none is, and both arrive whole."""
+    spec = TensorSpec("w", (1 << 18,), np.float32, 0, 1)  # 1 MiB: UCX itself would take cma for it
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        tensor = pair[0].placement.allocate(spec)
+        writes, grants = pair[0].device.mapped_writes, pair[1].device.mapped_writes
+        for step in range(5):
+            tensor[:] = np.arange(tensor.size) + step
+            send_steps(pair, "w", tensor, [step], functools.partial(np.testing.assert_array_equal, tensor.copy()))
+        sent = pair[0].device.mapped_writes - writes
+        granted = pair[1].device.mapped_writes - grants
+        assert (sent, granted >= 5) == ((5, True) if fabric == "shm" else (0, False))
     finally:
         close(pair)
 

@@ -486,8 +486,9 @@ class UcxChannel(Channel):
                 self._segments[rkey] = _merged(mapped) or None
             return self._rkeys[rkey]
 
-    def _check_mapped(self, rkey: bytes, handle, remote: RemoteRegion, nbytes: int) -> None:
-        """Refuse an operation on peer memory mapped here (shared memory) that leaves the peer's segment.
+    def _check_mapped(self, rkey: bytes, handle, remote: RemoteRegion, nbytes: int) -> int:
+        """Refuse an operation on peer memory mapped here (shared memory) that leaves the peer's segment;
+        where it lies in this process (0: not mapped here).
 
         With shared-memory transports UCX turns the remote address into a pointer into its
         mapping of the peer's segment and copies, unchecked: an address outside the segment
@@ -497,10 +498,10 @@ class UcxChannel(Channel):
         kernel (cma) or at the target (tcp).
         """
         if nbytes == 0:
-            return
+            return 0
         local = _ffi.new("void **")
         if _lib.ucp_rkey_ptr(handle, remote.addr, local) != _lib.UCS_OK:
-            return  # not mapped into this process
+            return 0  # not mapped into this process
         start = int(_ffi.cast("uintptr_t", local[0]))
         end = start + nbytes
         segments = self._segments.get(rkey)
@@ -512,6 +513,7 @@ class UcxChannel(Channel):
             raise FabricError(
                 f"ucx: the peer's region [{remote.addr:#x}, +{nbytes}) lies outside the memory its remote key covers"
             )
+        return start
 
     def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
         if local.nbytes > remote.length:
@@ -531,32 +533,41 @@ class UcxChannel(Channel):
     def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
         return self._rma(_lib.tt_put, "put", local, remote)
 
-    def _checked(self, remote: RemoteRegion, nbytes: int, name: str):
-        """The unpacked remote key for an operation of ``nbytes`` on ``remote``, checked once per target."""
+    def _checked(self, remote: RemoteRegion, nbytes: int, name: str) -> tuple[Any, int]:
+        """The unpacked remote key for an operation of ``nbytes`` on ``remote`` and where the target lies in
+        this process (0: not mapped here), checked once per target."""
         if nbytes > remote.length:
             raise ValueError(f"{name} of {nbytes} bytes does not fit a remote region of {remote.length}")
         target = (remote.rkey, remote.addr, nbytes)
-        handle = self._targets.get(target)
-        if handle is None:
+        checked = self._targets.get(target)
+        if checked is None:
             if (reason := self.failed()) is not None:
                 raise FabricError(f"ucx: {name} on a failed connection: {reason}")
             handle = self._rkey(remote.rkey)
-            self._check_mapped(remote.rkey, handle, remote, nbytes)
+            checked = handle, self._check_mapped(remote.rkey, handle, remote, nbytes)
             if len(self._targets) >= MAX_TARGETS:
                 self._targets.clear()
-            self._targets[target] = handle
-        return handle
+            self._targets[target] = checked
+        return checked
 
     def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
                       trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
-        rkey = self._checked(remote, data.nbytes, "put") if data.nbytes else _ffi.NULL
+        rkey, mapped = self._checked(remote, data.nbytes, "put") if data.nbytes else (_ffi.NULL, 0)
         if trailer is not None:
-            trailer_rkey = self._checked(trailer_remote, trailer.nbytes, "put")
+            trailer_rkey, trailer_mapped = self._checked(trailer_remote, trailer.nbytes, "put")
             trailer_pointer, trailer_bytes = _ffi.from_buffer(trailer), trailer.nbytes
             trailer_addr = trailer_remote.addr
         else:
-            trailer_rkey, trailer_pointer, trailer_bytes, trailer_addr = _ffi.NULL, _ffi.NULL, 0, 0
+            trailer_rkey, trailer_mapped, trailer_pointer, trailer_bytes, trailer_addr = _ffi.NULL, 0, _ffi.NULL, 0, 0
         device = self.worker.device
+        if (mapped or not data.nbytes) and (trailer_mapped or not trailer_bytes):
+            # the peer's memory is mapped here (shared memory): the transfer is this thread's own copy
+            if (reason := self.failed()) is not None:
+                raise FabricError(f"ucx: put on a failed connection: {reason}")
+            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _ffi.from_buffer(data), data.nbytes,
+                                 _ffi.cast("uint8_t *", trailer_mapped), trailer_pointer, trailer_bytes)
+            device.mapped_writes += 1
+            return
         status = _lib.tt_put_flagged(self.worker.handle, self.ep, _ffi.from_buffer(data), data.nbytes, remote.addr,
                                      rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
                                      int(timeout * 1e9), device._stop, self._error)
@@ -566,7 +577,7 @@ class UcxChannel(Channel):
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         if not local.nbytes:
             return
-        rkey = self._checked(remote, local.nbytes, "get")
+        rkey, _ = self._checked(remote, local.nbytes, "get")
         device = self.worker.device
         status = _lib.tt_get_sync(self.worker.handle, self.ep, _ffi.from_buffer(local), local.nbytes, remote.addr,
                                   rkey, int(timeout * 1e9), device._stop, self._error)
@@ -706,6 +717,8 @@ class UcxDevice(Device):
         self._abandoned: list[object] = []
         #: every ucp_mem_map this device made (allocations and registrations), for the ledger
         self.mem_maps = 0
+        #: transfers written by this process's own copy into peer memory mapped here (shared memory)
+        self.mapped_writes = 0
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
         #: the workers' handles, for the waits in C to progress them (see tt_progress_all)
         self._worker_handles = _ffi.new("ucp_worker_h[]", [worker.handle for worker in self._workers])
@@ -825,8 +838,13 @@ class UcxDevice(Device):
         if len(channels) == 1 or not data.nbytes:
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
-        rkeys = [channel._checked(remote, data.nbytes, "put") for channel in channels]
-        trailer_rkey = channels[0]._checked(trailer_remote, trailer.nbytes, "put")
+        checked = [channel._checked(remote, data.nbytes, "put") for channel in channels]
+        if checked[0][1] and channels[0]._checked(trailer_remote, trailer.nbytes, "put")[1]:
+            # mapped here (shared memory): one copy by this thread; lanes would only split it
+            channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
+            return
+        rkeys = [rkey for rkey, _ in checked]
+        trailer_rkey, _ = channels[0]._checked(trailer_remote, trailer.nbytes, "put")
         status = _lib.tt_put_flagged_lanes(
             _ffi.new("ucp_worker_h[]", [channel.worker.handle for channel in channels]),
             _ffi.new("ucp_ep_h[]", [channel.ep for channel in channels]), _ffi.new("ucp_rkey_h[]", rkeys),

@@ -362,6 +362,30 @@ static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void 
     return status;
 }
 
+/* One transfer into peer memory mapped in this process (shared memory: the pointers ucp_rkey_ptr gives for
+   the targets, checked against the peer's segment by the caller): the data copied in place, then the trailer
+   with its last byte (the flag) stored last, after a release fence, so a reader that sees the flag sees
+   everything before it. Without a trailer, the data (counters) goes in aligned 8-byte stores where it
+   can, so a reader never sees a torn counter. What ucp_put's shared-memory path does, without UCX's
+   choice of a single-copy kernel call (cma) for writes over a few KB, which costs twice a memcpy. */
+static void tt_write_mapped(void *target, const void *data, size_t length, uint8_t *trailer_target,
+                            const uint8_t *trailer, size_t trailer_length)
+{
+    if (trailer_length == 0 && length % 8 == 0 && (uintptr_t)target % 8 == 0 && (uintptr_t)data % 8 == 0) {
+        size_t i;
+        for (i = 0; i < length / 8; i++) {
+            __atomic_store_n((uint64_t *)target + i, ((const uint64_t *)data)[i], __ATOMIC_RELAXED);
+        }
+    } else if (length) {
+        memcpy(target, data, length);
+    }
+    if (trailer_length) {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        memcpy(trailer_target, trailer, trailer_length - 1);
+        __atomic_store_n(trailer_target + trailer_length - 1, trailer[trailer_length - 1], __ATOMIC_RELEASE);
+    }
+}
+
 #define TT_MAX_LANES 16
 /* chunks of a write spread over lanes start on this boundary */
 #define TT_LANE_ALIGN 4096
@@ -479,6 +503,7 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
         for (;;) {                                                                       \
             found = (ready_expression);                                                  \
             if (found >= 0) {                                                            \
+                __atomic_thread_fence(__ATOMIC_ACQUIRE); /* what the flag guards, after */ \
                 return found;                                                            \
             }                                                                            \
             tt_progress_all(workers, nworkers);                                          \

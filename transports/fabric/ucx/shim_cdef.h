@@ -67,6 +67,8 @@ ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey
                                   const void *data, size_t length, uint64_t remote, const void *trailer,
                                   size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
                                   int64_t timeout_ns, volatile int *stop, volatile int *failed);
+void tt_write_mapped(void *target, const void *data, size_t length, uint8_t *trailer_target,
+                     const uint8_t *trailer, size_t trailer_length);
 #define TT_MAX_LANES ...
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                          ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
