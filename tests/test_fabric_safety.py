@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 from transports import Key, TensorSpec, peer_input
 from transports.control import ControlClient, port_is_held
 from transports.fabric.base import RemoteRegion
-from transports.zerocopy.transport import CREDIT_TABLE_ENTRIES, META, ConnectReply, ConnectRequest, Meta
+from transports.zerocopy.transport import (
+    CREDIT_TABLE_ENTRIES,
+    META,
+    ConnectReply,
+    ConnectRequest,
+    Meta,
+    slots_bytes,
+)
 
 from .conftest import start_pair
 from .processes import open_sockets
@@ -119,6 +126,7 @@ replies = st.fixed_dictionaries({
     "slot": regions | json_values,
     "shape": st.lists(st.integers(min_value=-2, max_value=2**62), max_size=10) | json_values,
     "dtype": st.sampled_from(["<f4", "|O", "V12", "float64", "x"]) | json_values,
+    "slots": st.integers(min_value=-1, max_value=3) | json_values,
 })
 
 
@@ -130,7 +138,8 @@ def test_connect_replies_are_checked(reply):
     except ValueError:
         return
     if answer.mode == "static":
-        assert answer.slot.length == int(np.prod(answer.shape, dtype=object)) * answer.dtype.itemsize
+        nbytes = int(np.prod(answer.shape, dtype=object)) * answer.dtype.itemsize
+        assert answer.slots in (1, 2) and answer.slot.length == slots_bytes(nbytes, answer.slots)
         assert answer.dtype.kind not in "OV"
 
 

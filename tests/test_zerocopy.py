@@ -91,17 +91,19 @@ def test_over_shared_memory_the_sender_copies_into_the_mapped_slot_itself(fabric
         close(pair)
 
 
-def test_received_static_tensor_is_the_preallocated_slot_not_a_copy(fabric):
+def test_received_static_tensors_are_the_two_preallocated_slots_in_turn_not_copies(fabric):
     spec = TensorSpec("w", (64,), np.int64, 0, 1)
     pair = pair_of("zerocopy", fabric, [spec])
     try:
-        first = pair[0].send_async(Key("w", 0, 0, 1), np.arange(64))
-        a = pair[1].recv(Key("w", 0, 0, 1))
-        first.result(timeout=10)
-        second = pair[0].send_async(Key("w", 1, 0, 1), np.arange(64) * 2)
-        b = pair[1].recv(Key("w", 1, 0, 1))
-        second.result(timeout=10)
-        assert np.shares_memory(a, b)  # the same registered slot, written in place
+        received = []
+        for step in range(4):
+            sending = pair[0].send_async(Key("w", step, 0, 1), np.arange(64) * step)
+            received.append(pair[1].recv(Key("w", step, 0, 1)))
+            sending.result(timeout=10)
+        # written in place, in turn: transfers two apart share a slot, neighbours do not
+        assert np.shares_memory(received[0], received[2]) and np.shares_memory(received[1], received[3])
+        assert not np.shares_memory(received[0], received[1])
+        assert (received[3] == np.arange(64) * 3).all() and (received[2] == np.arange(64) * 2).all()
     finally:
         close(pair)
 
@@ -214,14 +216,51 @@ def test_a_new_write_never_overwrites_a_tensor_not_yet_consumed(fabric):
     try:
         pair[0].send_async(Key("w", 0, 0, 1), np.zeros(1000))
         first = pair[1].recv(Key("w", 0, 0, 1))
-        second = pair[0].send_async(Key("w", 1, 0, 1), np.ones(1000))
+        # credits ahead: step 1 goes into the other slot before its receive is posted
+        pair[0].send_async(Key("w", 1, 0, 1), np.ones(1000)).result(timeout=10)
+        third = pair[0].send_async(Key("w", 2, 0, 1), np.full(1000, 2.0))
         time.sleep(0.5)
-        # the receiver has not asked for step 1: the sender waits, step 0 stays intact
-        assert not second.done()
+        # step 2's slot holds step 0, which the receiver has not released (no receive since): the sender waits
+        assert not third.done()
         assert (first == 0).all()
-        received = pair[1].recv(Key("w", 1, 0, 1))
-        second.result(timeout=10)
-        assert (received == 1).all()
+        assert (pair[1].recv(Key("w", 1, 0, 1)) == 1).all()
+        third.result(timeout=10)
+        assert (pair[1].recv(Key("w", 2, 0, 1)) == 2).all()
+    finally:
+        close(pair)
+
+
+def test_a_sender_ahead_of_a_slow_consumer_never_writes_into_a_tensor_it_still_holds(fabric):
+    """The sender sends as fast as credits allow; the receiver posts each receive late and holds each tensor
+    a while, checking it before and after: not one is changed under it (counted), and the sender runs
+    ahead (it finishes a send before the receive of it is posted)."""
+    import threading
+
+    steps, spec = 40, TensorSpec("w", (4096,), np.int64, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        tensor = pair[0].placement.allocate(spec)
+        sent_at, posted_at = {}, {}
+
+        def send_all():
+            for step in range(steps):
+                tensor[:] = step
+                pair[0].send(Key("w", step, 0, 1), tensor)
+                sent_at[step] = time.monotonic()
+
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        changed_under_us = 0
+        for step in range(steps):
+            time.sleep(0.005)  # the receive is posted late
+            posted_at[step] = time.monotonic()
+            held = pair[1].recv(Key("w", step, 0, 1))
+            before = bool((held == step).all())
+            time.sleep(0.005)  # a slow consumer holds it
+            changed_under_us += not (before and (held == step).all())
+        sender.join(30)
+        assert changed_under_us == 0
+        assert sum(sent_at[step] < posted_at[step] for step in range(1, steps)) >= steps // 2
     finally:
         close(pair)
 
@@ -311,8 +350,9 @@ def test_a_receiver_that_vanishes_fails_the_waiting_sender():
     try:
         pair[0].send_async(Key("w", 0, 0, 1), np.zeros(8, dtype=np.float32))
         pair[1].recv(Key("w", 0, 0, 1))
-        sending = pair[0].send_async(Key("w", 1, 0, 1), np.zeros(8, dtype=np.float32))
-        pair[1].close()  # never asks for step 1
+        pair[0].send_async(Key("w", 1, 0, 1), np.zeros(8, dtype=np.float32)).result(timeout=15)  # credit ahead
+        sending = pair[0].send_async(Key("w", 2, 0, 1), np.zeros(8, dtype=np.float32))
+        pair[1].close()  # never asks for step 1, which would free step 2's slot
         with pytest.raises(PeerError, match="rank 1"):
             sending.result(timeout=15)
     finally:

@@ -17,10 +17,15 @@ free again.
 a receive for a tensor is the receiver's promise that it is done with the
 previous transfer of that tensor from that peer; it then grants the sender a
 credit: the number of receives posted, in the sender's credit table towards
-this receiver (one entry per tensor). The sender's transfer ``n`` waits for
-credit ``n + 1``. A received tensor is therefore valid until the next receive
-of the same name from the same peer, and the flag carries the transfer's
-sequence number so a stale flag is never mistaken for a new one. The receiver
+this receiver (one entry per tensor). A received tensor is therefore valid
+until the next receive of the same name from the same peer, and the flag
+carries the transfer's sequence number so a stale flag is never mistaken for a
+new one. *Credits ahead*: a static tensor has two slots (of up to
+``TWO_SLOTS_UP_TO`` bytes; a larger one has one), written in turn, each with
+its own trailer; transfer ``n`` goes to slot ``n % slots`` and waits for credit
+``n + 2 - slots``: with two slots, for the receive of transfer ``n - 1`` to be
+posted (which frees ``n - 2``'s slot), so a sender is never held up by a
+receive that is merely late, only by one two transfers behind. The receiver
 keeps a mirror of each sender's table and writes the span of entries it
 changed in one write: receives posted together (``recv_many``: a step's
 weights) cost one credit message per peer, not one per tensor.
@@ -79,9 +84,31 @@ META = np.dtype(
     ]
 )
 TRAILER = 9  # int64 step, then the flag byte
-#: a receiver's control block per tensor and peer: the meta-data record (dynamic mode), then the trailer
+#: trailers of a tensor's slots lie this far apart in its control block
+TRAILER_STRIDE = 16
+#: receive slots of a static tensor (see *Credits ahead*); a dynamic one has one
+SLOTS = 2
+#: a static tensor larger than this has one slot: a second would double its memory, and its own transfer
+#: takes far longer than a late credit
+TWO_SLOTS_UP_TO = 256 << 20
+#: a receiver's control block per tensor and peer: the meta-data record (dynamic mode), then a trailer per slot
 TRAILER_AT = aligned(META.itemsize)
-CONTROL_BYTES = TRAILER_AT + TRAILER
+CONTROL_BYTES = TRAILER_AT + SLOTS * TRAILER_STRIDE
+
+
+def slot_stride(nbytes: int) -> int:
+    """Bytes from one slot of an ``nbytes`` tensor to the next (64-byte aligned, as every tensor is)."""
+    return -(-nbytes // 64) * 64
+
+
+def slots_for(nbytes: int) -> int:
+    """Receive slots of a static tensor of ``nbytes``."""
+    return SLOTS if nbytes <= TWO_SLOTS_UP_TO else 1
+
+
+def slots_bytes(nbytes: int, slots: int) -> int:
+    """Bytes of ``slots`` slots of an ``nbytes`` tensor, one after the other."""
+    return (slots - 1) * slot_stride(nbytes) + nbytes
 
 
 #: the largest tensor a peer may announce on the dynamic path, where the receiver allocates what the peer
@@ -153,13 +180,15 @@ class ConnectRequest:
 
 @dataclass(frozen=True)
 class ConnectReply:
-    """A receiver's answer to ``connect``: the mode, its control block, and (static) the slot."""
+    """A receiver's answer to ``connect``: the mode, its control block, and (static) the slots, one after the
+    other in ``slot`` (``slots`` of them, 1 when the reply does not say)."""
 
     mode: str
     control: RemoteRegion
     slot: RemoteRegion | None = None
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
+    slots: int = 1
 
     @classmethod
     def parse(cls, reply: Any, limit: int = peer_input.MAX_ARRAY_BYTES) -> ConnectReply:
@@ -170,18 +199,21 @@ class ConnectReply:
         if not isinstance(reply, dict) or reply.get("mode") not in ("static", "dynamic"):
             raise ValueError("a 'connect' reply must say whether the tensor is 'static' or 'dynamic'")
         fields = {"mode", "control"} | ({"slot", "shape", "dtype"} if reply["mode"] == "static" else set())
-        if set(reply) != fields:
-            raise ValueError(f"a {reply['mode']} 'connect' reply has exactly {sorted(fields)}")
+        if set(reply) - {"slots"} != fields or ("slots" in reply and reply["mode"] != "static"):
+            raise ValueError(f"a {reply['mode']} 'connect' reply has exactly {sorted(fields)}"
+                             + (" and may have 'slots'" if reply["mode"] == "static" else ""))
         control = peer_input.remote_region(reply["control"], what="'control'", length=CONTROL_BYTES)
         if reply["mode"] == "dynamic":
             return cls("dynamic", control)
         dtype = peer_input.dtype(reply["dtype"])
         shape = peer_input.shape(reply["shape"], max_dims=MAX_DIMS)
         nbytes = peer_input.size(dtype, shape, limit=limit)
+        slots = _int(reply.get("slots", 1), "slots", 1, SLOTS)
         slot = peer_input.remote_region(reply["slot"], what="'slot'")
-        if slot.length != nbytes:
-            raise ValueError(f"'slot' of {slot.length} bytes does not hold {dtype} {shape} ({nbytes} bytes)")
-        return cls("static", control, slot, shape, dtype)
+        if slot.length != slots_bytes(nbytes, slots):
+            raise ValueError(f"'slot' of {slot.length} bytes does not hold {slots} of {dtype} {shape} "
+                             f"({nbytes} bytes each, {slot_stride(nbytes)} apart)")
+        return cls("static", control, slot, shape, dtype, slots)
 
 
 @dataclass(frozen=True)
@@ -224,11 +256,12 @@ class _Outgoing:
     index: int  # the entry: [receives posted, reads done], written by the receiver
     staging: Block  # trailer and meta-data record to write from
     mode: str = ""
-    slot: RemoteRegion | None = None  # where the data goes (static mode)
-    control: RemoteRegion | None = None  # the receiver's meta-data record and trailer
-    flag_target: RemoteRegion | None = None  # the trailer in ``control``
+    control: RemoteRegion | None = None  # the receiver's meta-data record and trailers
+    slot_targets: list[RemoteRegion] = field(default_factory=list)  # where the data goes, per slot (static)
+    flag_targets: list[RemoteRegion] = field(default_factory=list)  # the slots' trailers in ``control``
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
+    slots: int = 1
     seq: int = 0
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -238,13 +271,28 @@ class _Outgoing:
         counters = self.table.view(np.uint64, (2,), offset=COUNTERS_BYTES * self.index)
         counters[:] = 0
         self.posted, self.reads_done = counters[0:1], counters[1:2]
-        self.trailer = self.staging.array[TRAILER_AT:]
+        self.trailer = self.staging.array[TRAILER_AT: TRAILER_AT + TRAILER]
         self.step = self.trailer[:8].view(np.int64)
 
     @property
     def channel(self) -> Channel:
         """The tensor's own lane: its trailers, and every write not spread over the lanes."""
         return self.lanes[0]
+
+    @property
+    def credit_above(self) -> int:
+        """Transfer ``seq`` may go once the receives posted exceed this (see *Credits ahead*): its slot's last
+        transfer, ``slots`` before it, is consumed once the receive after that one is posted."""
+        return self.seq + 1 - self.slots
+
+    def connected(self, reply: ConnectReply) -> None:
+        """Where the receiver's ``reply`` says each transfer goes."""
+        self.mode, self.control, self.slots = reply.mode, reply.control, reply.slots
+        self.flag_targets = [reply.control.at(TRAILER_AT + TRAILER_STRIDE * k, TRAILER) for k in range(reply.slots)]
+        if reply.slot is not None:
+            nbytes = math.prod(reply.shape) * reply.dtype.itemsize
+            self.slot_targets = [reply.slot.at(slot_stride(nbytes) * k, nbytes) for k in range(reply.slots)]
+        self.shape, self.dtype = reply.shape, reply.dtype
 
     @property
     def counters(self) -> RemoteRegion:
@@ -282,10 +330,11 @@ class _Incoming:
     name: str
     src: int
     mode: str
-    control: Block  # meta-data record (dynamic mode), then the trailer: step (int64) and flag byte
-    data: Block | None = None  # the preallocated tensor (static mode)
+    control: Block  # meta-data record (dynamic mode), then a trailer per slot: step (int64) and flag byte
+    data: Block | None = None  # the preallocated tensor's slots, one after the other (static mode)
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
+    slots: int = 1
     seq: int = 0
     posted: int = 0
     #: a receive is posted and its transfer not yet taken (a receive that timed out stays posted)
@@ -299,12 +348,22 @@ class _Incoming:
     grant_lock: threading.Lock = field(default_factory=threading.Lock)  # connection and credits
 
     def __post_init__(self) -> None:
-        self.trailer = self.control.array[TRAILER_AT:]
-        self.flag = self.trailer[8:9]
-        self.step = self.trailer[:8].view(np.int64)
-        #: the received tensor, always in the same place (static mode)
-        self.array = self.data.view(self.dtype, self.shape) if self.data is not None else None
-        self.waiter: FlagSet | None = None  # a wait on this slot's flag alone (recv)
+        at = [TRAILER_AT + TRAILER_STRIDE * k for k in range(self.slots)]
+        self.trailers = [self.control.array[a: a + TRAILER] for a in at]
+        self.flags = [trailer[8:9] for trailer in self.trailers]
+        self.steps = [trailer[:8].view(np.int64) for trailer in self.trailers]
+        #: the received tensor of each slot, always in the same place (static mode)
+        if self.data is not None:
+            stride = slot_stride(math.prod(self.shape) * np.dtype(self.dtype).itemsize)
+            self.arrays = [self.data.view(self.dtype, self.shape, offset=stride * k) for k in range(self.slots)]
+        else:
+            self.arrays = [None]
+        self.waiters: list[FlagSet | None] = [None] * self.slots  # a wait on one slot's flag alone (recv)
+
+    @property
+    def next_slot(self) -> int:
+        """The slot the next transfer lands in."""
+        return self.seq % self.slots
 
 
 class SendInPlace:
@@ -405,8 +464,10 @@ class ZeroCopyTransport(FabricTransport):
                 control = self.pool.alloc(CONTROL_BYTES)
                 control.array[TRAILER_AT:] = 0
                 if spec is not None and spec.shape is not None:
-                    incoming = _Incoming(name, src, "static", control, self.pool.alloc(spec.nbytes), spec.shape,
-                                         spec.dtype)
+                    slots = slots_for(spec.nbytes)
+                    incoming = _Incoming(name, src, "static", control,
+                                         self.pool.alloc(slots_bytes(spec.nbytes, slots)), spec.shape, spec.dtype,
+                                         slots)
                 else:
                     incoming = _Incoming(name, src, "dynamic", control)
                 self._incoming[key] = incoming
@@ -451,7 +512,8 @@ class ZeroCopyTransport(FabricTransport):
                     self._submit_grant(incoming)
         reply = {"mode": incoming.mode, "control": incoming.control.remote().to_json()}
         if incoming.mode == "static":
-            reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str)
+            reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str,
+                         slots=incoming.slots)
         return reply
 
     def _mirror(self, connect: ConnectRequest, channel: Channel) -> _CreditMirror:
@@ -528,9 +590,7 @@ class ZeroCopyTransport(FabricTransport):
             answer = ConnectReply.parse(reply)
         except ValueError as exc:
             raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}': {exc}") from None
-        outgoing.mode, outgoing.control = answer.mode, answer.control
-        outgoing.flag_target = answer.control.at(TRAILER_AT, TRAILER)
-        outgoing.slot, outgoing.shape, outgoing.dtype = answer.slot, answer.shape, answer.dtype
+        outgoing.connected(answer)
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
 
@@ -567,8 +627,9 @@ class ZeroCopyTransport(FabricTransport):
         self._count_source(array)
         with outgoing.lock:
             seq = outgoing.seq
-            if outgoing.posted[0] <= seq:
-                self._await_counter(outgoing, outgoing.posted, seq, f"credit to send {key}", deadline)
+            if outgoing.posted[0] <= outgoing.credit_above:
+                self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
+                                    deadline)
             if outgoing.mode == "static":
                 self._send_static(outgoing, key, array, seq)
             else:
@@ -626,7 +687,7 @@ class ZeroCopyTransport(FabricTransport):
                     raise TransportClosed(f"{self.name} rank {self.rank} was closed")
                 sent = busy = False
                 for outgoing, queue in list(waiting.items()):
-                    while queue and outgoing.posted[0] > outgoing.seq:
+                    while queue and outgoing.posted[0] > outgoing.credit_above:
                         if not outgoing.lock.acquire(blocking=False):
                             busy = True  # a blocking send of this tensor is under way
                             break
@@ -645,7 +706,7 @@ class ZeroCopyTransport(FabricTransport):
                 heads = list(waiting)
                 nearest = min((queue[0].deadline for queue in waiting.values()), default=time.monotonic() + 1.0)
                 found = self.device.wait_counters([o.posted for o in heads] + [self._doorbell],
-                                                  [o.seq for o in heads] + [seen],
+                                                  [o.credit_above for o in heads] + [seen],
                                                   max(0.0, min(LIVENESS_EVERY_S, nearest - time.monotonic())))
                 if found is None:
                     self._expire(waiting)
@@ -740,15 +801,15 @@ class ZeroCopyTransport(FabricTransport):
     def _write_flagged(self, outgoing: _Outgoing, data: np.ndarray, target: RemoteRegion, seq: int,
                        key: Key) -> None:
         """One transfer: write the data, flush, write the trailer (step, then the flag byte last), flush."""
-        trailer = outgoing.trailer
+        trailer, flag_target = outgoing.trailer, outgoing.flag_targets[seq % outgoing.slots]
         outgoing.step[0] = key.step
         trailer[8] = tag(seq)
         if data.nbytes >= SPREAD_BYTES and len(outgoing.lanes) > 1:
             self._blocking(key, key.dst, outgoing.channel, self.device.write_flagged_lanes, outgoing.lanes, data,
-                           target, trailer, outgoing.flag_target)
+                           target, trailer, flag_target)
         else:
             self._blocking(key, key.dst, outgoing.channel, outgoing.channel.write_flagged, data, target, trailer,
-                           outgoing.flag_target)
+                           flag_target)
 
     def _send_static(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int) -> None:
         if array.shape != outgoing.shape or array.dtype != outgoing.dtype:
@@ -757,7 +818,7 @@ class ZeroCopyTransport(FabricTransport):
                 f"{outgoing.dtype} {outgoing.shape}"
             )
         data = self.sender.static_source(self, outgoing, array)
-        self._write_flagged(outgoing, data, outgoing.slot, seq, key)
+        self._write_flagged(outgoing, data, outgoing.slot_targets[seq % outgoing.slots], seq, key)
 
     def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
         if array.ndim > MAX_DIMS:
@@ -794,9 +855,10 @@ class ZeroCopyTransport(FabricTransport):
             incoming = self._incoming_slot(key.name, key.src)
             with incoming.lock:
                 self._post([incoming])
-                waiter = incoming.waiter
+                slot = incoming.next_slot
+                waiter = incoming.waiters[slot]
                 if waiter is None:
-                    waiter = incoming.waiter = self.device.flag_set([incoming.flag])
+                    waiter = incoming.waiters[slot] = self.device.flag_set([incoming.flags[slot]])
                 waiter.reset()
                 peers = [(key.src, incoming.channel)]
                 self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline, timeout)
@@ -818,7 +880,7 @@ class ZeroCopyTransport(FabricTransport):
                 for incoming in sorted(incomings, key=lambda i: (i.src, i.name)):  # one order: no deadlock
                     held.enter_context(incoming.lock)
                 self._post(incomings)
-                flags = self.device.flag_set([incoming.flag for incoming in incomings])
+                flags = self.device.flag_set([incoming.flags[incoming.next_slot] for incoming in incomings])
                 pending = dict(enumerate(keys))
 
                 def what() -> str:
@@ -852,7 +914,8 @@ class ZeroCopyTransport(FabricTransport):
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
-        seq, trailer = incoming.seq, incoming.trailer
+        seq, slot = incoming.seq, incoming.next_slot
+        trailer = incoming.trailers[slot]
         flag = int(trailer[8])
         trailer[8] = 0
         if flag != tag(seq):
@@ -860,13 +923,13 @@ class ZeroCopyTransport(FabricTransport):
                             f"where transfer {seq} raises {tag(seq)}: a malformed trailer")
         incoming.seq += 1
         incoming.waiting = False
-        step = int(incoming.step[0])
+        step = int(incoming.steps[slot][0])
         if step != key.step:
             raise PeerError(
                 f"{self.name}: asked for {key} but step {step} arrived: transfers of one tensor must be "
                 "received in the order they are sent"
             )
-        array = incoming.array if incoming.array is not None else self._pull(incoming, key, seq)
+        array = incoming.arrays[slot] if incoming.arrays[slot] is not None else self._pull(incoming, key, seq)
         self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
         return array
 
@@ -935,7 +998,7 @@ class PoolPlacement(FabricPlacement):
                                  f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
                                  f"rank's memory ({transport.memory_bytes} bytes)")
         super().plan(specs)
-        sizes = [s.nbytes for s in incoming] + [CONTROL_BYTES] * len(incoming)
+        sizes = [slots_bytes(s.nbytes, slots_for(s.nbytes)) for s in incoming] + [CONTROL_BYTES] * len(incoming)
         if transport.sender.places_sends:
             sizes += [s.nbytes for s in outgoing]
         transport.pool.reserve(sizes)
