@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,3 +174,50 @@ def test_references_run_under_netns_on_an_emulated_host(tmp_path):
     assert list(run.records["transport"]) == ["ucx_perftest", "ucx_perftest_lat", "memcpy", "local"]
     assert run.meta["fabric"]["ucx_perftest"] == "ucx:tcp"
     assert "warning" not in result.stderr
+
+
+def test_contend_measures_every_point_again_beside_busy_processes_and_leaves_none(tmp_path):
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB,4KB", "--iters", "5", "--warmup", "1", "--transports", "zerocopy",
+                   "--no-references", "--peers", "socket", "--contend", "2", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = load_run(out)
+    assert run.meta["settings"]["contend"] == 2
+    by = run.records.set_index(["transport", "size_bytes"])
+    assert sorted(by.index) == [("socket", 1024), ("socket", 4096), ("zerocopy", 1024), ("zerocopy", 4096)]
+    assert (by["contend"] == 2).all() and (by["contended_p50_us"] > 0).all()
+    assert (by["contended_p99_us"] >= by["contended_p50_us"]).all()
+    for (transport, size), row in by.iterrows():
+        assert row["contended_of_quiet"] == pytest.approx(row["contended_p50_us"] / row["p50_us"])
+        if transport == "zerocopy":
+            best = by.loc[("socket", size), "contended_p50_us"]
+            assert row["contended_of_peer"] == pytest.approx(row["contended_p50_us"] / best)
+    # the contended pass writes no samples: each point's quiet transfers only
+    assert len(run.samples) == 4 * 5
+    assert "2 busy" in result.stdout
+
+
+def test_busy_processes_spin_while_held_and_end_with_their_parent():
+    from bench.ground.contention import busy_processes
+
+    with busy_processes(2) as busy:
+        assert len(busy) == 2 and all(process.poll() is None for process in busy)
+    assert all(process.returncode is not None for process in busy)
+    # a parent that dies without cleaning up (SIGKILL) leaves no spinner behind
+    child = subprocess.run([sys.executable, "-c", "import os\nfrom bench.ground.contention import busy_processes\n"
+                            "with busy_processes(1) as busy:\n    print(busy[0].pid, flush=True)\n    os._exit(0)"],
+                           capture_output=True, text=True, timeout=60, env={**os.environ,
+                                                                          "PYTHONPATH": os.pathsep.join(sys.path)})
+    pid = int(child.stdout.split()[0])
+
+    def running() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running()

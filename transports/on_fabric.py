@@ -296,7 +296,7 @@ class FabricTransport(Transport):
             for peer, channel in peers():
                 self._check_peer(peer, what(), channel)
 
-    def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., None], *args: Any) -> None:
+    def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking fabric transfer on ``channel`` (``write_flagged``, ``read_now``); its failures, as ours.
 
         ``what`` names the transfer (a Key: "writing" it), formatted only when it fails. While it runs
@@ -307,7 +307,7 @@ class FabricTransport(Transport):
         if self._watchdog is None:
             self._start_watchdog()
         try:
-            operation(*args, timeout=self.timeout_s)
+            return operation(*args, timeout=self.timeout_s)
         except FabricInterrupted:
             what = f"writing {what}" if isinstance(what, tuple) else what
             raise TransportClosed(f"{self.name} rank {self.rank} was closed during {what}") from None

@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "after the reference lines and before the transports; every transport's record carries "
                        "of_peer, its p50 over the best peer's p50 at that size")
     peers.add_argument("--no-peers", action="store_true", help="skip the peer lines")
+    parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
+                        help="measure every point of every line a second time with N busy processes spinning on "
+                        "this machine (another job on a shared machine): each record then also carries "
+                        "contended_p50_us, contended_p99_us, contended_of_quiet (contended p50 over quiet p50: "
+                        "steadiness) and contended_of_peer; the contended pass writes no samples (default: 0, "
+                        "quiet only)")
     options.add_no_plot(parser)
     options.add_launch_options(parser)
 
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
         "peers": [] if args.no_peers else (args.peers or list(PEER_NAMES)),
+        "contend": args.contend,
         "timeout_s": args.timeout,
         **options.fabric_settings(args, launcher),
     }
@@ -109,7 +116,9 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
 
     span = f"{format_size(points[0].size_bytes)}..{format_size(points[-1].size_bytes)}"
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
-          + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "") + f", launcher {launcher.name} -> {out}")
+          + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
+          + (f", each point again beside {args.contend} busy processes" if args.contend else "")
+          + f", launcher {launcher.name} -> {out}")
     sweep = Sweep(args, launcher, writer, lines_of(args, launcher, chosen, slowed))
     started = time.monotonic()
     try:
@@ -162,6 +171,7 @@ class Sweep:
         self.fabrics: dict[str, str] = {}
         self.reference_MBps: dict[int, float] = {}
         self.best_peer_p50_us: dict[tuple[int, int], float] = {}  # (size, round) -> the lowest p50 of a peer line
+        self.best_peer_contended_p50_us: dict[tuple[int, int], float] = {}  # the same, with --contend
         self.lines: list[Any] = []
         self.hosts: dict[str, Any] = {}  # line name -> where its ranks run (PrivateHosts)
         for line in lines:
@@ -193,14 +203,14 @@ class Sweep:
         self.hosts.clear()
 
     def measure(self, points: list) -> None:
-        """Every line at every point: one launch per line over all sizes, or with --rounds, per size every line
-        once per round (a launch each), round after round."""
+        """Every line at every point: one launch per line over all sizes, or with --rounds or --contend, per size
+        every line once per round (a launch each, and one more beside the busy processes), round after round."""
         from tqdm import tqdm
 
-        rounds = self.args.rounds
+        rounds, passes = self.args.rounds, 2 if self.args.contend else 1
         total = sum(p.warmup + p.iters for line in self.lines for p in line.points(points))
-        with tqdm(total=total * rounds, unit="xfer", dynamic_ncols=True, disable=None) as bar:
-            if rounds == 1:
+        with tqdm(total=total * rounds * passes, unit="xfer", dynamic_ncols=True, disable=None) as bar:
+            if rounds == 1 and passes == 1:
                 for line in self.lines:
                     self._run(line, line.points(points), 1, bar)
                 return
@@ -210,18 +220,38 @@ class Sweep:
                         if not (mine := line.points([point])):
                             continue
                         if line.name in self.failed:
-                            bar.update(point.warmup + point.iters)  # it failed before: not tried again
+                            bar.update((point.warmup + point.iters) * passes)  # it failed before: not tried again
                             continue
                         self._run(line, mine, round_, bar)
 
     def _run(self, line: Any, points: list, round_: int, bar: Any) -> None:
+        """``line`` at ``points`` in round ``round_``, each record written once measured; with --contend (one
+        point at a time, then) the point again beside the busy processes before its record is written."""
+        if not self.args.contend:
+            self._pass(line, points, round_, bar, lambda record, times: self._add(line, record, times))
+            return
+        from bench.ground.contention import busy_processes
+
+        quiet: list = []
+        self._pass(line, points, round_, bar, lambda record, times: quiet.append((record, times)))
+        contended: dict[int, Any] = {}
+        if quiet:
+            with busy_processes(self.args.contend):
+                self._pass(line, points, round_, bar, lambda record, times: contended.setdefault(record.size_bytes,
+                                                                                                  record),
+                           " contended")
+        for record, times in quiet:
+            self._add(line, record, times, contended.get(record.size_bytes))
+
+    def _pass(self, line: Any, points: list, round_: int, bar: Any, keep: Any, phase: str = "") -> None:
+        """One launch of ``line`` over ``points``: ``keep(record, times)`` for each point measured."""
         from bench.experiments.micro import MicroError, make_record, run_line, transfer_times
         from bench.ground.sizes import format_size
 
         base = bar.n
         done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
                        for p in points}
-        where = f" round {round_}" if self.args.rounds > 1 else ""
+        where = (f" round {round_}" if self.args.rounds > 1 else "") + phase
         bar.set_postfix_str(f"{line.name}{where}")
 
         def progress(size: int, n: int) -> None:
@@ -230,11 +260,11 @@ class Sweep:
 
         def on_sides(point: Any, sender: Any, receiver: Any) -> None:
             times = transfer_times(sender, receiver)
-            self._add(line, make_record(line.name, point, sender, receiver, round_, times), times)
+            keep(make_record(line.name, point, sender, receiver, round_, times), times)
 
         def on_record(point: Any, record: Any) -> None:
             record.round = round_
-            self._add(line, record, None)
+            keep(record, None)
             progress(point.size_bytes, point.warmup + point.iters)
 
         try:
@@ -247,19 +277,28 @@ class Sweep:
                 bar.write(f"bench micro: warning: no {line.name} line: {exc}", file=sys.stderr)
         bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
 
-    def _add(self, line: Any, record: Any, times: Any) -> None:
+    def _add(self, line: Any, record: Any, times: Any, contended: Any = None) -> None:
         """Write a record (and its samples), its throughput set against the bandwidth reference of its size and
-        (a transport's) its p50 against the best peer's at its size and round."""
+        (a transport's) its p50 against the best peer's at its size and round; with --contend, what the
+        ``contended`` record of the same point measured, set against the quiet p50 and the best peer's."""
         from bench.results import of_peer, of_reference
 
         if line.bandwidth_reference:
             self.reference_MBps[record.size_bytes] = record.throughput_MBps
         record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(record.size_bytes))
         at = (record.size_bytes, record.round)
+        if contended is not None:
+            record.contend = self.args.contend
+            record.contended_p50_us, record.contended_p99_us = contended.p50_us, contended.p99_us
+            record.contended_of_quiet = of_peer(contended.p50_us, record.p50_us)  # the same ratio, to the quiet p50
         if line.time_reference and record.p50_us is not None and record.p50_us > 0:
             self.best_peer_p50_us[at] = min(record.p50_us, self.best_peer_p50_us.get(at, float("inf")))
+            if record.contended_p50_us is not None and record.contended_p50_us > 0:
+                self.best_peer_contended_p50_us[at] = min(record.contended_p50_us,
+                                                          self.best_peer_contended_p50_us.get(at, float("inf")))
         elif line.required:
             record.of_peer = of_peer(record.p50_us, self.best_peer_p50_us.get(at))
+            record.contended_of_peer = of_peer(record.contended_p50_us, self.best_peer_contended_p50_us.get(at))
         self.writer.add(record)
         if times is not None:
             self.writer.add_samples(record, times)
@@ -288,15 +327,19 @@ def print_summary(out: Path) -> None:
 
     rounds = int(points["rounds"].max()) if len(points) else 1
     spread = f"{'p50 range µs':>23} " if rounds > 1 else ""
+    contend = int(points["contend"].max()) if "contend" in points and len(points) else 0
+    beside = f" {f'p50 µs, {contend} busy':>17} {'x quiet':>7} {'of peer':>7}" if contend else ""
     # ucx_perftest (put_bw) has no per-transfer median: its time is size / bandwidth of a pipelined stream
     print(f"\n{'transport':16} {'size':>6} {'iters':>5} {'p50 µs':>11} {spread}{'p99 µs':>11} {'MB/s':>9} "
-          f"{'of ref':>7} {'of peer':>7} {'copied/xfer':>12}")
+          f"{'of ref':>7} {'of peer':>7} {'copied/xfer':>12}{beside}")
     for row in points.itertuples():
         within = f"{number(row.p50_us_low, 11, 1)}-{number(row.p50_us_high, 11, 1).strip():<11} " if rounds > 1 else ""
+        busy = (f" {number(row.contended_p50_us, 17, 3)} {number(row.contended_of_quiet, 7, 2)} "
+                f"{number(row.contended_of_peer, 7, 2)}" if contend else "")
         print(f"{row.transport:16} {format_size(row.size_bytes):>6} {row.iters:>5.0f} {number(row.p50_us, 11, 3)} "
               f"{within}{number(row.p99_us, 11, 3)} {number(row.throughput_MBps, 9, 1)} "
               f"{number(row.of_reference, 7, 3)} {number(getattr(row, 'of_peer', float('nan')), 7, 2)} "
-              f"{format_size(int(row.copied_bytes_per_transfer)):>12}")
+              f"{format_size(int(row.copied_bytes_per_transfer)):>12}{busy}")
     baseline = points[points["transport"] == BASELINE].set_index("size_bytes")
     others = [t for t in dict.fromkeys(points["transport"])
               if t != BASELINE and t.partition(":")[0] in transports.REGISTRY]  # transports, not reference lines

@@ -135,6 +135,14 @@ class MicroRecord(Record):
     fabric: str | None = None
     #: copies of the payload the sender made on purpose before each send (--extra-copy: a known slow-down)
     extra_copies: int = 0
+    #: --contend N: busy processes beside the same point measured again (0: not measured so), and that
+    #: measurement's p50 and p99, its p50 over the quiet one (steadiness: 1.0 is unmoved), and over the best
+    #: peer's contended p50 at this size in this round
+    contend: int = 0
+    contended_p50_us: float | None = None
+    contended_p99_us: float | None = None
+    contended_of_quiet: float | None = None
+    contended_of_peer: float | None = None
 
 
 @dataclass(kw_only=True)

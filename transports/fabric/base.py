@@ -160,6 +160,20 @@ class Channel(ABC):
         waits are interrupted, FabricError when the transfer fails.
         """
 
+    def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
+                  credits: np.ndarray) -> SendPlan | None:
+        """A static tensor's whole send (credit, data, trailer) as one call, planned once (see :class:`SendPlan`):
+        its data goes to ``slots`` in turn, each followed by ``trailer`` (9 bytes of registered memory: step,
+        flag) at the matching one of ``trailers``; ``credits`` (one uint64) counts the peer's receives posted.
+        None where the backend has no such path (the caller then waits and writes with :meth:`write_flagged`)."""
+        return None
+
+    def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> CounterPlan | None:
+        """A counter the peer reads at ``remote`` (8 bytes), kept here in ``local`` (one uint64), set through one
+        call each time (:class:`CounterPlan`); None where the backend has no such path (the caller writes
+        ``local`` with :meth:`write_flagged`)."""
+        return None
+
     @abstractmethod
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         """Read ``remote`` into ``local`` and return once it is there (errors as :meth:`write_flagged`)."""
@@ -172,6 +186,25 @@ class Channel(ABC):
         :meth:`Device.take_immediates`). Errors as :meth:`write_flagged`.
         """
         raise NotImplementedError(f"{type(self).__name__} has no write with immediate (see Device.immediates)")
+
+
+class SendPlan(ABC):
+    """A static tensor's sends towards one peer through one call each (:meth:`Channel.send_plan`)."""
+
+    @abstractmethod
+    def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
+        """Transfer ``seq`` (of ``data``, the planned size): wait up to ``credit_wait`` seconds for its credit
+        (receives posted > seq + 1 - slots), write it into slot ``seq % slots``, then the trailer (``step``, the
+        flag ``1 + seq % 255``). False: no credit yet, nothing written. Errors as :meth:`Channel.write_flagged`."""
+
+
+class CounterPlan(ABC):
+    """A counter the peer reads, set through one call each time (:meth:`Channel.counter_plan`)."""
+
+    @abstractmethod
+    def set(self, value: int, timeout: float = 60.0) -> None:
+        """Set the counter here and at the peer; returns once the peer can read it (errors as
+        :meth:`Channel.write_flagged`)."""
 
 
 class FlagSet(ABC):

@@ -44,6 +44,7 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,6 +56,7 @@ import numpy as np
 from transports import peer_input
 from transports.base import (
     MAX_NAME_BYTES,
+    MAX_STEP,
     Key,
     PeerError,
     TransportClosed,
@@ -65,7 +67,15 @@ from transports.base import (
     memory_bytes,
 )
 from transports.common import settle
-from transports.fabric.base import Channel, FabricError, FabricInterrupted, FlagSet, RemoteRegion
+from transports.fabric.base import (
+    Channel,
+    CounterPlan,
+    FabricError,
+    FabricInterrupted,
+    FlagSet,
+    RemoteRegion,
+    SendPlan,
+)
 from transports.fabric.pool import Block, aligned
 from transports.on_fabric import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
 from transports.placement import TensorSpec
@@ -117,6 +127,8 @@ def slots_bytes(nbytes: int, slots: int) -> int:
 MAX_DYNAMIC_BYTES = 1 << 30
 #: a write of this many bytes or more is spread over every lane to the peer
 SPREAD_BYTES = 1 << 20
+#: a planned send waits for its credit in C this long before it checks the peer (and then waits again)
+CREDIT_SLICE_S = 0.05
 COUNTERS_BYTES = 16  # [receives posted, reads done], uint64 each
 #: entries of a sender's credit table towards one receiver (more tensors: another table)
 CREDIT_TABLE_ENTRIES = 1024
@@ -264,6 +276,10 @@ class _Outgoing:
     slots: int = 1
     seq: int = 0
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
+    #: the whole send in one call into the fabric (static, sent in place), where the fabric has one
+    plan: SendPlan | None = None
+    #: the array last sent through ``plan`` (weakly) and whether it lay in registered memory, for the ledger
+    last_source: tuple[Any, str] = (None, "")
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -344,6 +360,8 @@ class _Incoming:
     connected_by: Any = None  # the ConnectRequest that connected it (a tensor is connected once)
     channel: Channel | None = None
     lent: Block | None = None  # a dynamically allocated tensor handed out, freed at the next recv
+    #: its credit (receives posted) set in the mirror and at the sender through one call, where the fabric can
+    credit: CounterPlan | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one receive at a time
     grant_lock: threading.Lock = field(default_factory=threading.Lock)  # connection and credits
 
@@ -507,6 +525,7 @@ class ZeroCopyTransport(FabricTransport):
                 incoming.channel = channel
                 incoming.mirror = self._mirror(connect, channel)
                 incoming.index = connect.index
+                incoming.credit = self._credit_plan(incoming)
                 incoming.connected_by = connect
                 if incoming.posted:  # credits go out on the transport's threads, never the control path's
                     self._submit_grant(incoming)
@@ -515,6 +534,16 @@ class ZeroCopyTransport(FabricTransport):
             reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str,
                          slots=incoming.slots)
         return reply
+
+    @staticmethod
+    def _credit_plan(incoming: _Incoming) -> CounterPlan | None:
+        """The one-call grant of ``incoming``'s credit: its entry's first word, in the mirror and at the sender."""
+        mirror = incoming.mirror
+        try:
+            return mirror.channel.counter_plan(mirror.values[incoming.index, 0:1],
+                                               mirror.table.at(COUNTERS_BYTES * incoming.index, 8))
+        except (FabricError, ValueError):
+            return None  # the span write of _grant says what is wrong
 
     def _mirror(self, connect: ConnectRequest, channel: Channel) -> _CreditMirror:
         table = connect.table
@@ -591,10 +620,52 @@ class ZeroCopyTransport(FabricTransport):
         except ValueError as exc:
             raise PeerError(f"{self.name}: {self.peer_name(dst)} answered 'connect' for '{name}': {exc}") from None
         outgoing.connected(answer)
+        if answer.mode == "static" and self.sender.places_sends:
+            outgoing.plan = self._plan(outgoing)
         with self._lock:
             return self._outgoing.setdefault((name, dst), outgoing)
 
+    def _plan(self, outgoing: _Outgoing) -> SendPlan | None:
+        """The one-call send of a connected static tensor, where the fabric has one and one lane serves it (a
+        write spread over lanes stays on the general path unless it lands in memory mapped here)."""
+        try:
+            plan = outgoing.channel.send_plan(outgoing.slot_targets, outgoing.flag_targets, outgoing.trailer,
+                                              outgoing.posted)
+        except (FabricError, ValueError):
+            return None  # the general path says what is wrong, when the tensor is sent
+        large = outgoing.slot_targets[0].length >= SPREAD_BYTES and len(outgoing.lanes) > 1
+        return plan if plan is not None and (plan.mapped or not large) else None
+
     # sending ---------------------------------------------------------------
+
+    def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
+        """A connected static tensor sent from where it is goes the planned way: the checks the general path
+        makes of this key and array (its name and peer were checked when it connected), the claim, and one
+        call into the fabric (credit, data, trailer); anything else goes the general way."""
+        outgoing = self._outgoing.get((key.name, key.dst)) if type(key) is Key else None
+        plan = None if outgoing is None else outgoing.plan
+        if (plan is None or type(array) is not np.ndarray or array.dtype != outgoing.dtype
+                or array.shape != outgoing.shape or not array.flags.c_contiguous or key.src != self.rank
+                or type(key.step) is not int or not 0 <= key.step <= MAX_STEP):
+            super().send(key, array, timeout)
+            return
+        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        self._claim(key)
+        try:
+            with self._operation(), outgoing.lock:
+                while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
+                                         CREDIT_SLICE_S):
+                    self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
+                                        deadline)
+                outgoing.seq += 1
+        finally:
+            with self._lock:
+                self._sending.discard(key)
+        source, counted = outgoing.last_source
+        if source is None or source() is not array:
+            counted = "sends_registered" if self.placement.registered(array) else "sends_unregistered"
+            outgoing.last_source = weakref.ref(array), counted
+        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes, **{counted: 1})
 
     def _send_and_wait(self, key: Key, array: np.ndarray, timeout: float | None) -> None:
         self._check_key(key, "send")
@@ -935,7 +1006,14 @@ class ZeroCopyTransport(FabricTransport):
 
     def _grant(self, mirror: _CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:
         """Tell the sender ``mirror.src``: receives posted on ``incomings``, or (``reads_done``) that the
-        one of them read its buffer. One write of the span of table entries that changed."""
+        one of them read its buffer. One write of the span of table entries that changed (one call through the
+        tensor's credit plan when it is one receive posted)."""
+        if reads_done is None and len(incomings) == 1 and incomings[0].credit is not None:
+            with mirror.lock:  # no span write of the same table in between, with an older value of this entry
+                self._blocking("granting credits", mirror.src, mirror.channel, incomings[0].credit.set,
+                               incomings[0].posted)
+            self.ledger.add(control_messages=1)
+            return
         with mirror.lock:
             for incoming in incomings:
                 if reads_done is None:

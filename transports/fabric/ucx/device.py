@@ -28,6 +28,7 @@ import numpy as np
 from transports.common import Availability, aligned_empty, done_future, settle
 from transports.fabric.base import (
     Channel,
+    CounterPlan,
     Device,
     Exchange,
     FabricError,
@@ -36,6 +37,7 @@ from transports.fabric.base import (
     FlagSet,
     MemRegion,
     RemoteRegion,
+    SendPlan,
     Tool,
 )
 from transports.fabric.rdma_devices import active_ports, read_devices
@@ -69,6 +71,7 @@ MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
 #: a waiter for a flag or counter spins (yielding its core) this long before it naps
 SPIN_S = 0.002
+_SPIN_NS = int(SPIN_S * 1e9)
 #: empty progress calls (in C) that end a burst of traffic
 _IDLE_ROUNDS = 64
 
@@ -574,6 +577,13 @@ class UcxChannel(Channel):
         if status != _lib.UCS_OK:
             device._outcome(status, "put", keep_alive=(data, trailer))
 
+    def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
+                  credits: np.ndarray) -> UcxSendPlan:
+        return UcxSendPlan(self, slots, trailers, trailer, credits)
+
+    def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> UcxCounterPlan:
+        return UcxCounterPlan(self, local, remote)
+
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         if not local.nbytes:
             return
@@ -619,6 +629,71 @@ class UcxChannel(Channel):
         self._rkeys.clear()
         closing = self.worker.complete(_lib.tt_ep_close(self.ep, 1), "closing an endpoint")
         self.worker.drain(closing)
+
+
+class UcxSendPlan(SendPlan):
+    """``tt_send_planned``'s plan (shim.c): each target checked and its key unpacked once, here."""
+
+    def __init__(self, channel: UcxChannel, slots: list[RemoteRegion], trailers: list[RemoteRegion],
+                 trailer: np.ndarray, credits: np.ndarray) -> None:
+        if not 1 <= len(slots) == len(trailers) <= _lib.TT_MAX_SLOTS or trailer.nbytes != 9 or credits.nbytes != 8:
+            raise ValueError("a send plan takes 1 or 2 slots with a trailer each, a 9-byte trailer and one counter")
+        plan = _ffi.new("tt_send_plan *")
+        plan.worker, plan.ep, plan.slots, plan.length = channel.worker.handle, channel.ep, len(slots), slots[0].length
+        mapped = True
+        for k, (slot, flag) in enumerate(zip(slots, trailers, strict=True)):
+            rkey, at = channel._checked(slot, slot.length, "put") if slot.length else (_ffi.NULL, 0)
+            plan.remote[k], plan.rkey[k], plan.mapped[k] = slot.addr, rkey, _ffi.cast("void *", at)
+            rkey, at_flag = channel._checked(flag, trailer.nbytes, "put")
+            plan.trailer_remote[k], plan.trailer_rkey[k] = flag.addr, rkey
+            plan.trailer_mapped[k] = _ffi.cast("uint8_t *", at_flag)
+            mapped = mapped and bool(at or not slot.length) and bool(at_flag)
+        plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
+        plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
+        self._plan, self._channel, self._device = plan, channel, channel.worker.device
+        self._memory = (trailer, credits)  # what the plan points into stays alive with it
+        #: every transfer is this process's own copy into peer memory mapped here (shared memory)
+        self.mapped = mapped
+
+    def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
+        device = self._device
+        status = _lib.tt_send_planned(self._plan, _ffi.from_buffer(data), seq, step, _SPIN_NS, int(credit_wait * 1e9),
+                                      int(timeout * 1e9), device._stop, self._channel._error, device._worker_handles,
+                                      len(device._workers))
+        if status == _lib.UCS_OK:
+            if self.mapped:
+                device.mapped_writes += 1
+            return True
+        if status == _lib.TT_NO_CREDIT:
+            return False
+        if status == _lib.TT_SEND_STOPPED:
+            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
+        device._outcome(status, "put", keep_alive=data)
+        return False
+
+
+class UcxCounterPlan(CounterPlan):
+    """``tt_set_counter``'s plan (shim.c): the peer's word checked and its key unpacked once, here."""
+
+    def __init__(self, channel: UcxChannel, local: np.ndarray, remote: RemoteRegion) -> None:
+        if local.dtype != np.uint64 or local.size != 1 or remote.length != 8 or remote.addr % 8:
+            raise ValueError("a counter plan takes one uint64 here and 8 aligned bytes at the peer")
+        rkey, at = channel._checked(remote, 8, "put")
+        plan = _ffi.new("tt_counter_plan *")
+        plan.worker, plan.ep, plan.remote, plan.rkey = channel.worker.handle, channel.ep, remote.addr, rkey
+        plan.local = _ffi.cast("uint64_t *", local.ctypes.data)
+        plan.mapped = _ffi.cast("uint64_t *", at if at % 8 == 0 else 0)
+        self._plan, self._channel, self._device, self._local = plan, channel, channel.worker.device, local
+        self.mapped = bool(at) and at % 8 == 0
+
+    def set(self, value: int, timeout: float = 60.0) -> None:
+        device = self._device
+        status = _lib.tt_set_counter(self._plan, value, int(timeout * 1e9), device._stop, self._channel._error)
+        if status == _lib.UCS_OK:
+            if self.mapped:
+                device.mapped_writes += 1
+            return
+        device._outcome(status, "put", keep_alive=self._local)
 
 
 class UcxFlagSet(FlagSet):

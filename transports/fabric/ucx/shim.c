@@ -386,6 +386,93 @@ static void tt_write_mapped(void *target, const void *data, size_t length, uint8
     }
 }
 
+/* A static tensor's sends towards one peer, planned once (zerocopy's sender, once connected): where each
+   slot and its trailer lie at the peer (mapped here, or an address and key to put to), the staging trailer
+   (step, then the flag byte) and the credit counter the peer writes. */
+#define TT_MAX_SLOTS 2
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    int slots;
+    size_t length;
+    uint64_t remote[TT_MAX_SLOTS];
+    ucp_rkey_h rkey[TT_MAX_SLOTS];
+    void *mapped[TT_MAX_SLOTS];
+    uint64_t trailer_remote[TT_MAX_SLOTS];
+    ucp_rkey_h trailer_rkey[TT_MAX_SLOTS];
+    uint8_t *trailer_mapped[TT_MAX_SLOTS];
+    uint8_t *trailer;
+    uint64_t *posted;
+} tt_send_plan;
+
+#define TT_NO_CREDIT 1
+#define TT_SEND_STOPPED 2
+
+static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns,
+                           volatile int *stop, ucp_worker_h *workers, int nworkers);
+
+/* Send `seq` of a planned tensor, the whole per-transfer path in one call: wait (spinning, then napping) up to
+   `credit_wait_ns` for its credit (the peer's receive of the transfer `slots` before it consumed: receives
+   posted > seq + 1 - slots), write `data` into slot seq % slots, then the trailer (`step`, the flag
+   1 + seq % 255 last). Returns UCS_OK, TT_NO_CREDIT (nothing written: the caller checks the peer and
+   calls again), TT_SEND_STOPPED, or UCX's error. */
+static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step, int64_t spin_ns,
+                           int64_t credit_wait_ns, int64_t timeout_ns, volatile int *stop, volatile int *failed,
+                           ucp_worker_h *workers, int nworkers)
+{
+    int slot = (int)(seq % (uint64_t)plan->slots);
+    ucs_status_t status;
+    if (*(volatile uint64_t *)plan->posted + (uint64_t)plan->slots <= seq + 1) {
+        int found = tt_wait_counter(plan->posted, seq + 1 - (uint64_t)plan->slots, spin_ns, credit_wait_ns,
+                                    stop, workers, nworkers);
+        if (found == TT_WAIT_STOPPED) {
+            return TT_SEND_STOPPED;
+        }
+        if (found != 1) {
+            return TT_NO_CREDIT;
+        }
+    }
+    if (*failed) {
+        return *failed;
+    }
+    memcpy(plan->trailer, &step, sizeof(step));
+    plan->trailer[8] = (uint8_t)(1 + seq % 255);
+    if ((plan->mapped[slot] != NULL || plan->length == 0) && plan->trailer_mapped[slot] != NULL) {
+        tt_write_mapped(plan->mapped[slot], data, plan->length, plan->trailer_mapped[slot], plan->trailer, 9);
+        status = UCS_OK;
+    } else {
+        status = tt_put_flagged(plan->worker, plan->ep, data, plan->length, plan->remote[slot], plan->rkey[slot],
+                                plan->trailer, 9, plan->trailer_remote[slot], plan->trailer_rkey[slot], timeout_ns,
+                                stop, failed);
+    }
+    return status;
+}
+
+/* One counter a peer reads (a receiver's credit towards its sender), written through a plan made once: the
+   local copy, and the peer's word, mapped here or reached with a put. */
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    uint64_t *local;
+    uint64_t remote;
+    ucp_rkey_h rkey;
+    uint64_t *mapped;
+} tt_counter_plan;
+
+/* Set the counter to `value`: here, then at the peer (one aligned 8-byte store where it is mapped here, else a
+   put and a flush). */
+static ucs_status_t tt_set_counter(tt_counter_plan *plan, uint64_t value, int64_t timeout_ns, volatile int *stop,
+                                   volatile int *failed)
+{
+    *plan->local = value;
+    if (plan->mapped != NULL) {
+        __atomic_store_n(plan->mapped, value, __ATOMIC_RELEASE);
+        return UCS_OK;
+    }
+    return tt_put_flagged(plan->worker, plan->ep, plan->local, sizeof(value), plan->remote, plan->rkey, NULL, 0, 0,
+                          NULL, timeout_ns, stop, failed);
+}
+
 #define TT_MAX_LANES 16
 /* chunks of a write spread over lanes start on this boundary */
 #define TT_LANE_ALIGN 4096

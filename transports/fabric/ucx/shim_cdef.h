@@ -69,6 +69,36 @@ ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey
                                   int64_t timeout_ns, volatile int *stop, volatile int *failed);
 void tt_write_mapped(void *target, const void *data, size_t length, uint8_t *trailer_target,
                      const uint8_t *trailer, size_t trailer_length);
+#define TT_MAX_SLOTS ...
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    int slots;
+    size_t length;
+    uint64_t remote[2];
+    ucp_rkey_h rkey[2];
+    void *mapped[2];
+    uint64_t trailer_remote[2];
+    ucp_rkey_h trailer_rkey[2];
+    uint8_t *trailer_mapped[2];
+    uint8_t *trailer;
+    uint64_t *posted;
+} tt_send_plan;
+#define TT_NO_CREDIT ...
+#define TT_SEND_STOPPED ...
+int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step, int64_t spin_ns,
+                    int64_t credit_wait_ns, int64_t timeout_ns, volatile int *stop, volatile int *failed,
+                    ucp_worker_h *workers, int nworkers);
+typedef struct {
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    uint64_t *local;
+    uint64_t remote;
+    ucp_rkey_h rkey;
+    uint64_t *mapped;
+} tt_counter_plan;
+ucs_status_t tt_set_counter(tt_counter_plan *plan, uint64_t value, int64_t timeout_ns, volatile int *stop,
+                            volatile int *failed);
 #define TT_MAX_LANES ...
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                          ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
