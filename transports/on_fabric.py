@@ -296,16 +296,20 @@ class FabricTransport(Transport):
             for peer, channel in peers():
                 self._check_peer(peer, what(), channel)
 
-    def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., Any], *args: Any) -> Any:
+    def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., Any], *args: Any,
+                  watched: bool = True) -> Any:
         """Run a blocking fabric transfer on ``channel`` (``write_flagged``, ``read_now``); its failures, as ours.
 
         ``what`` names the transfer (a Key: "writing" it), formatted only when it fails. While it runs
-        (in C, for as long as the timeout), the watchdog checks that the peer lives (see :meth:`_watch`).
+        (in C, for as long as the timeout), the watchdog checks that the peer lives (see :meth:`_watch`);
+        ``watched=False`` for an operation that cannot wait on the peer for long (a copy into its memory
+        mapped here, a wait of a short slice).
         """
         token = object()
-        self._inflight[token] = (peer, channel, time.monotonic())
-        if self._watchdog is None:
-            self._start_watchdog()
+        if watched:
+            self._inflight[token] = (peer, channel, time.monotonic())
+            if self._watchdog is None:
+                self._start_watchdog()
         try:
             return operation(*args, timeout=self.timeout_s)
         except FabricInterrupted:

@@ -191,6 +191,9 @@ class Channel(ABC):
 class SendPlan(ABC):
     """A static tensor's sends towards one peer through one call each (:meth:`Channel.send_plan`)."""
 
+    #: every target is mapped here: a send is this process's own copy, which never waits on the peer
+    mapped: bool = False
+
     @abstractmethod
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
         """Transfer ``seq`` (of ``data``, the planned size): wait up to ``credit_wait`` seconds for its credit
@@ -200,6 +203,9 @@ class SendPlan(ABC):
 
 class CounterPlan(ABC):
     """A counter the peer reads, set through one call each time (:meth:`Channel.counter_plan`)."""
+
+    #: the peer's counter is mapped here: setting it is a store, which never waits on the peer
+    mapped: bool = False
 
     @abstractmethod
     def set(self, value: int, timeout: float = 60.0) -> None:

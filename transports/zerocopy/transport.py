@@ -654,7 +654,7 @@ class ZeroCopyTransport(FabricTransport):
         try:
             with self._operation(), outgoing.lock:
                 while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
-                                         CREDIT_SLICE_S):
+                                         CREDIT_SLICE_S, watched=not plan.mapped):
                     self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
                                         deadline)
                 outgoing.seq += 1
@@ -1011,7 +1011,7 @@ class ZeroCopyTransport(FabricTransport):
         if reads_done is None and len(incomings) == 1 and incomings[0].credit is not None:
             with mirror.lock:  # no span write of the same table in between, with an older value of this entry
                 self._blocking("granting credits", mirror.src, mirror.channel, incomings[0].credit.set,
-                               incomings[0].posted)
+                               incomings[0].posted, watched=not incomings[0].credit.mapped)
             self.ledger.add(control_messages=1)
             return
         with mirror.lock:
