@@ -41,6 +41,7 @@ from bench.experiments.micro import (
     DirectSignals,
     MicroLine,
     Point,
+    bind_timing_thread,
     receiver_loop,
     sender_loop,
 )
@@ -164,6 +165,7 @@ def drive(link: PeerLink, points: list[Point], rank: int, ctrl: Any, report: Any
     """Run the micro-benchmark's side ``rank`` over ``link``: the plan, then the sender's or receiver's loop."""
     link.placement.plan([p.spec for p in points])
     loop = sender_loop if rank == SENDER else receiver_loop
+    bind_timing_thread(rank)  # as a transport's ranks are
     loop(link, points, ctrl, report, False)
 
 
