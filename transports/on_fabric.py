@@ -305,25 +305,31 @@ class FabricTransport(Transport):
         ``watched=False`` for an operation that cannot wait on the peer for long (a copy into its memory
         mapped here, a wait of a short slice).
         """
+        if not watched:
+            try:
+                return operation(*args, timeout=self.timeout_s)
+            except FabricError as exc:
+                raise self._failure(what, peer, exc) from None
         token = object()
-        if watched:
-            self._inflight[token] = (peer, channel, time.monotonic())
-            if self._watchdog is None:
-                self._start_watchdog()
+        self._inflight[token] = (peer, channel, time.monotonic())
+        if self._watchdog is None:
+            self._start_watchdog()
         try:
             return operation(*args, timeout=self.timeout_s)
-        except FabricInterrupted:
-            what = f"writing {what}" if isinstance(what, tuple) else what
-            raise TransportClosed(f"{self.name} rank {self.rank} was closed during {what}") from None
-        except FabricTimeout:
-            what = f"writing {what}" if isinstance(what, tuple) else what
-            raise TransportTimeout(f"{self.name}: {what} did not complete within {self.timeout_s:g} s "
-                                   f"(peer {self.peer_name(peer)})") from None
         except FabricError as exc:
-            what = f"writing {what}" if isinstance(what, tuple) else what
-            raise PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}") from None
+            raise self._failure(what, peer, exc) from None
         finally:
             self._inflight.pop(token, None)
+
+    def _failure(self, what: Any, peer: int, exc: FabricError) -> TransportError:
+        """What a failed fabric transfer (``what``, see :meth:`_blocking`) with ``peer`` is, as ours."""
+        what = f"writing {what}" if isinstance(what, tuple) else what
+        if isinstance(exc, FabricInterrupted):
+            return TransportClosed(f"{self.name} rank {self.rank} was closed during {what}")
+        if isinstance(exc, FabricTimeout):
+            return TransportTimeout(f"{self.name}: {what} did not complete within {self.timeout_s:g} s "
+                                    f"(peer {self.peer_name(peer)})")
+        return PeerError(f"{self.name}: {what} with peer {self.peer_name(peer)} failed: {exc}")
 
     def _start_watchdog(self) -> None:
         with self._lock:

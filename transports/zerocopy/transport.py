@@ -649,12 +649,14 @@ class ZeroCopyTransport(FabricTransport):
                 or type(key.step) is not int or not 0 <= key.step <= MAX_STEP):
             super().send(key, array, timeout)
             return
-        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
         self._claim(key)
         try:
             with self._operation(), outgoing.lock:
+                deadline = None
                 while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
                                          CREDIT_SLICE_S, watched=not plan.mapped):
+                    if deadline is None:  # the credit is late: from now on, as the general path waits
+                        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
                     self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
                                         deadline)
                 outgoing.seq += 1
