@@ -648,6 +648,8 @@ class UcxSendPlan(SendPlan):
             plan.trailer_remote[k], plan.trailer_rkey[k] = flag.addr, rkey
             plan.trailer_mapped[k] = _ffi.cast("uint8_t *", at_flag)
             mapped = mapped and bool(at or not slot.length) and bool(at_flag)
+            if at:  # the slot's pages mapped writable here now, not by the first transfers into it
+                _lib.tt_populate(plan.mapped[k], slot.length)
         plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
         plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
         self._plan, self._channel, self._device = plan, channel, channel.worker.device

@@ -69,6 +69,7 @@ ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey
                                   int64_t timeout_ns, volatile int *stop, volatile int *failed);
 void tt_write_mapped(void *target, const void *data, size_t length, uint8_t *trailer_target,
                      const uint8_t *trailer, size_t trailer_length);
+int tt_populate(void *address, size_t length);
 #define TT_MAX_SLOTS ...
 typedef struct {
     ucp_worker_h worker;
