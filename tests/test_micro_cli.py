@@ -221,3 +221,24 @@ def test_busy_processes_spin_while_held_and_end_with_their_parent():
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running()
+
+
+def test_the_timing_thread_is_bound_to_a_core_of_its_own_and_only_it():
+    import threading
+
+    from bench.experiments.micro import bind_timing_thread
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to bind to")
+    seen = {}
+
+    def timing(rank):
+        seen[rank] = (bind_timing_thread(rank), os.sched_getaffinity(0))
+
+    for rank in (0, 1):
+        thread = threading.Thread(target=timing, args=(rank,))
+        thread.start()
+        thread.join()
+    assert seen[0] == (cpus[0], {cpus[0]}) and seen[1] == (cpus[1], {cpus[1]})
+    assert sorted(os.sched_getaffinity(0)) == cpus  # this (another) thread keeps every CPU
