@@ -108,8 +108,8 @@ CONTROL_BYTES = TRAILER_AT + SLOTS * TRAILER_STRIDE
 
 
 def slot_stride(nbytes: int) -> int:
-    """Bytes from one slot of an ``nbytes`` tensor to the next (64-byte aligned, as every tensor is)."""
-    return -(-nbytes // 64) * 64
+    """Bytes from one slot of an ``nbytes`` tensor to the next (aligned as every pool block is; 0 when empty)."""
+    return aligned(nbytes) if nbytes else 0
 
 
 def slots_for(nbytes: int) -> int:
@@ -279,7 +279,7 @@ class _Outgoing:
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
     #: the whole send in one call into the fabric (static, sent in place), where the fabric has one
     plan: SendPlan | None = None
-    #: the array last sent through ``plan`` (weakly) and whether it lay in registered memory, for the ledger
+    #: the array it was last sent from (weakly) and its ledger count (ZeroCopyTransport._source_count)
     last_source: tuple[Any, str] = (None, "")
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -662,13 +662,8 @@ class ZeroCopyTransport(FabricTransport):
                                         deadline)
                 outgoing.seq += 1
         finally:
-            with self._lock:
-                self._sending.discard(key)
-        source, counted = outgoing.last_source
-        if source is None or source() is not array:
-            counted = "sends_registered" if self.placement.registered(array) else "sends_unregistered"
-            outgoing.last_source = weakref.ref(array), counted
-        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes, **{counted: 1})
+            self._unclaim(key)
+        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes, **{self._source_count(outgoing, array): 1})
 
     def _send_and_wait(self, key: Key, array: np.ndarray, timeout: float | None) -> None:
         self._check_key(key, "send")
@@ -681,13 +676,16 @@ class ZeroCopyTransport(FabricTransport):
                 raise ValueError(f"{self.name}: {key} is already being sent")
             self._sending.add(key)
 
+    def _unclaim(self, key: Key) -> None:
+        with self._lock:
+            self._sending.discard(key)
+
     def _send_claimed(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         try:
             with self._operation():
                 self._send(key, array, time.monotonic() + (self.timeout_s if timeout is None else timeout))
         finally:
-            with self._lock:
-                self._sending.discard(key)
+            self._unclaim(key)
 
     def _send(self, key: Key, array: np.ndarray, deadline: float) -> None:
         try:
@@ -698,7 +696,7 @@ class ZeroCopyTransport(FabricTransport):
         if outgoing.mode != "static" and array.nbytes > MAX_DYNAMIC_BYTES:  # the receiver would refuse its meta-data
             raise ValueError(f"{self.name}: {key} is {array.nbytes} bytes; dynamic allocation moves at most "
                              f"{MAX_DYNAMIC_BYTES} (a tensor planned with its shape is placed statically, of any size)")
-        self._count_source(array)
+        self.ledger.add(**{self._source_count(outgoing, array): 1})
         with outgoing.lock:
             seq = outgoing.seq
             if outgoing.posted[0] <= outgoing.credit_above:
@@ -734,8 +732,7 @@ class ZeroCopyTransport(FabricTransport):
             if self._closed.is_set():
                 raise TransportClosed(f"{self.name} rank {self.rank} was closed")
         except BaseException:
-            with self._lock:
-                self._sending.discard(key)
+            self._unclaim(key)
             raise
         future: Future = Future()
         self._queue.append(_Queued(outgoing, key, array, future, time.monotonic() + self.timeout_s))
@@ -795,7 +792,7 @@ class ZeroCopyTransport(FabricTransport):
             self._settle(self._queue.popleft(), error)
 
     def _send_queued(self, outgoing: _Outgoing, queued: _Queued) -> None:
-        self._count_source(queued.array)
+        self.ledger.add(**{self._source_count(outgoing, queued.array): 1})
         try:
             self._send_static(outgoing, queued.key, queued.array, outgoing.seq)
         except BaseException as exc:
@@ -824,8 +821,7 @@ class ZeroCopyTransport(FabricTransport):
                 del waiting[outgoing]
 
     def _settle(self, queued: _Queued, error: BaseException | None = None) -> None:
-        with self._lock:
-            self._sending.discard(queued.key)
+        self._unclaim(queued.key)
         settle(queued.future, error=error)
 
     def _before_device_close(self) -> None:
@@ -836,12 +832,14 @@ class ZeroCopyTransport(FabricTransport):
         if granter is not None:
             granter.shutdown(wait=True, cancel_futures=True)
 
-    def _count_source(self, array: np.ndarray) -> None:
-        """A registration-cache hit (the tensor is in registered memory already) or a miss, in the ledger."""
-        if self.placement.registered(array):
-            self.ledger.add(sends_registered=1)
-        else:
-            self.ledger.add(sends_unregistered=1)
+    def _source_count(self, outgoing: _Outgoing, array: np.ndarray) -> str:
+        """The ledger's count for sending ``array``: a registration-cache hit (it lies in registered memory
+        already) or a miss; remembered for the array the tensor was last sent from (mostly the same one)."""
+        source, counted = outgoing.last_source
+        if source is None or source() is not array:
+            counted = "sends_registered" if self.placement.registered(array) else "sends_unregistered"
+            outgoing.last_source = weakref.ref(array), counted
+        return counted
 
     def _flat(self, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
         """``array``'s bytes, from where they are written: the tensor itself, or (rdma_cp) a staging copy."""
