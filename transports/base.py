@@ -168,6 +168,23 @@ class Ledger:
             for name, value in counts.items():
                 self._counts[name] += value
 
+    def sent(self, nbytes: int, also: str | None = None) -> None:
+        """One tensor of ``nbytes`` sent (and one more of the count ``also``): :meth:`add`'s work on the
+        per-transfer path, without its keywords."""
+        with self._lock:
+            counts = self._counts
+            counts["tensors_sent"] += 1
+            counts["payload_bytes_sent"] += nbytes
+            if also is not None:
+                counts[also] += 1
+
+    def received(self, nbytes: int) -> None:
+        """One tensor of ``nbytes`` received (see :meth:`sent`)."""
+        with self._lock:
+            counts = self._counts
+            counts["tensors_received"] += 1
+            counts["payload_bytes_received"] += nbytes
+
     def snapshot(self) -> TransportStats:
         with self._lock:
             return TransportStats(**self._counts)

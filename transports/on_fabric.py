@@ -70,25 +70,31 @@ def mapping_of(address: int) -> tuple[int, int]:
 
 
 class _Operation:
-    """``with transport._operation():`` counts an operation in flight; close() waits for none to be left."""
+    """``with transport._operation():`` counts an operation in flight; close() waits for none to be left.
 
-    __slots__ = ("_transport",)
+    No lock: an operation is counted (one entry appended; appends and pops of a list are atomic) before it
+    looks at the close, and close() sets the close before it looks at the count, so either the operation
+    sees the close and backs out, or close() sees the operation and waits for it."""
+
+    __slots__ = ("_transport", "inflight")
 
     def __init__(self, transport: FabricTransport) -> None:
         self._transport = transport
+        #: one entry per operation under way
+        self.inflight: list[None] = []
 
     def __enter__(self) -> None:
+        self.inflight.append(None)
         transport = self._transport
-        with transport._idle:
-            if transport._closed.is_set():
-                raise TransportClosed(f"{transport.name} rank {transport.rank} was closed")
-            transport._active += 1
+        if transport._closed.is_set():
+            self.__exit__()
+            raise TransportClosed(f"{transport.name} rank {transport.rank} was closed")
 
     def __exit__(self, *exc: object) -> None:
+        self.inflight.pop()
         transport = self._transport
-        with transport._idle:
-            transport._active -= 1
-            if transport._closed.is_set():
+        if transport._closed.is_set():
+            with transport._idle:
                 transport._idle.notify_all()
 
 
@@ -114,8 +120,7 @@ class FabricTransport(Transport):
         self.progress_threads = progress_threads
         self.lanes_per_peer = lanes_per_peer
         self._closed = threading.Event()
-        self._active = 0
-        self._idle = threading.Condition()
+        self._idle = threading.Condition()  # close() waits on it for the operations under way to end
         self._lock = threading.Lock()
         self._peers: dict[int, ControlClient] = {}
         self._peer_devices: dict[int, list[bytes]] = {}
@@ -180,7 +185,7 @@ class FabricTransport(Transport):
         self._control.stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._idle:  # waiting operations notice the close within one back-off period
-            self._idle.wait_for(lambda: self._active == 0, timeout=10)
+            self._idle.wait_for(lambda: not self._bracket.inflight, timeout=10)
         self._before_device_close()
         for client in self._peers.values():
             client.close()

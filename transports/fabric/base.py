@@ -213,6 +213,17 @@ class CounterPlan(ABC):
         :meth:`Channel.write_flagged`)."""
 
 
+class TakePlan(ABC):
+    """A static tensor's receives through one call each (:meth:`Device.take_plan`): the wait for a transfer's
+    trailer and its take."""
+
+    @abstractmethod
+    def take(self, seq: int, timeout: float) -> tuple[int, int] | None:
+        """Transfer ``seq``: wait up to ``timeout`` seconds for the flag of its slot (``seq % slots``); once
+        raised, lower it and return ``(flag, step)`` as the trailer held them (the caller checks them). None
+        while not raised; FabricInterrupted when the device's waits are interrupted."""
+
+
 class FlagSet(ABC):
     """Flag bytes (each a one-byte view of registered memory) waited on together; see :meth:`Device.flag_set`."""
 
@@ -356,6 +367,12 @@ class Device(ABC):
     @abstractmethod
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
         """A set of one-byte flags in registered memory that peers raise, to wait on together."""
+
+    def take_plan(self, trailers: list[np.ndarray]) -> TakePlan | None:
+        """A static tensor's receive through one call (see :class:`TakePlan`): ``trailers`` are its slots'
+        trailers in registered memory (9 bytes each: step, flag), written by the peer. None where the backend
+        has no such path (the caller waits with :meth:`flag_set` and reads the trailer itself)."""
+        return None
 
     @abstractmethod
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:

@@ -408,7 +408,7 @@ class GrpcRdmaTransport(FabricTransport):
                                          meta=meta, checksum=checksum))
                 return
             # counted first: once the immediate is written, the receiver may look at our ledger
-            self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
+            self.ledger.sent(array.nbytes)
             self._write_tensor(link, index, array, request.remote_addr, request.rkey)
             settle(sent)
         except Exception as exc:  # whatever it is, both sides learn of it: nobody waits out a timeout
@@ -436,7 +436,7 @@ class GrpcRdmaTransport(FabricTransport):
         if response is None:
             raise ProtocolError(f"TENSOR_RE_REQUEST for unknown request {message.request_index}")
         try:
-            self.ledger.add(tensors_sent=1, payload_bytes_sent=response.meta.nbytes)
+            self.ledger.sent(response.meta.nbytes)
             self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
         finally:
             self.pool.free(response.clone)
@@ -587,7 +587,7 @@ class GrpcRdmaTransport(FabricTransport):
             result.reshape(-1).view(np.uint8)[:] = raw
             self.ledger.add(copied_bytes=meta.nbytes)
             self.pool.free(request.buffer)
-        self.ledger.add(tensors_received=1, payload_bytes_received=meta.nbytes)
+        self.ledger.received(meta.nbytes)
         settle(request.future, result)
 
     def _fail_request(self, link: _Link, request: _Request, error: PeerError) -> None:

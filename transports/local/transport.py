@@ -59,7 +59,7 @@ class LocalTransport(Transport):
         array = np.asarray(array)
         sent: Future = Future()
         _inbox(self.cluster, key.dst).put(key, (array, sent))
-        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
+        self.ledger.sent(array.nbytes)
         return sent
 
     def _refused(self, key: Key, error: BaseException) -> None:
@@ -75,7 +75,7 @@ class LocalTransport(Transport):
                 settle(received, error=done.exception())
                 return
             array, sent = done.result()
-            self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
+            self.ledger.received(array.nbytes)
             settle(sent)
             settle(received, array)
 

@@ -75,6 +75,7 @@ from transports.fabric.base import (
     FlagSet,
     RemoteRegion,
     SendPlan,
+    TakePlan,
 )
 from transports.fabric.pool import Block, aligned
 from transports.on_fabric import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
@@ -363,6 +364,8 @@ class _Incoming:
     lent: Block | None = None  # a dynamically allocated tensor handed out, freed at the next recv
     #: its credit (receives posted) set in the mirror and at the sender through one call, where the fabric can
     credit: CounterPlan | None = None
+    #: its receives taken through one call each (wait, then the trailer), where the fabric can (static mode)
+    take: TakePlan | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one receive at a time
     grant_lock: threading.Lock = field(default_factory=threading.Lock)  # connection and credits
 
@@ -370,7 +373,6 @@ class _Incoming:
         at = [TRAILER_AT + TRAILER_STRIDE * k for k in range(self.slots)]
         self.trailers = [self.control.array[a: a + TRAILER] for a in at]
         self.flags = [trailer[8:9] for trailer in self.trailers]
-        self.steps = [trailer[:8].view(np.int64) for trailer in self.trailers]
         #: the received tensor of each slot, always in the same place (static mode)
         if self.data is not None:
             stride = slot_stride(math.prod(self.shape) * np.dtype(self.dtype).itemsize)
@@ -434,7 +436,7 @@ class ZeroCopyTransport(FabricTransport):
         self.analysis = bool(analysis)
         self.placement: PoolPlacement = PoolPlacement(self)
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
-        self._sending: set[Key] = set()
+        self._sending: dict[Key, object] = {}  # the keys being sent, each with its claim
         self._incoming: dict[tuple[str, int], _Incoming] = {}
         #: the sender's credit tables per destination, and the entries handed out so far
         self._credit_tables: dict[int, list[Block]] = {}
@@ -487,6 +489,7 @@ class ZeroCopyTransport(FabricTransport):
                     incoming = _Incoming(name, src, "static", control,
                                          self.pool.alloc(slots_bytes(spec.nbytes, slots)), spec.shape, spec.dtype,
                                          slots)
+                    incoming.take = self.device.take_plan(incoming.trailers)
                 else:
                     incoming = _Incoming(name, src, "dynamic", control)
                 self._incoming[key] = incoming
@@ -663,7 +666,7 @@ class ZeroCopyTransport(FabricTransport):
                 outgoing.seq += 1
         finally:
             self._unclaim(key)
-        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes, **{self._source_count(outgoing, array): 1})
+        self.ledger.sent(array.nbytes, self._source_count(outgoing, array))
 
     def _send_and_wait(self, key: Key, array: np.ndarray, timeout: float | None) -> None:
         self._check_key(key, "send")
@@ -671,14 +674,12 @@ class ZeroCopyTransport(FabricTransport):
         self._send_claimed(key, array, timeout)
 
     def _claim(self, key: Key) -> None:
-        with self._lock:
-            if key in self._sending:
-                raise ValueError(f"{self.name}: {key} is already being sent")
-            self._sending.add(key)
+        claim = object()
+        if self._sending.setdefault(key, claim) is not claim:  # one call: atomic, no lock needed
+            raise ValueError(f"{self.name}: {key} is already being sent")
 
     def _unclaim(self, key: Key) -> None:
-        with self._lock:
-            self._sending.discard(key)
+        self._sending.pop(key, None)
 
     def _send_claimed(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         try:
@@ -707,7 +708,7 @@ class ZeroCopyTransport(FabricTransport):
             else:
                 self._send_dynamic(outgoing, key, array, seq, deadline)
             outgoing.seq += 1
-        self.ledger.add(tensors_sent=1, payload_bytes_sent=array.nbytes)
+        self.ledger.sent(array.nbytes)
 
     def _await_counter(self, outgoing: _Outgoing, counter: np.ndarray, above: int, what: str,
                        deadline: float) -> None:
@@ -799,7 +800,7 @@ class ZeroCopyTransport(FabricTransport):
             self._settle(queued, exc)
             return
         outgoing.seq += 1
-        self.ledger.add(tensors_sent=1, payload_bytes_sent=queued.array.nbytes)
+        self.ledger.sent(queued.array.nbytes)
         self._settle(queued)
 
     def _expire(self, waiting: dict[_Outgoing, deque[_Queued]]) -> None:
@@ -927,12 +928,18 @@ class ZeroCopyTransport(FabricTransport):
             incoming = self._incoming_slot(key.name, key.src)
             with incoming.lock:
                 self._post([incoming])
+                peers = [(key.src, incoming.channel)]
+                plan = incoming.take
+                if plan is not None:  # one call: the wait and the trailer
+                    seq = incoming.seq
+                    flag, step = self._await(lambda slice_s: plan.take(seq, slice_s), lambda: f"recv of {key}",
+                                             lambda: peers, deadline, timeout)
+                    return self._accept(incoming, key, flag, step)
                 slot = incoming.next_slot
                 waiter = incoming.waiters[slot]
                 if waiter is None:
                     waiter = incoming.waiters[slot] = self.device.flag_set([incoming.flags[slot]])
                 waiter.reset()
-                peers = [(key.src, incoming.channel)]
                 self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline, timeout)
                 return self._take(incoming, key)
 
@@ -986,23 +993,27 @@ class ZeroCopyTransport(FabricTransport):
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
-        seq, slot = incoming.seq, incoming.next_slot
-        trailer = incoming.trailers[slot]
+        trailer = incoming.trailers[incoming.next_slot]
         flag = int(trailer[8])
         trailer[8] = 0
+        return self._accept(incoming, key, flag, int(trailer[:8].view(np.int64)[0]))
+
+    def _accept(self, incoming: _Incoming, key: Key, flag: int, step: int) -> np.ndarray:
+        """The transfer whose trailer (``flag``, ``step``, the flag lowered) was taken from ``incoming`` (held by
+        the caller), checked, as an array."""
+        seq, slot = incoming.seq, incoming.next_slot
         if flag != tag(seq):
             raise PeerError(f"{self.name}: {self.peer_name(key.src)} raised flag {flag} for {key}, "
                             f"where transfer {seq} raises {tag(seq)}: a malformed trailer")
         incoming.seq += 1
         incoming.waiting = False
-        step = int(incoming.steps[slot][0])
         if step != key.step:
             raise PeerError(
                 f"{self.name}: asked for {key} but step {step} arrived: transfers of one tensor must be "
                 "received in the order they are sent"
             )
         array = incoming.arrays[slot] if incoming.arrays[slot] is not None else self._pull(incoming, key, seq)
-        self.ledger.add(tensors_received=1, payload_bytes_received=array.nbytes)
+        self.ledger.received(array.nbytes)
         return array
 
     def _grant(self, mirror: _CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:

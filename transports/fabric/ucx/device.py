@@ -38,6 +38,7 @@ from transports.fabric.base import (
     MemRegion,
     RemoteRegion,
     SendPlan,
+    TakePlan,
     Tool,
 )
 from transports.fabric.rdma_devices import active_ports, read_devices
@@ -698,6 +699,29 @@ class UcxCounterPlan(CounterPlan):
         device._outcome(status, "put", keep_alive=self._local)
 
 
+class UcxTakePlan(TakePlan):
+    """``tt_take_planned``'s plan (shim.c): the slots' trailers, found once."""
+
+    def __init__(self, device: UcxDevice, trailers: list[np.ndarray]) -> None:
+        if not 1 <= len(trailers) <= _lib.TT_MAX_SLOTS or any(t.nbytes != 9 for t in trailers):
+            raise ValueError("a take plan takes 1 or 2 trailers of 9 bytes")
+        plan = _ffi.new("tt_take_plan *")
+        plan.slots = len(trailers)
+        for k, trailer in enumerate(trailers):
+            plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
+        self._plan, self._device, self._trailers = plan, device, trailers  # what the plan points into, alive
+
+    def take(self, seq: int, timeout: float) -> tuple[int, int] | None:
+        device = self._device
+        found = _lib.tt_take_planned(self._plan, seq, _SPIN_NS, int(timeout * 1e9), device._stop,
+                                     device._worker_handles, len(device._workers))
+        if found > 0:
+            return found, self._plan.step
+        if found == _lib.TT_WAIT_STOPPED:
+            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
+        return None
+
+
 class UcxFlagSet(FlagSet):
     """Flag bytes polled together in C (``tt_wait_flags``), without the GIL."""
 
@@ -887,6 +911,9 @@ class UcxDevice(Device):
     @property
     def address(self) -> list[bytes]:
         return [worker.address for worker in self._workers]
+
+    def take_plan(self, trailers: list[np.ndarray]) -> UcxTakePlan:
+        return UcxTakePlan(self, trailers)
 
     def flag_set(self, flags: list[np.ndarray]) -> UcxFlagSet:
         return UcxFlagSet(self, flags)

@@ -673,6 +673,33 @@ static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_
     TT_WAIT(tt_first_above(words, above, count));
 }
 
+/* A static tensor's receives, taken through a plan made once: each slot's trailer (step, then the flag byte)
+   in this process's memory, where the sender writes it. */
+typedef struct {
+    int slots;
+    uint8_t *trailer[TT_MAX_SLOTS];
+    int64_t step;
+} tt_take_plan;
+
+/* Take transfer `seq`: wait for the flag of its slot (seq % slots), then lower it and copy the step written
+   before it into plan->step; returns the flag's value (1..255), or TT_WAIT_* */
+static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t spin_ns, int64_t timeout_ns,
+                           volatile int *stop, ucp_worker_h *workers, int nworkers)
+{
+    uint8_t *trailer = plan->trailer[seq % (uint64_t)plan->slots];
+    uint8_t *flag = trailer + 8;
+    uint8_t done = 0;
+    int found = tt_wait_flags(&flag, &done, 1, spin_ns, timeout_ns, stop, workers, nworkers);
+    int raised;
+    if (found < 0) {
+        return found;
+    }
+    raised = *(volatile uint8_t *)flag;
+    memcpy(&plan->step, trailer, sizeof(plan->step));
+    *(volatile uint8_t *)flag = 0;
+    return raised;
+}
+
 static int tt_is_request(ucs_status_ptr_t ptr)
 {
     return UCS_PTR_IS_PTR(ptr);

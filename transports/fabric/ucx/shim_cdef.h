@@ -111,6 +111,13 @@ int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_
                      volatile int *stop, ucp_worker_h *workers, int nworkers);
 #define TT_WAIT_TIMED_OUT ...
 #define TT_WAIT_STOPPED ...
+typedef struct {
+    int slots;
+    uint8_t *trailer[2];
+    int64_t step;
+} tt_take_plan;
+int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t spin_ns, int64_t timeout_ns, volatile int *stop,
+                    ucp_worker_h *workers, int nworkers);
 ucs_status_t tt_status(ucs_status_ptr_t ptr);
 ucs_status_t ucp_request_check_status(void *request);
 void ucp_request_free(void *request);
