@@ -209,6 +209,43 @@ def test_a_counter_wait_sees_the_peer_write_and_times_out_otherwise(devices):
     assert b.wait_counters([word, word], [5, 2], 10.0) == 1
 
 
+def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_backend_has_plans(devices):
+    """The per-transfer plans (a send, a credit, a take, each one call): a send waits for its credit, lands in slot
+    ``seq % 2`` with its trailer, and the take hands back that trailer's flag and step and lowers the flag."""
+    a, b = devices
+    size = 4096
+    slots, control = b.alloc(2 * size), b.alloc(64)
+    control.array[:] = 0
+    trailers = [control.array[0:9], control.array[16:25]]
+    take = b.take_plan(trailers)
+    source, staging, credits, mirror = a.alloc(size), a.alloc(64), a.alloc(64), b.alloc(64)
+    credits.array[:] = 0
+    mirror.array[:] = 0
+    channel = connect(a, b)
+    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(size, size)],
+                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
+                             credits.array[:8].view(np.uint64))
+    if take is None or plan is None:
+        assert take is None and plan is None, "a backend plans both sides of a transfer or neither"
+        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
+    credit = connect(b, a).counter_plan(mirror.array[:8].view(np.uint64), credits.export().at(0, 8))
+    assert credit is not None
+    assert take.take(0, 0.01) is None  # nothing written yet
+    # two slots: transfer n needs n receives posted (the one of transfer n - 1), so transfer 0 needs none
+    for seq, step in enumerate([7, 8, 9]):
+        source.array[:] = seq + 1
+        if seq:
+            assert plan.send(source.array, seq, step, 0.01, timeout=10) is False  # no credit: nothing written
+            assert take.take(seq, 0.01) is None
+            credit.set(seq, timeout=10)
+            assert mirror.array[:8].view(np.uint64)[0] == seq
+        assert plan.send(source.array, seq, step, 10.0, timeout=10) is True
+        assert take.take(seq, 10.0) == (1 + seq % 255, step)
+        assert trailers[seq % 2][8] == 0  # taken: lowered for its next transfer
+        assert (slots.array[(seq % 2) * size: (seq % 2 + 1) * size] == seq + 1).all()
+    assert (slots.array[size:] == 2).all()  # slot 1 still holds transfer 1, untouched by transfer 2
+
+
 def test_interrupting_waits_ends_them_at_once(devices):
     _, b = devices
     flag = b.alloc(64)

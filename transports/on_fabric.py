@@ -70,7 +70,7 @@ def mapping_of(address: int) -> tuple[int, int]:
 
 
 class _Operation:
-    """``with transport._operation():`` counts an operation in flight; close() waits for none to be left.
+    """``with transport._operation:`` counts an operation in flight; close() waits for none to be left.
 
     No lock: an operation is counted (one entry appended; appends and pops of a list are atomic) before it
     looks at the close, and close() sets the close before it looks at the count, so either the operation
@@ -126,7 +126,9 @@ class FabricTransport(Transport):
         self._peer_devices: dict[int, list[bytes]] = {}
         self.device: Device | None = None
         self._registrations_at_close = 0
-        self._bracket = _Operation(self)
+        #: brackets a send or recv (``with self._operation:``) so that close() waits for it before tearing the
+        #: device down
+        self._operation = _Operation(self)
         #: blocking transfers under way: token -> (peer, channel, start), watched by the watchdog
         self._inflight: dict[object, tuple[int, Channel, float]] = {}
         self._watchdog: threading.Thread | None = None
@@ -185,7 +187,7 @@ class FabricTransport(Transport):
         self._control.stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
         with self._idle:  # waiting operations notice the close within one back-off period
-            self._idle.wait_for(lambda: not self._bracket.inflight, timeout=10)
+            self._idle.wait_for(lambda: not self._operation.inflight, timeout=10)
         self._before_device_close()
         for client in self._peers.values():
             client.close()
@@ -204,10 +206,6 @@ class FabricTransport(Transport):
     def describe(self) -> dict[str, Any]:
         """The fabric actually used (for ``meta.json``)."""
         return self.device.describe() if self.device else {"fabric": self.fabric}
-
-    def _operation(self) -> _Operation:
-        """Brackets a send or recv so that close() waits for it before tearing the device down."""
-        return self._bracket
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._closed.is_set():

@@ -108,6 +108,15 @@ TRAILER_AT = aligned(META.itemsize)
 CONTROL_BYTES = TRAILER_AT + SLOTS * TRAILER_STRIDE
 
 
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The strides of a C-contiguous array of ``shape`` and ``itemsize`` (as numpy gives a fresh one)."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
 def slot_stride(nbytes: int) -> int:
     """Bytes from one slot of an ``nbytes`` tensor to the next (aligned as every pool block is; 0 when empty)."""
     return aligned(nbytes) if nbytes else 0
@@ -275,6 +284,7 @@ class _Outgoing:
     flag_targets: list[RemoteRegion] = field(default_factory=list)  # the slots' trailers in ``control``
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
+    strides: tuple[int, ...] | None = None  # a C-contiguous array's of that shape and dtype
     slots: int = 1
     seq: int = 0
     copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
@@ -311,6 +321,8 @@ class _Outgoing:
             nbytes = math.prod(reply.shape) * reply.dtype.itemsize
             self.slot_targets = [reply.slot.at(slot_stride(nbytes) * k, nbytes) for k in range(reply.slots)]
         self.shape, self.dtype = reply.shape, reply.dtype
+        if reply.shape is not None:  # (numpy gives an empty array other strides: it goes the general way)
+            self.strides = c_strides(reply.shape, reply.dtype.itemsize)
 
     @property
     def counters(self) -> RemoteRegion:
@@ -648,17 +660,27 @@ class ZeroCopyTransport(FabricTransport):
         call into the fabric (credit, data, trailer); anything else goes the general way."""
         outgoing = self._outgoing.get((key.name, key.dst)) if type(key) is Key else None
         plan = None if outgoing is None else outgoing.plan
-        if (plan is None or type(array) is not np.ndarray or array.dtype != outgoing.dtype
-                or array.shape != outgoing.shape or not array.flags.c_contiguous or key.src != self.rank
+        if (plan is None or type(array) is not np.ndarray or array.shape != outgoing.shape
+                or array.strides != outgoing.strides  # C-contiguous (a contiguous array strided otherwise: general)
+                or (array.dtype is not outgoing.dtype and array.dtype != outgoing.dtype) or key.src != self.rank
                 or type(key.step) is not int or not 0 <= key.step <= MAX_STEP):
             super().send(key, array, timeout)
             return
         self._claim(key)
         try:
-            with self._operation(), outgoing.lock:
+            with self._operation, outgoing.lock:
                 deadline = None
-                while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
-                                         CREDIT_SLICE_S, watched=not plan.mapped):
+                while True:
+                    if plan.mapped:  # a copy into memory mapped here, which never waits on the peer: unwatched
+                        try:
+                            sent = plan.send(array, outgoing.seq, key.step, CREDIT_SLICE_S, self.timeout_s)
+                        except FabricError as exc:
+                            raise self._failure(key, key.dst, exc) from None
+                    else:
+                        sent = self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq,
+                                              key.step, CREDIT_SLICE_S)
+                    if sent:
+                        break
                     if deadline is None:  # the credit is late: from now on, as the general path waits
                         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
                     self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
@@ -683,7 +705,7 @@ class ZeroCopyTransport(FabricTransport):
 
     def _send_claimed(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         try:
-            with self._operation():
+            with self._operation:
                 self._send(key, array, time.monotonic() + (self.timeout_s if timeout is None else timeout))
         finally:
             self._unclaim(key)
@@ -924,7 +946,7 @@ class ZeroCopyTransport(FabricTransport):
         """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
         timeout = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        with self._operation():
+        with self._operation:
             incoming = self._incoming_slot(key.name, key.src)
             with incoming.lock:
                 self._post([incoming])
@@ -951,7 +973,7 @@ class ZeroCopyTransport(FabricTransport):
         keys = self._check_keys(keys)
         timeout = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        with self._operation():
+        with self._operation:
             incomings = [self._incoming_slot(key.name, key.src) for key in keys]
             if len({id(incoming) for incoming in incomings}) != len(incomings):
                 raise ValueError(f"{self.name}: one recv_many cannot take two steps of one tensor from one peer")
@@ -1001,7 +1023,8 @@ class ZeroCopyTransport(FabricTransport):
     def _accept(self, incoming: _Incoming, key: Key, flag: int, step: int) -> np.ndarray:
         """The transfer whose trailer (``flag``, ``step``, the flag lowered) was taken from ``incoming`` (held by
         the caller), checked, as an array."""
-        seq, slot = incoming.seq, incoming.next_slot
+        seq = incoming.seq
+        slot = seq % incoming.slots  # incoming.next_slot
         if flag != tag(seq):
             raise PeerError(f"{self.name}: {self.peer_name(key.src)} raised flag {flag} for {key}, "
                             f"where transfer {seq} raises {tag(seq)}: a malformed trailer")

@@ -655,18 +655,19 @@ class UcxSendPlan(SendPlan):
         plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
         self._plan, self._channel, self._device = plan, channel, channel.worker.device
         self._memory = (trailer, credits)  # what the plan points into stays alive with it
+        self._waits = (self._device._stop, channel._error, self._device._worker_handles, len(self._device._workers))
         #: every transfer is this process's own copy into peer memory mapped here (shared memory)
         self.mapped = mapped
 
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        device = self._device
+        stop, failed, workers, nworkers = self._waits
         status = _lib.tt_send_planned(self._plan, _ffi.from_buffer(data), seq, step, _SPIN_NS, int(credit_wait * 1e9),
-                                      int(timeout * 1e9), device._stop, self._channel._error, device._worker_handles,
-                                      len(device._workers))
-        if status == _lib.UCS_OK:
+                                      int(timeout * 1e9), stop, failed, workers, nworkers)
+        if status == 0:  # UCS_OK
             if self.mapped:
-                device.mapped_writes += 1
+                self._device.mapped_writes += 1
             return True
+        device = self._device
         if status == _lib.TT_NO_CREDIT:
             return False
         if status == _lib.TT_SEND_STOPPED:
@@ -709,12 +710,12 @@ class UcxTakePlan(TakePlan):
         plan.slots = len(trailers)
         for k, trailer in enumerate(trailers):
             plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
-        self._plan, self._device, self._trailers = plan, device, trailers  # what the plan points into, alive
+        self._plan, self._trailers = plan, trailers  # what the plan points into stays alive with it
+        self._waits = (device._stop, device._worker_handles, len(device._workers))
 
     def take(self, seq: int, timeout: float) -> tuple[int, int] | None:
-        device = self._device
-        found = _lib.tt_take_planned(self._plan, seq, _SPIN_NS, int(timeout * 1e9), device._stop,
-                                     device._worker_handles, len(device._workers))
+        stop, workers, nworkers = self._waits
+        found = _lib.tt_take_planned(self._plan, seq, _SPIN_NS, int(timeout * 1e9), stop, workers, nworkers)
         if found > 0:
             return found, self._plan.step
         if found == _lib.TT_WAIT_STOPPED:

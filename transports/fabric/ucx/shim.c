@@ -275,8 +275,22 @@ static ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_
 #define TT_SHORT_NAP_NS 100000
 #define TT_PATIENT_NS 20000000
 #define TT_LONG_NAP_NS 1000000
+/* while spinning, a waiter watches the memory alone this long between yields of its core (a write into mapped
+   memory needs no progress to land): the moment a flag goes up is seen within a few loads, not after a
+   progress call and a yield */
+#define TT_WATCH_NS 1000
 #define TT_WAIT_TIMED_OUT -1
 #define TT_WAIT_STOPPED -2
+
+/* a hint to the core that this thread is polling memory */
+static void tt_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 static int64_t tt_now_ns(void)
 {
@@ -619,6 +633,14 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
                 return TT_WAIT_TIMED_OUT;                                                \
             }                                                                            \
             if (now - start < spin_ns) {                                                 \
+                int64_t watched = now + TT_WATCH_NS;                                     \
+                while ((found = (ready_expression)) < 0 && tt_now_ns() < watched) {      \
+                    tt_relax();                                                          \
+                }                                                                        \
+                if (found >= 0) {                                                        \
+                    __atomic_thread_fence(__ATOMIC_ACQUIRE);                             \
+                    return found;                                                        \
+                }                                                                        \
                 sched_yield();                                                           \
                 continue;                                                                \
             }                                                                            \
