@@ -192,6 +192,28 @@ def test_an_operation_past_a_mapped_peer_region_is_refused():
     assert child.stdout.count("refused:") == 2, child.stdout
 
 
+@pytest.mark.parametrize("room", ["little", "plenty"])
+def test_shared_memory_without_room_is_process_memory_without_an_error(room):
+    """A shared segment goes where UCX puts shared memory (``/dev/shm``) only while half of that filesystem's free
+    space holds it; otherwise it is process memory (no peer maps it: cma reaches it), and UCX is never asked for
+    what it would refuse with an error on the console."""
+    child = run_child(f"""
+        import os
+        from transports.fabric.ucx.device import UcxDevice, _shared_mappings
+        if "{room}" == "little":  # 400 KB free, as in a container's small /dev/shm
+            os.statvfs = lambda path: os.statvfs_result((4096, 4096, 1000, 100, 100, 0, 0, 0, 0, 255))
+        device = UcxDevice('shm')
+        region = device.alloc(8 << 20, shared=True)
+        region.array[:] = 1
+        shared = any(lo <= region.address < hi for lo, hi in _shared_mappings())
+        print('shared' if shared else 'process memory')
+        device.close()
+    """)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == (["process", "memory"] if room == "little" else ["shared"]), child.stdout
+    assert "ERROR" not in child.stderr, child.stderr[-2000:]
+
+
 # -- a rank connects only as itself, once ---------------------------------------------------------------
 
 

@@ -342,8 +342,8 @@ class Device(ABC):
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
         """A new registered, 64-byte aligned region.
 
-        ``shared``: memory that peers on the same host can map, best for small writes;
-        otherwise process memory (huge pages where possible), best for large transfers.
+        ``shared``: memory that peers on the same host can map (a write there is the writer's own copy), where
+        the backend has such memory and room for it; otherwise process memory (huge pages where possible).
         """
 
     @abstractmethod

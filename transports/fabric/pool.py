@@ -13,15 +13,15 @@ segment's worth of what was, not the sum of every size it ever served: after a
 blocks in two segments and then one 2 GiB block, 2 GiB, not 4). A size served
 again finds its segment still registered.
 
-Two tiers: blocks under ``LARGE_BYTES`` (flags, counters, receive slots of tensors up to hundreds of
-MB) come from ``shared`` segments, which a peer on the same host maps so that a write there is the
-writer's own memcpy (UCX over shared memory; ``tt_write_mapped``). Measured here (zerocopy, p50 per
-transfer, the receiver's slot in either tier): 256KB 32 against 41 µs, 4MB 159 against 184 µs, 64MB
-5.4 against 7.8 ms, 256MB 25.6 against 32.5 ms. Larger blocks come from ``local`` segments of
-huge-page process memory, moved by a single-copy kernel call (cma) or the NIC: they keep a machine's
-shared-memory filesystem (``/dev/shm``, often small in containers) out of the way of the largest
-tensors. So do tensors this process sends (``source``) of ``SOURCE_LOCAL_BYTES`` or more: no peer
-maps them, and a copy reads huge pages faster.
+Two tiers: blocks under ``LARGE_BYTES`` (flags, counters, receive slots of tensors up to GBs) come
+from ``shared`` segments, which a peer on the same host maps so that a write there is the writer's own
+memcpy (UCX over shared memory; ``tt_write_mapped``). Measured here (zerocopy, p50 per transfer, the
+receiver's slot in either tier): 256KB 32 against 41 µs, 4MB 159 against 184 µs, 64MB 5.4 against
+7.8 ms, 256MB 25.6 against 32.5 ms, 1GB 87 against 117 ms. A shared segment the shared-memory
+filesystem (``/dev/shm``, often small in containers) has no room for is process memory instead (the
+device decides: ``UcxDevice.alloc``). Larger blocks come from ``local`` segments of huge-page process
+memory, moved by a single-copy kernel call (cma) or the NIC. So do tensors this process sends
+(``source``) of ``SOURCE_LOCAL_BYTES`` or more: no peer maps them, and a copy reads huge pages faster.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from transports.fabric.base import Device, MemRegion, RemoteRegion
 ALIGNMENT = 64
 DEFAULT_SEGMENT_BYTES = 64 << 20
 SHARED_SEGMENT_BYTES = 4 << 20
-LARGE_BYTES = 1 << 30
+LARGE_BYTES = 4 << 30
 SOURCE_LOCAL_BYTES = 256 << 10
 
 

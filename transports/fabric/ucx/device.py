@@ -700,6 +700,17 @@ class UcxCounterPlan(CounterPlan):
         device._outcome(status, "put", keep_alive=self._local)
 
 
+def _shared_room() -> int:
+    """Bytes of shared memory a segment may take: half of what the directory UCX puts it in (``UCX_POSIX_DIR``,
+    else ``/dev/shm``; often small in containers) has free, so that other programs keep room there and UCX is not
+    asked for what it would refuse with an error on the console (it then falls back to process memory)."""
+    try:
+        free = os.statvfs(os.environ.get("UCX_POSIX_DIR") or "/dev/shm")
+    except OSError:
+        return 0
+    return free.f_bavail * free.f_frsize // 2
+
+
 class UcxTakePlan(TakePlan):
     """``tt_take_planned``'s plan (shim.c): the slots' trailers, found once."""
 
@@ -990,6 +1001,8 @@ class UcxDevice(Device):
         return None
 
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
+        if shared and nbytes > _shared_room():
+            shared = False  # the shared-memory filesystem has not that much to spare: process memory (cma reaches it)
         if shared:
             # UCX allocates it: with shared-memory transports it comes from a shared segment that
             # a peer maps when it unpacks the remote key, so a put there is the sender's own
