@@ -670,17 +670,8 @@ class ZeroCopyTransport(FabricTransport):
         try:
             with self._operation, outgoing.lock:
                 deadline = None
-                while True:
-                    if plan.mapped:  # a copy into memory mapped here, which never waits on the peer: unwatched
-                        try:
-                            sent = plan.send(array, outgoing.seq, key.step, CREDIT_SLICE_S, self.timeout_s)
-                        except FabricError as exc:
-                            raise self._failure(key, key.dst, exc) from None
-                    else:
-                        sent = self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq,
-                                              key.step, CREDIT_SLICE_S)
-                    if sent:
-                        break
+                while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
+                                         CREDIT_SLICE_S, watched=not plan.mapped):
                     if deadline is None:  # the credit is late: from now on, as the general path waits
                         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
                     self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
