@@ -636,7 +636,7 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
                 __atomic_thread_fence(__ATOMIC_ACQUIRE); /* what the flag guards, after */ \
                 return found;                                                            \
             }                                                                            \
-            if (getenv("TT_NOPROG") == NULL) tt_progress_all(workers, nworkers);         \
+            tt_progress_all(workers, nworkers);                                          \
             if (*stop) {                                                                 \
                 return TT_WAIT_STOPPED;                                                  \
             }                                                                            \
