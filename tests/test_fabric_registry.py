@@ -129,6 +129,23 @@ def test_the_ucx_device_describes_the_variables_without_effect_here():
         device.close()
 
 
+
+@pytest.mark.parametrize("users", [None, "n"])
+def test_ucx_workers_lock_with_a_mutex_unless_the_user_says_otherwise(monkeypatch, users):
+    """A progress thread and the waiting threads share each worker: UCX's default spinlock lets a preempted
+    holder stall the others for whole time slices (multi-millisecond tails over tcp on a loaded host)."""
+    if not fabric.availability("ucx").ok:
+        pytest.skip("no ucx here")
+    if users is None:
+        monkeypatch.delenv("UCX_USE_MT_MUTEX", raising=False)
+    else:
+        monkeypatch.setenv("UCX_USE_MT_MUTEX", users)
+    device = fabric.open_device("ucx", "tcp")
+    try:
+        assert device.describe()["ucx_config"].get("USE_MT_MUTEX") == ("y" if users is None else None)
+    finally:
+        device.close()
+
 # -- the registration cache every backend keeps ------------------------------------------------------------
 
 
