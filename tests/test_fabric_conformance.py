@@ -209,6 +209,28 @@ def test_a_counter_wait_sees_the_peer_write_and_times_out_otherwise(devices):
     assert b.wait_counters([word, word], [5, 2], 10.0) == 1
 
 
+
+def test_a_waiter_that_has_gone_to_sleep_sees_a_write_that_arrives_meanwhile(devices):
+    """Past its spin a waiter sleeps (over UCX on the workers' event descriptors, armed): a write that lands while
+    it sleeps, or between its last look and the sleep, still ends the wait."""
+    a, b = devices
+    counter, source = b.alloc(64), a.alloc(64)
+    counter.array[:] = 0
+    word = counter.array[:8].view(np.uint64)
+    channel = connect(a, b)
+    for value in (1, 2, 3):
+        seen = []
+        waiter = threading.Thread(target=lambda above=value - 1, seen=seen:
+                                  seen.append(b.wait_counter(word, above, 30.0)))
+        waiter.start()
+        time.sleep(0.05 * value)  # well past the spin: the waiter is asleep when the write comes
+        source.array[:8].view(np.uint64)[0] = value
+        channel.write_flagged(source.array[:0], counter.export().at(0, 0), source.array[:8],
+                              counter.export().at(0, 8), timeout=10)
+        waiter.join(30)
+        assert seen == [True]
+
+
 def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_backend_has_plans(devices):
     """The per-transfer plans (a send, a credit, a take, each one call): a send waits for its credit, lands in slot
     ``seq % 2`` with its trailer, and the take hands back that trailer's flag and step and lowers the flag."""

@@ -6,6 +6,10 @@
  * before including this file. Completion is observed by polling request status, never by calling
  * back into Python from UCX.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* ppoll */
+#endif
+#include <poll.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -270,7 +274,7 @@ static ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_
 #define TT_YIELD_AFTER 64
 /* a waiter that stopped spinning sleeps this long at first, doubling up to TT_SHORT_NAP_NS for
    TT_PATIENT_NS, then up to TT_LONG_NAP_NS: an idle receiver wakes a thousand times a second
-   (one-sided writes into mapped memory raise no event a sleeper could block on) */
+   (one-sided writes into mapped memory raise no event a sleeper could block on; over tcp one does) */
 #define TT_FIRST_NAP_NS 20000
 #define TT_SHORT_NAP_NS 100000
 #define TT_PATIENT_NS 20000000
@@ -614,8 +618,6 @@ static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, 
     return tt_finish(worker, tt_get(ep, buffer, length, remote, rkey), tt_now_ns() + timeout_ns, stop, failed);
 }
 
-/* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then nap with
-   growing naps. `ready` returns a non-negative answer when done, -1 while not. */
 /* Progress the device's workers from a waiting thread: over tcp a peer's write lands only when this side's
    worker progresses, and doing it here saves waking the progress thread (thread mode is MULTI). */
 static void tt_progress_all(ucp_worker_h *workers, int nworkers)
@@ -626,10 +628,48 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
     }
 }
 
+/* the most workers a waiter sleeps on at once (more: it naps without a wake-up source) */
+#define TT_MAX_WORKERS 16
+
+/* Arm `workers` for a sleep on their event descriptors, filled into `fds`: 1 once every one is armed (an
+   event arriving from now on makes its descriptor readable), 0 if one had events pending (the caller
+   progresses and looks again), -1 where they cannot be slept on (the caller naps). */
+static int tt_arm(ucp_worker_h *workers, int nworkers, struct pollfd *fds)
+{
+    int i;
+    if (nworkers > TT_MAX_WORKERS) {
+        return -1;
+    }
+    for (i = 0; i < nworkers; i++) {
+        ucs_status_t status = ucp_worker_arm(workers[i]);
+        if (status == UCS_ERR_BUSY) {
+            return 0;
+        }
+        if (status != UCS_OK || ucp_worker_get_efd(workers[i], &fds[i].fd) != UCS_OK) {
+            return -1;
+        }
+        fds[i].events = POLLIN;
+    }
+    return 1;
+}
+
+/* Sleep up to `ns` on armed workers' descriptors: over tcp a peer's write arriving ends it at once (into
+   mapped memory a write raises no event, and this is a nap). */
+static void tt_sleep_on(struct pollfd *fds, int nworkers, int64_t ns)
+{
+    struct timespec timeout = {ns / 1000000000, ns % 1000000000};
+    ppoll(fds, (nfds_t)nworkers, &timeout, NULL);
+}
+
+/* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then sleep with growing timeouts on
+   the workers' event descriptors, so that over tcp a peer's write wakes the sleeper as it arrives (into mapped
+   memory a write raises no event: there the sleeps are naps). `ready` returns a non-negative answer when done,
+   -1 while not; it is looked at once more after arming, so a write that lands meanwhile is not slept through. */
 #define TT_WAIT(ready_expression)                                                        \
     do {                                                                                 \
         int64_t start = tt_now_ns(), now = start, nap = TT_FIRST_NAP_NS;                 \
-        int found;                                                                       \
+        int found, armed;                                                                \
+        struct pollfd fds[TT_MAX_WORKERS];                                               \
         for (;;) {                                                                       \
             found = (ready_expression);                                                  \
             if (found >= 0) {                                                            \
@@ -656,7 +696,19 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
                 sched_yield();                                                           \
                 continue;                                                                \
             }                                                                            \
-            tt_nap(nap);                                                                 \
+            armed = tt_arm(workers, nworkers, fds);                                      \
+            if (armed == 0) {                                                            \
+                continue; /* events pending: progress them first */                     \
+            }                                                                            \
+            if ((found = (ready_expression)) >= 0) {                                     \
+                __atomic_thread_fence(__ATOMIC_ACQUIRE);                                 \
+                return found;                                                            \
+            }                                                                            \
+            if (armed > 0) {                                                             \
+                tt_sleep_on(fds, nworkers, nap);                                         \
+            } else {                                                                     \
+                tt_nap(nap);                                                             \
+            }                                                                            \
             nap *= 2;                                                                    \
             if (nap > (now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS)) { \
                 nap = now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS;     \
