@@ -303,12 +303,6 @@ static int64_t tt_now_ns(void)
     return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
 }
 
-static void tt_nap(int64_t ns)
-{
-    struct timespec nap = {ns / 1000000000, ns % 1000000000};
-    nanosleep(&nap, NULL);
-}
-
 /* Progress `worker` from this thread until `request` (a *_nbx result) completes, `*stop` is set
    `*failed` (the endpoint's error slot) is set, or `deadline_ns` passes; the request is freed either
    way (UCX finishes it on its own). While a
@@ -653,12 +647,12 @@ static int tt_arm(ucp_worker_h *workers, int nworkers, struct pollfd *fds)
     return 1;
 }
 
-/* Sleep up to `ns` on armed workers' descriptors: over tcp a peer's write arriving ends it at once (into
-   mapped memory a write raises no event, and this is a nap). */
-static void tt_sleep_on(struct pollfd *fds, int nworkers, int64_t ns)
+/* Sleep up to `ns` on `count` armed workers' descriptors: over tcp a peer's write arriving ends it at once (into
+   mapped memory a write raises no event, and this is a nap; so it is with no descriptors). */
+static void tt_sleep_on(struct pollfd *fds, int count, int64_t ns)
 {
     struct timespec timeout = {ns / 1000000000, ns % 1000000000};
-    ppoll(fds, (nfds_t)nworkers, &timeout, NULL);
+    ppoll(fds, (nfds_t)count, &timeout, NULL);
 }
 
 /* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then sleep with growing timeouts on
@@ -704,11 +698,7 @@ static void tt_sleep_on(struct pollfd *fds, int nworkers, int64_t ns)
                 __atomic_thread_fence(__ATOMIC_ACQUIRE);                                 \
                 return found;                                                            \
             }                                                                            \
-            if (armed > 0) {                                                             \
-                tt_sleep_on(fds, nworkers, nap);                                         \
-            } else {                                                                     \
-                tt_nap(nap);                                                             \
-            }                                                                            \
+            tt_sleep_on(fds, armed > 0 ? nworkers : 0, nap); /* none armed: a nap */     \
             nap *= 2;                                                                    \
             if (nap > (now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS)) { \
                 nap = now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS;     \
