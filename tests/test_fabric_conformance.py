@@ -252,20 +252,25 @@ def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_back
         pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
     credit = connect(b, a).counter_plan(mirror.array[:8].view(np.uint64), credits.export().at(0, 8))
     assert credit is not None
-    assert take.take(0, 0.01) is None  # nothing written yet
+    assert take.take(0, 7, 0.01) is None  # nothing written yet
     # two slots: transfer n needs n receives posted (the one of transfer n - 1), so transfer 0 needs none
     for seq, step in enumerate([7, 8, 9]):
         source.array[:] = seq + 1
         if seq:
             assert plan.send(source.array, seq, step, 0.01, timeout=10) is False  # no credit: nothing written
-            assert take.take(seq, 0.01) is None
+            assert take.take(seq, step, 0.01) is None
             credit.set(seq, timeout=10)
             assert mirror.array[:8].view(np.uint64)[0] == seq
         assert plan.send(source.array, seq, step, 10.0, timeout=10) is True
-        assert take.take(seq, 10.0) == (1 + seq % 255, step)
+        assert take.take(seq, step, 10.0) is True
+        assert take.last == (1 + seq % 255, step)
         assert trailers[seq % 2][8] == 0  # taken: lowered for its next transfer
         assert (slots.array[(seq % 2) * size: (seq % 2 + 1) * size] == seq + 1).all()
     assert (slots.array[size:] == 2).all()  # slot 1 still holds transfer 1, untouched by transfer 2
+    credit.set(3, timeout=10)
+    assert plan.send(source.array, 3, 10, 10.0, timeout=10) is True
+    assert take.take(3, 11, 10.0) is False  # another step than the one asked for: taken, and said so
+    assert take.last == (4, 10) and trailers[1][8] == 0
 
 
 def test_interrupting_waits_ends_them_at_once(devices):

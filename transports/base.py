@@ -157,37 +157,57 @@ class TransportStats:
 
 
 class Ledger:
-    """Thread-safe counters behind :meth:`Transport.stats`."""
+    """Thread-safe counters behind :meth:`Transport.stats`. Each thread counts in counts of its own, so a count
+    on the per-transfer path takes no lock (the lock guards the list of threads' counts); a snapshot adds them
+    up (another thread's count may land just before or just after it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
+        self._local = threading.local()
+        self._threads: list[dict[str, int]] = []  # every counting thread's counts, kept after it ends
+
+    def _counts(self) -> dict[str, int]:
+        """This thread's counts (made at its first count)."""
+        try:
+            return self._local.counts
+        except AttributeError:
+            counts = self._local.counts = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
+            with self._lock:
+                self._threads.append(counts)
+            return counts
 
     def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, value in counts.items():
-                self._counts[name] += value
+        mine = self._counts()
+        for name, value in counts.items():
+            mine[name] += value
+
+    def count(self, name: str) -> None:
+        """One more of the count ``name``: :meth:`add`'s work on the per-transfer path, without its keywords."""
+        self._counts()[name] += 1
 
     def sent(self, nbytes: int, also: str | None = None) -> None:
         """One tensor of ``nbytes`` sent (and one more of the count ``also``): :meth:`add`'s work on the
         per-transfer path, without its keywords."""
-        with self._lock:
-            counts = self._counts
-            counts["tensors_sent"] += 1
-            counts["payload_bytes_sent"] += nbytes
-            if also is not None:
-                counts[also] += 1
+        counts = self._counts()
+        counts["tensors_sent"] += 1
+        counts["payload_bytes_sent"] += nbytes
+        if also is not None:
+            counts[also] += 1
 
     def received(self, nbytes: int) -> None:
         """One tensor of ``nbytes`` received (see :meth:`sent`)."""
-        with self._lock:
-            counts = self._counts
-            counts["tensors_received"] += 1
-            counts["payload_bytes_received"] += nbytes
+        counts = self._counts()
+        counts["tensors_received"] += 1
+        counts["payload_bytes_received"] += nbytes
 
     def snapshot(self) -> TransportStats:
+        total = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
         with self._lock:
-            return TransportStats(**self._counts)
+            threads = list(self._threads)
+        for counts in threads:
+            for name, value in list(counts.items()):
+                total[name] += value
+        return TransportStats(**total)
 
 
 #: keys a message names before it counts the rest

@@ -76,26 +76,29 @@ class _Operation:
     looks at the close, and close() sets the close before it looks at the count, so either the operation
     sees the close and backs out, or close() sees the operation and waits for it."""
 
-    __slots__ = ("_transport", "inflight")
+    __slots__ = ("_transport", "closed", "inflight")
 
     def __init__(self, transport: FabricTransport) -> None:
         self._transport = transport
         #: one entry per operation under way
         self.inflight: list[None] = []
+        #: set by close() (as the transport's ``_closed``, before it looks at ``inflight``): a plain attribute,
+        #: read on every operation's way in and out
+        self.closed = False
 
     def __enter__(self) -> None:
         self.inflight.append(None)
-        transport = self._transport
-        if transport._closed.is_set():
-            self.__exit__()
+        if self.closed:
+            self.__exit__(None, None, None)
+            transport = self._transport
             raise TransportClosed(f"{transport.name} rank {transport.rank} was closed")
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
         self.inflight.pop()
-        transport = self._transport
-        if transport._closed.is_set():
-            with transport._idle:
-                transport._idle.notify_all()
+        if self.closed:
+            idle = self._transport._idle
+            with idle:
+                idle.notify_all()
 
 
 class FabricTransport(Transport):
@@ -181,8 +184,10 @@ class FabricTransport(Transport):
     def close(self) -> None:
         if self._closed.is_set() or self.device is None:
             self._closed.set()
+            self._operation.closed = True
             return
         self._closed.set()
+        self._operation.closed = True
         self.device.interrupt_waits()  # waits and transfers in the fabric return now
         self._control.stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -276,12 +281,18 @@ class FabricTransport(Transport):
 
     def _await(self, wait: Callable[[float], Any], what: Callable[[], str],
                peers: Callable[[], list[tuple[int, Channel | None]]], deadline: float,
-               timeout: float | None = None) -> Any:
+               timeout: float | None = None, waited: bool = False) -> Any:
         """The first answer of ``wait(slice_s)`` (a wait in the fabric that returns None when a slice of
         time passes without it); between slices, no more often than once a second, check the close,
         the deadline and that the peers ``peers()`` still live. ``what()`` names what is awaited;
-        ``timeout``: the time the deadline allowed (the transport's timeout when None), for the message."""
+        ``timeout``: the time the deadline allowed (the transport's timeout when None), for the message;
+        ``waited``: the caller has waited a slice already, without an answer (the checks come first)."""
         while True:
+            if waited:
+                if self._closed.is_set():
+                    raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what()}")
+                for peer, channel in peers():
+                    self._check_peer(peer, what(), channel)
             now = time.monotonic()
             if now > deadline:
                 names = ", ".join(self.peer_name(peer) for peer, _ in peers()[:3])
@@ -294,10 +305,7 @@ class FabricTransport(Transport):
                 raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what()}") from None
             if answer is not None:
                 return answer
-            if self._closed.is_set():
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for {what()}")
-            for peer, channel in peers():
-                self._check_peer(peer, what(), channel)
+            waited = True
 
     def _blocking(self, what: Any, peer: int, channel: Channel, operation: Callable[..., Any], *args: Any,
                   watched: bool = True) -> Any:

@@ -218,10 +218,16 @@ class TakePlan(ABC):
     trailer and its take."""
 
     @abstractmethod
-    def take(self, seq: int, timeout: float) -> tuple[int, int] | None:
+    def take(self, seq: int, step: int, timeout: float) -> bool | None:
         """Transfer ``seq``: wait up to ``timeout`` seconds for the flag of its slot (``seq % slots``); once
-        raised, lower it and return ``(flag, step)`` as the trailer held them (the caller checks them). None
-        while not raised; FabricInterrupted when the device's waits are interrupted."""
+        raised, lower it and say whether the trailer is transfer ``seq``'s (its flag ``1 + seq % 255``) of
+        ``step``: True, or False (:attr:`last` has what came). None while not raised; FabricInterrupted when
+        the device's waits are interrupted."""
+
+    @property
+    @abstractmethod
+    def last(self) -> tuple[int, int]:
+        """``(flag, step)`` of the trailer last taken."""
 
 
 class FlagSet(ABC):

@@ -669,13 +669,21 @@ class ZeroCopyTransport(FabricTransport):
         self._claim(key)
         try:
             with self._operation, outgoing.lock:
-                deadline = None
-                while not self._blocking(key, key.dst, outgoing.channel, plan.send, array, outgoing.seq, key.step,
-                                         CREDIT_SLICE_S, watched=not plan.mapped):
-                    if deadline is None:  # the credit is late: from now on, as the general path waits
-                        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
-                    self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
-                                        deadline)
+                seq, step = outgoing.seq, key.step
+                if plan.mapped:  # a copy into memory mapped here: no peer to watch (see _blocking), called direct
+                    try:
+                        sent = plan.send(array, seq, step, CREDIT_SLICE_S, self.timeout_s)
+                    except FabricError as exc:
+                        raise self._failure(key, key.dst, exc) from None
+                else:
+                    sent = self._blocking(key, key.dst, outgoing.channel, plan.send, array, seq, step, CREDIT_SLICE_S)
+                if not sent:  # the credit is late: from now on, as the general path waits
+                    deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+                    while not sent:
+                        self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
+                                            deadline)
+                        sent = self._blocking(key, key.dst, outgoing.channel, plan.send, array, seq, step,
+                                              CREDIT_SLICE_S, watched=not plan.mapped)
                 outgoing.seq += 1
         finally:
             self._unclaim(key)
@@ -933,28 +941,58 @@ class ZeroCopyTransport(FabricTransport):
 
     # receiving -------------------------------------------------------------
 
+    def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
+        """A static tensor is taken the planned way (:meth:`_take_planned`) with the checks the general path makes
+        of this key (its name and peer were checked when its slot was made); anything else goes the general way."""
+        incoming = self._incoming.get((key.name, key.src)) if type(key) is Key else None
+        if (incoming is None or incoming.take is None or key.dst != self.rank or type(key.step) is not int
+                or not 0 <= key.step <= MAX_STEP):
+            return super().recv(key, timeout)
+        return self._take_planned(incoming, key, timeout)
+
     def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
         """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
+        incoming = self._incoming_slot(key.name, key.src)
+        if incoming.take is not None:
+            return self._take_planned(incoming, key, timeout)
         timeout = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        with self._operation:
-            incoming = self._incoming_slot(key.name, key.src)
-            with incoming.lock:
-                self._post([incoming])
-                peers = [(key.src, incoming.channel)]
-                plan = incoming.take
-                if plan is not None:  # one call: the wait and the trailer
-                    seq = incoming.seq
-                    flag, step = self._await(lambda slice_s: plan.take(seq, slice_s), lambda: f"recv of {key}",
-                                             lambda: peers, deadline, timeout)
-                    return self._accept(incoming, key, flag, step)
-                slot = incoming.next_slot
-                waiter = incoming.waiters[slot]
-                if waiter is None:
-                    waiter = incoming.waiters[slot] = self.device.flag_set([incoming.flags[slot]])
-                waiter.reset()
-                self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: peers, deadline, timeout)
-                return self._take(incoming, key)
+        with self._operation, incoming.lock:
+            self._post([incoming])
+            slot = incoming.next_slot
+            waiter = incoming.waiters[slot]
+            if waiter is None:
+                waiter = incoming.waiters[slot] = self.device.flag_set([incoming.flags[slot]])
+            waiter.reset()
+            self._await(waiter.wait_any, lambda: f"recv of {key}", lambda: [(key.src, incoming.channel)], deadline,
+                        timeout)
+            return self._take(incoming, key)
+
+    def _take_planned(self, incoming: _Incoming, key: Key, timeout: float | None) -> np.ndarray:
+        """One receive of a static tensor: its credit posted, then one call into the fabric (the wait and the
+        trailer) for a first slice of the wait; only when that slice passes, the general wait's checks between
+        slices (:meth:`_await`)."""
+        allowed = self.timeout_s if timeout is None else timeout
+        with self._operation, incoming.lock:
+            if not incoming.waiting:  # (a receive that timed out is posted still: it holds its credit already)
+                self._post_one(incoming)
+            seq, step, take = incoming.seq, key.step, incoming.take.take
+            try:
+                taken = take(seq, step, LIVENESS_EVERY_S if allowed > LIVENESS_EVERY_S else allowed)
+            except FabricInterrupted:
+                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for recv of {key}") \
+                    from None
+            if taken is None:
+                taken = self._await(lambda slice_s: take(seq, step, slice_s), lambda: f"recv of {key}",
+                                    lambda: [(key.src, incoming.channel)],
+                                    time.monotonic() + allowed - LIVENESS_EVERY_S, timeout, waited=True)
+            if not taken:  # another transfer's trailer: _accept says what is wrong
+                return self._accept(incoming, key, *incoming.take.last)
+            incoming.seq = seq + 1
+            incoming.waiting = False
+            array = incoming.arrays[seq % incoming.slots]
+            self.ledger.received(array.nbytes)
+            return array
 
     def _start_recv(self, key: Key) -> Future:
         return self._submit(self._recv_and_wait, key, None)
@@ -996,13 +1034,27 @@ class ZeroCopyTransport(FabricTransport):
                 incoming.lent = None
             if incoming.waiting:  # posted before (a receive that timed out): it holds its credit already
                 continue
-            incoming.waiting = True
-            with incoming.grant_lock:
-                incoming.posted += 1
-                if incoming.mirror is not None:
-                    grants.setdefault(id(incoming.mirror), (incoming.mirror, []))[1].append(incoming)
+            mirror = self._posted(incoming)
+            if mirror is not None:
+                grants.setdefault(id(mirror), (mirror, []))[1].append(incoming)
         for mirror, granted in grants.values():
             self._grant(mirror, granted)
+
+    def _posted(self, incoming: _Incoming) -> _CreditMirror | None:
+        """One more receive posted on ``incoming`` (held by the caller): the mirror to grant its credit through,
+        or None before its sender connected (the connect grants it)."""
+        incoming.waiting = True
+        with incoming.grant_lock:
+            incoming.posted += 1
+            return incoming.mirror
+
+    def _post_one(self, incoming: _Incoming) -> None:
+        """:meth:`_post` of one static slot not posted yet (held by the caller)."""
+        if self._posted(incoming) is not None:
+            if incoming.credit is not None:
+                self._grant_one(incoming)
+            else:
+                self._grant(incoming.mirror, [incoming])
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
@@ -1033,12 +1085,9 @@ class ZeroCopyTransport(FabricTransport):
     def _grant(self, mirror: _CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:
         """Tell the sender ``mirror.src``: receives posted on ``incomings``, or (``reads_done``) that the
         one of them read its buffer. One write of the span of table entries that changed (one call through the
-        tensor's credit plan when it is one receive posted)."""
+        tensor's credit plan when it is one receive posted: :meth:`_grant_one`)."""
         if reads_done is None and len(incomings) == 1 and incomings[0].credit is not None:
-            with mirror.lock:  # no span write of the same table in between, with an older value of this entry
-                self._blocking("granting credits", mirror.src, mirror.channel, incomings[0].credit.set,
-                               incomings[0].posted, watched=not incomings[0].credit.mapped)
-            self.ledger.add(control_messages=1)
+            self._grant_one(incomings[0])
             return
         with mirror.lock:
             for incoming in incomings:
@@ -1052,6 +1101,19 @@ class ZeroCopyTransport(FabricTransport):
             target = mirror.table.at(COUNTERS_BYTES * low, COUNTERS_BYTES * (high - low))
             self._blocking("granting credits", mirror.src, mirror.channel, mirror.channel.write_flagged, span, target)
         self.ledger.add(control_messages=1)
+
+    def _grant_one(self, incoming: _Incoming) -> None:
+        """:meth:`_grant` of one receive posted, through the tensor's credit plan (one call)."""
+        mirror, credit = incoming.mirror, incoming.credit
+        with mirror.lock:  # no span write of the same table in between, with an older value of this entry
+            if credit.mapped:  # a store into memory mapped here: no peer to watch (see _blocking), called direct
+                try:
+                    credit.set(incoming.posted, self.timeout_s)
+                except FabricError as exc:
+                    raise self._failure("granting credits", mirror.src, exc) from None
+            else:
+                self._blocking("granting credits", mirror.src, mirror.channel, credit.set, incoming.posted)
+        self.ledger.count("control_messages")
 
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
         try:

@@ -659,16 +659,29 @@ class UcxSendPlan(SendPlan):
                 _lib.tt_populate(plan.mapped[k], slot.length)
         plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
         plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
-        self._plan, self._channel, self._device = plan, channel, channel.worker.device
-        self._memory = (trailer, credits)  # what the plan points into stays alive with it
-        self._waits = (self._device._stop, channel._error, self._device._worker_handles, len(self._device._workers))
+        device = channel.worker.device
+        plan.spin_ns, plan.stop, plan.failed = _SPIN_NS, device._stop, channel._error
+        plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
+        self._plan, self._channel, self._device = plan, channel, device
+        # what the plan points into stays alive with it
+        self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles)
+        #: the array last sent and its buffer as cffi passes it (mostly the same array every time)
+        self._source: tuple[np.ndarray | None, Any] = (None, None)
+        #: the waits (seconds) the plan holds in nanoseconds (mostly the same every time)
+        self._waits: tuple[float, float] = (-1.0, -1.0)
         #: every transfer is this process's own copy into peer memory mapped here (shared memory)
         self.mapped = mapped
 
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        stop, failed, workers, nworkers = self._waits
-        status = _lib.tt_send_planned(self._plan, _ffi.from_buffer(data), seq, step, _SPIN_NS, int(credit_wait * 1e9),
-                                      int(timeout * 1e9), stop, failed, workers, nworkers)
+        source, buffer = self._source
+        if data is not source:
+            buffer = _ffi.from_buffer(data)
+            self._source = data, buffer
+        waits = self._waits
+        if credit_wait != waits[0] or timeout != waits[1]:
+            self._plan.credit_wait_ns, self._plan.timeout_ns = int(credit_wait * 1e9), int(timeout * 1e9)
+            self._waits = credit_wait, timeout
+        status = _lib.tt_send_planned(self._plan, buffer, seq, step)
         if status == 0:  # UCS_OK
             if self.mapped:
                 self._device.mapped_writes += 1
@@ -727,17 +740,23 @@ class UcxTakePlan(TakePlan):
         plan.slots = len(trailers)
         for k, trailer in enumerate(trailers):
             plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
-        self._plan, self._trailers = plan, trailers  # what the plan points into stays alive with it
-        self._waits = (device._stop, device._worker_handles, len(device._workers))
+        plan.spin_ns, plan.stop = _SPIN_NS, device._stop
+        plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
+        # what the plan points into stays alive with it
+        self._plan, self._memory = plan, (trailers, device._stop, device._worker_handles)
+        self._taken = _lib.TT_TAKEN
 
-    def take(self, seq: int, timeout: float) -> tuple[int, int] | None:
-        stop, workers, nworkers = self._waits
-        found = _lib.tt_take_planned(self._plan, seq, _SPIN_NS, int(timeout * 1e9), stop, workers, nworkers)
-        if found > 0:
-            return found, self._plan.step
+    def take(self, seq: int, step: int, timeout: float) -> bool | None:
+        found = _lib.tt_take_planned(self._plan, seq, step, int(timeout * 1e9))
+        if found >= 0:  # TT_TAKEN or TT_TAKEN_OTHER (a wait's TT_WAIT_* are negative)
+            return found == self._taken
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return None
+
+    @property
+    def last(self) -> tuple[int, int]:
+        return self._plan.flag, self._plan.step
 
 
 class UcxFlagSet(FlagSet):

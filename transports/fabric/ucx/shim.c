@@ -444,6 +444,16 @@ typedef struct {
     uint8_t *trailer_mapped[TT_MAX_SLOTS];
     uint8_t *trailer;
     uint64_t *posted;
+    /* how its waits go, the same for every send: the spin, the device's stop word, the endpoint's error slot,
+       the workers a wait progresses */
+    int64_t spin_ns;
+    volatile int *stop;
+    volatile int *failed;
+    ucp_worker_h *workers;
+    int nworkers;
+    /* how long a send waits for its credit before it returns TT_NO_CREDIT, and for its transfer to complete */
+    int64_t credit_wait_ns;
+    int64_t timeout_ns;
 } tt_send_plan;
 
 #define TT_NO_CREDIT 1
@@ -457,15 +467,14 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
    posted > seq + 1 - slots), write `data` into slot seq % slots, then the trailer (`step`, the flag
    1 + seq % 255 last). Returns UCS_OK, TT_NO_CREDIT (nothing written: the caller checks the peer and
    calls again), TT_SEND_STOPPED, or UCX's error. */
-static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step, int64_t spin_ns,
-                           int64_t credit_wait_ns, int64_t timeout_ns, volatile int *stop, volatile int *failed,
-                           ucp_worker_h *workers, int nworkers)
+static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step)
 {
+    volatile int *stop = plan->stop, *failed = plan->failed;
     int slot = (int)(seq % (uint64_t)plan->slots);
     ucs_status_t status;
     if (*(volatile uint64_t *)plan->posted + (uint64_t)plan->slots <= seq + 1) {
-        int found = tt_wait_counter(plan->posted, seq + 1 - (uint64_t)plan->slots, spin_ns, credit_wait_ns,
-                                    stop, workers, nworkers);
+        int found = tt_wait_counter(plan->posted, seq + 1 - (uint64_t)plan->slots, plan->spin_ns,
+                                    plan->credit_wait_ns, stop, plan->workers, plan->nworkers);
         if (found == TT_WAIT_STOPPED) {
             return TT_SEND_STOPPED;
         }
@@ -483,8 +492,8 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
         status = UCS_OK;
     } else {
         status = tt_put_flagged(plan->worker, plan->ep, data, plan->length, plan->remote[slot], plan->rkey[slot],
-                                plan->trailer, 9, plan->trailer_remote[slot], plan->trailer_rkey[slot], timeout_ns,
-                                stop, failed);
+                                plan->trailer, 9, plan->trailer_remote[slot], plan->trailer_rkey[slot],
+                                plan->timeout_ns, stop, failed);
     }
     return status;
 }
@@ -750,30 +759,38 @@ static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_
 }
 
 /* A static tensor's receives, taken through a plan made once: each slot's trailer (step, then the flag byte)
-   in this process's memory, where the sender writes it. */
+   in this process's memory, where the sender writes it, and how its waits go (as a send plan's). */
 typedef struct {
     int slots;
     uint8_t *trailer[TT_MAX_SLOTS];
+    int64_t spin_ns;
+    volatile int *stop;
+    ucp_worker_h *workers;
+    int nworkers;
+    /* the trailer last taken: its flag and step */
+    int flag;
     int64_t step;
 } tt_take_plan;
 
-/* Take transfer `seq`: wait for the flag of its slot (seq % slots), then lower it and copy the step written
-   before it into plan->step; returns the flag's value (1..255), or TT_WAIT_* */
-static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t spin_ns, int64_t timeout_ns,
-                           volatile int *stop, ucp_worker_h *workers, int nworkers)
+#define TT_TAKEN 1
+#define TT_TAKEN_OTHER 0
+
+/* Take transfer `seq`: wait for the flag of its slot (seq % slots), then lower it, keeping the flag and the step
+   written before it in plan->flag and plan->step. TT_TAKEN: they are transfer seq's flag (1 + seq % 255) and
+   `step`; TT_TAKEN_OTHER: they are not (the caller says what came); or TT_WAIT_* */
+static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t step, int64_t timeout_ns)
 {
     uint8_t *trailer = plan->trailer[seq % (uint64_t)plan->slots];
     uint8_t *flag = trailer + 8;
     uint8_t done = 0;
-    int found = tt_wait_flags(&flag, &done, 1, spin_ns, timeout_ns, stop, workers, nworkers);
-    int raised;
+    int found = tt_wait_flags(&flag, &done, 1, plan->spin_ns, timeout_ns, plan->stop, plan->workers, plan->nworkers);
     if (found < 0) {
         return found;
     }
-    raised = *(volatile uint8_t *)flag;
+    plan->flag = *(volatile uint8_t *)flag;
     memcpy(&plan->step, trailer, sizeof(plan->step));
     *(volatile uint8_t *)flag = 0;
-    return raised;
+    return plan->flag == (int)(1 + seq % 255) && plan->step == step ? TT_TAKEN : TT_TAKEN_OTHER;
 }
 
 static int tt_is_request(ucs_status_ptr_t ptr)

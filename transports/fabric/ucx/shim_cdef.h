@@ -84,12 +84,17 @@ typedef struct {
     uint8_t *trailer_mapped[2];
     uint8_t *trailer;
     uint64_t *posted;
+    int64_t spin_ns;
+    volatile int *stop;
+    volatile int *failed;
+    ucp_worker_h *workers;
+    int nworkers;
+    int64_t credit_wait_ns;
+    int64_t timeout_ns;
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
-int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step, int64_t spin_ns,
-                    int64_t credit_wait_ns, int64_t timeout_ns, volatile int *stop, volatile int *failed,
-                    ucp_worker_h *workers, int nworkers);
+int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step);
 typedef struct {
     ucp_worker_h worker;
     ucp_ep_h ep;
@@ -114,10 +119,16 @@ int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_
 typedef struct {
     int slots;
     uint8_t *trailer[2];
+    int64_t spin_ns;
+    volatile int *stop;
+    ucp_worker_h *workers;
+    int nworkers;
+    int flag;
     int64_t step;
 } tt_take_plan;
-int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t spin_ns, int64_t timeout_ns, volatile int *stop,
-                    ucp_worker_h *workers, int nworkers);
+#define TT_TAKEN ...
+#define TT_TAKEN_OTHER ...
+int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t step, int64_t timeout_ns);
 ucs_status_t tt_status(ucs_status_ptr_t ptr);
 ucs_status_t ucp_request_check_status(void *request);
 void ucp_request_free(void *request);
