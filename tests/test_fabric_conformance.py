@@ -273,6 +273,38 @@ def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_back
     assert take.last == (4, 10) and trailers[1][8] == 0
 
 
+def test_planned_sends_of_large_tensors_land_whole_whichever_stores_they_use(devices):
+    """A planned send of 512KB or more into memory mapped here picks its stores by their time (UCX: ordinary
+    or non-temporal, the other kind every 32nd copy): every transfer lands whole, an odd size's tail too."""
+    a, b = devices
+    size = (1 << 20) + 24
+    stride = size + 40  # the second slot starts off a 16-byte boundary: a streaming copy's unaligned head
+    slots, control = b.alloc(2 * stride), b.alloc(64)
+    control.array[:] = 0
+    trailers = [control.array[0:9], control.array[16:25]]
+    take = b.take_plan(trailers)
+    source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
+    credits.array[:] = 0
+    channel = connect(a, b)
+    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(stride, size)],
+                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
+                             credits.array[:8].view(np.uint64))
+    if take is None or plan is None:
+        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
+    credit = credits.array[:8].view(np.uint64)
+    pattern = np.arange(size, dtype=np.uint64).astype(np.uint8)
+    for seq in range(70):
+        credit[0] = seq  # (as the receiver's credit plan would set it)
+        source.array[:] = pattern + seq
+        assert plan.send(source.array, seq, seq, 10.0, timeout=10) is True
+        assert take.take(seq, seq, 10.0) is True
+        at = (seq % 2) * stride
+        assert np.array_equal(slots.array[at: at + size], pattern + seq), f"transfer {seq} arrived wrong"
+    kinds = getattr(getattr(plan, "_plan", None), "took_ns", None)  # UCX's: the time of each kind of stores
+    if plan.mapped and kinds is not None:
+        assert kinds[0] > 0 and kinds[1] > 0, "both kinds of stores were used and timed"
+
+
 def test_interrupting_waits_ends_them_at_once(devices):
     _, b = devices
     flag = b.alloc(64)

@@ -91,6 +91,9 @@ typedef struct {
     int nworkers;
     int64_t credit_wait_ns;
     int64_t timeout_ns;
+    int streaming;
+    unsigned since_timed;
+    int64_t took_ns[2];
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
