@@ -305,6 +305,40 @@ def test_planned_sends_of_large_tensors_land_whole_whichever_stores_they_use(dev
         assert kinds[0] > 0 and kinds[1] > 0, "both kinds of stores were used and timed"
 
 
+def test_a_receiver_asleep_on_its_doorbell_is_woken_by_a_send_into_memory_mapped_there(devices):
+    """A take past its spin sleeps on the slot's doorbell where the sender maps the slot (it rings after its
+    write: counted), and as the device's waits sleep elsewhere; either way it takes the transfer."""
+    a, b = devices
+    size = 4096
+    slots, control = b.alloc(2 * size), b.alloc(64)
+    control.array[:] = 0
+    trailers = [control.array[0:9], control.array[16:25]]
+    bells = [control.array[12:16].view(np.uint32), control.array[28:32].view(np.uint32)]
+    take = b.take_plan(trailers, bells)
+    source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
+    credits.array[:] = 0
+    channel = connect(a, b)
+    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(size, size)],
+                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
+                             credits.array[:8].view(np.uint64),
+                             [control.export().at(12, 4), control.export().at(28, 4)])
+    if take is None or plan is None:
+        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
+    take.use_doorbells(plan.mapped)
+    for seq in range(3):
+        credits.array[:8].view(np.uint64)[0] = seq
+        taken = []
+        waiter = threading.Thread(target=lambda s=seq, out=taken: out.append(take.take(s, s, 30.0)))
+        waiter.start()
+        time.sleep(0.05)  # well past the spin: the waiter is asleep when the write comes
+        source.array[:] = seq + 1
+        assert plan.send(source.array, seq, seq, 10.0, timeout=10) is True
+        waiter.join(30)
+        assert taken == [True] and (slots.array[(seq % 2) * size: (seq % 2 + 1) * size] == seq + 1).all()
+        assert bells[seq % 2][0] == 0  # nobody asleep on it now
+    assert plan.rung == (3 if plan.mapped else 0)
+
+
 def test_interrupting_waits_ends_them_at_once(devices):
     _, b = devices
     flag = b.alloc(64)

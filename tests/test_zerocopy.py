@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import threading
 import time
 
 import numpy as np
@@ -298,6 +299,30 @@ def test_a_shape_that_differs_from_the_plan_is_an_error_naming_both():
         with pytest.raises(ValueError, match=r"placed it as float32 \(10,\)"):
             pair[0].send(Key("w", 0, 0, 1), np.zeros(11, dtype=np.float32))
         receiving.cancel()
+    finally:
+        close(pair)
+
+
+def test_a_receiver_asleep_is_woken_by_the_senders_doorbell_over_shared_memory(fabric):
+    """A receive past its spin sleeps on its slot's doorbell where the sender maps the slot (shm: the send rings
+    it, counted), and on its workers otherwise (tcp: nothing rung); either way the tensor arrives."""
+    spec = TensorSpec("w", (256,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        array = pair[0].placement.allocate(spec)
+        array[:] = 1
+        pair[0].send(Key("w", 0, 0, 1), array)  # connects: the plans are made
+        assert (pair[1].recv(Key("w", 0, 0, 1)) == 1).all()
+        receiving = []
+        waiter = threading.Thread(target=lambda: receiving.append(pair[1].recv(Key("w", 1, 0, 1), timeout=30)))
+        waiter.start()
+        time.sleep(0.1)  # well past the spin: the receiver is asleep when the write comes
+        array[:] = 2
+        pair[0].send(Key("w", 1, 0, 1), array)
+        waiter.join(30)
+        assert len(receiving) == 1 and (receiving[0] == 2).all()
+        plan = pair[0]._outgoing[("w", 1)].plan
+        assert plan is not None and plan.rung == (1 if fabric == "shm" else 0)
     finally:
         close(pair)
 

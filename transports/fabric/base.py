@@ -161,11 +161,13 @@ class Channel(ABC):
         """
 
     def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
-                  credits: np.ndarray) -> SendPlan | None:
+                  credits: np.ndarray, doorbells: list[RemoteRegion] | None = None) -> SendPlan | None:
         """A static tensor's whole send (credit, data, trailer) as one call, planned once (see :class:`SendPlan`):
         its data goes to ``slots`` in turn, each followed by ``trailer`` (9 bytes of registered memory: step,
-        flag) at the matching one of ``trailers``; ``credits`` (one uint64) counts the peer's receives posted.
-        None where the backend has no such path (the caller then waits and writes with :meth:`write_flagged`)."""
+        flag) at the matching one of ``trailers``; ``credits`` (one uint64) counts the peer's receives posted;
+        ``doorbells`` (a 4-byte word per slot at the peer, see :meth:`Device.take_plan`) are rung after a write
+        into memory mapped here, where the peer sleeps on one. None where the backend has no such path (the
+        caller then waits and writes with :meth:`write_flagged`)."""
         return None
 
     def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> CounterPlan | None:
@@ -193,6 +195,8 @@ class SendPlan(ABC):
 
     #: every target is mapped here: a send is this process's own copy, which never waits on the peer
     mapped: bool = False
+    #: the times a send found the peer asleep on its doorbell and woke it
+    rung: int = 0
 
     @abstractmethod
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
@@ -228,6 +232,12 @@ class TakePlan(ABC):
     @abstractmethod
     def last(self) -> tuple[int, int]:
         """``(flag, step)`` of the trailer last taken."""
+
+    @abstractmethod
+    def use_doorbells(self, on: bool) -> None:
+        """Whether a wait past its spin sleeps on the slot's doorbell (the peer writes into memory it maps and
+        rings it: :meth:`Channel.send_plan`) rather than as the device's waits sleep; where the plan has none,
+        nothing changes."""
 
 
 class FlagSet(ABC):
@@ -374,10 +384,12 @@ class Device(ABC):
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
         """A set of one-byte flags in registered memory that peers raise, to wait on together."""
 
-    def take_plan(self, trailers: list[np.ndarray]) -> TakePlan | None:
+    def take_plan(self, trailers: list[np.ndarray], doorbells: list[np.ndarray] | None = None) -> TakePlan | None:
         """A static tensor's receive through one call (see :class:`TakePlan`): ``trailers`` are its slots'
-        trailers in registered memory (9 bytes each: step, flag), written by the peer. None where the backend
-        has no such path (the caller waits with :meth:`flag_set` and reads the trailer itself)."""
+        trailers in registered memory (9 bytes each: step, flag), written by the peer; ``doorbells`` a uint32
+        per slot there, which a wait past its spin sleeps on where the peer rings it (:meth:`TakePlan.
+        use_doorbells`). None where the backend has no such path (the caller waits with :meth:`flag_set` and
+        reads the trailer itself)."""
         return None
 
     @abstractmethod

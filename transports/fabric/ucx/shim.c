@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 #include <time.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
@@ -306,6 +308,28 @@ static int64_t tt_now_ns(void)
     return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
 }
 
+/* Sleep up to `ns` on the doorbell word `bell` (a futex, shared between processes: the word lies in memory
+   the peer maps) while it holds 1. */
+static void tt_doze(volatile uint32_t *bell, int64_t ns)
+{
+    struct timespec timeout = {ns / 1000000000, ns % 1000000000};
+    syscall(SYS_futex, bell, FUTEX_WAIT, 1, &timeout, NULL, 0);
+}
+
+/* After a write into peer memory mapped here: wake the peer if it sleeps on the doorbell `bell` (it set the word
+   to 1, then looked at the memory once more). The full fence orders the write before the look at the word, as
+   the sleeper's orders its 1 before its look at the memory: one of the two sees the other's. */
+static int tt_ring(volatile uint32_t *bell)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(bell, __ATOMIC_RELAXED) == 0) {
+        return 0;
+    }
+    __atomic_store_n(bell, 0, __ATOMIC_RELAXED);
+    syscall(SYS_futex, bell, FUTEX_WAKE, 1, NULL, NULL, 0);
+    return 1;
+}
+
 /* Progress `worker` from this thread until `request` (a *_nbx result) completes, `*stop` is set
    `*failed` (the endpoint's error slot) is set, or `deadline_ns` passes; the request is freed either
    way (UCX finishes it on its own). While a
@@ -494,6 +518,10 @@ typedef struct {
     int streaming;
     unsigned since_timed;
     int64_t took_ns[2];
+    /* each slot's doorbell at the peer, mapped here (rung after a write there: tt_ring), or NULL; the times the
+       peer slept on one and was woken */
+    uint32_t *doorbell[TT_MAX_SLOTS];
+    uint64_t rung;
 } tt_send_plan;
 
 #define TT_NO_CREDIT 1
@@ -567,6 +595,9 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
     if ((plan->mapped[slot] != NULL || plan->length == 0) && plan->trailer_mapped[slot] != NULL) {
         tt_copy_mapped(plan, plan->mapped[slot], data, plan->length);
         tt_write_mapped(NULL, NULL, 0, plan->trailer_mapped[slot], plan->trailer, 9);
+        if (plan->doorbell[slot] != NULL) {
+            plan->rung += (uint64_t)tt_ring(plan->doorbell[slot]);
+        }
         status = UCS_OK;
     } else {
         status = tt_put_flagged(plan->worker, plan->ep, data, plan->length, plan->remote[slot], plan->rkey[slot],
@@ -743,10 +774,12 @@ static void tt_sleep_on(struct pollfd *fds, int count, int64_t ns)
 }
 
 /* Waiting for memory a peer writes: spin (yielding the core) for `spin_ns`, then sleep with growing timeouts on
-   the workers' event descriptors, so that over tcp a peer's write wakes the sleeper as it arrives (into mapped
-   memory a write raises no event: there the sleeps are naps). `ready` returns a non-negative answer when done,
-   -1 while not; it is looked at once more after arming, so a write that lands meanwhile is not slept through. */
-#define TT_WAIT(ready_expression)                                                        \
+   the workers' event descriptors, so that over tcp a peer's write wakes the sleeper as it arrives; or, with a
+   `doorbell` (not NULL: a peer that writes into memory it maps rings it, tt_ring), on that. Without one, a
+   write into mapped memory raises no event: there the sleeps are naps. `ready` returns a non-negative answer
+   when done, -1 while not; it is looked at once more after arming, or after the doorbell's word is set, so a
+   write that lands meanwhile is not slept through. */
+#define TT_WAIT(ready_expression, doorbell)                                              \
     do {                                                                                 \
         int64_t start = tt_now_ns(), now = start, nap = TT_FIRST_NAP_NS;                 \
         int found, armed;                                                                \
@@ -777,15 +810,25 @@ static void tt_sleep_on(struct pollfd *fds, int count, int64_t ns)
                 sched_yield();                                                           \
                 continue;                                                                \
             }                                                                            \
-            armed = tt_arm(workers, nworkers, fds);                                      \
-            if (armed == 0) {                                                            \
-                continue; /* events pending: progress them first */                     \
+            if ((doorbell) != NULL) {                                                    \
+                __atomic_store_n((doorbell), 1, __ATOMIC_SEQ_CST);                       \
+                if ((found = (ready_expression)) < 0) {                                  \
+                    tt_doze((doorbell), nap);                                            \
+                }                                                                        \
+                __atomic_store_n((doorbell), 0, __ATOMIC_RELAXED);                       \
+            } else {                                                                     \
+                armed = tt_arm(workers, nworkers, fds);                                  \
+                if (armed == 0) {                                                        \
+                    continue; /* events pending: progress them first */                 \
+                }                                                                        \
+                if ((found = (ready_expression)) < 0) {                                  \
+                    tt_sleep_on(fds, armed > 0 ? nworkers : 0, nap); /* none armed: a nap */ \
+                }                                                                        \
             }                                                                            \
-            if ((found = (ready_expression)) >= 0) {                                     \
+            if (found >= 0) {                                                            \
                 __atomic_thread_fence(__ATOMIC_ACQUIRE);                                 \
                 return found;                                                            \
             }                                                                            \
-            tt_sleep_on(fds, armed > 0 ? nworkers : 0, nap); /* none armed: a nap */     \
             nap *= 2;                                                                    \
             if (nap > (now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS)) { \
                 nap = now - start < TT_PATIENT_NS ? TT_SHORT_NAP_NS : TT_LONG_NAP_NS;     \
@@ -808,14 +851,14 @@ static int tt_first_raised(uint8_t **flags, uint8_t *done, int count)
 static int tt_wait_flags(uint8_t **flags, uint8_t *done, int count, int64_t spin_ns, int64_t timeout_ns,
                          volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
-    TT_WAIT(tt_first_raised(flags, done, count));
+    TT_WAIT(tt_first_raised(flags, done, count), (volatile uint32_t *)NULL);
 }
 
 /* 1 once the counter at `word` exceeds `above`, or TT_WAIT_* */
 static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int64_t timeout_ns,
                            volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
-    TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1);
+    TT_WAIT(*(volatile uint64_t *)word > above ? 1 : -1, (volatile uint32_t *)NULL);
 }
 
 static int tt_first_above(uint64_t **words, uint64_t *above, int count)
@@ -833,7 +876,7 @@ static int tt_first_above(uint64_t **words, uint64_t *above, int count)
 static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_ns, int64_t timeout_ns,
                             volatile int *stop, ucp_worker_h *workers, int nworkers)
 {
-    TT_WAIT(tt_first_above(words, above, count));
+    TT_WAIT(tt_first_above(words, above, count), (volatile uint32_t *)NULL);
 }
 
 /* A static tensor's receives, taken through a plan made once: each slot's trailer (step, then the flag byte)
@@ -841,6 +884,10 @@ static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_
 typedef struct {
     int slots;
     uint8_t *trailer[TT_MAX_SLOTS];
+    /* each slot's doorbell (a 4-byte word the sender rings after a write into memory it maps), or NULL; a wait
+       sleeps on it while `doorbells` is set (the sender maps this memory), else on the workers */
+    uint32_t *doorbell[TT_MAX_SLOTS];
+    volatile int doorbells;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
@@ -850,6 +897,13 @@ typedef struct {
     int64_t step;
 } tt_take_plan;
 
+/* Wait for the flag byte `flag` (0 when raised), sleeping on `doorbell` (or NULL) past the spin; TT_WAIT_* */
+static int tt_wait_rung(uint8_t *flag, volatile uint32_t *doorbell, int64_t spin_ns, int64_t timeout_ns,
+                        volatile int *stop, ucp_worker_h *workers, int nworkers)
+{
+    TT_WAIT(*(volatile uint8_t *)flag ? 0 : -1, doorbell);
+}
+
 #define TT_TAKEN 1
 #define TT_TAKEN_OTHER 0
 
@@ -858,10 +912,11 @@ typedef struct {
    `step`; TT_TAKEN_OTHER: they are not (the caller says what came); or TT_WAIT_* */
 static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t step, int64_t timeout_ns)
 {
-    uint8_t *trailer = plan->trailer[seq % (uint64_t)plan->slots];
+    int slot = (int)(seq % (uint64_t)plan->slots);
+    uint8_t *trailer = plan->trailer[slot];
     uint8_t *flag = trailer + 8;
-    uint8_t done = 0;
-    int found = tt_wait_flags(&flag, &done, 1, plan->spin_ns, timeout_ns, plan->stop, plan->workers, plan->nworkers);
+    int found = tt_wait_rung(flag, plan->doorbells ? plan->doorbell[slot] : NULL, plan->spin_ns, timeout_ns,
+                             plan->stop, plan->workers, plan->nworkers);
     if (found < 0) {
         return found;
     }

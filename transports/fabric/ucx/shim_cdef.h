@@ -94,6 +94,8 @@ typedef struct {
     int streaming;
     unsigned since_timed;
     int64_t took_ns[2];
+    uint32_t *doorbell[2];
+    uint64_t rung;
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
@@ -122,6 +124,8 @@ int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_
 typedef struct {
     int slots;
     uint8_t *trailer[2];
+    uint32_t *doorbell[2];
+    volatile int doorbells;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
