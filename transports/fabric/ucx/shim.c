@@ -539,14 +539,20 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
 #define TT_STREAM_FROM (512 << 10)
 /* every this many copies goes with the stores not chosen, timed, to find out whether they still cost more */
 #define TT_STREAM_RETIME 32
+/* non-temporal stores are chosen only when ordinary ones take this many times as long: the reader then finds the
+   data in memory, not in the writer's cache, which the writer's time does not show (4MB where the cores share a
+   cache, measured here: with non-temporal stores the transfer took 100 us and the reader's reduce 110, with
+   ordinary ones 72 and 42) */
+#define TT_STREAM_GAIN 2
 
-/* A planned send's copy of `length` bytes into peer memory mapped here, with ordinary stores or non-temporal
-   ones, whichever took less time lately (each kind's time an average, a new copy weighing a quarter). A core
-   that writes lines the peer's core holds (the peer read its last transfer) takes each from it first; where
-   the two cores share a cache that is fast (1MB at 30 GB/s measured here), where they share none it runs at a
-   fraction of it (6.6 GB/s), and non-temporal stores, which write the lines to memory unread, win (18 GB/s;
-   the peer then reads them from memory). Which of the two a run gets depends on where the host places its
-   virtual CPUs, and can change within a run: so every TT_STREAM_RETIME-th copy goes the other way, timed. */
+/* A planned send's copy of `length` bytes into peer memory mapped here, with ordinary stores, or non-temporal
+   ones where those took less than 1 / TT_STREAM_GAIN of their time lately (each kind's time an average, a new
+   copy weighing a quarter). A core that writes lines the peer's core holds (the peer read its last transfer)
+   takes each from it first; where the two cores share a cache that is fast (1MB at 30 GB/s measured here),
+   where they share none it runs at a fraction of it (6.6 GB/s), and non-temporal stores, which write the lines
+   to memory unread, win (18 GB/s; the peer then reads them from memory). Which of the two a run gets depends
+   on where the host places its virtual CPUs, and can change within a run: so every TT_STREAM_RETIME-th copy
+   goes the other way, timed. */
 static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, size_t length)
 {
     int64_t start, took;
@@ -569,7 +575,7 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
     }
     took = tt_now_ns() - start;
     plan->took_ns[streaming] = plan->took_ns[streaming] ? (3 * plan->took_ns[streaming] + took) / 4 : took;
-    plan->streaming = plan->took_ns[1] && plan->took_ns[1] < plan->took_ns[0];
+    plan->streaming = plan->took_ns[1] && TT_STREAM_GAIN * plan->took_ns[1] < plan->took_ns[0];
 }
 
 static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step)
