@@ -16,7 +16,9 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,26 +233,63 @@ def test_a_waiter_that_has_gone_to_sleep_sees_a_write_that_arrives_meanwhile(dev
         assert seen == [True]
 
 
+@dataclass
+class _Planned:
+    """Two slots of ``size`` bytes (``stride`` apart) at ``b`` with their trailers and doorbells (16 bytes apart
+    in ``control``: step, flag, then the doorbell at 12), the take plan at ``b`` and the send plan from ``a``."""
+
+    slots: Any
+    control: Any
+    source: Any
+    counter: Any  # the sender's counter of receives posted (``credits``), where the receiver's credit goes
+    take: Any = None
+    plan: Any = None
+
+    @property
+    def credits(self) -> np.ndarray:
+        return self.counter.array[:8].view(np.uint64)
+
+    @property
+    def trailers(self) -> list[np.ndarray]:
+        return [self.control.array[0:9], self.control.array[16:25]]
+
+    @property
+    def bells(self) -> list[np.ndarray]:
+        return [self.control.array[12:16].view(np.uint32), self.control.array[28:32].view(np.uint32)]
+
+    def slot(self, seq: int, size: int, stride: int) -> np.ndarray:
+        return self.slots.array[(seq % 2) * stride: (seq % 2) * stride + size]
+
+
+def _planned(a, b, size: int, stride: int | None = None, doorbells: bool = False) -> _Planned:
+    """:class:`_Planned`; skips where the backend has no per-transfer plans."""
+    stride = size if stride is None else stride
+    slots, control = b.alloc(2 * stride), b.alloc(64)
+    control.array[:] = 0
+    source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
+    credits.array[:] = 0
+    planned = _Planned(slots, control, source, credits)
+    planned.take = b.take_plan(planned.trailers, planned.bells if doorbells else None)
+    exported = control.export()
+    planned.plan = connect(a, b).send_plan(
+        [slots.export().at(0, size), slots.export().at(stride, size)], [exported.at(0, 9), exported.at(16, 9)],
+        staging.array[:9], planned.credits, [exported.at(12, 4), exported.at(28, 4)] if doorbells else None)
+    if planned.take is None or planned.plan is None:
+        assert planned.take is None and planned.plan is None, "a backend plans both sides of a transfer or neither"
+        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
+    return planned
+
+
 def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_backend_has_plans(devices):
     """The per-transfer plans (a send, a credit, a take, each one call): a send waits for its credit, lands in slot
     ``seq % 2`` with its trailer, and the take hands back that trailer's flag and step and lowers the flag."""
     a, b = devices
     size = 4096
-    slots, control = b.alloc(2 * size), b.alloc(64)
-    control.array[:] = 0
-    trailers = [control.array[0:9], control.array[16:25]]
-    take = b.take_plan(trailers)
-    source, staging, credits, mirror = a.alloc(size), a.alloc(64), a.alloc(64), b.alloc(64)
-    credits.array[:] = 0
+    planned = _planned(a, b, size)
+    take, plan, source, trailers = planned.take, planned.plan, planned.source, planned.trailers
+    mirror = b.alloc(64)
     mirror.array[:] = 0
-    channel = connect(a, b)
-    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(size, size)],
-                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
-                             credits.array[:8].view(np.uint64))
-    if take is None or plan is None:
-        assert take is None and plan is None, "a backend plans both sides of a transfer or neither"
-        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
-    credit = connect(b, a).counter_plan(mirror.array[:8].view(np.uint64), credits.export().at(0, 8))
+    credit = connect(b, a).counter_plan(mirror.array[:8].view(np.uint64), planned.counter.export().at(0, 8))
     assert credit is not None
     assert take.take(0, 7, 0.01) is None  # nothing written yet
     # two slots: transfer n needs n receives posted (the one of transfer n - 1), so transfer 0 needs none
@@ -265,8 +304,8 @@ def test_planned_transfers_take_turns_in_two_slots_behind_credits_where_the_back
         assert take.take(seq, step, 10.0) is True
         assert take.last == (1 + seq % 255, step)
         assert trailers[seq % 2][8] == 0  # taken: lowered for its next transfer
-        assert (slots.array[(seq % 2) * size: (seq % 2 + 1) * size] == seq + 1).all()
-    assert (slots.array[size:] == 2).all()  # slot 1 still holds transfer 1, untouched by transfer 2
+        assert (planned.slot(seq, size, size) == seq + 1).all()
+    assert (planned.slot(1, size, size) == 2).all()  # slot 1 still holds transfer 1, untouched by transfer 2
     credit.set(3, timeout=10)
     assert plan.send(source.array, 3, 10, 10.0, timeout=10) is True
     assert take.take(3, 11, 10.0) is False  # another step than the one asked for: taken, and said so
@@ -279,29 +318,16 @@ def test_planned_sends_of_large_tensors_land_whole_whichever_stores_they_use(dev
     a, b = devices
     size = (1 << 20) + 24
     stride = size + 40  # the second slot starts off a 16-byte boundary: a streaming copy's unaligned head
-    slots, control = b.alloc(2 * stride), b.alloc(64)
-    control.array[:] = 0
-    trailers = [control.array[0:9], control.array[16:25]]
-    take = b.take_plan(trailers)
-    source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
-    credits.array[:] = 0
-    channel = connect(a, b)
-    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(stride, size)],
-                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
-                             credits.array[:8].view(np.uint64))
-    if take is None or plan is None:
-        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
-    credit = credits.array[:8].view(np.uint64)
+    planned = _planned(a, b, size, stride)
     pattern = np.arange(size, dtype=np.uint64).astype(np.uint8)
     for seq in range(70):
-        credit[0] = seq  # (as the receiver's credit plan would set it)
-        source.array[:] = pattern + seq
-        assert plan.send(source.array, seq, seq, 10.0, timeout=10) is True
-        assert take.take(seq, seq, 10.0) is True
-        at = (seq % 2) * stride
-        assert np.array_equal(slots.array[at: at + size], pattern + seq), f"transfer {seq} arrived wrong"
-    kinds = getattr(getattr(plan, "_plan", None), "took_ns", None)  # UCX's: the time of each kind of stores
-    if plan.mapped and kinds is not None:
+        planned.credits[0] = seq  # (as the receiver's credit plan would set it)
+        planned.source.array[:] = pattern + seq
+        assert planned.plan.send(planned.source.array, seq, seq, 10.0, timeout=10) is True
+        assert planned.take.take(seq, seq, 10.0) is True
+        assert np.array_equal(planned.slot(seq, size, stride), pattern + seq), f"transfer {seq} arrived wrong"
+    kinds = getattr(getattr(planned.plan, "_plan", None), "took_ns", None)  # UCX's: each kind of stores' time
+    if planned.plan.mapped and kinds is not None:
         assert kinds[0] > 0 and kinds[1] > 0, "both kinds of stores were used and timed"
 
 
@@ -310,32 +336,20 @@ def test_a_receiver_asleep_on_its_doorbell_is_woken_by_a_send_into_memory_mapped
     write: counted), and as the device's waits sleep elsewhere; either way it takes the transfer."""
     a, b = devices
     size = 4096
-    slots, control = b.alloc(2 * size), b.alloc(64)
-    control.array[:] = 0
-    trailers = [control.array[0:9], control.array[16:25]]
-    bells = [control.array[12:16].view(np.uint32), control.array[28:32].view(np.uint32)]
-    take = b.take_plan(trailers, bells)
-    source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
-    credits.array[:] = 0
-    channel = connect(a, b)
-    plan = channel.send_plan([slots.export().at(0, size), slots.export().at(size, size)],
-                             [control.export().at(0, 9), control.export().at(16, 9)], staging.array[:9],
-                             credits.array[:8].view(np.uint64),
-                             [control.export().at(12, 4), control.export().at(28, 4)])
-    if take is None or plan is None:
-        pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
+    planned = _planned(a, b, size, doorbells=True)
+    take, plan = planned.take, planned.plan
     take.use_doorbells(plan.mapped)
     for seq in range(3):
-        credits.array[:8].view(np.uint64)[0] = seq
+        planned.credits[0] = seq
         taken = []
         waiter = threading.Thread(target=lambda s=seq, out=taken: out.append(take.take(s, s, 30.0)))
         waiter.start()
         time.sleep(0.05)  # well past the spin: the waiter is asleep when the write comes
-        source.array[:] = seq + 1
-        assert plan.send(source.array, seq, seq, 10.0, timeout=10) is True
+        planned.source.array[:] = seq + 1
+        assert plan.send(planned.source.array, seq, seq, 10.0, timeout=10) is True
         waiter.join(30)
-        assert taken == [True] and (slots.array[(seq % 2) * size: (seq % 2 + 1) * size] == seq + 1).all()
-        assert bells[seq % 2][0] == 0  # nobody asleep on it now
+        assert taken == [True] and (planned.slot(seq, size, size) == seq + 1).all()
+        assert planned.bells[seq % 2][0] == 0  # nobody asleep on it now
     assert plan.rung == (3 if plan.mapped else 0)
 
 
