@@ -1061,11 +1061,9 @@ class ZeroCopyTransport(FabricTransport):
 
     def _post_one(self, incoming: _Incoming) -> None:
         """:meth:`_post` of one static slot not posted yet (held by the caller)."""
-        if self._posted(incoming) is not None:
-            if incoming.credit is not None:
-                self._grant_one(incoming)
-            else:
-                self._grant(incoming.mirror, [incoming])
+        mirror = self._posted(incoming)
+        if mirror is not None:
+            self._grant(mirror, [incoming])  # (through the credit plan where it has one: _grant_one)
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
