@@ -546,8 +546,8 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
 #define TT_STREAM_GAIN 2
 
 /* A planned send's copy of `length` bytes into peer memory mapped here, with ordinary stores, or non-temporal
-   ones where those took less than 1 / TT_STREAM_GAIN of their time lately (each kind's time an average, a new
-   copy weighing a quarter). A core that writes lines the peer's core holds (the peer read its last transfer)
+   ones where those took less than 1 / TT_STREAM_GAIN of their time lately (the kind in use timed as an average,
+   a new copy weighing a quarter; the other by its last retime). A core that writes lines the peer's core holds (the peer read its last transfer)
    takes each from it first; where the two cores share a cache that is fast (1MB at 30 GB/s measured here),
    where they share none it runs at a fraction of it (6.6 GB/s), and non-temporal stores, which write the lines
    to memory unread, win (18 GB/s; the peer then reads them from memory). Which of the two a run gets depends
@@ -574,7 +574,10 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
         memcpy(target, data, length);
     }
     took = tt_now_ns() - start;
-    plan->took_ns[streaming] = plan->took_ns[streaming] ? (3 * plan->took_ns[streaming] + took) / 4 : took;
+    /* the kind in use keeps an average; a retimed one takes its fresh time (its last may be 32 copies old) */
+    plan->took_ns[streaming] = plan->took_ns[streaming] && streaming == plan->streaming
+                                   ? (3 * plan->took_ns[streaming] + took) / 4
+                                   : took;
     plan->streaming = plan->took_ns[1] && TT_STREAM_GAIN * plan->took_ns[1] < plan->took_ns[0];
 }
 
