@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from transports import fabric
-from transports.fabric.base import Device, FabricError, FabricInterrupted, FabricTimeout, RemoteRegion
+from transports.fabric.base import BELL_BYTES, Device, FabricError, FabricInterrupted, FabricTimeout, RemoteRegion
 
 from .conftest import fabric_marks
 from .processes import held_resources
@@ -235,8 +235,8 @@ def test_a_waiter_that_has_gone_to_sleep_sees_a_write_that_arrives_meanwhile(dev
 
 @dataclass
 class _Planned:
-    """Two slots of ``size`` bytes (``stride`` apart) at ``b`` with their trailers and doorbells (16 bytes apart
-    in ``control``: step, flag, then the doorbell at 12), the take plan at ``b`` and the send plan from ``a``."""
+    """Two slots of ``size`` bytes (``stride`` apart) at ``b`` with their trailers and bells (64 bytes apart in
+    ``control``: step, flag, then the bell at 16), the take plan at ``b`` and the send plan from ``a``."""
 
     slots: Any
     control: Any
@@ -251,29 +251,35 @@ class _Planned:
 
     @property
     def trailers(self) -> list[np.ndarray]:
-        return [self.control.array[0:9], self.control.array[16:25]]
+        return [self.control.array[0:9], self.control.array[64:73]]
 
     @property
     def bells(self) -> list[np.ndarray]:
-        return [self.control.array[12:16].view(np.uint32), self.control.array[28:32].view(np.uint32)]
+        return [self.control.array[16:16 + BELL_BYTES], self.control.array[80:80 + BELL_BYTES]]
+
+    def doorbell(self, seq: int) -> int:
+        """The doorbell word of transfer ``seq``'s slot (the bell's first 4 bytes)."""
+        return int(self.bells[seq % 2][:4].view(np.uint32)[0])
 
     def slot(self, seq: int, size: int, stride: int) -> np.ndarray:
         return self.slots.array[(seq % 2) * stride: (seq % 2) * stride + size]
 
 
-def _planned(a, b, size: int, stride: int | None = None, doorbells: bool = False) -> _Planned:
+def _planned(a, b, size: int, stride: int | None = None, bells: bool = False) -> _Planned:
     """:class:`_Planned`; skips where the backend has no per-transfer plans."""
     stride = size if stride is None else stride
-    slots, control = b.alloc(2 * stride), b.alloc(64)
+    slots, control = b.alloc(2 * stride), b.alloc(128)
     control.array[:] = 0
     source, staging, credits = a.alloc(size), a.alloc(64), a.alloc(64)
     credits.array[:] = 0
     planned = _Planned(slots, control, source, credits)
-    planned.take = b.take_plan(planned.trailers, planned.bells if doorbells else None)
+    planned.take = b.take_plan(planned.trailers, planned.bells if bells else None,
+                               [planned.slot(0, size, stride), planned.slot(1, size, stride)] if bells else None)
     exported = control.export()
     planned.plan = connect(a, b).send_plan(
-        [slots.export().at(0, size), slots.export().at(stride, size)], [exported.at(0, 9), exported.at(16, 9)],
-        staging.array[:9], planned.credits, [exported.at(12, 4), exported.at(28, 4)] if doorbells else None)
+        [slots.export().at(0, size), slots.export().at(stride, size)], [exported.at(0, 9), exported.at(64, 9)],
+        staging.array[:9], planned.credits,
+        [exported.at(16, BELL_BYTES), exported.at(80, BELL_BYTES)] if bells else None)
     if planned.take is None or planned.plan is None:
         assert planned.take is None and planned.plan is None, "a backend plans both sides of a transfer or neither"
         pytest.skip(f"{type(a).__name__} has no per-transfer plans (its transfers go the general way)")
@@ -336,9 +342,9 @@ def test_a_receiver_asleep_on_its_doorbell_is_woken_by_a_send_into_memory_mapped
     write: counted), and as the device's waits sleep elsewhere; either way it takes the transfer."""
     a, b = devices
     size = 4096
-    planned = _planned(a, b, size, doorbells=True)
+    planned = _planned(a, b, size, bells=True)
     take, plan = planned.take, planned.plan
-    take.use_doorbells(plan.mapped)
+    take.use_bells(plan.mapped)
     for seq in range(3):
         planned.credits[0] = seq
         taken = []
@@ -349,8 +355,97 @@ def test_a_receiver_asleep_on_its_doorbell_is_woken_by_a_send_into_memory_mapped
         assert plan.send(planned.source.array, seq, seq, 10.0, timeout=10) is True
         waiter.join(30)
         assert taken == [True] and (planned.slot(seq, size, size) == seq + 1).all()
-        assert planned.bells[seq % 2][0] == 0  # nobody asleep on it now
+        assert planned.doorbell(seq) == 0  # nobody asleep on it now
     assert plan.rung == (3 if plan.mapped else 0)
+
+
+#: a planned send this large over memory mapped here asks a receiver waiting for it to pull it (UCX: TT_PULL_FROM)
+PULL_BYTES = 16 << 20
+
+
+def _taking(take, seq: int, timeout: float = 30.0) -> tuple[threading.Thread, list]:
+    """A thread in ``take.take(seq, seq)``, started; its answer lands in the list."""
+    taken: list = []
+    waiter = threading.Thread(target=lambda: taken.append(take.take(seq, seq, timeout)))
+    waiter.start()
+    return waiter, taken
+
+
+def _waiting(planned: _Planned, seq: int) -> bool:
+    """Whether the receiver waits in a take of transfer ``seq`` that serves pulls (its bell says so)."""
+    return int(planned.bells[seq % 2][16:24].view(np.uint64)[0]) == seq + 1
+
+
+def test_a_large_send_into_memory_mapped_there_is_pulled_by_a_receiver_waiting_for_it(devices):
+    """Over memory the sender maps, a planned send of a large tensor that finds the receiver waiting in its take
+    asks it to copy the data itself (counted on both sides); a send whose receiver is not waiting writes it. Every
+    transfer lands whole either way; where the sender maps nothing, nothing is pulled."""
+    a, b = devices
+    size = PULL_BYTES + 24
+    planned = _planned(a, b, size, size + 40, bells=True)  # the second slot off a 16-byte boundary
+    take, plan = planned.take, planned.plan
+    take.use_bells(plan.mapped)
+    pattern = np.arange(size, dtype=np.uint64).astype(np.uint8)
+    waited = 0
+    for seq in range(4):
+        planned.credits[0] = seq
+        planned.source.array[:] = pattern + seq
+        waiter, taken = None, [True]
+        if seq % 2 == 0:  # the receiver waits first: the sender asks it to pull
+            waiter, taken = _taking(take, seq)
+            deadline = time.monotonic() + 30
+            while plan.mapped and not _waiting(planned, seq) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            waited += 1
+        assert plan.send(planned.source.array, seq, seq, 10.0, timeout=30) is True
+        if waiter is None:  # the receiver comes late: the sender wrote
+            assert take.take(seq, seq, 10.0) is True
+        else:
+            waiter.join(30)
+        assert taken == [True]
+        assert np.array_equal(planned.slot(seq, size, size + 40), pattern + seq), f"transfer {seq} arrived wrong"
+    assert plan.pulled == take.pulls == (waited if plan.mapped else 0)
+
+
+def test_a_pull_asked_of_a_receiver_that_left_its_take_is_withdrawn_and_written(devices):
+    """A receiver that leaves its take (its wait ran out) before it takes up the sender's ask: the sender withdraws
+    the ask and writes the data itself; the next take finds it whole."""
+    a, b = devices
+    size = PULL_BYTES
+    planned = _planned(a, b, size, bells=True)
+    take, plan = planned.take, planned.plan
+    take.use_bells(plan.mapped)
+    if not plan.mapped:
+        pytest.skip("the sender maps nothing of the receiver's: it never asks for a pull")
+    waiting = planned.bells[0][16:24].view(np.uint64)
+    waiting[0] = 1  # as a take of transfer 0 sets it ... that then leaves before it serves the ask
+    leaves = threading.Timer(0.2, lambda: waiting.__setitem__(0, 0))
+    leaves.start()
+    planned.source.array[:] = 7
+    assert plan.send(planned.source.array, 0, 0, 10.0, timeout=30) is True
+    leaves.join()
+    assert take.take(0, 0, 10.0) is True
+    assert (planned.slot(0, size, size) == 7).all()
+    assert plan.pulled == take.pulls == 0
+
+
+def test_a_pull_asked_of_a_receiver_whose_process_is_gone_fails_at_once(devices):
+    """A sender waiting on a pull whose receiver's process is gone (it died in its take) fails with the fabric's
+    timeout error long before its own timeout."""
+    a, b = devices
+    planned = _planned(a, b, PULL_BYTES, bells=True)
+    plan = planned.plan
+    if not plan.mapped:
+        pytest.skip("the sender maps nothing of the receiver's: it never asks for a pull")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    bell = planned.bells[0]
+    bell[8:12].view(np.uint32)[0] = int(gone.stdout)  # the taker: a process that has ended
+    bell[16:24].view(np.uint64)[0] = 1  # waiting for transfer 0
+    started = time.monotonic()
+    with pytest.raises(FabricTimeout):
+        plan.send(planned.source.array, 0, 0, 10.0, timeout=60)
+    assert time.monotonic() - started < 30
 
 
 def test_interrupting_waits_ends_them_at_once(devices):

@@ -327,6 +327,32 @@ def test_a_receiver_asleep_is_woken_by_the_senders_doorbell_over_shared_memory(f
         close(pair)
 
 
+def test_a_large_tensor_is_pulled_by_a_receiver_waiting_for_it_over_shared_memory(fabric):
+    """A static tensor of 16MB or more whose receiver already waits is copied by the receiver where the two share
+    memory (shm: the sender asks, counted), written by the sender otherwise (tcp); it arrives whole either way."""
+    spec = TensorSpec("w", (4 << 20,), np.float32, 0, 1)  # 16MB
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        array = pair[0].placement.allocate(spec)
+        array[:] = np.arange(array.size, dtype=np.float32)
+        sending = pair[0].send_async(Key("w", 0, 0, 1), array)  # connects (the plans are made); one slot: its
+        assert np.array_equal(pair[1].recv(Key("w", 0, 0, 1)), array)  # transfer waits for the receive's credit
+        sending.result(30)
+        receiving = []
+        waiter = threading.Thread(target=lambda: receiving.append(pair[1].recv(Key("w", 1, 0, 1), timeout=30).copy()))
+        waiter.start()
+        time.sleep(0.1)  # the receiver waits in its take when the send comes
+        array[::2] = -1
+        pair[0].send(Key("w", 1, 0, 1), array)
+        waiter.join(30)
+        assert len(receiving) == 1 and np.array_equal(receiving[0], array)
+        plan = pair[0]._outgoing[("w", 1)].plan
+        # (the first transfer may have been pulled too: its receive's credit comes just before its take)
+        assert plan is not None and (plan.pulled >= 1 if fabric == "shm" else plan.pulled == 0), plan.pulled
+    finally:
+        close(pair)
+
+
 def test_receiving_steps_out_of_order_is_an_error():
     spec = TensorSpec("w", (4,), np.float32, 0, 1)
     pair = pair_of("zerocopy", "shm", [spec])

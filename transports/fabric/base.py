@@ -30,6 +30,10 @@ from transports.fabric.settings import RdmaSettings
 
 #: the longest remote key a peer may send (UCX's are under 100 bytes here)
 MAX_RKEY_BYTES = 1024
+#: a planned slot's bell, in the receiver's registered memory beside its trailer (8-byte aligned): the doorbell a
+#: waiting receiver sleeps on, and a sender's ask that the waiting receiver pull a large transfer itself (see
+#: :meth:`Channel.send_plan`)
+BELL_BYTES = 40
 
 
 class FabricError(RuntimeError):
@@ -161,13 +165,15 @@ class Channel(ABC):
         """
 
     def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
-                  credits: np.ndarray, doorbells: list[RemoteRegion] | None = None) -> SendPlan | None:
+                  credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> SendPlan | None:
         """A static tensor's whole send (credit, data, trailer) as one call, planned once (see :class:`SendPlan`):
         its data goes to ``slots`` in turn, each followed by ``trailer`` (9 bytes of registered memory: step,
-        flag) at the matching one of ``trailers``; ``credits`` (one uint64) counts the peer's receives posted;
-        ``doorbells`` (a 4-byte word per slot at the peer, see :meth:`Device.take_plan`) are rung after a write
-        into memory mapped here, where the peer sleeps on one. None where the backend has no such path (the
-        caller then waits and writes with :meth:`write_flagged`)."""
+        flag) at the matching one of ``trailers``; ``credits`` (one uint64) counts the peer's receives posted.
+        ``bells`` (:data:`BELL_BYTES` per slot at the peer, see :meth:`Device.take_plan`), where the peer's
+        memory is mapped here: a send rings the slot's doorbell after its write, where the peer sleeps on it;
+        and a send of a large tensor that finds the peer waiting in its take asks it to pull the data itself
+        (the copy then ends in the reader's cache; :attr:`SendPlan.pulled`). None where the backend has no such
+        path (the caller then waits and writes with :meth:`write_flagged`)."""
         return None
 
     def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> CounterPlan | None:
@@ -197,6 +203,8 @@ class SendPlan(ABC):
     mapped: bool = False
     #: the times a send found the peer asleep on its doorbell and woke it
     rung: int = 0
+    #: the transfers the peer pulled itself (see :meth:`Channel.send_plan`)
+    pulled: int = 0
 
     @abstractmethod
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
@@ -233,11 +241,14 @@ class TakePlan(ABC):
     def last(self) -> tuple[int, int]:
         """``(flag, step)`` of the trailer last taken."""
 
+    #: the transfers this plan pulled itself, asked by the sender (see :meth:`Channel.send_plan`)
+    pulls: int = 0
+
     @abstractmethod
-    def use_doorbells(self, on: bool) -> None:
-        """Whether a wait past its spin sleeps on the slot's doorbell (the peer writes into memory it maps and
-        rings it: :meth:`Channel.send_plan`) rather than as the device's waits sleep; where the plan has none,
-        nothing changes."""
+    def use_bells(self, on: bool) -> None:
+        """Whether the peer maps this memory (:meth:`Channel.send_plan`): a wait past its spin then sleeps on the
+        slot's doorbell rather than as the device's waits sleep, and serves the sender's asks to pull a transfer
+        into its slot; where the plan has no bells, nothing changes."""
 
 
 class FlagSet(ABC):
@@ -384,12 +395,15 @@ class Device(ABC):
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
         """A set of one-byte flags in registered memory that peers raise, to wait on together."""
 
-    def take_plan(self, trailers: list[np.ndarray], doorbells: list[np.ndarray] | None = None) -> TakePlan | None:
+    def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
+                  slots: list[np.ndarray] | None = None) -> TakePlan | None:
         """A static tensor's receive through one call (see :class:`TakePlan`): ``trailers`` are its slots'
-        trailers in registered memory (9 bytes each: step, flag), written by the peer; ``doorbells`` a uint32
-        per slot there, which a wait past its spin sleeps on where the peer rings it (:meth:`TakePlan.
-        use_doorbells`). None where the backend has no such path (the caller waits with :meth:`flag_set` and
-        reads the trailer itself)."""
+        trailers in registered memory (9 bytes each: step, flag), written by the peer; ``bells`` a
+        :data:`BELL_BYTES` record per slot there (uint8), used where the peer maps this memory
+        (:meth:`TakePlan.use_bells`): a wait past its spin sleeps on its doorbell, and pulls into the slot's
+        data (``slots``, registered memory; without them it pulls nothing) what the sender asks it to. None
+        where the backend has no such path (the caller waits with :meth:`flag_set` and reads the trailer
+        itself)."""
         return None
 
     @abstractmethod

@@ -35,9 +35,12 @@ weights) cost one credit message per peer, not one per tensor.
 flags of every receive it posted (``FlagSet.wait_any``), both in C without the
 GIL; a wait spins for a moment, then sleeps in growing steps, so an idle
 receiver burns no core. *Waiting*: a receive of a static tensor whose sender
-maps its memory sleeps on its slot's doorbell, a word past the trailer that
-it sets first and the sender rings after each write. Between slices of a
-second a waiter checks that its peers are alive.
+maps its memory sleeps on its slot's doorbell, a word in the slot's bell past
+the trailer that it sets first and the sender rings after each write. Between
+slices of a second a waiter checks that its peers are alive. *Pulls*: over
+shared memory, a sender of a large static tensor that finds the receiver
+waiting for it asks the receiver (through the bell) to copy the data itself,
+which leaves it in the reader's cache (see ``Channel.send_plan``).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from transports.base import (
 )
 from transports.common import settle
 from transports.fabric.base import (
+    BELL_BYTES,
     Channel,
     CounterPlan,
     FabricError,
@@ -97,11 +101,11 @@ META = np.dtype(
     ]
 )
 TRAILER = 9  # int64 step, then the flag byte
-#: trailers of a tensor's slots lie this far apart in its control block
-TRAILER_STRIDE = 16
-#: past each trailer, at this offset from its start, the slot's doorbell: a uint32 the receiver sleeps on (set to 1)
-#: and a sender that writes into memory it maps rings (see *Waiting*)
-DOORBELL_AT = 12
+#: trailers of a tensor's slots lie this far apart in its control block (a cache line each)
+TRAILER_STRIDE = 64
+#: past each trailer, at this offset from its start, the slot's bell (BELL_BYTES): the doorbell a receiver sleeps on
+#: and a sender that writes into memory it maps rings (see *Waiting*), and a sender's ask to pull (*Pulls*)
+BELL_AT = 16
 #: receive slots of a static tensor (see *Credits ahead*); a dynamic one has one
 SLOTS = 2
 #: a static tensor larger than this has one slot: its own transfer takes far longer than a late credit,
@@ -287,7 +291,7 @@ class _Outgoing:
     control: RemoteRegion | None = None  # the receiver's meta-data record and trailers
     slot_targets: list[RemoteRegion] = field(default_factory=list)  # where the data goes, per slot (static)
     flag_targets: list[RemoteRegion] = field(default_factory=list)  # the slots' trailers in ``control``
-    doorbell_targets: list[RemoteRegion] = field(default_factory=list)  # the slots' doorbells in ``control``
+    bell_targets: list[RemoteRegion] = field(default_factory=list)  # the slots' bells in ``control``
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
     strides: tuple[int, ...] | None = None  # a C-contiguous array's of that shape and dtype
@@ -323,8 +327,8 @@ class _Outgoing:
         """Where the receiver's ``reply`` says each transfer goes."""
         self.mode, self.control, self.slots = reply.mode, reply.control, reply.slots
         self.flag_targets = [reply.control.at(TRAILER_AT + TRAILER_STRIDE * k, TRAILER) for k in range(reply.slots)]
-        self.doorbell_targets = [reply.control.at(TRAILER_AT + TRAILER_STRIDE * k + DOORBELL_AT, 4)
-                                 for k in range(reply.slots)]
+        self.bell_targets = [reply.control.at(TRAILER_AT + TRAILER_STRIDE * k + BELL_AT, BELL_BYTES)
+                             for k in range(reply.slots)]
         if reply.slot is not None:
             nbytes = math.prod(reply.shape) * reply.dtype.itemsize
             self.slot_targets = [reply.slot.at(slot_stride(nbytes) * k, nbytes) for k in range(reply.slots)]
@@ -392,7 +396,7 @@ class _Incoming:
     def __post_init__(self) -> None:
         at = [TRAILER_AT + TRAILER_STRIDE * k for k in range(self.slots)]
         self.trailers = [self.control.array[a: a + TRAILER] for a in at]
-        self.doorbells = [self.control.view(np.uint32, (1,), offset=a + DOORBELL_AT) for a in at]
+        self.bells = [self.control.array[a + BELL_AT: a + BELL_AT + BELL_BYTES] for a in at]
         self.flags = [trailer[8:9] for trailer in self.trailers]
         #: the received tensor of each slot, always in the same place (static mode)
         if self.data is not None:
@@ -510,7 +514,7 @@ class ZeroCopyTransport(FabricTransport):
                     incoming = _Incoming(name, src, "static", control,
                                          self.pool.alloc(slots_bytes(spec.nbytes, slots)), spec.shape, spec.dtype,
                                          slots)
-                    incoming.take = self.device.take_plan(incoming.trailers, incoming.doorbells)
+                    incoming.take = self.device.take_plan(incoming.trailers, incoming.bells, incoming.arrays)
                 else:
                     incoming = _Incoming(name, src, "dynamic", control)
                 self._incoming[key] = incoming
@@ -552,7 +556,7 @@ class ZeroCopyTransport(FabricTransport):
                 incoming.index = connect.index
                 incoming.credit = self._credit_plan(incoming)
                 if incoming.take is not None:  # a sender whose memory is mapped here maps this memory: it rings
-                    incoming.take.use_doorbells(incoming.credit is not None and incoming.credit.mapped)
+                    incoming.take.use_bells(incoming.credit is not None and incoming.credit.mapped)
                 incoming.connected_by = connect
                 if incoming.posted:  # credits go out on the transport's threads, never the control path's
                     self._submit_grant(incoming)
@@ -657,7 +661,7 @@ class ZeroCopyTransport(FabricTransport):
         write spread over lanes stays on the general path unless it lands in memory mapped here)."""
         try:
             plan = outgoing.channel.send_plan(outgoing.slot_targets, outgoing.flag_targets, outgoing.trailer,
-                                              outgoing.posted, outgoing.doorbell_targets)
+                                              outgoing.posted, outgoing.bell_targets)
         except (FabricError, ValueError):
             return None  # the general path says what is wrong, when the tensor is sent
         large = outgoing.slot_targets[0].length >= SPREAD_BYTES and len(outgoing.lanes) > 1

@@ -27,6 +27,7 @@ import numpy as np
 
 from transports.common import Availability, aligned_empty, done_future, settle
 from transports.fabric.base import (
+    BELL_BYTES,
     Channel,
     CounterPlan,
     Device,
@@ -585,8 +586,8 @@ class UcxChannel(Channel):
             device._outcome(status, "put", keep_alive=(data, trailer))
 
     def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
-                  credits: np.ndarray, doorbells: list[RemoteRegion] | None = None) -> UcxSendPlan:
-        return UcxSendPlan(self, slots, trailers, trailer, credits, doorbells)
+                  credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> UcxSendPlan:
+        return UcxSendPlan(self, slots, trailers, trailer, credits, bells)
 
     def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> UcxCounterPlan:
         return UcxCounterPlan(self, local, remote)
@@ -642,11 +643,11 @@ class UcxSendPlan(SendPlan):
     """``tt_send_planned``'s plan (shim.c): each target checked and its key unpacked once, here."""
 
     def __init__(self, channel: UcxChannel, slots: list[RemoteRegion], trailers: list[RemoteRegion],
-                 trailer: np.ndarray, credits: np.ndarray, doorbells: list[RemoteRegion] | None = None) -> None:
+                 trailer: np.ndarray, credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> None:
         if not 1 <= len(slots) == len(trailers) <= _lib.TT_MAX_SLOTS or trailer.nbytes != 9 or credits.nbytes != 8:
             raise ValueError("a send plan takes 1 or 2 slots with a trailer each, a 9-byte trailer and one counter")
-        if doorbells is not None and (len(doorbells) != len(slots) or any(d.length != 4 for d in doorbells)):
-            raise ValueError("a send plan takes a 4-byte doorbell per slot, or none")
+        if bells is not None and (len(bells) != len(slots) or any(b.length != BELL_BYTES for b in bells)):
+            raise ValueError(f"a send plan takes a {BELL_BYTES}-byte bell per slot, or none")
         plan = _ffi.new("tt_send_plan *")
         plan.worker, plan.ep, plan.slots, plan.length = channel.worker.handle, channel.ep, len(slots), slots[0].length
         mapped = True
@@ -659,9 +660,10 @@ class UcxSendPlan(SendPlan):
             mapped = mapped and bool(at or not slot.length) and bool(at_flag)
             if at:  # the slot's pages mapped writable here now, not by the first transfers into it
                 _lib.tt_populate(plan.mapped[k], slot.length)
-            if doorbells is not None:  # rung after a write into memory mapped here (an aligned word only)
-                _, at_bell = channel._checked(doorbells[k], 4, "put")
-                plan.doorbell[k] = _ffi.cast("uint32_t *", at_bell if at_bell % 4 == 0 else 0)
+            if bells is not None:  # in memory mapped here only, 8-byte aligned (its words are atomics)
+                _, at_bell = channel._checked(bells[k], BELL_BYTES, "put")
+                plan.bell[k] = _ffi.cast("tt_bell *", at_bell if at_bell % 8 == 0 else 0)
+        plan.pid = os.getpid()
         plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
         plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
         device = channel.worker.device
@@ -681,6 +683,11 @@ class UcxSendPlan(SendPlan):
     def rung(self) -> int:
         """The times a send found the peer asleep on its doorbell and woke it."""
         return int(self._plan.rung)
+
+    @property
+    def pulled(self) -> int:
+        """The transfers the peer pulled itself."""
+        return int(self._plan.pulled)
 
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
         source, buffer = self._source
@@ -743,27 +750,38 @@ def _shared_room() -> int:
 class UcxTakePlan(TakePlan):
     """``tt_take_planned``'s plan (shim.c): the slots' trailers, found once."""
 
-    def __init__(self, device: UcxDevice, trailers: list[np.ndarray],
-                 doorbells: list[np.ndarray] | None = None) -> None:
+    def __init__(self, device: UcxDevice, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
+                 slots: list[np.ndarray] | None = None) -> None:
         if not 1 <= len(trailers) <= _lib.TT_MAX_SLOTS or any(t.nbytes != 9 for t in trailers):
             raise ValueError("a take plan takes 1 or 2 trailers of 9 bytes")
-        if doorbells is not None and (len(doorbells) != len(trailers)
-                                      or any(d.dtype != np.uint32 or d.size != 1 for d in doorbells)):
-            raise ValueError("a take plan takes a doorbell (one uint32) per trailer, or none")
+        if bells is not None and (len(bells) != len(trailers) or any(
+                b.dtype != np.uint8 or b.nbytes != BELL_BYTES or b.ctypes.data % 8 for b in bells)):
+            raise ValueError(f"a take plan takes an 8-byte aligned bell ({BELL_BYTES} bytes) per trailer, or none")
+        if slots is not None and (len(slots) != len(trailers) or len({s.nbytes for s in slots}) != 1
+                                  or not all(s.flags.c_contiguous and s.flags.writeable for s in slots)):
+            raise ValueError("a take plan takes a writable slot of one size per trailer, or none")
         plan = _ffi.new("tt_take_plan *")
         plan.slots = len(trailers)
         for k, trailer in enumerate(trailers):
             plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
-            if doorbells is not None:
-                plan.doorbell[k] = _ffi.cast("uint32_t *", doorbells[k].ctypes.data)
+            if bells is not None:
+                plan.bell[k] = _ffi.cast("tt_bell *", bells[k].ctypes.data)
+            if bells is not None and slots is not None and slots[k].nbytes:
+                plan.slot[k] = _ffi.cast("void *", slots[k].ctypes.data)
+                plan.length = slots[k].nbytes
         plan.spin_ns, plan.stop = _SPIN_NS, device._stop
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
         # what the plan points into stays alive with it
-        self._plan, self._memory = plan, (trailers, doorbells, device._stop, device._worker_handles)
+        self._plan, self._memory = plan, (trailers, bells, slots, device._stop, device._worker_handles)
         self._taken = _lib.TT_TAKEN
 
-    def use_doorbells(self, on: bool) -> None:
-        self._plan.doorbells = int(on and self._plan.doorbell[0] != _ffi.NULL)
+    def use_bells(self, on: bool) -> None:
+        self._plan.bells = int(on and self._plan.bell[0] != _ffi.NULL)
+
+    @property
+    def pulls(self) -> int:
+        """The transfers this plan pulled itself, asked by the sender."""
+        return int(self._plan.pulls)
 
     def take(self, seq: int, step: int, timeout: float) -> bool | None:
         found = _lib.tt_take_planned(self._plan, seq, step, int(timeout * 1e9))
@@ -969,8 +987,9 @@ class UcxDevice(Device):
     def address(self) -> list[bytes]:
         return [worker.address for worker in self._workers]
 
-    def take_plan(self, trailers: list[np.ndarray], doorbells: list[np.ndarray] | None = None) -> UcxTakePlan:
-        return UcxTakePlan(self, trailers, doorbells)
+    def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
+                  slots: list[np.ndarray] | None = None) -> UcxTakePlan:
+        return UcxTakePlan(self, trailers, bells, slots)
 
     def flag_set(self, flags: list[np.ndarray]) -> UcxFlagSet:
         return UcxFlagSet(self, flags)

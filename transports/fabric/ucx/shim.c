@@ -17,6 +17,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
+#include <errno.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <time.h>
 #include <unistd.h>
@@ -490,6 +493,42 @@ static int tt_populate(void *address, size_t length)
    slot and its trailer lie at the peer (mapped here, or an address and key to put to), the staging trailer
    (step, then the flag byte) and the credit counter the peer writes. */
 #define TT_MAX_SLOTS 2
+/* A slot's bell, in the receiver's control block beside the slot's trailer: how the two sides of a planned
+   transfer over shared memory (the sender maps the block) signal each other besides the flag.
+   - `doorbell`: the receiver sleeps on it (a futex) while it holds 1; a sender that wrote rings it (tt_ring).
+   - `waiting`: seq + 1 while the receiver waits in a take of transfer seq that serves pulls (tt_take_planned),
+     else 0; `taker` its process.
+   - a pull: a sender of TT_PULL_FROM bytes or more that finds the receiver waiting for its transfer asks it to
+     copy the data itself (`giver` and `source`: the sender's process and data; `pull`: tt_pull_word(seq, state)),
+     then waits for it to be done, and writes the trailer. The copy then ends in the reader's cache, not the
+     writer's: where the two cores share no cache the writer's copy runs at a fraction of the reader's (64MB
+     and a reduce-max of it, measured here: 8.0-8.9 ms written against 5.7-6.3 ms read). A sender whose ask
+     is not taken up (the receiver left its take) withdraws it and writes as usual. */
+typedef struct {
+    uint32_t doorbell;
+    uint32_t giver;
+    uint32_t taker;
+    uint32_t unused;
+    uint64_t waiting;
+    uint64_t pull;
+    uint64_t source;
+} tt_bell;
+
+/* BELL_BYTES in transports/fabric/base.py: the receiver's control block holds one per slot */
+_Static_assert(sizeof(tt_bell) == 40, "a bell is BELL_BYTES (40) bytes");
+
+#define TT_PULL_ASKED 1
+#define TT_PULL_TAKEN 2
+#define TT_PULL_DONE 3
+#define TT_PULL_FAILED 4
+/* a planned send over shared memory of this many bytes or more asks a waiting receiver to pull it */
+#define TT_PULL_FROM (16 << 20)
+
+static uint64_t tt_pull_word(uint64_t seq, uint64_t state)
+{
+    return (seq + 1) << 3 | state;
+}
+
 typedef struct {
     ucp_worker_h worker;
     ucp_ep_h ep;
@@ -518,10 +557,14 @@ typedef struct {
     int streaming;
     unsigned since_timed;
     int64_t took_ns[2];
-    /* each slot's doorbell at the peer, mapped here (rung after a write there: tt_ring), or NULL; the times the
-       peer slept on one and was woken */
-    uint32_t *doorbell[TT_MAX_SLOTS];
+    /* each slot's bell at the peer, mapped here (its doorbell rung after a write there: tt_ring; pulls asked
+       there), or NULL; the times the peer slept on one and was woken; the transfers the peer pulled; whether
+       pulls are off (the peer could not read this process's memory); this process */
+    tt_bell *bell[TT_MAX_SLOTS];
     uint64_t rung;
+    uint64_t pulled;
+    int pulls_off;
+    uint32_t pid;
 } tt_send_plan;
 
 #define TT_NO_CREDIT 1
@@ -581,6 +624,48 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
     plan->streaming = plan->took_ns[1] && TT_STREAM_GAIN * plan->took_ns[1] < plan->took_ns[0];
 }
 
+/* Ask the receiver, which waits in a take of transfer `seq` (bell->waiting), to pull `data` (see tt_bell), and
+   wait until it has: 1 once pulled (`data` is free again), 0 when not (the receiver left its take before it took
+   the ask up, or could not read this process's memory: then pulls are off for the plan); the caller then writes.
+   TT_WAIT_STOPPED, or TT_WAIT_TIMED_OUT after the plan's timeout or when the receiver's process is gone. */
+static int tt_pulled(tt_send_plan *plan, tt_bell *bell, const void *data, uint64_t seq)
+{
+    uint64_t asked = tt_pull_word(seq, TT_PULL_ASKED), word;
+    int64_t start = tt_now_ns(), now, watched;
+    bell->giver = plan->pid;
+    bell->source = (uint64_t)(uintptr_t)data;
+    __atomic_store_n(&bell->pull, asked, __ATOMIC_SEQ_CST);
+    tt_ring(&bell->doorbell);
+    for (;;) {
+        word = __atomic_load_n(&bell->pull, __ATOMIC_ACQUIRE);
+        if (word == tt_pull_word(seq, TT_PULL_DONE) || word == tt_pull_word(seq, TT_PULL_FAILED)) {
+            __atomic_store_n(&bell->pull, 0, __ATOMIC_RELAXED);
+            if (word == tt_pull_word(seq, TT_PULL_DONE)) {
+                plan->pulled++;
+                return 1;
+            }
+            plan->pulls_off = 1;
+            return 0;
+        }
+        if (word == asked && __atomic_load_n(&bell->waiting, __ATOMIC_ACQUIRE) != seq + 1 &&
+            __atomic_compare_exchange_n(&bell->pull, &word, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            return 0; /* withdrawn before the receiver took it up */
+        }
+        if (*plan->stop) {
+            return TT_WAIT_STOPPED;
+        }
+        now = tt_now_ns();
+        if (now - start > plan->timeout_ns || (bell->taker && kill((pid_t)bell->taker, 0) != 0 && errno == ESRCH)) {
+            return TT_WAIT_TIMED_OUT;
+        }
+        watched = now + TT_WATCH_NS;
+        while (__atomic_load_n(&bell->pull, __ATOMIC_RELAXED) == word && tt_now_ns() < watched) {
+            tt_relax();
+        }
+        sched_yield();
+    }
+}
+
 static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step)
 {
     volatile int *stop = plan->stop, *failed = plan->failed;
@@ -602,10 +687,21 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
     memcpy(plan->trailer, &step, sizeof(step));
     plan->trailer[8] = (uint8_t)(1 + seq % 255);
     if ((plan->mapped[slot] != NULL || plan->length == 0) && plan->trailer_mapped[slot] != NULL) {
-        tt_copy_mapped(plan, plan->mapped[slot], data, plan->length);
+        tt_bell *bell = plan->bell[slot];
+        int pulled = 0;
+        if (bell != NULL && plan->length >= TT_PULL_FROM && !plan->pulls_off &&
+            __atomic_load_n(&bell->waiting, __ATOMIC_ACQUIRE) == seq + 1) {
+            pulled = tt_pulled(plan, bell, data, seq);
+            if (pulled < 0) {
+                return pulled == TT_WAIT_STOPPED ? TT_SEND_STOPPED : (int)UCS_ERR_TIMED_OUT;
+            }
+        }
+        if (!pulled) {
+            tt_copy_mapped(plan, plan->mapped[slot], data, plan->length);
+        }
         tt_write_mapped(NULL, NULL, 0, plan->trailer_mapped[slot], plan->trailer, 9);
-        if (plan->doorbell[slot] != NULL) {
-            plan->rung += (uint64_t)tt_ring(plan->doorbell[slot]);
+        if (bell != NULL) {
+            plan->rung += (uint64_t)tt_ring(&bell->doorbell);
         }
         status = UCS_OK;
     } else {
@@ -893,10 +989,15 @@ static int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_
 typedef struct {
     int slots;
     uint8_t *trailer[TT_MAX_SLOTS];
-    /* each slot's doorbell (a 4-byte word the sender rings after a write into memory it maps), or NULL; a wait
-       sleeps on it while `doorbells` is set (the sender maps this memory), else on the workers */
-    uint32_t *doorbell[TT_MAX_SLOTS];
-    volatile int doorbells;
+    /* each slot's bell (tt_bell), or NULL; while `bells` is set (the sender maps this memory) a wait sleeps on
+       its doorbell past the spin, else on the workers, and serves the sender's pulls into the slot (`slot`,
+       `length` bytes), where it has one */
+    tt_bell *bell[TT_MAX_SLOTS];
+    volatile int bells;
+    void *slot[TT_MAX_SLOTS];
+    size_t length;
+    /* the pulls served */
+    uint64_t pulls;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
@@ -906,11 +1007,60 @@ typedef struct {
     int64_t step;
 } tt_take_plan;
 
-/* Wait for the flag byte `flag` (0 when raised), sleeping on `doorbell` (or NULL) past the spin; TT_WAIT_* */
-static int tt_wait_rung(uint8_t *flag, volatile uint32_t *doorbell, int64_t spin_ns, int64_t timeout_ns,
-                        volatile int *stop, ucp_worker_h *workers, int nworkers)
+/* Serve the pull asked in `bell` (see tt_bell): take it up (unless the sender withdrew it), read the sender's
+   `length` bytes into `slot`, and say it is done (or failed: this process may not read the sender's memory). */
+static void tt_serve_pull(tt_take_plan *plan, tt_bell *bell, uint64_t asked, void *slot)
 {
-    TT_WAIT(*(volatile uint8_t *)flag ? 0 : -1, doorbell);
+    uint64_t word = asked;
+    size_t done = 0;
+    struct iovec local, remote;
+    ssize_t got;
+    if (!__atomic_compare_exchange_n(&bell->pull, &word, asked + (TT_PULL_TAKEN - TT_PULL_ASKED), 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        return;
+    }
+    while (done < plan->length) {
+        local.iov_base = (uint8_t *)slot + done;
+        local.iov_len = plan->length - done;
+        remote.iov_base = (void *)(uintptr_t)(bell->source + done);
+        remote.iov_len = plan->length - done;
+        got = process_vm_readv((pid_t)bell->giver, &local, 1, &remote, 1, 0);
+        if (got <= 0) {
+            break;
+        }
+        done += (size_t)got;
+    }
+    plan->pulls += done == plan->length;
+    __atomic_store_n(&bell->pull, asked + ((done == plan->length ? TT_PULL_DONE : TT_PULL_FAILED) - TT_PULL_ASKED),
+                     __ATOMIC_RELEASE);
+}
+
+/* 0 once the flag byte `flag` is raised, else -1, serving a pull asked meanwhile (`bell` not NULL) */
+static int tt_take_ready(tt_take_plan *plan, uint8_t *flag, tt_bell *bell, uint64_t asked, void *slot)
+{
+    if (*(volatile uint8_t *)flag) {
+        return 0;
+    }
+    if (bell != NULL && __atomic_load_n(&bell->pull, __ATOMIC_ACQUIRE) == asked) {
+        tt_serve_pull(plan, bell, asked, slot);
+    }
+    return -1;
+}
+
+/* Wait for transfer `seq`'s flag byte in slot `slot` (0 when raised); past the spin, sleep on the slot's doorbell
+   where the plan has bells on; serve pulls of it where the plan can (bells on, a slot to pull into); TT_WAIT_* */
+static int tt_wait_rung(tt_take_plan *plan, int slot, uint64_t seq, int64_t timeout_ns)
+{
+    uint8_t *flag = plan->trailer[slot] + 8;
+    tt_bell *bell = plan->bells ? plan->bell[slot] : NULL;
+    volatile uint32_t *doorbell = bell != NULL ? &bell->doorbell : NULL;
+    tt_bell *pulls = bell != NULL && plan->slot[slot] != NULL ? bell : NULL;
+    uint64_t asked = tt_pull_word(seq, TT_PULL_ASKED);
+    int64_t spin_ns = plan->spin_ns;
+    volatile int *stop = plan->stop;
+    ucp_worker_h *workers = plan->workers;
+    int nworkers = plan->nworkers;
+    TT_WAIT(tt_take_ready(plan, flag, pulls, asked, plan->slot[slot]), doorbell);
 }
 
 #define TT_TAKEN 1
@@ -924,8 +1074,16 @@ static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t step, int64
     int slot = (int)(seq % (uint64_t)plan->slots);
     uint8_t *trailer = plan->trailer[slot];
     uint8_t *flag = trailer + 8;
-    int found = tt_wait_rung(flag, plan->doorbells ? plan->doorbell[slot] : NULL, plan->spin_ns, timeout_ns,
-                             plan->stop, plan->workers, plan->nworkers);
+    tt_bell *bell = plan->bells && plan->slot[slot] != NULL ? plan->bell[slot] : NULL;
+    int found;
+    if (bell != NULL) { /* a sender that finds this asks for a pull (see tt_bell) */
+        bell->taker = (uint32_t)getpid();
+        __atomic_store_n(&bell->waiting, seq + 1, __ATOMIC_SEQ_CST);
+    }
+    found = tt_wait_rung(plan, slot, seq, timeout_ns);
+    if (bell != NULL) {
+        __atomic_store_n(&bell->waiting, 0, __ATOMIC_SEQ_CST);
+    }
     if (found < 0) {
         return found;
     }

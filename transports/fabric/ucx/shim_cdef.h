@@ -72,6 +72,16 @@ void tt_write_mapped(void *target, const void *data, size_t length, uint8_t *tra
 int tt_populate(void *address, size_t length);
 #define TT_MAX_SLOTS ...
 typedef struct {
+    uint32_t doorbell;
+    uint32_t giver;
+    uint32_t taker;
+    uint32_t unused;
+    uint64_t waiting;
+    uint64_t pull;
+    uint64_t source;
+} tt_bell;
+#define TT_PULL_FROM ...
+typedef struct {
     ucp_worker_h worker;
     ucp_ep_h ep;
     int slots;
@@ -94,8 +104,11 @@ typedef struct {
     int streaming;
     unsigned since_timed;
     int64_t took_ns[2];
-    uint32_t *doorbell[2];
+    tt_bell *bell[2];
     uint64_t rung;
+    uint64_t pulled;
+    int pulls_off;
+    uint32_t pid;
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
@@ -124,8 +137,11 @@ int tt_wait_counters(uint64_t **words, uint64_t *above, int count, int64_t spin_
 typedef struct {
     int slots;
     uint8_t *trailer[2];
-    uint32_t *doorbell[2];
-    volatile int doorbells;
+    tt_bell *bell[2];
+    volatile int bells;
+    void *slot[2];
+    size_t length;
+    uint64_t pulls;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
