@@ -109,6 +109,9 @@ typedef struct {
     uint64_t pulled;
     int pulls_off;
     uint32_t pid;
+    int pulling;
+    unsigned since_pull_timed;
+    int64_t pull_took_ns[2];
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
