@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -421,8 +422,8 @@ def test_a_pull_asked_of_a_receiver_that_left_its_take_is_withdrawn_and_written(
     take.use_bells(plan.mapped)
     if not plan.mapped:
         pytest.skip("the sender maps nothing of the receiver's: it never asks for a pull")
+    _posed_as_waiting(planned, os.getpid())  # as a take of transfer 0 says ... that then leaves before it serves
     waiting = planned.bells[0][16:24].view(np.uint64)
-    waiting[0] = 1  # as a take of transfer 0 sets it ... that then leaves before it serves the ask
     leaves = threading.Timer(0.2, lambda: waiting.__setitem__(0, 0))
     leaves.start()
     planned.source.array[:] = 7
@@ -433,22 +434,45 @@ def test_a_pull_asked_of_a_receiver_that_left_its_take_is_withdrawn_and_written(
     assert plan.pulled == take.pulls == 0
 
 
-def test_a_pull_asked_of_a_receiver_whose_process_is_gone_fails_at_once(devices):
-    """A sender waiting on a pull whose receiver's process is gone (it died in its take) fails with the fabric's
+def _posed_as_waiting(planned: _Planned, taker: int) -> None:
+    """Slot 0's bell says that process ``taker`` waits in a take of transfer 0 (no take runs here)."""
+    bell = planned.bells[0]
+    bell[8:12].view(np.uint32)[0] = taker
+    bell[16:24].view(np.uint64)[0] = 1
+
+
+def test_a_receiver_this_process_cannot_see_is_never_asked_to_pull(devices):
+    """A receiver whose process this one cannot see (gone, or in another pid namespace: it could not read this
+    process's memory either) is not asked: the sender writes, and asks no more on that plan."""
+    a, b = devices
+    planned = _planned(a, b, PULL_BYTES, bells=True)
+    if not planned.plan.mapped:
+        pytest.skip("the sender maps nothing of the receiver's: it never asks for a pull")
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    _posed_as_waiting(planned, int(ended.stdout))
+    planned.source.array[:] = 5
+    assert planned.plan.send(planned.source.array, 0, 0, 10.0, timeout=30) is True
+    assert (planned.slot(0, PULL_BYTES, PULL_BYTES) == 5).all() and planned.plan.pulled == 0
+
+
+def test_a_pull_asked_of_a_receiver_that_dies_fails_the_send_at_once(devices):
+    """A sender waiting on a pull whose receiver's process ends (it died in its take) fails with the fabric's
     timeout error long before its own timeout."""
     a, b = devices
     planned = _planned(a, b, PULL_BYTES, bells=True)
-    plan = planned.plan
-    if not plan.mapped:
+    if not planned.plan.mapped:
         pytest.skip("the sender maps nothing of the receiver's: it never asks for a pull")
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
-    bell = planned.bells[0]
-    bell[8:12].view(np.uint32)[0] = int(gone.stdout)  # the taker: a process that has ended
-    bell[16:24].view(np.uint64)[0] = 1  # waiting for transfer 0
+    taker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    _posed_as_waiting(planned, taker.pid)
+    dies = threading.Timer(0.3, lambda: (taker.kill(), taker.wait()))
+    dies.start()
     started = time.monotonic()
-    with pytest.raises(FabricTimeout):
-        plan.send(planned.source.array, 0, 0, 10.0, timeout=60)
+    try:
+        with pytest.raises(FabricTimeout):
+            planned.plan.send(planned.source.array, 0, 0, 10.0, timeout=60)
+    finally:
+        dies.join()
     assert time.monotonic() - started < 30
 
 

@@ -599,8 +599,8 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
    takes each from it first; where the two cores share a cache that is fast (1MB at 30 GB/s measured here),
    where they share none it runs at a fraction of it (6.6 GB/s), and non-temporal stores, which write the lines
    to memory unread, win (18 GB/s; the peer then reads them from memory). Which of the two a run gets depends
-   on where the host places its virtual CPUs, and can change within a run: so every TT_STREAM_RETIME-th copy
-   goes the other way, timed. */
+   on where the host places its virtual CPUs, and can change within a run: so each kind is tried once first, then
+   every TT_STREAM_RETIME-th copy goes the other way, timed. */
 static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, size_t length)
 {
     int64_t start, took;
@@ -611,7 +611,9 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
         }
         return;
     }
-    if (++plan->since_timed >= TT_STREAM_RETIME) {
+    if (!plan->took_ns[0] || !plan->took_ns[1]) { /* each kind tried once first */
+        streaming = plan->took_ns[0] != 0;
+    } else if (++plan->since_timed >= TT_STREAM_RETIME) {
         streaming = !streaming;
         plan->since_timed = 0;
     }
@@ -669,6 +671,18 @@ static int tt_pulled(tt_send_plan *plan, tt_bell *bell, const void *data, uint64
         }
         sched_yield();
     }
+}
+
+/* Whether the receiver waiting at `bell` is a process this one can see (the one a pull's wait watches: see
+   tt_pulled); one in another pid namespace is not, nor can it read this process's memory: pulls go off. */
+static int tt_taker_here(tt_send_plan *plan, tt_bell *bell)
+{
+    pid_t taker = (pid_t)__atomic_load_n(&bell->taker, __ATOMIC_RELAXED);
+    if (taker > 0 && kill(taker, 0) == 0) {
+        return 1;
+    }
+    plan->pulls_off = 1;
+    return 0;
 }
 
 /* every this many sends that may ask for a pull go the way not chosen, timed */
@@ -732,7 +746,7 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
     if ((plan->mapped[slot] != NULL || plan->length == 0) && plan->trailer_mapped[slot] != NULL) {
         tt_bell *bell = plan->bell[slot];
         if (bell != NULL && plan->length >= TT_PULL_FROM && !plan->pulls_off &&
-            __atomic_load_n(&bell->waiting, __ATOMIC_ACQUIRE) == seq + 1) {
+            __atomic_load_n(&bell->waiting, __ATOMIC_ACQUIRE) == seq + 1 && tt_taker_here(plan, bell)) {
             int found = tt_pull_or_write(plan, bell, plan->mapped[slot], data, seq);
             if (found < 0) {
                 return found == TT_WAIT_STOPPED ? TT_SEND_STOPPED : (int)UCS_ERR_TIMED_OUT;
