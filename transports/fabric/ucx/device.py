@@ -766,10 +766,10 @@ class UcxTakePlan(TakePlan):
             plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
             if bells is not None:
                 plan.bell[k] = _ffi.cast("tt_bell *", bells[k].ctypes.data)
-            if bells is not None and slots is not None and slots[k].nbytes:
+            if bells is not None and slots is not None and slots[k].nbytes >= _lib.TT_PULL_FROM:  # asked of these
                 plan.slot[k] = _ffi.cast("void *", slots[k].ctypes.data)
                 plan.length = slots[k].nbytes
-        plan.spin_ns, plan.stop = _SPIN_NS, device._stop
+        plan.pid, plan.spin_ns, plan.stop = os.getpid(), _SPIN_NS, device._stop
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
         # what the plan points into stays alive with it
         self._plan, self._memory = plan, (trailers, bells, slots, device._stop, device._worker_handles)

@@ -1046,13 +1046,15 @@ typedef struct {
     uint8_t *trailer[TT_MAX_SLOTS];
     /* each slot's bell (tt_bell), or NULL; while `bells` is set (the sender maps this memory) a wait sleeps on
        its doorbell past the spin, else on the workers, and serves the sender's pulls into the slot (`slot`,
-       `length` bytes), where it has one */
+       `length` bytes), where it has one (slots of TT_PULL_FROM bytes or more: a smaller one is never asked, and
+       its takes touch nothing of the bell's but the doorbell) */
     tt_bell *bell[TT_MAX_SLOTS];
     volatile int bells;
     void *slot[TT_MAX_SLOTS];
     size_t length;
-    /* the pulls served */
+    /* the pulls served; this process */
     uint64_t pulls;
+    uint32_t pid;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
@@ -1132,7 +1134,7 @@ static int tt_take_planned(tt_take_plan *plan, uint64_t seq, int64_t step, int64
     tt_bell *bell = plan->bells && plan->slot[slot] != NULL ? plan->bell[slot] : NULL;
     int found;
     if (bell != NULL) { /* a sender that finds this asks for a pull (see tt_bell) */
-        bell->taker = (uint32_t)getpid();
+        bell->taker = plan->pid;
         __atomic_store_n(&bell->waiting, seq + 1, __ATOMIC_SEQ_CST);
     }
     found = tt_wait_rung(plan, slot, seq, timeout_ns);

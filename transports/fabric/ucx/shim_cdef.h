@@ -145,6 +145,7 @@ typedef struct {
     void *slot[2];
     size_t length;
     uint64_t pulls;
+    uint32_t pid;
     int64_t spin_ns;
     volatile int *stop;
     ucp_worker_h *workers;
