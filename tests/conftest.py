@@ -1,5 +1,5 @@
-"""Fixtures shared by the tests: a started pair of transports for every registered name, and the marks of
-cases that need an RDMA device.
+"""Fixtures shared by the tests: a started pair of transports for every registered name, the one-node Slurm of
+the session (``slurm_bed``), and the marks of cases that need an RDMA device.
 
 A case on an RDMA device (the verbs fabric, or UCX's ``rdma`` fabric transport) carries the mark
 ``rdma``. Where no device is, it skips saying why; the Soft-RoCE session (``tests/test_softroce.py``
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 
 import pytest
 
 import transports
+from tests.slurm import SlurmBed, unavailable
 from transports import Cluster, fabric
 
 #: a test pair's transport timeout: the bound within which a living peer answers. In the Soft-RoCE guest's session
@@ -96,3 +99,22 @@ def pair(request):
     yield started
     for transport in started:
         transport.close()
+
+
+@pytest.fixture(scope="session")
+def slurm_bed():
+    """The session's one-node Slurm (``tests/slurm.py``): started the first time a test asks for it, in a
+    directory of its own, stopped and removed at the session's end. A test skips where it cannot run here."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    # not tmp_path_factory: pytest keeps those directories, and a unix socket's path must stay short
+    bed = SlurmBed(tempfile.mkdtemp(prefix="slurm-bed-"))
+    try:
+        bed.up()
+        yield bed
+    finally:
+        try:
+            bed.down()
+        finally:
+            shutil.rmtree(bed.dir, ignore_errors=True)
