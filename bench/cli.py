@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     quiet_tensorflow.install()
-    args = build_parser().parse_args(argv)
+    raw = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(raw)
     module = args.module
     problem = extras_problem(args.command, getattr(module, "EXTRAS", ()))
     if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))):
@@ -80,21 +81,60 @@ def main(argv: list[str] | None = None) -> int:
             return module.run(args)
         from bench.launch import LaunchError, create
 
+        if (problem := submit_problem(args)) is not None:
+            print(f"bench {args.command}: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        if args.nodes:
+            return _submit(args, raw)
         try:
             launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
         except LaunchError as exc:
             print(f"bench {args.command}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         with launcher:
-            if not launcher.is_coordinator:  # under MPI: serve the runs the coordinator (rank 0) starts
-                return launcher.serve()
-            for signum in STOP_SIGNALS:  # SIGTERM and SIGHUP stop a run as Ctrl-C does
-                signal.signal(signum, _stop)
-            return module.run(args, launcher)
+            if not launcher.is_coordinator:  # under mpi or slurm: serve the runs the coordinator (rank 0) starts
+                status = launcher.serve()
+            else:
+                for signum in STOP_SIGNALS:  # SIGTERM and SIGHUP stop a run as Ctrl-C does
+                    signal.signal(signum, _stop)
+                status = module.run(args, launcher)
+        launcher.end_process(status)  # a job's process (mpi, slurm) ends here
+        return status
     except KeyboardInterrupt as exc:  # outside a run (its results, if any, are marked by the command)
         name, status = signal_of(exc)
         print(f"\nbench {args.command}: interrupted by {name}", file=sys.stderr)
         return status
+
+
+def submit_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--nodes``, ``--tasks`` or ``--dry-run`` do not apply here, or None."""
+    from bench.launch.slurm import in_step
+
+    given = [flag for flag, value in (("--nodes", args.nodes), ("--tasks", args.tasks), ("--dry-run", args.dry_run))
+             if value]
+    if not given:
+        return None
+    if args.launcher != "slurm":
+        return f"{' '.join(given)} submit(s) a Slurm job: use with --launcher slurm"
+    if not args.nodes:
+        return f"{' '.join(given)} only go with --nodes N (submitting a job)"
+    if in_step():
+        return ("--nodes submits a job, and this is already a task of a Slurm step: leave --nodes out here "
+                "(srun gives the step its nodes)")
+    return None
+
+
+def _submit(args: argparse.Namespace, raw: list[str]) -> int:
+    """``--launcher slurm --nodes N`` outside a step: submit this command as a batch job and follow it."""
+    from pathlib import Path
+
+    from bench.launch.slurm import Submission, strip_submit_options, submit
+    from bench.results import default_run_dir
+
+    out = (getattr(args, "out", None) or default_run_dir(args.command)).resolve()
+    submission = Submission(strip_submit_options(raw), args.nodes, args.tasks or max(2, args.nodes), out,
+                            Path.cwd())
+    return submit(submission, args.dry_run)
 
 
 if __name__ == "__main__":

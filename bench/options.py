@@ -316,16 +316,28 @@ def _uses_fabric(args: argparse.Namespace) -> bool:
 
 def add_launch_options(parser: argparse.ArgumentParser) -> None:
     """``--launcher``, ``--bind`` and ``--link-rate``: how and where the ranks of a run start."""
-    from bench.launch import LAUNCHERS
+    from bench.launch import AUTO, LAUNCHERS
 
-    parser.add_argument("--launcher", choices=list(LAUNCHERS), default="local",
+    parser.add_argument("--launcher", choices=[*LAUNCHERS, AUTO], default="local",
                         help="how ranks start: " + "; ".join(f"{name}: {what}" for name, what in LAUNCHERS.items())
-                        + ". Under mpi every rank runs this same command (mpirun -np N bench ... --launcher mpi)")
+                        + f"; {AUTO}: slurm in a task of srun, mpi under mpirun, local otherwise. Under mpi and "
+                        "slurm every rank runs this same command (mpirun -np N bench ... --launcher mpi, srun -n N "
+                        "bench ... --launcher slurm)")
     parser.add_argument("--bind", default=None, metavar="ADDRESS|INTERFACE",
                         help="where ranks listen (local, mpi): an address or an interface (default: loopback; under "
                         "mpi, the host's address when ranks span hosts)")
     parser.add_argument("--link-rate", default=None, metavar="RATE",
                         help="netns: shape every link to RATE with tc, e.g. 10gbit, 500mbit (default: unshaped)")
+    submit = parser.add_argument_group("submitting to Slurm (--launcher slurm outside a Slurm step)")
+    submit.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+                        help="write a batch script that runs this command over N nodes (srun, --launcher slurm), "
+                        "submit it with sbatch and follow the job until it ends; the results land in --out as "
+                        "usual, the script and the job's output beside it. sbatch's own variables apply "
+                        "(SBATCH_PARTITION, SBATCH_TIMELIMIT, SBATCH_ACCOUNT)")
+    submit.add_argument("--tasks", type=positive_int, default=None, metavar="N",
+                        help="with --nodes: the job's tasks, one rank each (default: the nodes, at least 2)")
+    submit.add_argument("--dry-run", action="store_true",
+                        help="with --nodes: print the batch script instead of submitting it")
 
 
 def add_compute_option(parser: argparse.ArgumentParser, default: str) -> None:

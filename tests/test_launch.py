@@ -169,7 +169,7 @@ def test_services_run_until_the_others_finish_then_report_their_memory(local):
 
 @pytest.mark.parametrize(("name", "options", "fragment"), [
     ("local", {"link_rate": "1gbit"}, "--link-rate shapes the links between emulated hosts"),
-    ("nowhere", {}, "unknown launcher 'nowhere' (known: local, netns, mpi)"),
+    ("nowhere", {}, "unknown launcher 'nowhere' (known: local, netns, mpi, slurm)"),
 ])
 def test_bad_launcher_options_are_named(name, options, fragment):
     with pytest.raises(LaunchError) as failed:

@@ -2,9 +2,10 @@
 
 Launchers come from the launcher registry (``bench.launch.REGISTRY``). One that starts its ranks itself (local,
 netns) runs each case in this process. One whose processes are started by something else and serve the runs
-of process 0 (it has ``serve``: mpi) runs each case as a job under ``mpirun``, this module being the job
-(``python -m tests.test_launcher_conformance NAME CASE TAG``): process 0 runs the case and prints its outcome.
-A launcher that cannot run here skips saying why (netns: root, ip and tc; mpi: mpi4py and mpirun).
+of process 0 (it has ``serve``: mpi, slurm) runs each case as a job, under ``mpirun`` or as a step of the
+one-node Slurm of the tests (``tests/slurm.py``), this module being the job (``python -m
+tests.test_launcher_conformance NAME CASE TAG``): process 0 runs the case and prints its outcome. A launcher
+that cannot run here skips saying why (netns: root, ip and tc; mpi: mpi4py and mpirun; slurm: the Slurm bed).
 
 Every launcher: results come back from every rank; a killed rank is named with its signal; silence ends the run
 at its timeout naming the ranks; a stranger (a connection to the hub with a wrong token) is refused and the run
@@ -35,9 +36,11 @@ import pytest
 
 from bench.launch import REGISTRY, Launcher, LauncherUnavailable, RankFailed, RankSpec, create
 from bench.launch.base import TOKEN_VARIABLE
+from bench.launch.slurm import RENDEZVOUS_VARIABLE
 from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
 from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun
+from tests.slurm import SlurmBed, leftovers, srun
 from tests.processes import gone, rank_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,26 +177,26 @@ class InProcess:
         self.launcher.close()
 
 
-class UnderMpi:
-    """A launcher whose every process runs the same command (mpirun starts them); process 0 coordinates."""
-
-    #: MPI ends the whole job when one of its processes dies, the coordinator with it: MPI names the dead
-    death_kind = None
+class AsJob:
+    """A launcher whose every process runs the same command, started by something else (mpirun, srun); process 0
+    coordinates. Each case runs as a job of this module (``main``), whose process 0 prints the outcome."""
 
     def __init__(self, name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        if importlib.util.find_spec("mpi4py") is None:
-            pytest.skip(f"--launcher {name} needs mpi4py: pip install -e '.[mpi]'")
-        if MPIRUN is None:
-            pytest.skip(NO_MPIRUN)
         self.name = name
         self.workdir = workdir
         self.tag = ""
+        self.processes: list[int] = []
+
+    def start(self, processes: int, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        """Run ``python ARGV`` as a job of ``processes`` processes to its end."""
+        raise NotImplementedError
 
     def run(self, case: str) -> Outcome:
         self.tag = f"conformance-{uuid.uuid4().hex}"  # in every process's command line: what is left is found
         started = time.monotonic()
-        done = mpirun(len(CASES[case]().ranks), "-m", "tests.test_launcher_conformance", self.name, case, self.tag,
-                      cwd=ROOT, env={"TMPDIR": str(self.workdir), TOKEN_VARIABLE: RUN_TOKEN})
+        done = self.start(len(CASES[case]().ranks), ["-m", "tests.test_launcher_conformance", self.name, case,
+                                                     self.tag], {"TMPDIR": str(self.workdir),
+                                                                 TOKEN_VARIABLE: RUN_TOKEN})
         seconds = time.monotonic() - started
         lines = done.stdout.splitlines()
         printed = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("OUTCOME ")]
@@ -201,12 +204,6 @@ class UnderMpi:
         self.processes = [int(line.split()[1]) for line in lines if line.startswith("PROCESS ")]
         outcome.pids += self.processes
         return outcome
-
-    @staticmethod
-    def death(rank: int, name: str, signum: signal.Signals) -> str:
-        """What names rank ``rank`` killed by ``signum``: mpirun's words (the rank is process ``rank``)."""
-        return rf"process rank {rank} with PID \d+ on node \S+ exited on\s+signal {int(signum)} " \
-               rf"\({re.escape(signal.strsignal(signum))}\)"
 
     def _tagged(self) -> list[int]:
         found = []
@@ -220,7 +217,7 @@ class UnderMpi:
 
     def assert_nothing_left(self, outcome: Outcome) -> None:
         assert self.processes, "the job's processes did not say who they were"
-        deadline = time.monotonic() + BOUND_S  # mpirun has returned: its processes are ending, if not yet ended
+        deadline = time.monotonic() + BOUND_S  # the job has returned: its processes are ending, if not yet ended
         while (self._tagged() or not all(gone(pid) for pid in outcome.pids)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert self._tagged() == [] and [pid for pid in outcome.pids if not gone(pid)] == []
@@ -231,14 +228,68 @@ class UnderMpi:
         pass
 
 
-def harness_for(name: str) -> type[InProcess] | type[UnderMpi]:
-    """Whether launcher ``name`` runs a case here, or as a job whose processes serve (``serve``) under mpirun."""
-    return UnderMpi if hasattr(REGISTRY.load(name), "serve") else InProcess
+class UnderMpi(AsJob):
+    """Under ``mpirun``."""
+
+    #: MPI ends the whole job when one of its processes dies, the coordinator with it: MPI names the dead
+    death_kind = None
+
+    def __init__(self, name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        if importlib.util.find_spec("mpi4py") is None:
+            pytest.skip(f"--launcher {name} needs mpi4py: pip install -e '.[mpi]'")
+        if MPIRUN is None:
+            pytest.skip(NO_MPIRUN)
+        super().__init__(name, workdir, monkeypatch)
+
+    def start(self, processes: int, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        return mpirun(processes, *argv, cwd=ROOT, env=env)
+
+    @staticmethod
+    def death(rank: int, name: str, signum: signal.Signals) -> str:
+        """What names rank ``rank`` killed by ``signum``: mpirun's words (the rank is process ``rank``)."""
+        return rf"process rank {rank} with PID \d+ on node \S+ exited on\s+signal {int(signum)} " \
+               rf"\({re.escape(signal.strsignal(signum))}\)"
+
+
+class UnderSrun(AsJob):
+    """As the tasks of a step of the one-node Slurm (``tests/slurm.py``); task 0 coordinates."""
+
+    #: task 0 survives a task's death and names the rank (a task on another node: how it ended is not known there)
+    death_kind = "died"
+
+    def __init__(self, name: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, bed: SlurmBed) -> None:
+        super().__init__(name, workdir, monkeypatch)
+        self.bed = bed
+        self.rendezvous = workdir / "rendezvous"
+
+    def start(self, processes: int, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        return srun(self.bed, processes, sys.executable, *argv, timeout=600,
+                    env={**env, "PYTHONPATH": os.pathsep.join(sys.path), RENDEZVOUS_VARIABLE: str(self.rendezvous)})
+
+    @staticmethod
+    def death(rank: int, name: str, signum: signal.Signals) -> str:
+        """What names rank ``rank``: task 0's error (the rank is task ``rank``)."""
+        return rf"rank {rank} \({re.escape(name)}\) died"
+
+    def assert_nothing_left(self, outcome: Outcome) -> None:
+        super().assert_nothing_left(outcome)
+        assert leftovers(self.bed) == []
+        assert not self.rendezvous.exists() or list(self.rendezvous.iterdir()) == []
+
+
+def harness_for(name: str) -> type[InProcess] | type[AsJob]:
+    """Whether launcher ``name`` runs a case here, or as a job whose processes serve (``serve``): under srun for
+    slurm, under mpirun otherwise."""
+    if not hasattr(REGISTRY.load(name), "serve"):
+        return InProcess
+    return UnderSrun if name == "slurm" else UnderMpi
 
 
 @pytest.fixture(params=REGISTRY.names())
 def launcher(request, tmp_path_factory, monkeypatch):
-    harness = harness_for(request.param)(request.param, tmp_path_factory.mktemp("run"), monkeypatch)
+    harness_class = harness_for(request.param)
+    extra = [request.getfixturevalue("slurm_bed")] if harness_class is UnderSrun else []
+    harness = harness_class(request.param, tmp_path_factory.mktemp("run"), monkeypatch, *extra)
     yield harness
     harness.close()
 
@@ -303,7 +354,7 @@ def test_a_stranger_with_a_wrong_token_is_refused_and_logged_and_the_run_goes_on
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.test_launcher_conformance NAME CASE TAG`` in every process of an MPI job."""
+    """``python -m tests.test_launcher_conformance NAME CASE TAG`` in every process of a job (mpirun, srun)."""
     name, case = argv[0], argv[1]
     print(f"PROCESS {os.getpid()}", flush=True)
     with create(name) as launcher:

@@ -45,23 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _launcher_info() -> dict[str, str]:
     """Whether each launcher can run here, without starting anything (MPI is not initialised)."""
-    import importlib.util
+    from bench.launch import REGISTRY
 
-    from bench.launch import LAUNCHERS
-    from bench.launch.hosts import NetnsUnavailable, check_support
-    from bench.launch.mpi import mpirun_path
-
-    status = dict.fromkeys(LAUNCHERS, "available")
-    try:
-        check_support()
-    except NetnsUnavailable as exc:
-        status["netns"] = f"not available: {exc}"
-    if importlib.util.find_spec("mpi4py") is None:
-        status["mpi"] = "not available: mpi4py is not installed (pip install -e '.[mpi]')"
-    else:
-        mpirun = mpirun_path()
-        status["mpi"] = f"available (mpirun: {mpirun or 'not on PATH; srun or a system mpirun will do'})"
-    return status
+    return {name: REGISTRY.load(name).availability() for name in REGISTRY}
 
 
 def _fabric_info() -> list[str]:

@@ -22,13 +22,15 @@ EXTRAS = ("models",)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")
     parser.add_argument("--servers", type=options.positive_int, default=None,
-                        help="servers, each a worker and a PS (default 1; under --launcher mpi, half the ranks)")
+                        help="servers, each a worker and a PS (default 1; under --launcher mpi or slurm, half the "
+                        "ranks)")
     parser.add_argument("--async", dest="asynchronous", action="store_true",
                         help="asynchronous SGD: each PS applies every worker's gradients as they arrive")
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
-    servers = args.servers or (launcher.world // 2 if launcher.name == "mpi" else 1)
+    # a job started by mpirun or srun has its size already: a server (a worker and a PS) per two of its ranks
+    servers = args.servers or (launcher.world // 2 if not launcher.starts_processes else 1)
     return run_trainings(args, launcher, "model", [max(1, servers)])
 
 

@@ -6,6 +6,8 @@ Every multi-process experiment asks this package for a launcher by name and hand
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.launch.base import (
@@ -24,8 +26,12 @@ REGISTRY = Registry("launcher", {
     "local": ("bench.launch.local:LocalLauncher", "processes on this machine (the default)"),
     "netns": ("bench.launch.netns:NetnsLauncher",
               "each server in its own network namespace, links shaped with tc (needs root, ip and tc)"),
-    "mpi": ("bench.launch.mpi:MpiLauncher", "ranks started by mpirun or srun, one process per rank (mpi4py)"),
+    "mpi": ("bench.launch.mpi:MpiLauncher", "ranks started by mpirun, one process per rank (mpi4py)"),
+    "slurm": ("bench.launch.slurm:SlurmLauncher",
+              "ranks are the tasks of a Slurm step (srun -n N bench ...); outside a step, --nodes N submits a job"),
 }, unknown=LaunchError)
+#: the name that picks a launcher from where bench runs (:func:`detect`)
+AUTO = "auto"
 #: name -> what it does, for --help and errors; the order is the order of --help
 LAUNCHERS = REGISTRY.descriptions()
 #: the command line's launch options: keyword -> (its flag, what it does), said when a launcher does not take it
@@ -39,9 +45,24 @@ class LauncherUnavailable(LaunchError):
     """A launcher that cannot run here; the message says what is missing and the fix."""
 
 
+def detect(env: Mapping[str, str] = os.environ) -> str:
+    """The launcher of the processes bench runs in: mpi under ``mpirun``, slurm in a task of a Slurm step
+    (``srun``), local otherwise."""
+    if env.get("OMPI_COMM_WORLD_SIZE"):
+        return "mpi"
+    if env.get("SLURM_PROCID") and (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
+        return "slurm"
+    if env.get("PMIX_RANK") or env.get("PMI_RANK"):
+        return "mpi"
+    return "local"
+
+
 def create(name: str, *, bind: str | None = None, link_rate: str | None = None,
            log_dir: Path | None = None) -> Launcher:
-    """The launcher ``name`` with the command line's options; errors name the problem and the fix."""
+    """The launcher ``name`` (``auto``: :func:`detect`'s) with the command line's options; errors name the
+    problem and the fix."""
+    if name == AUTO:
+        name = detect()
     cls = REGISTRY.load(name)
     given = {option: value for option, value in (("bind", bind), ("link_rate", link_rate)) if value}
     for option in given:
@@ -60,6 +81,7 @@ def _not_taken(name: str, cls: type[Launcher], option: str) -> str:
 
 
 __all__ = [
+    "AUTO",
     "LAUNCHERS",
     "OPTIONS",
     "REGISTRY",
@@ -71,4 +93,5 @@ __all__ = [
     "RankResult",
     "RankSpec",
     "create",
+    "detect",
 ]

@@ -703,6 +703,12 @@ class Launcher(ABC):
         left behind either way.
         """
 
+    @classmethod
+    def availability(cls) -> str:
+        """Whether it can run here, in one line for ``bench info`` (``available ...`` or ``not available: why``),
+        found without starting anything."""
+        return "available"
+
     def fabric_transport(self, requested: str) -> str:
         """The UCX transports the fabric must use under this launcher (netns: tcp, whatever was asked)."""
         return requested
@@ -713,6 +719,10 @@ class Launcher(ABC):
 
     def close(self) -> None:  # noqa: B027 (most launchers hold nothing across runs)
         """Release what the launcher holds across runs."""
+
+    def end_process(self, status: int) -> None:  # noqa: B027 (a launcher that starts its ranks leaves it be)
+        """Called once the command is over and the launcher closed: a launcher whose processes are a job's ends
+        this one here with ``status``; the others return."""
 
     def __enter__(self) -> Launcher:
         return self

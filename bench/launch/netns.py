@@ -32,6 +32,14 @@ class NetnsLauncher(LocalLauncher):
     refuses: ClassVar[dict[str, str]] = {"bind": "every host has its own address"}
     private_hosts = True
 
+    @classmethod
+    def availability(cls) -> str:
+        try:
+            check_support()
+        except NetnsUnavailable as exc:
+            return f"not available: {exc}"
+        return "available"
+
     def __init__(self, link_rate: str | None = None, log_dir: Path | None = None) -> None:
         try:
             check_support()
