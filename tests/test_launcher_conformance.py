@@ -40,8 +40,8 @@ from bench.launch.slurm import RENDEZVOUS_VARIABLE
 from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
 from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun
-from tests.slurm import SlurmBed, leftovers, srun
 from tests.processes import gone, rank_processes
+from tests.slurm import SlurmBed, leftovers, srun
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the run's token (TENSOR_BENCH_TOKEN), known here so that the logs can be searched for it, and a stranger's

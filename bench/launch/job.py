@@ -129,15 +129,20 @@ class JobLauncher(Launcher):
             raise LaunchError(f"not started: {self._broken}")
         if len(ranks) > self.world:
             raise LaunchError(f"this run needs {len(ranks)} ranks ({', '.join(s.name for s in ranks)}), "
-                              f"but {self._channel.job} has {self.world}: start it with {self._channel.start_hint(len(ranks))}")
+                              f"but {self._channel.job} has {self.world}: start it with "
+                              f"{self._channel.start_hint(len(ranks))}")
         if any(spec.service for spec in ranks):
             raise LaunchError(f"ranks that serve until stopped (tf_grpc's servers) cannot run under --launcher "
                               f"{self.name}; use --launcher local or netns")
         token = run_token()
         hub = Hub((self.bind, 0), token, len(ranks))
         try:
-            self._channel.announce({"ranks": len(ranks), "hub": hub.address, "token": token})
-            cluster = Cluster(tuple(self._addresses()[: len(ranks)]), token)
+            try:
+                self._channel.announce({"ranks": len(ranks), "hub": hub.address, "token": token})
+                cluster = Cluster(tuple(self._addresses()[: len(ranks)]), token)
+            except LaunchError as exc:  # a process of the job is gone: the job cannot run another
+                self._broken = str(exc)
+                raise
             own = threading.Thread(target=self._serve_rank, args=(hub.address, token), name="job-rank-0",
                                    daemon=True)
             own.start()
@@ -163,7 +168,8 @@ class JobLauncher(Launcher):
         if self._broken:
             self._channel.abort()
         else:
-            self._channel.announce(None)
+            with contextlib.suppress(LaunchError):  # a process gone by now needs no word; the others had theirs
+                self._channel.announce(None)
         self._channel.close()
 
     # every process ---------------------------------------------------------------------------

@@ -278,11 +278,15 @@ class SlurmChannel(JobChannel):
         return f"rank {task} (task {task} of Slurm step {self.step.name})"
 
     def announce(self, message: Any) -> None:
+        gone = []
         for task, conn in self._peers.items():
             try:
                 conn.send(("announce", message))
             except OSError:
-                raise LaunchError(f"{self._who(task)} is gone (its connection to task 0 closed)") from None
+                gone.append(self._who(task))
+        if gone:  # every living task has the message all the same
+            raise LaunchError(f"{', '.join(gone)} {'is' if len(gone) == 1 else 'are'} gone (the connection to task "
+                              "0 closed)")
 
     def abort(self) -> None:
         for conn in self._peers.values():
