@@ -227,3 +227,14 @@ def test_a_submitted_job_runs_to_its_end_and_its_results_land_in_out(slurm_bed, 
     assert re.search(r"bench: job \d+: RUNNING", done.stderr) and "completed; results in" in done.stderr
     assert list(pd.read_csv(out / "records.csv")["transport"]) == ["zerocopy"]
     assert (tmp_path / "micro.sbatch").exists() and list(tmp_path.glob("micro.slurm-*.log"))
+
+
+def test_mpi_under_srun_without_pmix_says_to_use_the_slurm_launcher(slurm_bed, tmp_path):
+    """The bed's Slurm has no PMIx: each MPI process of the step is a job of one."""
+    pytest.importorskip("mpi4py")
+    done = srun(slurm_bed, 2, *BENCH, "micro", "--sizes", "1KB", "--transports", "zerocopy", "--no-peers",
+                "--no-references", "--no-plot", "--launcher", "mpi", "--out", str(tmp_path / "run"), timeout=300,
+                env=_env(tmp_path))
+    assert done.returncode != 0
+    assert "under srun with 2 tasks each MPI process is a job of its own" in done.stderr, done.stderr
+    assert "use --launcher slurm" in done.stderr and "Traceback" not in done.stderr

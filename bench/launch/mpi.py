@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.launch.base import LaunchError
 from bench.launch.job import JobChannel, JobLauncher
+from bench.launch.slurm import in_step
 from transports import load_fabric
 
 
@@ -38,6 +39,10 @@ class MpiChannel(JobChannel):
         self._comm = MPI.COMM_WORLD
         self.process = self._comm.Get_rank()
         self.world = self._comm.Get_size()
+        tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+        if self.world == 1 and in_step() and tasks.isdigit() and int(tasks) > 1:
+            raise LaunchError(f"under srun with {tasks} tasks each MPI process is a job of its own (this MPI found "
+                              "no PMIx of Slurm's to join the others by): use --launcher slurm, which needs no MPI")
         self.hostnames = self._comm.allgather(socket.gethostname())
         self.job = "the MPI job"
 
