@@ -69,9 +69,9 @@ def test_transports_are_registered_in_the_order_of_figures():
 
 def test_fabric_backends_and_launchers_are_registries_too():
     assert isinstance(fabric.BACKENDS, Registry) and isinstance(transports.REGISTRY, Registry)
-    assert launch.REGISTRY.names() == ["local", "netns", "mpi"] == list(launch.LAUNCHERS)
+    assert launch.REGISTRY.names() == ["local", "netns", "mpi", "slurm"] == list(launch.LAUNCHERS)
     assert launch.LAUNCHERS["local"] == "processes on this machine (the default)"
-    assert [launch.REGISTRY.load(name).name for name in launch.REGISTRY] == ["local", "netns", "mpi"]
+    assert [launch.REGISTRY.load(name).name for name in launch.REGISTRY] == ["local", "netns", "mpi", "slurm"]
 
 
 def test_every_launcher_says_which_launch_options_it_takes():
@@ -79,7 +79,7 @@ def test_every_launcher_says_which_launch_options_it_takes():
         cls = launch.REGISTRY.load(name)
         assert set(cls.options) <= set(launch.OPTIONS) and set(cls.refuses) <= set(launch.OPTIONS) - set(cls.options)
     assert {name: launch.REGISTRY.load(name).options for name in launch.REGISTRY} == {
-        "local": ("bind",), "netns": ("link_rate",), "mpi": ("bind",)}
+        "local": ("bind",), "netns": ("link_rate",), "mpi": ("bind",), "slurm": ("bind",)}
 
 
 @pytest.mark.parametrize(("name", "option", "said"), [

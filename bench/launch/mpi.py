@@ -19,6 +19,9 @@ from bench.launch.job import JobChannel, JobLauncher
 from bench.launch.slurm import in_step
 from transports import load_fabric
 
+#: what a process started by mpirun, or by srun with a PMI plugin, finds in its environment
+PMI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
+
 
 def mpirun_path() -> str | None:
     """The ``mpirun`` beside this Python (Open MPI's wheel brings it), else the first on PATH; None without one."""
@@ -29,6 +32,12 @@ class MpiChannel(JobChannel):
     """The job's channel over MPI's collectives (mpi4py's ``COMM_WORLD``)."""
 
     def __init__(self) -> None:
+        tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+        if in_step() and tasks.isdigit() and int(tasks) > 1 and not any(name in os.environ for name in PMI_VARIABLES):
+            # checked before MPI starts: each process would start as a job of one (a singleton, which also leaves
+            # Open MPI's shared-memory segment behind in /dev/shm)
+            raise LaunchError(f"under srun with {tasks} tasks, and no PMI from Slurm (srun --mpi=pmix), each MPI "
+                              "process would be a job of its own: use --launcher slurm, which needs no MPI")
         # MPI brings its own copy of UCX's libraries; ours must be loaded first, or UCX's symbols clash
         load_fabric()
         try:
@@ -39,10 +48,6 @@ class MpiChannel(JobChannel):
         self._comm = MPI.COMM_WORLD
         self.process = self._comm.Get_rank()
         self.world = self._comm.Get_size()
-        tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
-        if self.world == 1 and in_step() and tasks.isdigit() and int(tasks) > 1:
-            raise LaunchError(f"under srun with {tasks} tasks each MPI process is a job of its own (this MPI found "
-                              "no PMIx of Slurm's to join the others by): use --launcher slurm, which needs no MPI")
         self.hostnames = self._comm.allgather(socket.gethostname())
         self.job = "the MPI job"
 

@@ -22,7 +22,7 @@ def overview_tables(report: Report) -> list[Table]:
     for meta in metas:
         names.append(str(meta.get("host", "?")))
         launcher = (meta.get("settings") or {}).get("launcher")
-        if isinstance(launcher, dict):  # a job's launcher (mpi, slurm) lists the hosts its ranks ran on
+        if isinstance(launcher, dict) and "world_size" in launcher:  # a job's (mpi, slurm): its ranks' real hosts
             names += [str(h) for h in launcher.get("hosts") or []]
         emulated = emulated or (isinstance(launcher, dict) and launcher.get("launcher") == "netns")
     distinct = list(dict.fromkeys(names))
