@@ -48,11 +48,14 @@ class LauncherUnavailable(LaunchError):
 def detect(env: Mapping[str, str] = os.environ) -> str:
     """The launcher of the processes bench runs in: mpi under ``mpirun``, slurm in a task of a Slurm step
     (``srun``), local otherwise."""
-    if env.get("OMPI_COMM_WORLD_SIZE"):
+    from bench.launch.mpi import PMI_VARIABLES
+    from bench.launch.slurm import in_step
+
+    if env.get("OMPI_COMM_WORLD_SIZE"):  # mpirun's, also when mpirun runs inside a step
         return "mpi"
-    if env.get("SLURM_PROCID") and (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
+    if in_step(env):
         return "slurm"
-    if env.get("PMIX_RANK") or env.get("PMI_RANK"):
+    if any(env.get(name) for name in PMI_VARIABLES):
         return "mpi"
     return "local"
 

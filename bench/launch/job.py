@@ -23,7 +23,9 @@ is pointed at the same interface.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -181,9 +183,6 @@ class JobLauncher(Launcher):
         crashes in its own destructors at exit (its bundled libnl-route, in ``rtnl_tc_unregister``), which would
         turn a finished job into a task killed by SIGSEGV. The runtime is told first (MPI_Finalize); stdio and
         logging are flushed here; the results are closed already."""
-        import logging
-        import sys
-
         self._channel.finalize()
         logging.shutdown()
         sys.stdout.flush()

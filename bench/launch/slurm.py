@@ -25,6 +25,7 @@ import queue
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -368,10 +369,10 @@ class SlurmLauncher(JobLauncher):
         if in_step():
             return f"available (a task of Slurm step {os.environ.get('SLURM_JOB_ID', '?')}." \
                    f"{os.environ.get('SLURM_STEP_ID') or os.environ.get('SLURM_STEPID')})"
-        if not _which("srun"):
+        if not shutil.which("srun"):
             return "not available: no srun here (run on a Slurm cluster's node, or apt install slurm-client)"
         return "available (run under srun -n N, or submit with --nodes N: sbatch " + \
-               ("found)" if _which("sbatch") else "not found)")
+               ("found)" if shutil.which("sbatch") else "not found)")
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         step = SlurmStep.from_environment(os.environ)
@@ -449,7 +450,7 @@ def submit(submission: Submission, dry_run: bool, poll_s: float = 1.0) -> int:
         print(script, end="")
         return 0
     for tool in ("sbatch", "squeue"):
-        if not _which(tool):
+        if not shutil.which(tool):
             print(f"bench: error: --launcher slurm --nodes submits a batch job, and {tool} is not here: run it on a "
                   "Slurm login node (or install slurm-client)", file=sys.stderr)
             return 2
@@ -474,12 +475,6 @@ def submit(submission: Submission, dry_run: bool, poll_s: float = 1.0) -> int:
     print(f"bench: error: job {job} ended {state}" + (f" (exit code {code})" if code is not None else "")
           + (f"; the end of {log}:\n  " + "\n  ".join(tail) if tail else ""), file=sys.stderr)
     return code or 1
-
-
-def _which(tool: str) -> bool:
-    import shutil
-
-    return shutil.which(tool) is not None
 
 
 def _follow(job: str, poll_s: float) -> str:
