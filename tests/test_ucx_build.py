@@ -48,3 +48,26 @@ def test_the_cdef_is_plain_declarations_and_each_shim_function_is_defined():
 def test_a_package_ships_the_shim_files():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert {"fabric/ucx/shim.c", "fabric/ucx/shim_cdef.h"} <= set(package_data["transports"])
+
+
+def test_the_wheel_binding_links_against_the_wheel_and_finds_it_beside_the_package(tmp_path):
+    """A machine with no system UCX links: the linker is given the wheel's lib/, never left to the system's."""
+    extension = build.make_ffibuilder().distutils_extension(str(tmp_path))
+    wheel_lib = build.wheel_home() / "lib"
+    assert any(wheel_lib.glob("libucp.so*"))
+    assert extension.library_dirs == [str(wheel_lib)]
+    assert {"ucp", "uct", "ucs"} <= set(extension.libraries)
+    # pip's build environment (where wheel_lib is) is gone after the install: the run path never names it
+    assert extension.extra_link_args == [f"-Wl,-rpath,{build.WHEEL_RPATH}"]
+
+
+def test_a_system_ucx_binding_links_against_that_ucx_and_keeps_its_path(tmp_path):
+    home = tmp_path / "ucx"
+    (home / "include" / "ucp" / "api").mkdir(parents=True)
+    (home / "include" / "ucp" / "api" / "ucp.h").write_text("")
+    (home / "lib64").mkdir()
+    (home / "lib64" / "libucp.so").write_text("")
+    extension = build.make_ffibuilder(home).distutils_extension(str(tmp_path / "out"))
+    assert extension.library_dirs == [str(home / "lib64")]
+    assert extension.extra_link_args == [f"-Wl,-rpath,{home / 'lib64'}"]
+    assert extension.name == build.SYSTEM_MODULE

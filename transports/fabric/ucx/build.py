@@ -1,8 +1,9 @@
 """Builds the cffi binding (API mode) of the UCP calls the ``ucx`` fabric uses.
 
 Run at install time by ``setup.py``; a user never compiles by hand. Headers and
-libraries come from the PyPI wheel ``libucx-cu12`` (no GPU needed), or from the
-UCX installed under ``$TENSOR_BENCH_UCX_HOME`` when that is set (say, a cluster's
+libraries come from the PyPI wheel ``libucx-cu12`` (no GPU needed; the linker is
+given its ``lib/``, so nothing of the system's is needed), or from the UCX
+installed under ``$TENSOR_BENCH_UCX_HOME`` when that is set (say, a cluster's
 UCX built with verbs, for real RDMA with the same code).
 
 A small C shim (``shim.c`` beside this file) hides UCX's parameter structs and
@@ -54,6 +55,29 @@ def library_dir(home: Path) -> Path:
                             f"(on Debian: apt install libucx-dev, then {UCX_HOME_VARIABLE}=/usr)")
 
 
+def wheel_home() -> Path:
+    """The libucx-cu12 wheel's install (``include/``, ``lib/``) in the environment that builds the binding."""
+    import libucx  # the PyPI wheel libucx-cu12
+
+    return Path(libucx.__file__).parent
+
+
+#: the wheel's ``lib/`` seen from the binding where a wheel of this project puts both in one site-packages
+#: (``transports/fabric/ucx/`` beside ``libucx/``)
+WHEEL_RPATH = "$ORIGIN/../../../libucx/lib"
+
+
+def run_paths(home: Path | None, lib: Path) -> list[str]:
+    """Where the loader looks for UCX at run time (the binding's rpath).
+
+    A system UCX stays where it was built against. The wheel's build directory is pip's temporary build
+    environment, gone after the install, so it is never named: a regular install finds the wheel beside the
+    package (``WHEEL_RPATH``), and in every install ``device.load()`` has ``libucx.load_library()`` load the
+    wheel's libraries by their full paths before importing the binding, which then needs no search path.
+    """
+    return [str(lib)] if home is not None else [WHEEL_RPATH]
+
+
 def compile_args() -> list[str]:
     """The compiler's warning options: ``WARNINGS``, and ``-Werror`` when ``$TENSOR_BENCH_WERROR`` is 1."""
     return WARNINGS + (["-Werror"] if os.environ.get(WERROR_VARIABLE) == "1" else [])
@@ -62,9 +86,7 @@ def compile_args() -> list[str]:
 def make_ffibuilder(home: Path | None = None) -> FFI:
     """The binding of the UCX under ``home`` (a system install), or of the libucx-cu12 wheel when None."""
     if home is None:
-        import libucx  # the PyPI wheel libucx-cu12
-
-        include, lib, module, origin = Path(libucx.__file__).parent / "include", None, WHEEL_MODULE, "libucx-cu12"
+        include, lib, module, origin = wheel_home() / "include", wheel_home() / "lib", WHEEL_MODULE, "libucx-cu12"
     else:
         if not (home / "include" / "ucp" / "api" / "ucp.h").is_file():
             raise FileNotFoundError(f"{UCX_HOME_VARIABLE}={home}: no include/ucp/api/ucp.h there (the UCX headers; "
@@ -78,12 +100,11 @@ def make_ffibuilder(home: Path | None = None) -> FFI:
         module,
         f'#define TT_BUILT_AGAINST "{quoted}"\n#include "{SHIM_SOURCE.name}"\n',
         include_dirs=[str(HERE)] + ([str(include)] if system_header else []),
-        library_dirs=[str(lib)] if lib else [],
+        library_dirs=[str(lib)],
         libraries=["ucp", "uct", "ucs"],
         # warnings in UCX's headers are not ours to fix: they are included as system headers
         extra_compile_args=compile_args() + ([] if system_header else ["-isystem", str(include)]),
-        # a system UCX is found through the rpath; the wheel's is loaded by libucx first
-        extra_link_args=[f"-Wl,-rpath,{lib}"] if lib else [],
+        extra_link_args=[f"-Wl,-rpath,{rpath}" for rpath in run_paths(home, lib)],
         # the generated C file only includes the shim: a changed shim must still be recompiled
         depends=[str(SHIM_SOURCE), str(SHIM_CDEF)],
     )
