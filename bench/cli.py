@@ -16,7 +16,7 @@ from types import ModuleType
 from bench.commands import COMMANDS
 from bench.commands.common import signal_of
 from bench.ground import quiet_tensorflow
-from bench.options import EXIT_USAGE, Parser, extras_problem, fabric_problem
+from bench.options import EXIT_USAGE, HelpFormatter, Parser, examples_epilog, extras_problem, fabric_problem
 
 
 class Interrupted(KeyboardInterrupt):
@@ -57,7 +57,7 @@ def build_parser() -> Parser:
     for name in COMMANDS:
         module = command_module(name)
         sub = commands.add_parser(name, help=module.HELP, description=module.__doc__,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                  epilog=examples_epilog(module.EXAMPLES), formatter_class=HelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(module=module)
     return parser

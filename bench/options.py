@@ -37,6 +37,29 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default said once (an option whose help already says its default, or that
+    has none, gets no second "(default: ...)"), and the examples of the epilog kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or action.default is False:
+            return text
+        return super()._get_help_string(action)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        # a paragraph of indented lines (an example) stays as written; the others are filled as usual
+        paragraphs = text.split("\n\n")
+        return "\n\n".join(
+            "\n".join(indent + line for line in paragraph.splitlines()) if paragraph.startswith(" ")
+            else super(HelpFormatter, self)._fill_text(paragraph, width, indent) for paragraph in paragraphs)
+
+
+def examples_epilog(examples: tuple[tuple[str, str], ...]) -> str:
+    """A command's examples for its ``--help``: each command line, then what it does, indented."""
+    return "examples:\n\n" + "\n\n".join(f"  {command}\n      {what}" for command, what in examples)
+
+
 def fail(command: str, problem: str) -> int:
     """Print ``bench COMMAND: error: PROBLEM`` (one line; the problem names the fix) and return exit status 2."""
     print(f"bench {command}: error: {problem}", file=sys.stderr)

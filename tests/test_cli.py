@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -36,6 +40,35 @@ def test_bad_input_is_one_line_exit_2_no_traceback(args, fragment):
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def _command_parsers():
+    from bench.cli import build_parser
+
+    [commands] = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    return commands.choices
+
+
+def test_help_says_each_default_once():
+    for name, parser in _command_parsers().items():
+        for action in parser._actions:
+            if not action.option_strings or action.help in (None, argparse.SUPPRESS):
+                continue
+            said = parser.formatter_class(parser.prog)._get_help_string(action) % vars(action)
+            assert len(re.findall(r"\(default[: ]", said)) <= 1, f"bench {name} {action.option_strings[0]}: {said}"
+
+
+def test_every_command_ends_its_help_with_examples_that_parse():
+    for name, parser in _command_parsers().items():
+        module = importlib.import_module(f"bench.commands.{name}")
+        assert module.EXAMPLES, name
+        help_text = parser.format_help()
+        assert "examples:" in help_text
+        for line, what in module.EXAMPLES:
+            assert line in help_text and what in help_text
+            argv = shlex.split(line)
+            assert name in argv, line
+            parser.parse_args(argv[argv.index(name) + 1:])  # a bad example exits 2 here
 
 
 def test_plot_of_a_directory_that_is_not_a_run(tmp_path):

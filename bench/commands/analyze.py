@@ -16,6 +16,11 @@ from bench.commands.common import disk_full, draw, open_run
 from bench.results import DiskError
 
 HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench analyze vgg16', "the graph analyzer's transfer plan for VGG16 (Figure 7)"),
+    ('bench analyze embedding --servers 2 --json plan.json', 'a dynamic (sparse) gradient, its plan as JSON'),
+)
 
 #: the optional part of the install it needs (checked before anything starts)
 EXTRAS = ("models",)

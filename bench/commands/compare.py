@@ -21,6 +21,11 @@ from pathlib import Path
 from bench.readers.compare import CompareError, compare, parse_threshold
 
 HELP = "what got faster or slower between two runs; exit status 1 on a slow-down beyond --threshold"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench compare results/micro-A results/micro-B', 'what got faster or slower; exit 1 on a slow-down'),
+    ('bench compare BASE NEW --threshold 5% --only-changed', 'a tighter threshold, changed points only'),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

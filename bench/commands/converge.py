@@ -16,6 +16,11 @@ from bench import options
 from bench.commands.common import draw, failed, interrupted, open_run
 
 HELP = "time to a held-out target on real data, per transport (the paper's Figure 10)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench converge digits --steps 200', 'train to a metric over grpc_tcp and zerocopy (Figure 10)'),
+    ('bench converge text --time 60 --target accuracy=0.8', 'a minute each, time to 80% accuracy'),
+)
 STARTS_RANKS = True
 
 

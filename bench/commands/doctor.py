@@ -12,6 +12,11 @@ import argparse
 from bench import options
 
 HELP = "is this machine ready for a fabric: RDMA ports, locked memory, UCX, pyverbs (exit 1 if not)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench doctor', 'is this machine ready for the default fabric (ucx)? exit status 1 if not'),
+    ('bench doctor --fabric verbs --memory 4GB', 'ready for verbs, registering 4 GB?'),
+)
 STARTS_RANKS = False
 
 

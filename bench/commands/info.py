@@ -10,6 +10,10 @@ import transports
 from bench.results import package_versions
 
 HELP = "versions, transports, fabrics, RDMA devices and launchers: whether each can run here"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench info', 'versions, and whether each transport, fabric, launcher and peer line can run here'),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,14 @@ from bench.options import Choice
 from bench.results import PEER_NAMES, DiskError
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench micro', 'every transport, peer and reference line, 1KB to 1GB (a few minutes)'),
+    ('bench micro --sizes 1KB-1MB --transports zerocopy,grpc_tcp --no-peers', 'two transports, small sizes'),
+    ('bench micro --sizes 4KB,4MB --rounds 3', 'three interleaved rounds per size: a spread across rounds'),
+    ('bench micro --fabric-transport tcp --contend 2', 'UCX over tcp, every point again beside 2 busy processes'),
+    ('mpirun -np 2 bench micro --launcher mpi --sizes 1KB-1MB', 'the two sides as ranks of an MPI job'),
+)
 STARTS_RANKS = True
 DEFAULT_SIZES = "1KB-1GB"
 #: the transport every other is compared with in the summary (the paper's RDMA.zerocp)

@@ -13,6 +13,12 @@ from bench import LOCAL, options
 from bench.commands.common import draw, failed, interrupted, open_run
 
 HELP = "parameter-server training of the paper's models over transports (its Figures 9 and 12)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench model vgg16 --transport zerocopy,grpc_tcp', "VGG16 over zero copy and gRPC (the paper's Figure 9)"),
+    ('bench model fcn5 --transport zerocopy,grpc_tcp,local --steps 10', 'a quick one, with the Local line'),
+    ('bench model alexnet,vgg16 --batch-size 1,4 --compute replay', 'replayed compute: only the transfers run'),
+)
 STARTS_RANKS = True
 
 #: the optional part of the install it needs (checked before anything starts)

@@ -11,6 +11,11 @@ from bench.commands.common import disk_full, open_run
 from bench.results import DiskError
 
 HELP = "the paper's Table 2 measured here: model size, variables, local compute time per sample"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench models', "the paper's Table 2 measured here (variables, size, compute per sample)"),
+    ('bench models vgg16,fcn5 --batch-size 4', 'two models at batch size 4'),
+)
 
 #: the optional part of the install it needs (checked before anything starts)
 EXTRAS = ("models",)

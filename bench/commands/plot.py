@@ -1,6 +1,8 @@
 """Draw the figures of a results directory (PNG and SVG) beside its records: micro (time and throughput against
 size, and the distribution of every transfer's time), model (throughput per model and transport, mini-batch time,
-copy overhead), scale, converge, models (Table 2) and analysis (tensor sizes) runs."""
+copy overhead), scale, converge, models (Table 2) and analysis (tensor sizes) runs. A directory without meta.json
+stands for the runs directly inside it (bench plot results/): each is drawn in turn, one that cannot be drawn is
+named in a warning and the others still drawn. The files written are printed, one a line."""
 
 from __future__ import annotations
 
@@ -11,32 +13,78 @@ from pathlib import Path
 
 from bench import options
 
-HELP = "draw the figures of a results directory beside its records"
+HELP = "draw the figures of a run directory (or of every run in a directory) beside their records"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench plot results/micro-20260101-120000', "a run's figures, beside its records"),
+    ('bench plot results', 'every run under results/'),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR")
+    parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
+                        help="a run directory (results/<experiment>-<time>/), or a directory holding them "
+                        "(results/): each run in it is drawn")
 
 
-def run(args: argparse.Namespace) -> int:
+class _Failed(Exception):
+    """A run that could not be drawn: the one line saying why, and the exit status it gives alone."""
+
+    def __init__(self, problem: str, status: int = options.EXIT_USAGE) -> None:
+        super().__init__(problem)
+        self.status = status
+
+
+def _draw(run: Path) -> list[Path]:
+    """The figures of one run, drawn beside its records; a :class:`_Failed` says why they could not be."""
     from bench.readers.plot import PlotError, plot_run
     from bench.results import DiskError, ResultsError
 
     try:
         with warnings.catch_warnings():  # matplotlib's complaints about odd values would break the one-line error
             warnings.simplefilter("ignore")
-            written = plot_run(args.results_dir)
+            return plot_run(run)
     except (ResultsError, PlotError) as exc:
-        return options.fail("plot", str(exc))
+        raise _Failed(str(exc)) from None
     except DiskError as exc:  # a full or failing disk: figures there before are left as they were
-        print(f"bench plot: error: {exc}", file=sys.stderr)
-        return 1
+        raise _Failed(str(exc), status=1) from None
     except OSError as exc:
-        return options.fail("plot", f"cannot write the figures into {args.results_dir}: {exc.strerror or exc}; copy "
-                            "the run somewhere writable and plot it there")
+        raise _Failed(f"cannot write the figures into {run}: {exc.strerror or exc}; copy the run somewhere writable "
+                      "and plot it there") from None
     except (ValueError, TypeError, KeyError) as exc:
-        return options.fail("plot", f"the records of {args.results_dir} cannot be drawn ({options.error_line(exc)}); "
-                            "were they edited by hand?")
-    for path in written:
-        print(path)
+        raise _Failed(f"the records of {run} cannot be drawn ({options.error_line(exc)}); were they edited by "
+                      "hand?") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.readers.report import ReportError, find_runs
+
+    try:
+        runs = find_runs([args.results_dir])
+    except ReportError as exc:
+        return options.fail("plot", str(exc))
+    if runs == [args.results_dir]:  # the run itself: what stops it stops the command
+        try:
+            written = _draw(args.results_dir)
+        except _Failed as failed:
+            print(f"bench plot: error: {failed}", file=sys.stderr)
+            return failed.status
+        print(*written, sep="\n")
+        return 0
+    drawn = 0
+    for path in runs:
+        try:
+            written = _draw(path)
+        except _Failed as failed:
+            if failed.status != options.EXIT_USAGE:  # the disk: the next run would fail the same way
+                print(f"bench plot: error: {failed}", file=sys.stderr)
+                return failed.status
+            print(f"bench plot: warning: {failed}", file=sys.stderr)
+            continue
+        drawn += 1
+        print(*written, sep="\n")
+    if not drawn:
+        return options.fail("plot", f"none of the {len(runs)} run(s) in {args.results_dir} could be drawn (the "
+                            "warnings above say why); plot a run directory of bench micro, model, scale, converge, "
+                            "models or analyze")
     return 0

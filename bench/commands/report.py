@@ -15,6 +15,11 @@ from pathlib import Path
 from bench import options
 
 HELP = "one page (HTML or Markdown) with every run's figures and its ratios beside the paper's"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench report results', 'one HTML page of every run under results/, beside the paper'),
+    ('bench report results/micro-* --format both --out report.html', 'HTML and Markdown'),
+)
 FORMATS = ("html", "markdown", "both")
 
 

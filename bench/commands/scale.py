@@ -13,6 +13,11 @@ from bench import options
 from bench.commands.model import run_trainings
 
 HELP = "throughput against the number of servers, per transport, with the Local line (the paper's Figure 11)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench scale vgg16 --servers 1,2,4', 'zerocopy and grpc_tcp at 1, 2 and 4 servers, and Local'),
+    ('bench scale vgg16 --launcher netns --link-rate 10gbit', 'each server its own emulated host on 10 Gbit/s'),
+)
 STARTS_RANKS = True
 
 #: the optional part of the install it needs (checked before anything starts)

@@ -25,6 +25,11 @@ from bench.commands.common import disk_full, failed, interrupted, open_run
 from bench.results import DiskError
 
 HELP = "a long run that checks every tensor: nothing corrupted, nothing lost, memory flat (not for CI)"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ('bench soak --duration 20s --steps 20', 'a quick look: every tensor checked, memory watched'),
+    ('bench soak --duration 2h --transports zerocopy', 'a long run of one transport'),
+)
 STARTS_RANKS = True
 #: the optional part of the install it needs (checked before anything starts): its training phase is TensorFlow's
 EXTRAS = ("models",)
