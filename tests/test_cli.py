@@ -152,6 +152,13 @@ def test_model_end_to_end_with_a_tiny_model(tmp_path):
         ("local", 1), ("local", 2), ("zerocopy", 1), ("zerocopy", 2)]
     assert (run.records["throughput_batches_per_s"] > 0).all()
     assert (out / "model_throughput.png").is_file() and (out / "model_step_time.png").is_file()
+    # the summary: what was timed, and local's step time over zerocopy's, one row per batch size
+    lines = result.stdout.splitlines()
+    assert "timed: 2 steps of every worker after 1 warm-up steps, per run" in lines
+    heading = next(i for i, line in enumerate(lines) if line.startswith("step time relative to zerocopy"))
+    assert lines[heading + 1].split() == ["run", "local"]
+    for row, batch in zip(lines[heading + 2:heading + 4], (1, 2), strict=True):
+        assert f" b{batch} x1 " in row and re.search(r" \d+\.\d+x( \([0-9.]+-[0-9.]+\))?$", row), row
 
 
 def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):

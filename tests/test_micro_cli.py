@@ -52,7 +52,11 @@ def test_micro_records_the_latency_line_and_of_reference(tmp_path):
                                                                         rel=0.02)
     assert by.loc[("ucx_perftest_lat", 1024), "p50_us"] > 0
     assert run.meta["fabric"]["ucx_perftest_lat"] == "ucx:shm"
-    assert "of ref" in result.stdout and "ucx_perftest_lat" in result.stdout
+    # the summary: a p50 column per line that has one (put_bw has none), a row per size
+    lines = result.stdout.splitlines()
+    heading = lines.index("p50 µs per transfer:")
+    assert lines[heading + 1].split() == ["size", "ucx_perftest_lat", "memcpy", "local"]
+    assert lines[heading + 2].split()[0] == "1KB" and lines[heading + 3].split()[1] == "-"  # put_lat stops at 1MB
     assert (out / "micro_time.svg").is_file()
     assert "latency floor" in (out / "micro_time.svg").read_text()
 
@@ -66,7 +70,7 @@ def test_micro_without_references_leaves_of_reference_empty(tmp_path):
     assert list(records["transport"]) == ["local"]
     assert "of_reference" in (out / "records.csv").read_text().splitlines()[0].split(",")
     assert records["of_reference"].isna().all()
-    assert "of ref" in result.stdout
+    assert "p50 µs per transfer:" in result.stdout
 
 
 

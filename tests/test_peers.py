@@ -93,11 +93,17 @@ def test_peer_records_have_a_transports_columns_and_transports_carry_of_peer(tmp
     for size in (1024, 65536):
         best = records[(records["transport"].isin(peers)) & (records["size_bytes"] == size)]["p50_us"].min()
         assert math.isclose(local.loc[size, "of_peer"], local.loc[size, "p50_us"] / best)
-    # the summary shows the column, the missing libraries are one line each
-    assert "of peer" in result.stdout
-    for name in set(PEER_NAMES) - set(peers):
-        [line] = [x for x in result.stderr.splitlines() if f"no {name} line" in x]
-        assert "is not installed here" in line or "no mpirun here" in line or "network namespace" in line
+    # the summary's table has a column per peer; the lines that cannot run here are named in one line, and why
+    # each cannot is in meta.json
+    header = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("size"))
+    assert all(peer in header.split() for peer in peers), header
+    missing = sorted(set(PEER_NAMES) - set(peers))
+    said = [x for x in result.stderr.splitlines() if "left out" in x]
+    assert len(said) == (1 if missing else 0), result.stderr
+    for name in missing:
+        assert name in said[0]
+        why = run.meta["left_out"][name]
+        assert "is not installed here" in why or "no mpirun here" in why or "network namespace" in why
 
 
 def test_no_peers_and_a_chosen_peer(tmp_path):
@@ -134,14 +140,19 @@ class _Missing(PeerLine):
         raise AssertionError("a line that cannot be imported must not run")
 
 
-def test_a_missing_library_is_one_line_and_the_run_goes_on(capsys):
-    line = _Missing(name="missing")
-    assert line.unavailable() == ("no_such_library_for_tests is not installed here (pip install no-such-library; "
-                                  "or leave it out with --peers/--no-peers)")
-    sweep = Sweep(SimpleNamespace(rounds=1, timeout=5.0), LocalLauncher(), None, [line])
+def test_missing_libraries_are_one_line_and_the_run_goes_on(capsys, tmp_path):
+    lines = [_Missing(name="missing"), _Missing(name="also_missing")]
+    why = ("no_such_library_for_tests is not installed here (pip install no-such-library; or leave it out with "
+           "--peers/--no-peers)")
+    assert lines[0].unavailable() == why
+    sweep = Sweep(SimpleNamespace(rounds=1, timeout=5.0), LocalLauncher(), None, lines)
     assert sweep.lines == [] and sweep.failures == []
-    [warning] = capsys.readouterr().err.splitlines()
-    assert warning.startswith("bench micro: warning: no missing line: no_such_library_for_tests is not installed")
+    assert sweep.left_out == {"missing": why, "also_missing": why}
+    assert capsys.readouterr().err == ""
+    sweep.say_left_out(tmp_path)
+    [said] = capsys.readouterr().err.splitlines()
+    assert said.startswith("bench micro: not available here, left out: missing, also_missing (why, and how to add")
+    assert str(tmp_path / "meta.json") in said
 
 
 def test_the_mpi_lines_run_only_where_their_pair_crosses_the_runs_links():

@@ -16,7 +16,7 @@ from typing import Any
 
 import transports
 from bench import options
-from bench.commands.common import disk_full, draw, failed, interrupted, open_run
+from bench.commands.common import BASELINE, disk_full, draw, failed, interrupted, open_run, print_relative
 from bench.options import Choice
 from bench.results import PEER_NAMES, DiskError
 
@@ -31,8 +31,6 @@ EXAMPLES = (
 )
 STARTS_RANKS = True
 DEFAULT_SIZES = "1KB-1GB"
-#: the transport every other is compared with in the summary (the paper's RDMA.zerocp)
-BASELINE = "zerocopy"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,18 +126,22 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
           + (f", each point again beside {args.contend} busy processes" if args.contend else "")
           + f", launcher {launcher.name} -> {out}")
     sweep = Sweep(args, launcher, writer, lines_of(args, launcher, chosen, slowed))
+    sweep.say_left_out(out)
     started = time.monotonic()
     try:
         sweep.measure(points)
         writer.finish("failed" if sweep.failures else "complete", failures=sweep.failures, fabric=sweep.fabrics,
-                      elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe())
+                      elapsed_s=round(time.monotonic() - started, 1), launcher=launcher.describe(),
+                      left_out=sweep.left_out)
     except KeyboardInterrupt as exc:
         return interrupted(writer, "micro", "the points finished", exc, failures=sweep.failures,
-                           fabric=sweep.fabrics, launcher=launcher.describe())
+                           fabric=sweep.fabrics, launcher=launcher.describe(), left_out=sweep.left_out)
     except DiskError as exc:  # a full or failing disk: one line, the run marked failed, its points kept
-        return disk_full(writer, "micro", exc, sweep.failures, fabric=sweep.fabrics, launcher=launcher.describe())
+        return disk_full(writer, "micro", exc, sweep.failures, fabric=sweep.fabrics, launcher=launcher.describe(),
+                         left_out=sweep.left_out)
     except BaseException as exc:
-        failed(writer, sweep.failures, exc, fabric=sweep.fabrics, launcher=launcher.describe())
+        failed(writer, sweep.failures, exc, fabric=sweep.fabrics, launcher=launcher.describe(),
+               left_out=sweep.left_out)
         raise
     finally:
         sweep.close()
@@ -182,12 +184,14 @@ class Sweep:
         self.best_peer_contended_p50_us: dict[tuple[int, int], float] = {}  # the same, with --contend
         self.lines: list[Any] = []
         self.hosts: dict[str, Any] = {}  # line name -> where its ranks run (PrivateHosts)
+        self.left_out: dict[str, str] = {}  # an optional line (a reference, a peer) that cannot run here -> why
         for line in lines:
             self._admit(line)
 
     def _admit(self, line: Any) -> None:
-        """Keep ``line`` if it can run here and under the launcher; a reference that cannot is left out with one
-        line (a transport cannot fail so: the command checked the transports before)."""
+        """Keep ``line`` if it can run here and under the launcher; an optional line (a reference, a peer) that
+        cannot is left out, and why is kept for ``say_left_out`` and meta.json (a transport cannot fail so: the
+        command checked the transports before)."""
         from bench.launch import LaunchError
 
         why = line.unavailable()
@@ -201,7 +205,14 @@ class Sweep:
         elif line.required:
             self._fail(line, why)
         else:
-            print(f"bench micro: warning: no {line.name} line: {why}", file=sys.stderr)
+            self.left_out[line.name] = why
+
+    def say_left_out(self, out: Path) -> None:
+        """One line naming the optional lines that cannot run here, and where it says why and how to add each."""
+        if self.left_out:
+            print(f"bench micro: not available here, left out: {', '.join(self.left_out)} (why, and how to add "
+                  f"each: 'left_out' in {out / 'meta.json'}; --no-peers, --no-references to skip them)",
+                  file=sys.stderr)
 
     def close(self) -> None:
         """Release the hosts made for lines (a private emulated host)."""
@@ -215,14 +226,19 @@ class Sweep:
         every line once per round (a launch each, and one more beside the busy processes), round after round."""
         from tqdm import tqdm
 
+        from bench.ground.sizes import format_size
+
         rounds, passes = self.args.rounds, 2 if self.args.contend else 1
         total = sum(p.warmup + p.iters for line in self.lines for p in line.points(points))
         with tqdm(total=total * rounds * passes, unit="xfer", dynamic_ncols=True, disable=None) as bar:
             if rounds == 1 and passes == 1:
                 for line in self.lines:
+                    started = time.monotonic()
                     self._run(line, line.points(points), 1, bar)
+                    self._log_progress(bar, f"{line.name}: {len(line.points(points))} sizes", started)
                 return
             for point in points:
+                started = time.monotonic()
                 for round_ in range(1, rounds + 1):
                     for line in self.lines:
                         if not (mine := line.points([point])):
@@ -231,6 +247,13 @@ class Sweep:
                             bar.update((point.warmup + point.iters) * passes)  # it failed before: not tried again
                             continue
                         self._run(line, mine, round_, bar)
+                self._log_progress(bar, f"{format_size(point.size_bytes)}: every line, {rounds} round(s)", started)
+
+    @staticmethod
+    def _log_progress(bar: Any, what: str, started: float) -> None:
+        """Where no progress bar is drawn (output to a file or a pipe: a log), a line for each part done."""
+        if bar.disable:
+            print(f"bench micro: {what} done in {time.monotonic() - started:.0f} s", flush=True)
 
     def _run(self, line: Any, points: list, round_: int, bar: Any) -> None:
         """``line`` at ``points`` in round ``round_``, each record written once measured; with --contend (one
@@ -319,46 +342,63 @@ class Sweep:
 
 
 def print_summary(out: Path) -> None:
-    """The run's points (rounds folded: the median, and the range across rounds; a transport's time over the
-    best peer's), and each transport's time relative to zerocopy's at the same size, with its range."""
+    """What people read of a run: the p50 of every line at every size in one table (sizes down, lines across;
+    rounds folded into their median; again beside the busy processes with --contend), then each transport's time
+    relative to zerocopy's at the same size, with its range, and zerocopy's over the best peer's. Every column of
+    every point is in records.csv."""
     from bench.ground.sizes import format_size
-    from bench.results import ResultsError, load_run, ratio
+    from bench.results import ResultsError, load_run
 
     try:
         run = load_run(out)
     except ResultsError:
         return
     points = run.points()
-
-    def number(value: float, width: int, digits: int) -> str:
-        return f"{value:>{width}.{digits}f}" if value == value else f"{'-':>{width}}"  # NaN: not measured
-
-    rounds = int(points["rounds"].max()) if len(points) else 1
-    spread = f"{'p50 range µs':>23} " if rounds > 1 else ""
-    contend = int(points["contend"].max()) if "contend" in points and len(points) else 0
-    beside = f" {f'p50 µs, {contend} busy':>17} {'x quiet':>7} {'of peer':>7}" if contend else ""
-    # ucx_perftest (put_bw) has no per-transfer median: its time is size / bandwidth of a pipelined stream
-    print(f"\n{'transport':16} {'size':>6} {'iters':>5} {'p50 µs':>11} {spread}{'p99 µs':>11} {'MB/s':>9} "
-          f"{'of ref':>7} {'of peer':>7} {'copied/xfer':>12}{beside}")
-    for row in points.itertuples():
-        within = f"{number(row.p50_us_low, 11, 1)}-{number(row.p50_us_high, 11, 1).strip():<11} " if rounds > 1 else ""
-        busy = (f" {number(row.contended_p50_us, 17, 3)} {number(row.contended_of_quiet, 7, 2)} "
-                f"{number(row.contended_of_peer, 7, 2)}" if contend else "")
-        print(f"{row.transport:16} {format_size(row.size_bytes):>6} {row.iters:>5.0f} {number(row.p50_us, 11, 3)} "
-              f"{within}{number(row.p99_us, 11, 3)} {number(row.throughput_MBps, 9, 1)} "
-              f"{number(row.of_reference, 7, 3)} {number(getattr(row, 'of_peer', float('nan')), 7, 2)} "
-              f"{format_size(int(row.copied_bytes_per_transfer)):>12}{busy}")
-    baseline = points[points["transport"] == BASELINE].set_index("size_bytes")
+    if not len(points):
+        print(f"\nresults: {out}")
+        return
+    rounds = int(points["rounds"].max())
+    sizes = list(dict.fromkeys(points["size_bytes"]))
+    cell = {(row.transport, row.size_bytes): row for row in points.itertuples()}
+    timed = [name for name in dict.fromkeys(points["transport"])  # put_bw has no per-transfer time
+             if any(_finite(getattr(cell.get((name, size)), "p50_us", None)) for size in sizes)]
+    contend = int(points["contend"].max()) if "contend" in points and points["contend"].notna().any() else 0
+    columns = [("p50_us", f"p50 µs per transfer{f' (median of {rounds} rounds)' if rounds > 1 else ''}")]
+    if contend:
+        columns.append(("contended_p50_us", f"p50 µs beside {contend} busy processes"))
+    for column, title in columns:
+        print(f"\n{title}:")
+        widths = [max(len(name), 8) for name in timed]
+        print(f"{'size':>6}  " + "  ".join(f"{name:>{width}}" for name, width in zip(timed, widths, strict=True)))
+        for size in sizes:
+            values = [_short(getattr(cell.get((name, size)), column, None)) for name in timed]
+            print(f"{format_size(int(size)):>6}  "
+                  + "  ".join(f"{value:>{width}}" for value, width in zip(values, widths, strict=True)))
+    baseline = list(points.loc[points["transport"] == BASELINE, "size_bytes"])
     others = [t for t in dict.fromkeys(points["transport"])
               if t != BASELINE and t.partition(":")[0] in transports.REGISTRY]  # transports, not reference lines
-    if len(baseline) and others:
+    # zerocopy against the best peer (p50 over p50) and the fabric library's put bandwidth (throughput fraction)
+    headings = {"of_peer": f"{BASELINE} / best peer", "of_reference": f"{BASELINE} of put bw"}
+    extra = tuple((heading, lambda rows, column=column: _short(rows[BASELINE].get(column), 2))
+                  for column, heading in headings.items()
+                  if column in points and points.loc[points["transport"] == BASELINE, column].notna().any())
+    if baseline and (others or extra):
         what = "range across rounds" if rounds > 1 else "range: 95% interval of each median"
-        print(f"\ntime per transfer relative to {BASELINE} (p50 / {BASELINE}'s p50; {what}):")
-        print(f"{'size':>6}  " + "  ".join(f"{t:>24}" for t in others))
-        for size, base in baseline.iterrows():
-            cells = []
-            for label in others:
-                row = points[(points["transport"] == label) & (points["size_bytes"] == size)]
-                cells.append(str(ratio(row.iloc[0], base, "p50_us")) if len(row) else "-")
-            print(f"{format_size(int(size)):>6}  " + "  ".join(f"{c:>24}" for c in cells))
-    print(f"\nresults: {out}")
+        print_relative(f"time per transfer relative to {BASELINE} (p50 / {BASELINE}'s p50; {what})",
+                       "size", [(format_size(int(size)), {row.transport: row._asdict() for row in points[
+                           points["size_bytes"] == size].itertuples()}) for size in baseline],
+                       others, BASELINE, "p50_us", extra)
+    print(f"\nresults: {out} (every column of every point: records.csv)")
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and value == value  # NaN: not measured
+
+
+def _short(value: Any, digits: int | None = None) -> str:
+    """A time for a table: three significant digits or so, '-' where nothing was measured."""
+    if not _finite(value):
+        return "-"
+    if digits is not None:  # a ratio: small ones keep a digit that is not zero
+        return f"{value:.{digits + 1 if value < 0.1 else digits}f}"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
