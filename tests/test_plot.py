@@ -553,3 +553,79 @@ def test_no_legend_covers_data(tmp_path, experiment):
         drawn.append(stem)
         plt.close(fig)
     assert drawn == [stem for stem, _ in plot.FIGURES[experiment] if stem != "copy_overhead" or experiment == "model"]
+
+
+# -- the command: a run, or a directory of runs ------------------------------------------------------------------
+
+
+def bench_plot(*argv: str) -> int:
+    import argparse
+
+    from bench.commands import plot as command
+
+    parser = argparse.ArgumentParser(prog="bench plot")
+    command.add_arguments(parser)
+    return command.run(parser.parse_args(list(argv)))
+
+
+def test_a_directory_of_runs_draws_each_run_in_it(tmp_path, capsys):
+    results = tmp_path / "results"
+    micro, model = _micro_run(results / "micro-1"), _model_run(results / "model-1")
+    (results / "report-1.html").write_text("<html></html>")  # what else lies in results/: not a run, passed over
+    assert bench_plot(str(results)) == 0
+    out = capsys.readouterr().out.split()
+    for run, stems in ((micro, ("micro_time", "micro_throughput")), (model, ("model_throughput",))):
+        for stem in stems:
+            for suffix in (".png", ".svg"):
+                assert str(run / f"{stem}{suffix}") in out and (run / f"{stem}{suffix}").is_file()
+    assert {Path(p).parent for p in out} == {micro, model}  # every file printed is one drawn beside a run's records
+
+
+def test_a_run_in_the_directory_that_cannot_be_drawn_is_named_and_the_others_drawn(tmp_path, capsys):
+    results = tmp_path / "results"
+    micro = _micro_run(results / "micro-1")
+    writer = RunWriter(results / "soak-1", "soak", {})
+    writer.add({"phase": "micro", "transport": "local", "process": "sender", "tensors_sent": 1, "tensors_received": 0,
+                "corrupted": 0, "lost": 0, "rss_start_mb": 1.0, "rss_end_mb": 1.0})
+    writer.finish()
+    assert bench_plot(str(results)) == 0
+    captured = capsys.readouterr()
+    assert str(micro / "micro_time.png") in captured.out.split()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("bench plot: warning: ")
+    assert "soak" in captured.err
+
+
+def test_a_single_run_is_drawn_as_before(tmp_path, capsys):
+    run = _micro_run(tmp_path / "micro")
+    assert bench_plot(str(run)) == 0
+    assert sorted(Path(p).name for p in capsys.readouterr().out.split()) == [
+        "micro_throughput.png", "micro_throughput.svg", "micro_time.png", "micro_time.svg"]
+
+
+@pytest.mark.parametrize("make", [lambda tmp: (tmp / "empty").mkdir() or tmp / "empty",
+                                  lambda tmp: (tmp / "other" / "notes").mkdir(parents=True) or tmp / "other",
+                                  lambda tmp: tmp / "missing"],
+                         ids=["empty", "no-run-inside", "missing"])
+def test_a_directory_without_runs_is_one_line_and_status_2(tmp_path, capsys, make):
+    path = make(tmp_path)
+    assert bench_plot(str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench plot: error: ") and str(path) in err
+    assert "Traceback" not in err
+
+
+def test_a_directory_whose_runs_all_fail_is_status_2(tmp_path, capsys):
+    RunWriter(tmp_path / "results" / "micro-1", "micro", {})  # no records
+    assert bench_plot(str(tmp_path / "results")) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("bench plot: warning: ") and "micro-1" in err[0]
+    assert err[-1].startswith("bench plot: error: none of the 1 run(s)")
+
+
+def test_the_help_says_a_directory_of_runs_is_drawn(capsys):
+    from bench.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plot", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "or a directory holding them" in text and "each run in it is drawn" in text

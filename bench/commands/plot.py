@@ -63,20 +63,14 @@ def run(args: argparse.Namespace) -> int:
         runs = find_runs([args.results_dir])
     except ReportError as exc:
         return options.fail("plot", str(exc))
-    if runs == [args.results_dir]:  # the run itself: what stops it stops the command
-        try:
-            written = _draw(args.results_dir)
-        except _Failed as failed:
-            print(f"bench plot: error: {failed}", file=sys.stderr)
-            return failed.status
-        print(*written, sep="\n")
-        return 0
+    alone = runs == [args.results_dir]  # the run itself, not a directory of runs
     drawn = 0
     for path in runs:
         try:
             written = _draw(path)
         except _Failed as failed:
-            if failed.status != options.EXIT_USAGE:  # the disk: the next run would fail the same way
+            # a run of a directory that cannot be drawn leaves the others to draw; a failing disk fails them all
+            if alone or failed.status != options.EXIT_USAGE:
                 print(f"bench plot: error: {failed}", file=sys.stderr)
                 return failed.status
             print(f"bench plot: warning: {failed}", file=sys.stderr)

@@ -16,7 +16,8 @@ from bench.results import META_FILE, Run, load_run
 
 def find_runs(paths: Sequence[Path]) -> list[Path]:
     """The run directories named: each path itself, or, for a directory without ``meta.json``, the run
-    directories directly inside it (``bench report results/``). A ReportError names a path that is neither."""
+    directories directly inside it (``bench report results/``, ``bench plot results/``). A ReportError names a path
+    that is neither."""
     found: list[Path] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -29,8 +30,9 @@ def find_runs(paths: Sequence[Path]) -> list[Path]:
             continue
         inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file())
         if not inside:
-            raise ReportError(f"'{path}' is not a run directory (it has no {META_FILE}) and holds none; give "
-                              "directories written by bench micro, model, scale, converge, models or analyze")
+            raise ReportError(f"'{path}' is not a results directory (it has no {META_FILE}) and holds none; give "
+                              "a run directory written by bench micro, model, scale, converge, models or analyze, "
+                              "or a directory holding them")
         found += inside
     return list(dict.fromkeys(found))
 
