@@ -210,6 +210,26 @@ def test_the_distribution_figure_is_drawn_only_from_samples(tmp_path):
     assert "micro_distribution.png" not in {p.name for p in plot_run(without)}
 
 
+def test_a_wide_sweep_wraps_its_distribution_onto_rows_that_stay_legible(tmp_path):
+    """bench micro's default sweep (11 sizes) over 6 transports and 5 peer lines: 121 boxes would make a figure
+    24 inches wide, shown at a third of its dots on a page; wrapped onto rows it stays within BOXES_MAX_WIDTH."""
+    lines = ("local", "grpc_tcp", "grpc_rdma", "grpc_rdma:direct", "rdma_cp", "zerocopy", "mpi", "mpi_rma", "nixl",
+             "mooncake", "socket")
+    sizes = tuple(1 << k for k in range(10, 31, 2))
+    fig = draw(load_run(_micro_run(tmp_path / "run", transports=lines, sizes=sizes, samples=True)),
+               "micro_distribution")
+    assert fig.get_figwidth() <= plot.BOXES_MAX_WIDTH
+    rows = _visible_axes(fig)
+    assert len(rows) > 1
+    labels = [t.get_text() for ax in rows for t in ax.get_xticklabels()]
+    assert labels == ["1KB", "4KB", "16KB", "64KB", "256KB", "1MB", "4MB", "16MB", "64MB", "256MB", "1GB"]
+    assert max(len(ax.get_xticklabels()) for ax in rows) - min(len(ax.get_xticklabels()) for ax in rows) <= 1
+    assert sum(len([p for p in ax.patches if p.get_visible()]) for ax in rows) == len(sizes) * len(lines)
+    assert all(ax.get_yscale() == "log" for ax in rows)
+    _assert_legends_cover_no_axes(fig)
+    plt.close(fig)
+
+
 def test_a_single_round_with_samples_draws_their_confidence_interval(tmp_path):
     run = load_run(_micro_run(tmp_path / "run", samples=True))
     points = run.points()

@@ -390,6 +390,24 @@ def _boxes(ax: Axes, groups: Sequence[Any], names: Sequence[str], values: Callab
     return fewest
 
 
+#: the widest a figure of boxes is drawn (inches): groups beyond it wrap onto further rows, so that at a page's width
+#: (the report's, some 1250 CSS pixels) its 8-point text stays legible
+BOXES_MAX_WIDTH = 16.0
+
+
+def _box_rows(groups: Sequence[Any], names: Sequence[str], box: float, least: float,
+              height: float) -> tuple[Figure, list[tuple[Axes, list[Any]]]]:
+    """A figure for :func:`_boxes`, ``box`` inches per box and ``least`` inches wide at least: the groups on as few
+    rows as keep it within :data:`BOXES_MAX_WIDTH`, the rows as even as they can be; each row's axes and groups."""
+    per_group = box * max(1, len(names))
+    fit = max(1, int((BOXES_MAX_WIDTH - 2) // per_group))
+    count = -(-len(groups) // fit)
+    per_row = -(-len(groups) // count)
+    width = min(BOXES_MAX_WIDTH, max(least, per_group * per_row + 2))
+    fig, axes = _grid(count, 1, width, height if count == 1 else 0.75 * height)
+    return fig, [(ax, list(groups[k * per_row:(k + 1) * per_row])) for k, ax in enumerate(axes)]
+
+
 def _box_entries(names: Sequence[str]) -> dict[str, Artist]:
     return {_label(n): Patch(facecolor=_style(n).get("color"), alpha=0.45, edgecolor=_style(n).get("color"))
             for n in names}
@@ -471,19 +489,22 @@ def micro_distribution_figure(run: Run) -> Figure | None:
     sizes = sorted(set(samples["size_bytes"]))
     names = _transports_in_order(samples)
     groups = {key: group["time_us"].to_numpy() for key, group in samples.groupby(["size_bytes", "transport"])}
-    fig, ax = plt.subplots(figsize=(min(24.0, max(8.0, 0.22 * len(sizes) * len(names) + 2)), 5))
-    fewest = _boxes(ax, sizes, names, lambda size, name: groups.get((size, name), np.array([])))
-    _log_y(ax)
-    ax.set_xticks(range(len(sizes)), [format_size(int(s)) for s in sizes])
-    ax.set_xlabel("tensor size (binary units)")
-    ax.set_ylabel("time per transfer (µs, log scale)")
-    ax.grid(True, axis="y", which="major", alpha=0.3)
+    fig, rows = _box_rows(sizes, names, 0.22, 8.0, 5.0)
+    fewest = []
+    for ax, row in rows:
+        fewest.append(_boxes(ax, row, names, lambda size, name: groups.get((size, name), np.array([]))))
+        _log_y(ax)
+        ax.set_xticks(range(len(row)), [format_size(int(s)) for s in row])
+        ax.set_ylabel("time per transfer (µs, log scale)")
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+    rows[-1][0].set_xlabel("tensor size (binary units)")
+    fewest = min((n for n in fewest if n), default=0)
     rounds = int(samples["round"].max()) if "round" in samples else 1
     over = f" over {rounds} rounds" if rounds > 1 else ""
     _title(fig, "Send/receive micro-benchmark: distribution of the time per transfer, per size", run,
            [f"box: quartiles, black line: median, whiskers: 1st to 99th percentile, dots: beyond; "
             f"at least {fewest} timed transfers per box{over}"])
-    return _finish(fig, [ax], _box_entries(names))
+    return _finish(fig, [ax for ax, _ in rows], _box_entries(names))
 
 
 # -- model: Figures 9 and 12 ---------------------------------------------------------------------------------
@@ -614,18 +635,21 @@ def model_step_distribution_figure(run: Run) -> Figure | None:
     groups = list(dict.fromkeys(samples[keys].itertuples(index=False, name=None)))
     names = _transports_in_order(samples)
     by_point = {key: g["step_time_s"].to_numpy() for key, g in samples.groupby([*keys, "transport"])}
-    fig, ax = plt.subplots(figsize=(min(24.0, max(7.0, 0.3 * len(groups) * len(names) + 2)), 4.8))
-    fewest = _boxes(ax, groups, names, lambda group, name: by_point.get((*group, name), np.array([])))
-    _log_y(ax)
     several = samples["servers"].nunique() > 1
-    ax.set_xticks(range(len(groups)), [f"{_panel_title(m, s if several else None)}\nbatch {b}"
-                                       for m, b, s in groups], fontsize=9)
-    ax.set_ylabel("mini-batch time (s, log scale)")
-    ax.grid(True, axis="y", which="major", alpha=0.3)
+    fig, rows = _box_rows(groups, names, 0.3, 7.0, 4.8)
+    fewest = []
+    for ax, row in rows:
+        fewest.append(_boxes(ax, row, names, lambda group, name: by_point.get((*group, name), np.array([]))))
+        _log_y(ax)
+        ax.set_xticks(range(len(row)), [f"{_panel_title(m, s if several else None)}\nbatch {b}"
+                                        for m, b, s in row], fontsize=9)
+        ax.set_ylabel("mini-batch time (s, log scale)")
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+    fewest = min((n for n in fewest if n), default=0)
     _title(fig, "Distribution of the mini-batch time, every worker's every timed step", run,
            [_notes(run.records), f"box: quartiles, black line: median, whiskers: 1st to 99th percentile, "
                                  f"dots: beyond; at least {fewest} steps per box"])
-    return _finish(fig, [ax], _box_entries(names))
+    return _finish(fig, [ax for ax, _ in rows], _box_entries(names))
 
 
 #: Figure 12's bars: the analysis on, off, and the paper's "without analysis" (the sender's copy)
