@@ -18,6 +18,7 @@ import pytest
 from bench.commands import report as command
 from bench.ground import paper
 from bench.readers.report import write_report
+from bench.readers.report.text import line_name
 from bench.results import MicroRecord, RunWriter
 from tests.test_results import micro_record
 
@@ -45,28 +46,51 @@ def micro_run(path: Path) -> Path:
 
 
 def wide_micro_run(path: Path) -> Path:
-    """A sweep as wide as bench micro's default: every transport and mode, sizes 1KB to 1GB, 3 rounds, samples (a
-    ratio table of 8 columns with ranges, a distribution figure of 66 boxes)."""
+    """A sweep as wide as bench micro's default: every transport and mode, the peer and reference lines, sizes 1KB
+    to 1GB, 3 rounds, samples (a ratio table of 8 columns with ranges, a peers table of 12, a distribution figure of
+    121 boxes)."""
     writer = RunWriter(path, "micro", {"fabric": "ucx", "fabric_transport": "shm",
                                        "launcher": {"launcher": "local", "bind": "127.0.0.1"}})
     rng = np.random.default_rng(0)
     lines = {"zerocopy": 1.0, "rdma_cp": 1.5, "grpc_rdma": 4.0, "grpc_rdma:direct": 3.0, "grpc_tcp": 10.0,
              "local": 0.5}
+    peers = {"mpi": 1.2, "mpi_rma": 1.4, "nixl": 2.0, "mooncake": 5.0, "socket": 3.0}
     for size in (1 << k for k in range(10, 31, 2)):
         base = 10.0 + size / 2**20 * 200
         for round_ in (1, 2, 3):
             writer.add(micro_record(transport="ucx_perftest", size_bytes=size, round=round_, p50_us=float("nan"),
                                     p99_us=float("nan"), mean_us=base / 4, throughput_MBps=size / 2**20 / base * 4e6,
                                     fabric="ucx:auto"))
+            writer.add(micro_record(transport="memcpy", size_bytes=size, round=round_, p50_us=base / 8,
+                                    p99_us=base / 4, mean_us=base / 8, throughput_MBps=size / 2**20 / base * 8e6,
+                                    fabric="none"))
+            for peer, factor in peers.items():
+                record = MicroRecord.from_row(micro_record(
+                    transport=peer, size_bytes=size, round=round_, p50_us=base * factor, p99_us=2 * base * factor,
+                    mean_us=base * factor, throughput_MBps=size / 2**20 / (base * factor) * 1e6, fabric="none"))
+                writer.add(record)
+                times = base * factor * (1 + 0.2 * rng.random(50))
+                writer.add_samples(record, {"time_us": times, "transfer_us": times})
             for transport, factor in lines.items():
                 time_us = base * factor * (1 + 0.1 * rng.random())
                 record = MicroRecord.from_row(micro_record(
                     transport=transport, size_bytes=size, round=round_, p50_us=time_us, p99_us=2 * time_us,
                     mean_us=time_us, throughput_MBps=size / 2**20 / time_us * 1e6, of_reference=0.25,
+                    of_peer=time_us / (base * min(peers.values())),
                     fabric="none" if transport in ("grpc_tcp", "local") else SHARED_MEMORY))
                 writer.add(record)
                 times = time_us * (1 + 0.2 * rng.random(50))
                 writer.add_samples(record, {"time_us": times, "transfer_us": times * 0.9})
+    writer.finish()
+    return path
+
+
+def single_line_micro_run(path: Path, transport: str = "zerocopy") -> Path:
+    """One transport at 1KB and 1MB, nothing to compare it with."""
+    writer = RunWriter(path, "micro", {"fabric": "ucx", "fabric_transport": "shm"})
+    for size, time_us in ((1024, 10.0), (1 << 20, 1000.0)):
+        writer.add(micro_record(transport=transport, size_bytes=size, p50_us=time_us, p99_us=2 * time_us,
+                                mean_us=time_us, throughput_MBps=size / 2**20 / time_us * 1e6, fabric=SHARED_MEMORY))
     writer.finish()
     return path
 
@@ -307,6 +331,61 @@ def test_figure10_11_table2_and_analysis(reported):
     assert cell(shares, "bytes in tensors above 1 MB", "paper") == "96%"
 
 
+def _page_of(runs: list[Path], tmp_path: Path, monkeypatch) -> tuple[str, str]:
+    """The HTML and Markdown report of ``runs``, without figures (drawing them is not what is tested)."""
+    from bench.readers import plot
+
+    monkeypatch.setattr(plot, "plot_run", lambda path, out_dir=None: [])
+    write_report(runs, tmp_path / "page.html", tmp_path / "page.md")
+    return (tmp_path / "page.html").read_text(), (tmp_path / "page.md").read_text()
+
+
+def _model_size_captions(text: str) -> list[str]:
+    return re.findall(r'<table data-table="table2-model-size"><caption>([^<]*)</caption>', text)
+
+
+def test_table2_appears_once_for_any_number_of_model_runs(tmp_path, monkeypatch):
+    runs = [model_run(tmp_path / "model-a"), model_run(tmp_path / "model-b")]
+    text, markdown = _page_of(runs, tmp_path, monkeypatch)
+    assert text.count('data-section="table2"') == 1 and markdown.count("## Table 2") == 1
+    assert text.count("<h2>Table 2") == 1 and text.count(paper.TABLE2_QUOTE) == 1
+    assert [c.split(",")[0] for c in _model_size_captions(text)] == ["Model size moved per step by run model-a",
+                                                                     "Model size moved per step by run model-b"]
+    assert "run model-a: " in text and "run model-b: " in text  # the section names both runs
+    assert text.count('data-section="figure9"') == 2  # the figures of the runs stay one section per run
+
+
+def test_table2_of_a_models_run_and_model_runs_is_one_section_the_models_table_first(tmp_path, monkeypatch):
+    runs = [model_run(tmp_path / "model-a"), model_run(tmp_path / "model-b"), models_run(tmp_path / "models")]
+    text, _ = _page_of(runs, tmp_path, monkeypatch)
+    assert text.count('data-section="table2"') == 1
+    section = text[text.index('data-section="table2"'):]
+    section = section[:section.index("</section>")]
+    assert "<h2>Table 2: the benchmark models</h2>" in section
+    assert section.index('data-table="table2"') < section.index('data-table="table2-model-size"')
+    assert len(_model_size_captions(section)) == 2
+    assert cell(parse_page(section).tables["table2"], "FCN-5", "compute (ms/sample)") == "9.76"
+
+
+@pytest.mark.parametrize("transport", ["zerocopy", "grpc_tcp"])
+def test_a_single_transport_run_has_no_empty_ratio_table(tmp_path, monkeypatch, transport):
+    micro = single_line_micro_run(tmp_path / "micro", transport)
+    writer = RunWriter(tmp_path / "model", "model", {"compute": "replay"})
+    for batch in (1, 2):
+        writer.add(_model_row(transport, "fcn5", batch, 3.0))
+    writer.finish()
+    text, markdown = _page_of([micro, tmp_path / "model"], tmp_path, monkeypatch)
+    tables = parse_page(text).tables
+    assert not {"figure8-ratios", "figure8-paper", "figure9-ratios", "figure9-paper"} & set(tables)
+    for name, table in tables.items():
+        assert len(table) > 1 and len(table[0]) > 1, f"{name} is empty: {table}"
+    lacking = "no other transport" if transport == "zerocopy" else "no zero-copy line"
+    assert cell(tables["figure8-times"], "1KB", line_name(transport)) == "10"
+    assert f"Median time per transfer (µs); {lacking} to compare with" in text
+    assert len(tables["figure9-throughput"]) == 3
+    assert f"The run has {lacking} ({line_name(transport)} only)" in markdown
+
+
 def test_divergences_are_explained_from_the_runs_data(reported):
     text = reported["html"]
     assert "UCX shared memory (cma, posix, sysv) between processes on one host, not an RDMA NIC" in text
@@ -530,43 +609,37 @@ def test_a_browser_shows_every_figure_and_table(reported, tmp_path):
     assert (pixels.min(axis=2) < 0.5).mean() > 0.01  # dark ink on a good part of it
 
 
-#: appended to a copy of the page: in the window it is shown in, how wide the page is against the window, which
-#: tables cannot be read to their last column (clipped, off the page, or scrolling in a box whose scroll bar is not
-#: right under the table), how many needed scrolling, and which figures are shown at less than half their dots
-#: (8-point text under 8 CSS pixels)
-_REACH = """<script>
+#: appended to a copy of the page: in the window it is shown in, how wide the page is against the window, every
+#: element that reaches past the window's right edge or scrolls sideways in a box of its own, every table, figure
+#: and image wider than the box it stands in, and how much the figures are scaled (shown width / drawn width)
+_FIT = """<script>
 window.addEventListener('load', function () {
-  var width = window.innerWidth, unreachable = [], scrolled = 0, small = [];
-  Array.from(document.querySelectorAll('table[data-table]')).forEach(function (table) {
-    var box = null, clipped = false;
-    for (var el = table.parentElement; el && el !== document.body; el = el.parentElement) {
-      var overflow = getComputedStyle(el).overflowX;
-      if (overflow === 'auto' || overflow === 'scroll') { box = el; break; }
-      if (overflow === 'hidden' || overflow === 'clip') { clipped = true; break; }
-    }
-    var header = table.querySelector('tr').children, last = header[header.length - 1], ok = !clipped;
-    if (ok && box) {
-      if (box.scrollWidth > box.clientWidth + 1) scrolled++;
-      box.scrollLeft = box.scrollWidth;
-      var b = box.getBoundingClientRect(), t = table.getBoundingClientRect(), c = last.getBoundingClientRect();
-      ok = c.right <= Math.min(b.right, width) + 1 && c.left >= b.left - 1 && b.bottom - t.bottom < 40;
-      box.scrollLeft = 0;
-    } else if (ok) {
-      ok = last.getBoundingClientRect().right <= width + 1;
-    }
-    if (!ok) unreachable.push(table.getAttribute('data-table'));
+  var viewport = document.documentElement.clientWidth, past = [], scrolling = [], overflowing = [], scales = [];
+  function name(el) {
+    var label = el.getAttribute('data-table') || el.getAttribute('data-figure') || el.className || el.id;
+    return el.tagName.toLowerCase() + (label ? '[' + label + ']' : '');
+  }
+  Array.from(document.body.querySelectorAll('*')).forEach(function (el) {
+    if (el.getBoundingClientRect().right > viewport + 0.5) past.push(name(el));
+    var overflow = getComputedStyle(el).overflowX;
+    if ((overflow === 'auto' || overflow === 'scroll') && el.scrollWidth > el.clientWidth) scrolling.push(name(el));
+  });
+  Array.from(document.querySelectorAll('table, figure, img')).forEach(function (el) {
+    var box = el.getBoundingClientRect(), around = el.parentElement.getBoundingClientRect();
+    if (box.right > around.right + 0.5 || box.left < around.left - 0.5) overflowing.push(name(el));
   });
   Array.from(document.images).forEach(function (img) {
-    if (img.getBoundingClientRect().width < 0.5 * img.naturalWidth - 1) small.push(img.getAttribute('data-figure'));
+    scales.push((img.getBoundingClientRect().width / img.naturalWidth).toFixed(3));
   });
   var out = document.createElement('div');
-  out.id = 'reach-check';
-  out.setAttribute('data-window', width);
+  out.id = 'fit-check';
+  out.setAttribute('data-window', window.innerWidth);
   out.setAttribute('data-page', document.documentElement.scrollWidth);
-  out.setAttribute('data-unreachable', unreachable.join(' '));
-  out.setAttribute('data-scrolled', scrolled);
-  out.setAttribute('data-images', document.images.length);
-  out.setAttribute('data-small', small.join(' '));
+  out.setAttribute('data-past', past.join(' '));
+  out.setAttribute('data-scrolling', scrolling.join(' '));
+  out.setAttribute('data-overflowing', overflowing.join(' '));
+  out.setAttribute('data-scales', scales.join(' '));
+  out.setAttribute('data-tables', document.querySelectorAll('table[data-table]').length);
   document.body.appendChild(out);
 });
 </script>"""
@@ -574,20 +647,31 @@ window.addEventListener('load', function () {
 
 @pytest.mark.skipif(_browser() is None, reason="no chromium, chromium-browser or google-chrome on PATH "
                     "(apt-get install chromium)")
-def test_in_a_1300_px_window_nothing_is_clipped_and_figures_are_readable(tmp_path):
+def test_in_a_1300_px_window_nothing_needs_a_sideways_scroll_bar(tmp_path):
+    """A report of the runs a newcomer has (a micro sweep of every line, sizes and rounds; a model run, a models
+    run, and the runs of earlier versions) read in a window 1300 pixels wide: nothing reaches past the window or
+    scrolls sideways, no table or figure is wider than where it stands, figures are scaled down, never up."""
     browser = _browser()
-    runs = [wide_micro_run(tmp_path / "runs" / "micro"), converge_run(tmp_path / "runs" / "converge")]
+    runs = [wide_micro_run(tmp_path / "runs" / "micro"), model_run(tmp_path / "runs" / "model"),
+            models_run(tmp_path / "runs" / "models"),
+            *sorted(p for p in V1_FIXTURES.iterdir() if (p / "meta.json").is_file())]
     page = tmp_path / "report.html"
     write_report(runs, page)
+    text = page.read_text()
+    assert text.count('data-section="table2"') == 1
     checked = tmp_path / "checked.html"
-    checked.write_text(page.read_text().replace("</body>", _REACH + "</body>"))
-    dom = _run_browser(browser, "--window-size=1300,1000", "--virtual-time-budget=10000", "--dump-dom",
+    checked.write_text(text.replace("</body>", _FIT + "</body>"))
+    dom = _run_browser(browser, "--window-size=1300,900", "--virtual-time-budget=10000", "--dump-dom",
                        checked.as_uri())
-    found = re.search(r'<div id="reach-check"([^>]*)>', dom.stdout)
+    found = re.search(r'<div id="fit-check"([^>]*)>', dom.stdout)
     assert found, f"the page did not finish loading in {browser}: {dom.stderr[-2000:]}"
     values = dict(re.findall(r'data-(\w+)="([^"]*)"', found.group(1)))
     assert values["window"] == "1300"
     assert int(values["page"]) <= 1300  # no part of the page off to the right
-    assert values["unreachable"] == ""  # every table readable to its last column where it stands
-    assert int(values["scrolled"]) >= 1  # Figure 8's ratio table is wider than its column: it scrolls
-    assert int(values["images"]) >= 5 and values["small"] == ""  # micro's distribution and converge's figures too
+    assert values["past"] == ""  # no element reaches past the window's right edge
+    assert values["scrolling"] == ""  # no table (or anything else) scrolls sideways in a box of its own
+    assert values["overflowing"] == ""  # every table, figure and image fits where it stands
+    assert int(values["tables"]) >= 15
+    scales = [float(v) for v in values["scales"].split()]
+    assert len(scales) >= 10 and max(scales) <= 0.64 + 0.01  # at most the drawn size (150 dpi at 96 CSS px/inch)
+    assert min(scales) >= 0.45  # the widest (micro's distribution) scaled to the page, 8-point text still legible

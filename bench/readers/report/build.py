@@ -1,5 +1,6 @@
 """Putting a page together: the runs named, each run's sections (from the registry,
-:data:`bench.readers.report.sections.SECTIONS`), its figures placed, the sections in the registry's order."""
+:data:`bench.readers.report.sections.SECTIONS`), its figures placed, the sections in the registry's order (those
+of a kind shown once gathered into one)."""
 
 from __future__ import annotations
 
@@ -67,15 +68,23 @@ def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) 
     report = Report(list(zip(labels, runs, strict=True)), [], datetime.now().astimezone().isoformat(timespec="seconds"))
     report.overview = overview_tables(report)
     order = list(dict.fromkeys(kind.key for kind in SECTIONS))
-    placed: list[tuple[int, Section]] = []
+    placed: list[tuple[tuple[int, int], Kind | None, Section]] = []
     for index, (label, run) in enumerate(report.runs, start=1):
         made = run_sections(run, label, report.warnings)
         if figures:
             drawn, note = draw_figures(run, figure_dir / f"{index:02d}")
             place_figures(made, drawn, note)
-        placed += [(order.index(kind.key) if kind else len(order), section) for kind, section in made]
-    placed.sort(key=lambda pair: pair[0])  # stable: sections of one key in the order of their runs
-    report.sections = [section for _, section in placed]
+        placed += [((order.index(kind.key), SECTIONS.index(kind)) if kind else (len(order), 0), kind, section)
+                   for kind, section in made]
+    placed.sort(key=lambda item: item[0])  # stable: sections of one kind in the order of their runs
+    shown_once: dict[str, Section] = {}
+    for _, kind, section in placed:
+        if kind is not None and kind.once:
+            if section.key in shown_once:
+                shown_once[section.key].gather(section)
+                continue
+            shown_once[section.key] = section
+        report.sections.append(section)
     return report
 
 

@@ -29,9 +29,8 @@ def render_markdown(report: Report, figure_names: dict[Path, str]) -> str:
         lines += _md_table(table)
     for section in report.sections:
         lines += [f"## {section.title}", ""]
-        if section.run is not None:
-            lines += [f"Run {section.run_label}: `{section.run.path}` ({section.run.experiment}, "
-                      f"{section.run.meta.get('status', '?')}).", ""]
+        for label, run in section.runs:
+            lines += [f"Run {label}: `{run.path}` ({run.experiment}, {run.meta.get('status', '?')}).", ""]
         for figure in section.figures:
             lines += [f"![{figure.stem}]({figure_names[figure.png]})", ""]
         if section.figure_note:

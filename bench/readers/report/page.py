@@ -36,7 +36,7 @@ class Figure:
 
 @dataclass
 class Section:
-    """One figure or table of the paper as one run reproduces it."""
+    """One figure or table of the paper as one run reproduces it (a kind shown once: as all its runs do)."""
 
     key: str
     title: str
@@ -49,6 +49,22 @@ class Section:
     notes: list[str] = field(default_factory=list)
     #: one line when the figures could not be drawn
     figure_note: str = ""
+    #: the runs of the sections gathered into this one (a kind shown once per page), after its own
+    gathered: list[tuple[str, Run]] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[tuple[str, Run]]:
+        """``(label, run)`` of every run the section shows: its own, then the gathered ones."""
+        return ([(self.run_label, self.run)] if self.run is not None else []) + self.gathered
+
+    def gather(self, other: Section) -> None:
+        """Take in ``other``'s runs, tables, figures and notes; quotes and notes it already has are not repeated."""
+        self.gathered += other.runs
+        self.paper += [quote for quote in other.paper if quote not in self.paper]
+        self.tables += other.tables
+        self.figures += other.figures
+        self.notes += [note for note in other.notes if note not in self.notes]
+        self.figure_note = self.figure_note or other.figure_note
 
 
 @dataclass

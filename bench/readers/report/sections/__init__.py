@@ -20,8 +20,8 @@ from bench.results import Run
 class Kind:
     """One kind of section: where it stands on the page, the runs it reads and how it is made from one."""
 
-    #: its place on the page: sections of one key stand together, in the order of their runs (also the
-    #: ``data-section`` and anchor its module gives the section)
+    #: its place on the page: sections of one key stand together, by kind, then in the order of their runs (also
+    #: the ``data-section`` and anchor its module gives the section)
     key: str
     #: the experiments whose runs it reads
     experiments: tuple[str, ...]
@@ -30,13 +30,16 @@ class Kind:
     #: the beginnings of the names of the run's figures (:mod:`bench.readers.plot`'s stems) shown beside this
     #: section; a run's other figures go to the first of its sections that shows any
     figures: tuple[str, ...] = ()
+    #: one section on the page for every run it reads, not one per run (its tables one after the other): Table 2
+    #: describes the models, whichever runs measured them
+    once: bool = False
 
 
 #: every section, in the order of the page
 SECTIONS: tuple[Kind, ...] = (
     Kind("figure8", ("micro",), micro.figure8, figures=("micro_",)),
-    Kind("table2", ("models",), table2.table2, figures=("models_",)),
-    Kind("table2", ("model",), table2.model_size),
+    Kind("table2", ("models",), table2.table2, figures=("models_",), once=True),
+    Kind("table2", ("model",), table2.model_size, once=True),
     Kind("figure7", ("analysis",), plan.figure7, figures=("analysis_",)),
     Kind("figure9", ("model",), throughput.figure9, figures=("model_",)),
     Kind("figure10", ("converge",), converge.figure10, figures=("converge_",)),

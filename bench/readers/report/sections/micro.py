@@ -39,14 +39,16 @@ def figure8(run: Run, label: str) -> Section:
     sizes = sorted({int(s) for s in points["size_bytes"]})
     p50 = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"], points["p50_us"], strict=True)}
     point = {(r["transport"], int(r["size_bytes"])): r for _, r in points.iterrows()}
-    if ZERO_COPY not in lines:
-        section.tables.append(Table("figure8-times", "Median time per transfer (µs); no zero-copy line to compare with",
+    others = [t for t in lines if t != ZERO_COPY]
+    if ZERO_COPY not in lines or not others:  # no ratio to take: the times alone, and why
+        lacking = "no zero-copy line" if ZERO_COPY not in lines else "no other transport"
+        section.tables.append(Table("figure8-times", f"Median time per transfer (µs); {lacking} to compare with",
                                     ["size", *[line_name(t) for t in lines]],
                                     [[format_size(s), *[num(p50.get((t, s))) for t in lines]] for s in sizes]))
-        section.notes.append("The run has no zerocopy (RDMA.zerocp) line, so no ratio can be set beside the paper's: "
-                             "run bench micro with --transports zerocopy,... to get them.")
+        section.notes.append(f"The run has {lacking} ({listing(map(line_name, lines)) or 'no transport'} only), so "
+                             "no ratio can be set beside the paper's: run bench micro with --transports "
+                             "zerocopy,grpc_tcp,... to get them.")
     else:
-        others = [t for t in lines if t != ZERO_COPY]
         of_reference = {int(s): v for t, s, v in zip(points["transport"], points["size_bytes"],
                                                      points.get("of_reference", pd.Series([None] * len(points))),
                                                      strict=True) if t == ZERO_COPY}

@@ -82,9 +82,11 @@ def figure11(run: Run, label: str) -> Section:
             ratio = divide(total.get((ZERO_COPY, model, batch, most)), total.get(("grpc_rdma", model, batch, most)))
             comparisons.append([model_name(model), "RDMA.zerocp", f"over gRPC.RDMA at {at}", percent(ratio),
                                 claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
-    section.tables.append(Table("figure11-paper", f"Speed-ups at the most servers run, beside the paper's at "
-                                f"{paper.SCALE_SERVERS} servers (§5.2, Figure 11)",
-                                ["model", "line", "speed-up", "here", "paper", "here against the paper"], comparisons))
+    if comparisons:
+        section.tables.append(Table("figure11-paper", f"Speed-ups at the most servers run, beside the paper's at "
+                                    f"{paper.SCALE_SERVERS} servers (§5.2, Figure 11)",
+                                    ["model", "line", "speed-up", "here", "paper", "here against the paper"],
+                                    comparisons))
     servers = sorted({int(s) for s in points["servers"]})
     batches = sorted({int(b) for b in points["batch_size"]})
     section.notes.append(f"The paper's speed-ups are on {paper.SCALE_SERVERS} servers at batch "

@@ -35,7 +35,8 @@ def table2(run: Run, label: str) -> Section:
                      num(r["variables"], "g"), num(paper_vars, "g"),
                      num(r["model_mb"], ".2f"), num(paper_mb, ".2f"), times(divide(r["model_mb"], paper_mb)),
                      num(r["compute_ms_per_sample"], ".3g"), num(paper_ms, ".3g"), times(ratio_ms)])
-    section.tables.append(Table("table2", "Here against the paper's Table 2 (here / paper as a ratio)",
+    section.tables.append(Table("table2", f"Measured by run {label}, against the paper's Table 2 (here / paper as a "
+                                "ratio)",
                                 ["model", "batch", "variables", "paper", "size (MB)", "paper (MB)", "here / paper",
                                  "compute (ms/sample)", "paper (ms/sample)", "here / paper"], rows))
     if slow:
@@ -63,5 +64,5 @@ def model_size(run: Run, label: str) -> Section | None:
                      times(divide(mb, known and known.model_mb))])
     return Section("table2", "Table 2: model size moved per step", run, label,
                    paper=[(paper.TABLE2_QUOTE, paper.TABLE2_SECTION)],
-                   tables=[Table("table2-model-size", "Model size of the model runs against Table 2's",
+                   tables=[Table("table2-model-size", f"Model size moved per step by run {label}, against Table 2's",
                                  ["model", "size here (MB)", "paper (MB)", "here / paper"], rows)])

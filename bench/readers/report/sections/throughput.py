@@ -41,15 +41,17 @@ def figure9(run: Run, label: str) -> Section:
             for r in points.itertuples(index=False)}
     point = {(r["transport"], r["model"], int(r["batch_size"]), int(r["servers"])): r for _, r in points.iterrows()}
     cases = list(dict.fromkeys((r.model, int(r.batch_size), int(r.servers)) for r in points.itertuples(index=False)))
-    if ZERO_COPY not in lines:
-        section.tables.append(Table("figure9-throughput", "Mini-batches per second per worker (no zero-copy line)",
-                                    ["model", "batch", "servers", *[line_name(t) for t in lines]],
+    others = [t for t in lines if t != ZERO_COPY]
+    if ZERO_COPY not in lines or not others:  # no ratio to take: the throughputs alone, and why
+        lacking = "no zero-copy line" if ZERO_COPY not in lines else "no other line"
+        section.tables.append(Table("figure9-throughput", f"Mini-batches per second per worker ({lacking} to "
+                                    "compare with)", ["model", "batch", "servers", *[line_name(t) for t in lines]],
                                     [[model_name(m), str(b), str(s), *[num(tput.get((t, m, b, s))) for t in lines]]
                                      for m, b, s in cases]))
-        section.notes.append("The run has no zerocopy (RDMA.zerocp) line, so no ratio can be set beside the paper's: "
-                             "run bench model --transport zerocopy,... to get them.")
+        section.notes.append(f"The run has {lacking} ({listing(map(line_name, lines)) or 'no line'} only), so no "
+                             "ratio can be set beside the paper's: run bench model --transport zerocopy,grpc_tcp,... "
+                             "to get them.")
     else:
-        others = [t for t in lines if t != ZERO_COPY]
         rows = [[model_name(m), str(b), str(s), num(tput.get((ZERO_COPY, m, b, s))),
                  *[ratio_cell(point.get((t, m, b, s)), point.get((ZERO_COPY, m, b, s)), "step_time_s")
                    for t in others]]
@@ -69,9 +71,10 @@ def figure9(run: Run, label: str) -> Section:
                 show = percent if claim and claim.percent else times
                 summary.append([model_name(model), line_name(line), range_text(ratios, show) + _also(ratios, show),
                                 claim_cell(claim), claim.verdict(ratios) if claim else "no paper number"])
-        section.tables.append(Table("figure9-paper", "RDMA.zerocp over each line: here (over the batch sizes run) and "
-                                    "in the paper (§5.2, Figure 9)",
-                                    ["model", "over", "here", "paper", "here against the paper"], summary))
+        if summary:
+            section.tables.append(Table("figure9-paper", "RDMA.zerocp over each line: here (over the batch sizes run) "
+                                        "and in the paper (§5.2, Figure 9)",
+                                        ["model", "over", "here", "paper", "here against the paper"], summary))
         if "tf_grpc" in others:
             section.notes.append("TF gRPC (tf_grpc) is TensorFlow's own parameter-server training over its gRPC "
                                  "runtime, what the paper calls gRPC.TCP: the paper's gRPC.TCP numbers are set beside "
