@@ -1,0 +1,79 @@
+"""tools/fresh-machine: which README lines it runs, and which package index settings a user's machine would have.
+
+The tool itself (a minimal Debian root, the README's commands in it) runs in .ci/run, not here: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from importlib.machinery import SourceFileLoader
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_loader = SourceFileLoader("fresh_machine", str(ROOT / "tools" / "fresh-machine"))
+fresh = sys.modules["fresh_machine"] = importlib.util.module_from_spec(
+    importlib.util.spec_from_loader("fresh_machine", _loader))
+_loader.exec_module(fresh)
+
+
+def test_the_readme_commands_it_runs_are_the_readmes_first_two():
+    main, tests = fresh.readme_commands(ROOT / "README.md")
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert lines[main.number - 1] == main.text and lines[tests.number - 1] == tests.text
+    assert main.number < tests.number
+    steps = fresh.steps(main, tests, "1KB", ["tests/test_sizes.py"])
+    # the README's line as written, only the sizes added; the tests' line with its pytest cut to the smoke tests
+    assert steps[0].command == f"{main.text} --sizes 1KB" and "README.md line" in steps[0].what
+    assert steps[-1].command == f"{tests.text} tests/test_sizes.py" and steps[-1].clone != steps[0].clone
+    assert [step.command.split()[1] for step in steps[1:4]] == ["model", "plot", "report"]
+
+
+def test_a_readme_whose_commands_changed_shape_is_refused_naming_the_line(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n```\npython3 -m venv .venv && .venv/bin/bench micro --sizes 1KB\n```\n\n"
+                      "```\npython3 -m venv .venv && .venv/bin/pytest -q\n```\n")
+    with pytest.raises(fresh.Unavailable, match=r"README\.md line 4: .* should end in 'bench micro'"):
+        fresh.readme_commands(readme)
+    readme.write_text("```\npython3 -m venv .venv && .venv/bin/bench micro\n```\n")
+    with pytest.raises(fresh.Unavailable, match="found 1"):
+        fresh.readme_commands(readme)
+
+
+def test_the_smoke_tests_exist():
+    for test in fresh.SMOKE:
+        path, _, name = test.partition("::")
+        assert (ROOT / path).is_file(), path
+        assert not name or f"def {name}(" in (ROOT / path).read_text(), test
+
+
+def test_pip_settings_keep_a_users_index_and_leave_this_machines_files_out(tmp_path, monkeypatch):
+    cert = tmp_path / "proxy-ca.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[global]\nconstraint = /etc/xdg/pip/constraints.txt\ncert = {cert}\n"
+                      "extra-index-url = file:///opt/pypi/simple https://mirror.example/simple\n")
+    for name in [name for name in os.environ if name.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/wheels")
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "180")
+    monkeypatch.setenv("https_proxy", "http://proxy.example:3128")
+    env, dropped, kept_cert = fresh.pip_settings()
+    assert env["PIP_EXTRA_INDEX_URL"] == "https://mirror.example/simple"
+    assert env["PIP_DEFAULT_TIMEOUT"] == "180" and env["https_proxy"] == "http://proxy.example:3128"
+    assert env["PIP_CERT"] == str(cert) and kept_cert == cert  # copied into the root at the same path
+    assert "PIP_FIND_LINKS" not in env and "PIP_CONSTRAINT" not in env
+    assert {"constraint=/etc/xdg/pip/constraints.txt", "find-links=/opt/wheels",
+            "extra-index-url=file:///opt/pypi/simple"} <= set(dropped)
+
+
+def test_it_says_why_it_cannot_run_without_root():
+    if os.geteuid() == 0:
+        pytest.skip("runs as root here: the refusal is for other users")
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "fresh-machine")], capture_output=True, text=True)
+    assert result.returncode == fresh.EXIT_UNAVAILABLE and "needs root" in result.stdout
