@@ -36,7 +36,7 @@ EXTERNAL_OPTIONS = {
     "srun": {"--ntasks-per-node"},
 }
 #: the repository's own tools: their options are those their source spells
-REPO_TOOLS = ("tools/softroce", "tools/slurm-bed", "tools/use-system-pyverbs")
+REPO_TOOLS = tuple(sorted(f"tools/{tool.name}" for tool in (ROOT / "tools").iterdir() if tool.is_file()))
 #: path prefixes that name what an install or a run makes, or what lives on the system, not files of the repository
 MADE_ELSEWHERE = (".venv/", "results/", "logs/", "lib/x86_64-linux-gnu")
 #: http(s) links the docs may carry (none: everything they need is in the repository)
