@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +170,18 @@ def leftovers(bed: SlurmBed) -> list[int]:
         if comm == "slurmstepd" or any(entry.startswith(b"SLURM_JOB_ID=") for entry in environ):
             found.append(pid)
     return sorted(found)
+
+
+def left_after_steps(bed: SlurmBed, bound_s: float) -> list[int]:
+    """What is left of the bed's steps once Slurm has had ``bound_s`` seconds to end them (empty at once, usually).
+
+    srun returns when its tasks have exited, not when the step has: the step's slurmstepd reports to slurmctld and
+    then exits, and on a busy machine it is still there a moment after srun returned. A process of a step that is
+    left behind is still there after the bound, and is returned."""
+    deadline = time.monotonic() + bound_s
+    while (found := leftovers(bed)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
 
 
 def bed_processes(bed: SlurmBed) -> list[int]:

@@ -41,7 +41,7 @@ from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
 from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun
 from tests.processes import gone, rank_processes
-from tests.slurm import SlurmBed, leftovers, srun
+from tests.slurm import SlurmBed, left_after_steps, srun
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the run's token (TENSOR_BENCH_TOKEN), known here so that the logs can be searched for it, and a stranger's
@@ -273,7 +273,7 @@ class UnderSrun(AsJob):
 
     def assert_nothing_left(self, outcome: Outcome) -> None:
         super().assert_nothing_left(outcome)
-        assert leftovers(self.bed) == []
+        assert left_after_steps(self.bed, BOUND_S) == []
         assert not self.rendezvous.exists() or list(self.rendezvous.iterdir()) == []
 
 

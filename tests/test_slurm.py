@@ -29,7 +29,7 @@ from bench.launch.slurm import (
 )
 from tests.launch_jobs import BOUND_S
 from tests.processes import gone
-from tests.slurm import leftovers, srun
+from tests.slurm import left_after_steps, leftovers, srun
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, "-m", "bench.cli"]
@@ -168,7 +168,7 @@ def test_micro_under_srun_writes_every_transports_records(slurm_bed, tmp_path):
     assert len(records) == 4 and (records["p50_us"] > 0).all()
     launcher = json.loads((out / "meta.json").read_text())["settings"]["launcher"]
     assert launcher["launcher"] == "slurm" and launcher["world_size"] == 2 and launcher["bind"] == "127.0.0.1"
-    assert leftovers(slurm_bed) == []
+    assert left_after_steps(slurm_bed, BOUND_S) == []
 
 
 def test_a_killed_rank_ends_the_step_naming_it_and_leaves_nothing(slurm_bed, tmp_path):
@@ -192,10 +192,7 @@ def test_a_killed_rank_ends_the_step_naming_it_and_leaves_nothing(slurm_bed, tmp
         stdout + stderr
     meta = json.loads((out / "meta.json").read_text())
     assert meta["status"] == "failed"
-    deadline = time.monotonic() + BOUND_S
-    while leftovers(slurm_bed) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert leftovers(slurm_bed) == [] and gone(victim)
+    assert left_after_steps(slurm_bed, BOUND_S) == [] and gone(victim)
 
 
 def _task_pid(bed, task: int, out: Path) -> int:
