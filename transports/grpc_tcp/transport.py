@@ -98,7 +98,7 @@ class GrpcTcpTransport(Transport):
         self._server: grpc.aio.Server | None = None
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._receiving: set[Future] = set()
-        #: ranks that have called RecvTensor here: a sender knows they ran, so one that now refuses is dead
+        #: ranks heard from (they called RecvTensor here, or answered ours): one that now refuses is dead
         self._heard: set[int] = set()
         self._watchdog: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -333,7 +333,9 @@ class GrpcTcpTransport(Transport):
             RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
             timeout=self.timeout_s,
             metadata=self._metadata,
-            wait_for_ready=True,
+            # a sender not heard from yet may still be starting: the call waits for it (up to the timeout); one
+            # that answered before and now refuses connections is gone, and the call fails at once (UNAVAILABLE)
+            wait_for_ready=key.src not in self._heard,
         )
         spec = self.placement.spec(key.name, key.src, key.dst)
         # as zerocopy's static placement: a tensor the plan gives a shape must arrive as planned
@@ -342,6 +344,7 @@ class GrpcTcpTransport(Transport):
         error: TransportError | None = None
         try:
             async for message in call:
+                self._heard.add(key.src)
                 assembler.add(message)
             array = assembler.result()
         except grpc.aio.AioRpcError as exc:
