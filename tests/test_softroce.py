@@ -5,7 +5,8 @@ one they skip. Here a guest with a kernel RDMA device (``rdma_rxe`` on its NIC, 
 ``pytest -m rdma``, where a case that cannot run on the device fails instead of skipping; the count of cases
 run goes into the session's summary. The guest boots once for this module (about 10 s under QEMU's
 software emulation) and is stopped after it; where the test bed cannot run (no QEMU, no Debian packages:
-``.ci/run`` installs them) these tests skip with the one line that says why.
+``.ci/run`` installs them) these tests skip with the one line that says why. The guest has its own /tmp: a checkout,
+a venv or a share there (CI's clone may be under /tmp) is shown in the guest at its path, which these tests check.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -41,8 +44,24 @@ def _load_tool():
 softroce = _load_tool()
 
 
+#: the host's directories that the guest has its own of (tmpfs), where a checkout or a share may be on the host
+SCRATCH = [scratch for scratch in ("/tmp", "/var/tmp", "/dev/shm") if os.access(scratch, os.W_OK)]
+
+
 @pytest.fixture(scope="module")
-def guest():
+def shares():
+    """Host directories under /tmp that the module's guest has as --share (writable, at their paths): one directly
+    under /tmp, one (``out``) in a directory of its own, which the guest shows around it like the rest of the host."""
+    made = [Path(tempfile.mkdtemp(prefix="softroce-share-", dir="/tmp")) for _ in range(2)]
+    (made[1] / "out").mkdir()
+    (made[1] / "beside").write_text("beside the share\n")
+    yield made[0], made[1] / "out"
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def guest(shares):
     """One booted guest for the module's tests; skipped with the reason where the test bed cannot run."""
     if os.environ.get("TENSOR_BENCH_REQUIRE_RDMA"):
         pytest.skip("already inside the RDMA session")
@@ -50,7 +69,7 @@ def guest():
         softroce.prepare(install=False, say=lambda line: None)
     except softroce.Unavailable as exc:
         pytest.skip(f"the Soft-RoCE test bed cannot run here: {exc}")
-    booted = softroce.Guest(install=False, say=lambda line: None)
+    booted = softroce.Guest(install=False, say=lambda line: None, shares=[str(share) for share in shares])
     try:
         booted.start()
     except BaseException:
@@ -71,6 +90,60 @@ def test_a_command_s_output_and_exit_code_come_back(guest):
     assert "to-stdout" in text and "to-stderr" in text
     assert "ACTIVE" in text  # a kernel RDMA device, up
     assert str(Path.cwd()) in text  # the command ran where this process is
+
+
+@pytest.mark.parametrize("scratch", SCRATCH)
+def test_a_host_directory_where_the_guest_has_its_own_tmp_is_where_it_is(guest, scratch, monkeypatch):
+    """A command run from a directory made under /tmp (or /var/tmp, /dev/shm) after the guest booted, as from a clone
+    there, runs in it and reads the host's files there and those its arguments name; what it writes there stays in
+    the guest, as elsewhere on the host's root."""
+    with (tempfile.TemporaryDirectory(prefix="softroce-cwd-", dir=scratch) as made,
+          tempfile.TemporaryDirectory(prefix="softroce-arg-", dir=scratch) as other):
+        work = Path(made) / "clone" / "tests"
+        work.mkdir(parents=True)
+        (work / "marker").write_text("the host's file\n")
+        argument = Path(other) / "argument"
+        argument.write_text("the argument's file\n")
+        monkeypatch.chdir(work)
+        chunks: list[bytes] = []
+        code = guest.run(["sh", "-c", 'pwd; cat marker "$1"; echo written > marker; cat marker', "sh", str(argument)],
+                         timeout=300, output=chunks.append)
+        lines = b"".join(chunks).decode(errors="replace").splitlines()
+        assert (code, lines) == (0, [str(work), "the host's file", "the argument's file", "written"])
+        assert (work / "marker").read_text() == "the host's file\n"  # the host's root is read-only to the guest
+
+
+def test_shares_under_tmp_are_written_through_and_their_surroundings_seen(guest, shares):
+    top, nested = shares
+    chunks: list[bytes] = []
+    code = guest.run(["sh", "-c", 'pwd; echo one > result; echo two > "$1/result"; cat "$1/../beside"', "sh",
+                      str(nested)], timeout=300, cwd=str(top), output=chunks.append)
+    assert (code, b"".join(chunks).decode(errors="replace").splitlines()) == (0, [str(top), "beside the share"])
+    assert ((top / "result").read_text(), (nested / "result").read_text()) == ("one\n", "two\n")
+
+
+def test_a_directory_the_guest_cannot_have_is_refused_before_the_command(guest):
+    """A command in /proc (the guest has its own) is refused before it runs; the guest goes on to the next, whose
+    argument in /proc is the guest's."""
+    with pytest.raises(softroce.Hidden, match="/proc/self"):
+        guest.run(["true"], timeout=300, cwd="/proc/self")
+    chunks: list[bytes] = []
+    assert guest.run(["cat", "/proc/sys/kernel/hostname"], timeout=300, output=chunks.append) == 0
+    assert b"".join(chunks) == b"softroce\n"
+
+
+def test_the_tool_says_in_one_line_which_directory_the_guest_cannot_have():
+    """Run by hand in /proc, or with a --share under /sys, the tool exits 77 at once (no boot) with one line naming
+    the directory; no test bed is needed for that."""
+    for argv, cwd, named, own in ((["pwd"], "/proc", "/proc", "/proc"),
+                                  (["--share", "/sys/kernel", "pwd"], "/", "/sys/kernel", "/sys")):
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, str(TOOL), "--no-install", *argv], cwd=cwd, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == softroce.EXIT_UNAVAILABLE, result.stderr
+        assert result.stderr.splitlines() == [f"softroce: cannot run here: {named} cannot be seen in the guest: it "
+                                              f"has its own {own}"]
+        assert time.monotonic() - started < 30  # said before booting
 
 
 def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
