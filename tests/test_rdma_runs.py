@@ -34,7 +34,7 @@ def bench(*args, timeout=1200):
 def test_micro_runs_on_the_device_beside_its_reference_lines(tmp_path, options, lines, carried):
     out = tmp_path / "run"
     result = bench("micro", *options, "--sizes", "64KB", "--iters", "5", "--warmup", "1",
-                   "--transports", "zerocopy,rdma_cp", "--no-peers", "--out", str(out))
+                   "--transports", "zerocopy,rdma_cp", "--no-peers", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records.set_index(["transport", "size_bytes"])
     for line in lines:  # the fabric's own tools, on the same device
