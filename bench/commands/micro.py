@@ -124,7 +124,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
           + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
           + (f", each point again beside {args.contend} busy processes" if args.contend else "")
-          + f", launcher {launcher.name} -> {out}")
+          + f", launcher {launcher.name} -> {out}", flush=True)  # before any line on stderr, in a log too
     sweep = Sweep(args, launcher, writer, lines_of(args, launcher, chosen, slowed))
     sweep.say_left_out(out)
     started = time.monotonic()
