@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -46,4 +47,6 @@ def test_the_readme_installs_what_its_first_command_and_the_missions_second_need
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     first = next(line for line in readme.splitlines() if "pip install" in line and "bench micro" in line)
-    assert "'.[models]'" in first or '".[models]"' in first, first
+    # the models (bench model) and the MPI peer lines, so that a newcomer's first figure has MPI in it
+    [extras] = re.findall(r"""pip install -e ['"]\.\[([a-z,]+)\]['"]""", first)
+    assert {"models", "mpi"} <= set(extras.split(",")), first
