@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -86,13 +87,35 @@ class ControlClient:
         self._metadata = call_metadata(token)
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._call = self._channel.unary_unary(METHOD)
+        #: the peer has answered a call: from then on one whose port refuses connections is gone, not starting
+        self.heard = False
 
     def call(self, op: str, timeout: float, wait_for_ready: bool = True, **request: Any) -> dict[str, Any]:
-        try:
-            reply = self._call(json.dumps({"op": op, **request}).encode(), timeout=timeout,
-                               metadata=self._metadata, wait_for_ready=wait_for_ready)
-        except grpc.RpcError as exc:
-            raise PeerError(f"{self.peer}: control call '{op}' failed: {exc.code().name}: {exc.details()}") from None
+        """The peer's reply to ``op``; PeerError naming the peer when it fails or is gone.
+
+        A peer not heard from yet may still be starting: the call waits for it (``wait_for_ready``) up to
+        ``timeout``. Once it has answered, the call does not wait for a connection: a peer whose port then
+        refuses connections is gone and the call fails at once; one that holds its port is alive, however slowly
+        it accepts, and the call waits for it after all.
+        """
+        payload = json.dumps({"op": op, **request}).encode()
+        deadline = time.monotonic() + timeout
+        ready = wait_for_ready and not self.heard
+        while True:
+            try:
+                reply = self._call(payload, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._metadata,
+                                   wait_for_ready=ready)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and wait_for_ready and not ready:
+                    if not port_is_held(self.address):
+                        raise PeerError(f"{self.peer}: control call '{op}' failed: the peer is gone (it answered "
+                                        f"before and its port {self.address} now refuses connections)") from None
+                    ready = True  # alive: wait for its connection as for a starting peer
+                    continue
+                raise PeerError(f"{self.peer}: control call '{op}' failed: {exc.code().name}: "
+                                f"{exc.details()}") from None
+        self.heard = True
         try:
             answer = json.loads(reply)
         except (ValueError, RecursionError):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from concurrent.futures import Future
 
 import grpc
@@ -327,16 +328,33 @@ class GrpcTcpTransport(Transport):
 
     async def _fetch(self, key: Key) -> np.ndarray:
         peer = self.peer_name(key.src)
-        call = self._channel(key.src).unary_stream(
-            RECV_TENSOR, request_serializer=RecvTensorRequest.SerializeToString
-        )(
-            RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
-            timeout=self.timeout_s,
-            metadata=self._metadata,
-            # a sender not heard from yet may still be starting: the call waits for it (up to the timeout); one
-            # that answered before and now refuses connections is gone, and the call fails at once (UNAVAILABLE)
-            wait_for_ready=key.src not in self._heard,
-        )
+        deadline = time.monotonic() + self.timeout_s
+        # a sender not heard from yet may still be starting: the call waits for it (up to the timeout); one that
+        # answered before is not waited for: if its port refuses connections it is gone, and the call fails at once
+        ready = key.src not in self._heard
+        while True:
+            call = self._channel(key.src).unary_stream(
+                RECV_TENSOR, request_serializer=RecvTensorRequest.SerializeToString
+            )(
+                RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
+                timeout=max(deadline - time.monotonic(), 0.001),
+                metadata=self._metadata,
+                wait_for_ready=ready,
+            )
+            if ready:
+                break
+            try:
+                await call.initial_metadata()  # connected: the sender is there
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    break  # its error comes again from the stream below
+                call.cancel()
+                if await _refuses(self.cluster.addresses[key.src]):
+                    raise PeerError(f"grpc_tcp: recv of {key} from {peer} failed: the sender is gone (it answered "
+                                    f"before and its port {self.cluster.addresses[key.src]} now refuses "
+                                    "connections)") from None
+                ready = True  # it holds its port: alive, however slowly it accepts; wait for it after all
         spec = self.placement.spec(key.name, key.src, key.dst)
         # as zerocopy's static placement: a tensor the plan gives a shape must arrive as planned
         planned = (spec.dtype, spec.shape) if spec is not None and spec.shape is not None else None
