@@ -202,6 +202,17 @@ def test_an_unknown_perftest_test_is_refused():
         ucx_perftest_records([4096], "shm", _iters, test="ucp_get")
 
 
+def _client_done(tmp_path: Path) -> str:
+    """A fake perftest client's end: it says it is done (its server then ends, as a real one does)."""
+    return f": > {tmp_path / 'client-done'}; exit 0"
+
+
+def _server_ends_after_client(tmp_path: Path) -> str:
+    """A fake perftest server: it ends once its client is done, as a real one does (within 30 s at the latest)."""
+    return (f"i=0; while [ ! -e {tmp_path / 'client-done'} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); "
+            "done; exit 0")
+
+
 def _fake_perftest(tmp_path, monkeypatch, output: str) -> Path:
     """A ucx_perftest that logs its arguments to ``calls`` and, as a client, prints ``output``."""
     calls = tmp_path / "calls"
@@ -209,7 +220,8 @@ def _fake_perftest(tmp_path, monkeypatch, output: str) -> Path:
     fake.parent.mkdir()
     (tmp_path / "output").write_text(output)
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
-                    f'case "$*" in *-t*) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
+                    f'case "$*" in *-t*) cat {tmp_path / "output"}; {_client_done(tmp_path)};; esac\n'
+                    f'{_server_ends_after_client(tmp_path)}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
@@ -259,7 +271,8 @@ def test_perftest_runs_with_the_ucx_backends_tool_environment(monkeypatch, tmp_p
     fake = tmp_path / "bin" / "ucx_perftest"
     fake.parent.mkdir()
     fake.write_text(f'#!/bin/sh\necho "tls=${{UCX_TLS-unset}} lib=$LD_LIBRARY_PATH" >> {seen}\n'
-                    f'case "$*" in *-t*) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
+                    f'case "$*" in *-t*) cat {tmp_path / "output"}; {_client_done(tmp_path)};; esac\n'
+                    f'{_server_ends_after_client(tmp_path)}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "output").write_text(SHM_PUT_BW_1KB)
     monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
@@ -634,7 +647,8 @@ def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_
     fake = tmp_path / "ib_write_tool"
     (tmp_path / "output").write_text(output)
     fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
-                    f'case "$*" in *127.0.0.1) cat {tmp_path / "output"}; exit 0;; esac\nexec sleep 30\n')
+                    f'case "$*" in *127.0.0.1) cat {tmp_path / "output"}; {_client_done(tmp_path)};; esac\n'
+                    f'{_server_ends_after_client(tmp_path)}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(fabric, "availability", lambda name: fabric.Availability(True))
     monkeypatch.setattr(reference, "_tool", lambda backend, name, fabric_transport: Tool(
