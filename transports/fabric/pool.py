@@ -22,6 +22,16 @@ filesystem (``/dev/shm``, often small in containers) has no room for is process 
 device decides: ``UcxDevice.alloc``). Larger blocks come from ``local`` segments of huge-page process
 memory, moved by a single-copy kernel call (cma) or the NIC. So do tensors this process sends
 (``source``) of ``SOURCE_LOCAL_BYTES`` or more: no peer maps them, and a copy reads huge pages faster.
+
+Segments belong to one peer: a block asked for ``peer=p`` (memory exported to rank ``p``: its receive slots and
+trailers, the credit table it writes, what it reads) comes from segments that hold blocks for ``p`` alone, so
+the remote key ``p`` is given for one of them covers only ``p``'s memory. Over shared memory a key maps its
+whole segment into the peer (UCX's posix transport), and bounds are checked only on the writer's side: with
+one segment for all peers, rank 1's key for its own slot reached rank 2's slots and trailers a fixed distance
+away. ``peer=None`` is memory exported to no peer (or to any: the segment is then shared as before). What the
+OS allows anyway is not ours to close: a process of the same user may ``process_vm_writev`` (cma) or open
+``/proc/PID/fd`` of any of this user's processes, so a peer rank run by the same user is kept to its own
+memory by the fabric's checks, not by the kernel.
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ class Block:
     nbytes: int
 
     @property
+    def peer(self) -> int | None:
+        """The rank whose segments the block lies in (None: segments of no one peer)."""
+        return self.segment.peer
+
+    @property
     def array(self) -> np.ndarray:
         """The block's bytes (uint8), a view of registered memory."""
         return self.segment.region.array[self.offset : self.offset + self.nbytes]
@@ -71,8 +86,9 @@ class Block:
 
 
 class _Segment:
-    def __init__(self, region: MemRegion) -> None:
+    def __init__(self, region: MemRegion, peer: int | None = None) -> None:
         self.region = region
+        self.peer = peer
         self.free: list[tuple[int, int]] = [(0, region.nbytes)]  # (offset, size), sorted by offset
 
     def take(self, size: int) -> int | None:
@@ -138,27 +154,36 @@ class RegisteredPool:
         third less time here); anything else by size."""
         return "local" if nbytes >= (SOURCE_LOCAL_BYTES if source else self.large_bytes) else "shared"
 
-    def reserve(self, sizes: list[int], sources: list[int] = ()) -> None:
+    def reserve(self, sizes: list[int], sources: list[int] = (), peers: list[int | None] | None = None,
+                source_peers: list[int | None] | None = None) -> None:
         """Make room for blocks of ``sizes`` (and ``sources``: see :meth:`tier`) so that they need no new
-        registration later (sized from the plan)."""
+        registration later (sized from the plan); ``peers`` and ``source_peers`` say whose each one is (see
+        the module docstring; None: no one peer's)."""
         tiers = [self.tier(n) for n in sizes] + [self.tier(n, source=True) for n in sources]
+        owners = [*(peers or [None] * len(sizes)), *(source_peers or [None] * len(sources))]
         sizes = [*sizes, *sources]
         for tier in self._tiers:
-            need = sum(aligned(n) for n, t in zip(sizes, tiers, strict=True) if t == tier)
-            with self._lock:
-                largest = max((size for s in self._tiers[tier] for _, size in s.free), default=0)
-                if need and largest < need:
-                    self._grow(tier, need)
+            for peer in dict.fromkeys(owners):
+                need = sum(aligned(n) for n, t, p in zip(sizes, tiers, owners, strict=True)
+                           if t == tier and p == peer)
+                with self._lock:
+                    largest = max((size for s in self._tiers[tier] if s.peer == peer for _, size in s.free),
+                                  default=0)
+                    if need and largest < need:
+                        self._grow(tier, need, peer)
 
-    def alloc(self, nbytes: int, source: bool = False) -> Block:
+    def alloc(self, nbytes: int, source: bool = False, peer: int | None = None) -> Block:
+        """A block of ``nbytes``; ``peer``: the rank it is exported to (it shares segments with no other rank's)."""
         size = aligned(nbytes)
         tier = self.tier(nbytes, source)
         with self._lock:
             for segment in self._tiers[tier]:
+                if segment.peer != peer:
+                    continue
                 offset = segment.take(size)
                 if offset is not None:
                     return Block(segment, offset, nbytes)
-            segment = self._grow(tier, size)
+            segment = self._grow(tier, size, peer)
             return Block(segment, segment.take(size), nbytes)
 
     def free(self, block: Block) -> None:
@@ -167,20 +192,29 @@ class RegisteredPool:
 
     def segment_of(self, array: np.ndarray) -> MemRegion | None:
         """The registered segment ``array`` lies in, if it lies in the pool."""
+        found = self._segment_of(array)
+        return None if found is None else found.region
+
+    def peer_of(self, array: np.ndarray) -> int | None:
+        """The rank whose segment ``array`` lies in (None: no one peer's, or not in the pool)."""
+        found = self._segment_of(array)
+        return None if found is None else found.peer
+
+    def _segment_of(self, array: np.ndarray) -> _Segment | None:
         for segments in self._tiers.values():
             for segment in segments:
                 if segment.contains(array):
-                    return segment.region
+                    return segment
         return None
 
-    def _grow(self, tier: str, at_least: int) -> _Segment:
-        """A new segment of at least ``at_least`` bytes (the caller holds the lock and found none that fits);
-        the tier's wholly free segments go first (see the module docstring)."""
+    def _grow(self, tier: str, at_least: int, peer: int | None = None) -> _Segment:
+        """A new segment of at least ``at_least`` bytes for ``peer`` (the caller holds the lock and found none
+        that fits); the wholly free segments of the tier and peer go first (see the module docstring)."""
         segments = self._tiers[tier]
-        for unused in [s for s in segments if s.unused]:
+        for unused in [s for s in segments if s.unused and s.peer == peer]:
             segments.remove(unused)
             unused.region.release()
         default = self.segment_bytes if tier == "local" else SHARED_SEGMENT_BYTES
-        segment = _Segment(self.device.alloc(max(default, aligned(at_least)), shared=tier == "shared"))
+        segment = _Segment(self.device.alloc(max(default, aligned(at_least)), shared=tier == "shared"), peer)
         self._tiers[tier].append(segment)
         return segment

@@ -202,9 +202,10 @@ class GrpcRdmaTransport(FabricTransport):
                 slots = self.settings.queue_depth
                 self._links[peer] = _Link(
                     peer,
-                    rx_message=self.pool.alloc(MESSAGE.itemsize),
+                    # what the peer writes, in segments of its alone: its key reaches no other peer's memory
+                    rx_message=self.pool.alloc(MESSAGE.itemsize, peer=peer),
                     tx_message=self.pool.alloc(MESSAGE.itemsize),
-                    ring=self.pool.alloc(slots * RING_ENTRY),
+                    ring=self.pool.alloc(slots * RING_ENTRY, peer=peer),
                     tx_entry=self.pool.alloc(RING_ENTRY),
                     slots=slots,
                 )
@@ -518,7 +519,7 @@ class GrpcRdmaTransport(FabricTransport):
             meta = self._meta_cache.get((key.name, key.src))
             request = _Request(next(self._indices), key, future, meta)
             if meta is not None:
-                request.buffer = self.pool.alloc(meta.nbytes)
+                request.buffer = self.pool.alloc(meta.nbytes, peer=key.src)
             with self._lock:
                 self._requests[(key.src, request.index)] = request
             # by index, not the request: the request holds the future, and a cycle between them would keep
@@ -548,7 +549,7 @@ class GrpcRdmaTransport(FabricTransport):
             self.pool.free(request.buffer)
             request.buffer = None
         try:
-            request.buffer = self.pool.alloc(meta.nbytes)
+            request.buffer = self.pool.alloc(meta.nbytes, peer=link.peer)
         except Exception as exc:  # a size we cannot allocate fails this request, not the poller
             self._fail_request(link, request, PeerError(
                 f"grpc_rdma: {self.peer_name(link.peer)} announced {request.key} as {meta.dtype} {meta.shape} "

@@ -507,12 +507,14 @@ class ZeroCopyTransport(FabricTransport):
             key = (name, src)
             if key not in self._incoming:
                 spec = self.placement.spec(name, src, self.rank)
-                control = self.pool.alloc(CONTROL_BYTES)
+                # in segments of src's alone: the key src is given reaches no other rank's slots or trailers
+                control = self.pool.alloc(CONTROL_BYTES, peer=src)
                 control.array[TRAILER_AT:] = 0
                 if spec is not None and spec.shape is not None:
                     slots = slots_for(spec.nbytes)
                     incoming = _Incoming(name, src, "static", control,
-                                         self.pool.alloc(slots_bytes(spec.nbytes, slots)), spec.shape, spec.dtype,
+                                         self.pool.alloc(slots_bytes(spec.nbytes, slots), peer=src), spec.shape,
+                                         spec.dtype,
                                          slots)
                     incoming.take = self.device.take_plan(incoming.trailers, incoming.bells, incoming.arrays)
                 else:
@@ -623,7 +625,7 @@ class ZeroCopyTransport(FabricTransport):
             used = self._credit_entries.get(dst, 0)
             tables = self._credit_tables.setdefault(dst, [])
             if used == len(tables) * CREDIT_TABLE_ENTRIES:
-                tables.append(self.pool.alloc(CREDIT_TABLE_BYTES))
+                tables.append(self.pool.alloc(CREDIT_TABLE_BYTES, peer=dst))  # dst writes it
             self._credit_entries[dst] = used + 1
             return tables[-1], used % CREDIT_TABLE_ENTRIES
 
@@ -888,7 +890,7 @@ class ZeroCopyTransport(FabricTransport):
         if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < flat.nbytes:
             if outgoing.copy_buffer is not None:
                 self.pool.free(outgoing.copy_buffer)
-            outgoing.copy_buffer = self.pool.alloc(flat.nbytes)
+            outgoing.copy_buffer = self.pool.alloc(flat.nbytes, peer=outgoing.dst)
         staged = outgoing.copy_buffer.array[: flat.nbytes]
         staged[...] = flat
         self.ledger.add(copied_bytes=flat.nbytes)
@@ -897,8 +899,13 @@ class ZeroCopyTransport(FabricTransport):
     def _readable(self, outgoing: _Outgoing, flat: np.ndarray) -> tuple[np.ndarray, RemoteRegion]:
         """``flat``, or where it was staged, and the descriptor a peer needs to read it: pool memory, or
         ``flat`` registered now. An allocator's region registered for sending (``register_site``) is
-        never handed to a peer: the tensor is staged into the pool instead (a copy, counted)."""
+        never handed to a peer: the tensor is staged into the pool instead (a copy, counted); nor is a pool
+        segment that is not this receiver's (a tensor placed for another receiver, or a tensor received and sent
+        on): its key would reach the other blocks of that segment."""
         region = self.pool.segment_of(flat)
+        if region is not None and self.pool.peer_of(flat) != outgoing.dst:
+            flat = self._stage(outgoing, flat)
+            region = self.pool.segment_of(flat)
         if region is None:
             region = self.device.register(flat)
             if self.placement.is_site(region):
@@ -1134,7 +1141,7 @@ class ZeroCopyTransport(FabricTransport):
         except ValueError as exc:
             raise PeerError(f"{self.name}: {self.peer_name(key.src)} sent a meta-data record for {key} that is "
                             f"malformed: {exc}") from None
-        block = self.pool.alloc(meta.nbytes)
+        block = self.pool.alloc(meta.nbytes)  # read into here; exported to no one
         try:
             if meta.source is not None:
                 try:
@@ -1179,7 +1186,8 @@ class PoolPlacement(FabricPlacement):
         super().plan(specs)
         sizes = [slots_bytes(s.nbytes, slots_for(s.nbytes)) for s in incoming] + [CONTROL_BYTES] * len(incoming)
         sources = [s.nbytes for s in outgoing] if transport.sender.places_sends else []
-        transport.pool.reserve(sizes, sources)
+        transport.pool.reserve(sizes, sources, peers=[s.src for s in incoming] * 2,
+                               source_peers=[s.dst for s in outgoing][: len(sources)])
         for spec in incoming:
             transport._incoming_slot(spec.name, spec.src)
 
@@ -1188,4 +1196,4 @@ class PoolPlacement(FabricPlacement):
             raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
         if not self.zero_copy_sends:  # tensors live in ordinary memory (the analysis off, or rdma_cp)
             return super().allocate(spec)
-        return self._zerocopy.pool.alloc(spec.nbytes, source=True).view(spec.dtype, spec.shape)
+        return self._zerocopy.pool.alloc(spec.nbytes, source=True, peer=spec.dst).view(spec.dtype, spec.shape)
