@@ -505,8 +505,12 @@ class UcxChannel(Channel):
         mapping of the peer's segment and copies, unchecked: an address outside the segment
         would read or write this process's own memory. The segment is what unpacking the key
         mapped; should UCX have reused an earlier mapping, the target must at least lie in one
-        shared segment and not in memory this device allocated. Other transports check in the
-        kernel (cma) or at the target (tcp).
+        shared segment and not in memory this device allocated. That is the writer's own check, and
+        the pool keeps what one peer's key maps to that peer's blocks (``transports/fabric/pool.py``).
+        Nothing else checks: cma lets any process of the same user write anywhere in the peer (the
+        OS's boundary), and over tcp UCX's target copies a put to whatever address the request names,
+        with an empty key (``uct_tcp_ep_handle_put_req``; ``UCX_TCP_PUT_ENABLE=n`` only stops this side
+        offering put), so any process that reaches the worker's tcp port can write the process's memory.
         """
         if nbytes == 0:
             return 0
