@@ -13,7 +13,10 @@ job once the coordinator has written what it has: the other ranks may still be i
 nothing can interrupt or replace them.
 
 What a launcher of this kind adds is its :class:`JobChannel`: MPI's collectives (``mpi.py``), or a star of
-authenticated connections to process 0 that Slurm's variables lead to (``slurm.py``).
+authenticated connections to process 0 that Slurm's variables lead to (``slurm.py``). What the channel carries is
+data, never code: JSON in frames of at most :data:`CHANNEL_BYTES` (:func:`channel_send`), and each announcement is
+checked (:func:`announcement_problem`) before it is used; the runs' own messages go through the hub
+(``base.py``: data only as well).
 
 Where ranks listen (``--bind``): an address, or an interface whose IPv4 address is taken; by default
 loopback when every process runs on one host, else the address the host name resolves to. UCX over tcp
@@ -23,6 +26,7 @@ is pointed at the same interface.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -47,6 +51,59 @@ from bench.launch.base import (
 )
 from transports import Cluster
 from transports.ports import free_port
+
+#: the most one message of a job's channel may hold (an announcement, a host name, an address)
+CHANNEL_BYTES = 64 * 1024
+
+
+def channel_encode(message: Any) -> bytes:
+    """``message`` (JSON's types) as the bytes of one message of the job's channel."""
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def channel_decode(data: bytes) -> Any:
+    """A message of the job's channel: JSON of at most CHANNEL_BYTES, else LaunchError (one line)."""
+    if len(data) > CHANNEL_BYTES:
+        raise LaunchError(f"refused a message of the job's channel over {CHANNEL_BYTES} bytes")
+    try:
+        return json.loads(data.decode())
+    except (ValueError, RecursionError) as exc:
+        raise LaunchError(f"refused a message of the job's channel that is not JSON ({type(exc).__name__})") from None
+
+
+def channel_send(conn: Any, message: Any) -> None:
+    """Send ``message`` on a connection of the job's channel (a ``multiprocessing`` Connection)."""
+    conn.send_bytes(channel_encode(message))
+
+
+def channel_receive(conn: Any) -> Any:
+    """The next message on a connection of the job's channel; LaunchError for one too big or not JSON."""
+    try:
+        data = conn.recv_bytes(CHANNEL_BYTES)
+    except OSError as exc:
+        if "bad message length" not in str(exc):
+            raise
+        conn.close()
+        raise LaunchError(f"refused a message of the job's channel over {CHANNEL_BYTES} bytes") from None
+    return channel_decode(data)
+
+
+def announcement_problem(message: Any, world: int) -> str | None:
+    """Why ``message`` is not an announcement of process 0 (None, or a run of at most ``world`` ranks with the
+    address of its hub and its token), or None when it is one."""
+    if message is None:
+        return None
+    if not isinstance(message, dict) or set(message) != {"ranks", "hub", "token"}:
+        return "not an announcement of a run"
+    ranks, hub, token = message["ranks"], message["hub"], message["token"]
+    if type(ranks) is not int or not 1 <= ranks <= world:
+        return f"a run of {str(ranks)[:20]} ranks in a job of {world}"
+    if not (isinstance(hub, list | tuple) and len(hub) == 2 and isinstance(hub[0], str) and len(hub[0]) <= 255
+            and type(hub[1]) is int and 0 < hub[1] < 65536):
+        return "no hub address"
+    if not isinstance(token, str) or not 0 < len(token) <= 256:
+        return "no token"
+    return None
 
 
 class JobChannel(ABC):
@@ -140,7 +197,7 @@ class JobLauncher(Launcher):
         hub = Hub((self.bind, 0), token, len(ranks))
         try:
             try:
-                self._channel.announce({"ranks": len(ranks), "hub": hub.address, "token": token})
+                self._channel.announce({"ranks": len(ranks), "hub": list(hub.address), "token": token})
                 cluster = Cluster(tuple(self._addresses()[: len(ranks)]), token)
             except LaunchError as exc:  # a process of the job is gone: the job cannot run another
                 self._broken = str(exc)
@@ -203,6 +260,10 @@ class JobLauncher(Launcher):
                 announced = self._channel.announcement()
                 if announced is None:
                     return 0
+                problem = announcement_problem(announced, self.world)
+                if problem:
+                    raise LaunchError(f"process {self.process} of {self._channel.job} refused what process 0 "
+                                      f"announced: {problem}")
                 self._addresses()
                 if self.process < announced["ranks"]:
                     self._serve_rank(announced["hub"], announced["token"])

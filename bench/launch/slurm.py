@@ -19,6 +19,7 @@ Outside a step, ``bench ... --launcher slurm --nodes N`` submits the same comman
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -28,6 +29,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -40,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.launch.addresses import resolve_bind
-from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, LaunchError, connect
-from bench.launch.job import JobChannel, JobLauncher
+from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, LaunchError, connect, send_message
+from bench.launch.job import JobChannel, JobLauncher, announcement_problem, channel_receive, channel_send
 
 #: where task 0 says where it listens (a directory the step's nodes share); default below
 RENDEZVOUS_VARIABLE = "TENSOR_BENCH_RENDEZVOUS"
@@ -52,6 +54,10 @@ JOIN_S = 300.0
 END_GRACE_S = 10.0
 #: how a task that may not start a run learns it: the hint of a step too small
 START_HINT = "srun -n {n} bench ... --launcher slurm (or --tasks {n} with --nodes to submit)"
+
+
+#: the longest host name or address a task may send
+_VALUE_CHARS = 1024
 
 
 class SlurmEnvironmentError(LaunchError):
@@ -179,33 +185,122 @@ def rendezvous_dir(env: Mapping[str, str] = os.environ) -> Path:
     return Path(env.get(RENDEZVOUS_VARIABLE) or DEFAULT_RENDEZVOUS).expanduser()
 
 
+def _refuse_unless_private(path: Path, fd: int, kind: str) -> None:
+    """LaunchError (one line naming ``path`` and the fix) unless the open ``fd`` is this user's ``kind`` ("directory"
+    or "file") and nobody else may write it: what another user could plant or change there, a task would trust."""
+    st = os.fstat(fd)
+    fix = f"set {RENDEZVOUS_VARIABLE} to a directory only you can write (chmod 700)"
+    is_kind = stat.S_ISDIR(st.st_mode) if kind == "directory" else stat.S_ISREG(st.st_mode)
+    if not is_kind:
+        raise LaunchError(f"refusing {path}: not a {kind}; {fix}")
+    if st.st_uid != os.geteuid():
+        raise LaunchError(f"refusing {path}: owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); {fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise LaunchError(f"refusing {path}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); {fix}")
+
+
+def _open_private(path: Path, kind: str, dir_fd: int | None = None) -> int:
+    """``path`` opened without following a link (O_NOFOLLOW) and checked (:func:`_refuse_unless_private`).
+    FileNotFoundError while it is not there."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if kind == "directory" else os.O_NONBLOCK)
+    try:
+        fd = os.open(path.name if dir_fd is not None else path, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        what = "a symbolic link" if exc.errno == errno.ELOOP else f"not a {kind}" if exc.errno == errno.ENOTDIR \
+            else exc.strerror
+        raise LaunchError(f"refusing {path}: {what}; set {RENDEZVOUS_VARIABLE} to a directory only you can write "
+                          "(chmod 700)") from None
+    try:
+        _refuse_unless_private(path, fd, kind)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _publish(path: Path, address: tuple[str, int], token: str | None) -> None:
-    """Write ``path`` whole (a reader never sees half of it), readable by this user only."""
+    """Write ``path`` whole (a reader never sees half of it), readable by this user only, in a directory nobody
+    else may write (refused otherwise: ``mkdir``'s mode applies only to a directory it creates)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    draft = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"address": list(address), **({"token": token} if token else {})}, out)
-    os.replace(draft, path)
+    folder = _open_private(path.parent, "directory")
+    draft = f".{path.name}.{os.getpid()}"
+    try:
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump({"address": list(address), **({"token": token} if token else {})}, out)
+            os.replace(draft, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(draft, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
+
+
+#: the most a rendezvous file may hold
+_PUBLISHED_BYTES = 4096
+
+
+def _read_file(path: Path) -> str:
+    """The rendezvous file's text, from a directory and a file that are this user's alone (else LaunchError)."""
+    folder = _open_private(path.parent, "directory")
+    try:
+        fd = _open_private(path, "file", dir_fd=folder)
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(_PUBLISHED_BYTES + 1).decode(errors="replace")
+
+
+def _parse_published(path: Path, text: str, step: SlurmStep) -> tuple[tuple[str, int], str]:
+    said = json.loads(text)
+    if len(text) > _PUBLISHED_BYTES or not isinstance(said, dict):
+        raise LaunchError(f"{path} is not a rendezvous file of bench (remove it)")
+    address, token = said.get("address"), os.environ.get(TOKEN_VARIABLE) or said.get("token")
+    if not (isinstance(address, list) and len(address) == 2 and isinstance(address[0], str)
+            and type(address[1]) is int and 0 < address[1] < 65536):
+        raise LaunchError(f"{path} is not a rendezvous file of bench: no address (remove it)")
+    if not token or not isinstance(token, str):
+        raise LaunchError(f"{path} gives no token and {TOKEN_VARIABLE} is not set: every task of step "
+                          f"{step.name} needs the same {TOKEN_VARIABLE}, or none")
+    return (address[0], address[1]), token
 
 
 def _read_published(path: Path, step: SlurmStep) -> tuple[tuple[str, int], str]:
-    """Task 0's address and token, once its file is there (at most :data:`JOIN_S`)."""
+    """Task 0's address and token, once its file is there (at most :data:`JOIN_S`); a file or directory another
+    user could have written is refused at once."""
     deadline = time.monotonic() + JOIN_S
     while True:
         with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-            said = json.loads(path.read_text())
-            token = os.environ.get(TOKEN_VARIABLE) or said.get("token")
-            if not token:
-                raise LaunchError(f"{path} gives no token and {TOKEN_VARIABLE} is not set: every task of step "
-                                  f"{step.name} needs the same {TOKEN_VARIABLE}, or none")
-            return (said["address"][0], int(said["address"][1])), token
+            return _parse_published(path, _read_file(path), step)
         if time.monotonic() > deadline:
             raise LaunchError(f"task 0 of Slurm step {step.name} did not say where it listens within {JOIN_S:g} s "
                               f"(no {path}): is it running, and is {path.parent} shared by the step's nodes "
                               f"({', '.join(dict.fromkeys(step.nodes))})? Set {RENDEZVOUS_VARIABLE} to a "
                               "directory they share")
         time.sleep(0.05)
+
+
+def _raise_on_stop_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP raise SystemExit here (the main thread), so that ``finally`` runs; the handlers before."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous[signum] = signal.signal(signum, _exit_on_signal)
+    return previous
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 # -- the job's channel -------------------------------------------------------------------------
@@ -236,6 +331,7 @@ class SlurmChannel(JobChannel):
         given = os.environ.get(TOKEN_VARIABLE)
         token = given or secrets.token_hex(16)
         hub = Hub((address, 0), token, self.world)
+        previous = _raise_on_stop_signals()  # a task 0 stopped while it waits removes its file (finally below)
         try:
             _publish(self._path, hub.address, None if given else token)
             deadline = time.monotonic() + JOIN_S
@@ -261,6 +357,7 @@ class SlurmChannel(JobChannel):
             hub.close()
             with contextlib.suppress(OSError):
                 self._path.unlink()
+            _restore_signals(previous)
         hostnames = [socket.gethostname()] + [self._receive(task) for task in range(1, self.world)]
         self.announce(hostnames)
         return hostnames
@@ -270,9 +367,12 @@ class SlurmChannel(JobChannel):
         try:
             if not conn.poll(JOIN_S):
                 raise LaunchError(f"{self._who(task)} said nothing for {JOIN_S:g} s")
-            return conn.recv()
+            said = channel_receive(conn)
         except (EOFError, OSError):
             raise LaunchError(f"{self._who(task)} is gone (its connection to task 0 closed)") from None
+        if not isinstance(said, str) or len(said) > _VALUE_CHARS:
+            raise LaunchError(f"{self._who(task)} sent what task 0 refuses (not a host name or an address)")
+        return said
 
     def _who(self, task: int) -> str:
         """Task ``task`` as errors name it: the rank it serves in every run, and where it is."""
@@ -282,7 +382,7 @@ class SlurmChannel(JobChannel):
         gone = []
         for task, conn in self._peers.items():
             try:
-                conn.send(("announce", message))
+                channel_send(conn, ["announce", message])
             except OSError:
                 gone.append(self._who(task))
         if gone:  # every living task has the message all the same
@@ -292,7 +392,7 @@ class SlurmChannel(JobChannel):
     def abort(self) -> None:
         for conn in self._peers.values():
             with contextlib.suppress(OSError):
-                conn.send(("abort", None))
+                channel_send(conn, ["abort", None])
 
     def _close_peers(self) -> None:
         for conn in self._peers.values():
@@ -304,8 +404,8 @@ class SlurmChannel(JobChannel):
     def _join(self) -> list[str]:
         address, token = _read_published(self._path, self.step)
         conn = connect(address, token)
-        conn.send(Hello(self.process))
-        conn.send(socket.gethostname())
+        send_message(conn, Hello(self.process))
+        channel_send(conn, socket.gethostname())
         self._coordinator = conn
         threading.Thread(target=self._listen, name="slurm-channel", daemon=True).start()
         return self.announcement()
@@ -313,15 +413,29 @@ class SlurmChannel(JobChannel):
     def _listen(self) -> None:
         """Hand announcements to the main thread; end this task when the job failed or its coordinator is gone."""
         assert self._coordinator is not None
+        first = True
         try:
             while True:
-                kind, message = self._coordinator.recv()
+                said = channel_receive(self._coordinator)
+                kind, message = said if isinstance(said, list) and len(said) == 2 else (None, None)
                 if kind == "abort":
+                    break
+                if kind != "announce":
+                    problem: str | None = "not an announcement"
+                elif first:  # the step's host names, in task order
+                    problem = None if isinstance(message, list) and len(message) == self.world and all(
+                        isinstance(name, str) and len(name) <= _VALUE_CHARS for name in message) else "no host names"
+                else:
+                    problem = announcement_problem(message, self.world)
+                first = False
+                if problem:
+                    print(f"bench: task {self.process} of Slurm step {self.step.name}: refused what the coordinator "
+                          f"sent ({problem}); ending this task", file=sys.stderr, flush=True)
                     break
                 self._announced.put(message)
                 if message is None:
                     return
-        except (EOFError, OSError):
+        except (EOFError, OSError, LaunchError):
             if self._ended.is_set():
                 return
         print(f"bench: task {self.process} of Slurm step {self.step.name}: the coordinator (task 0) "
@@ -339,7 +453,7 @@ class SlurmChannel(JobChannel):
             return [value] + [self._receive(task) for task in range(1, self.world)]
         assert self._coordinator is not None
         try:
-            self._coordinator.send(value)
+            channel_send(self._coordinator, value)
         except OSError:
             raise LaunchError(f"task 0 of Slurm step {self.step.name} is gone") from None
         return []

@@ -1,0 +1,313 @@
+"""Nobody in through the launch path: the Slurm rendezvous another user could plant, the messages of the hub and
+of the job's channel (data, never code), and which of several deaths a failed run names (the first)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.launch.base import (
+    Hub,
+    LaunchError,
+    RankSpec,
+    Report,
+    WireError,
+    _died_first,
+    _RankState,
+    connect,
+    decode_message,
+    encode_message,
+    receive_message,
+)
+from bench.launch.job import channel_decode
+from bench.launch.slurm import RENDEZVOUS_VARIABLE, SlurmChannel, SlurmStep
+from bench.results.files import replace_file
+from tests import launch_jobs as jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+STEP = SlurmStep(job_id="41", step_id="0", task=1, tasks=2, nodes=("localhost",), node="localhost")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting a file as another user needs root")
+
+
+# -- the rendezvous ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def planted_listener():
+    """A listener another user set up: what connects to it is counted."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        listener.settimeout(0.5)
+        yield listener
+
+
+def _plant(folder: Path, listener: socket.socket, owner: int | None) -> Path:
+    path = folder / f"slurm-{STEP.name}"
+    path.write_text(json.dumps({"address": list(listener.getsockname()), "token": "planted"}))
+    path.chmod(0o600)
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return path
+
+
+def _nobody_connected(listener: socket.socket) -> bool:
+    try:
+        listener.accept()[0].close()
+    except TimeoutError:
+        return True
+    return False
+
+
+def _join_refused(folder: Path, monkeypatch) -> str:
+    monkeypatch.setenv(RENDEZVOUS_VARIABLE, str(folder))
+    monkeypatch.delenv("TENSOR_BENCH_TOKEN", raising=False)
+    with pytest.raises(LaunchError) as refused:
+        SlurmChannel(STEP)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+@needs_root
+def test_a_rendezvous_file_another_user_planted_is_refused_before_any_connection(tmp_path, planted_listener,
+                                                                                  monkeypatch):
+    folder = tmp_path / "rendezvous"
+    folder.mkdir(mode=0o700)
+    path = _plant(folder, planted_listener, NOBODY)
+    said = _join_refused(folder, monkeypatch)
+    assert said.startswith(f"refusing {path}: owned by uid {NOBODY}")
+    assert f"set {RENDEZVOUS_VARIABLE} to a directory only you can write (chmod 700)" in said
+    assert _nobody_connected(planted_listener)
+
+
+@needs_root
+def test_a_file_planted_in_a_shared_scratch_directory_is_refused(request, planted_listener, monkeypatch):
+    # a 1777 directory, as scratch directories on clusters are; the file made by another user's process
+    folder = Path(tempfile.mkdtemp(prefix="bench-test-scratch-", dir="/tmp"))  # nobody can reach it there
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    folder.chmod(0o1777)
+    path = folder / f"slurm-{STEP.name}"
+    code = (f"import os, json; os.setgid({NOBODY}); os.setuid({NOBODY}); "
+            f"fd = os.open({str(path)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
+            f"os.write(fd, json.dumps({{'address': {list(planted_listener.getsockname())!r}, 'token': 'x'}}).encode())")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    said = _join_refused(folder, monkeypatch)
+    assert said.startswith(f"refusing {folder}: ")  # the directory is refused first: others may write it
+    assert "writable by group or others (mode 1777)" in said
+    assert _nobody_connected(planted_listener)
+
+
+def test_a_group_writable_directory_is_refused_even_with_our_own_file(tmp_path, planted_listener, monkeypatch):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o770)
+    _plant(folder, planted_listener, None)
+    said = _join_refused(folder, monkeypatch)
+    assert said.startswith(f"refusing {folder}: writable by group or others (mode 770)")
+    assert _nobody_connected(planted_listener)
+
+
+def test_a_rendezvous_file_that_is_a_link_is_refused(tmp_path, planted_listener, monkeypatch):
+    folder = tmp_path / "rendezvous"
+    folder.mkdir(mode=0o700)
+    real = _plant(tmp_path, planted_listener, None)
+    (folder / real.name).symlink_to(real)
+    said = _join_refused(folder, monkeypatch)
+    assert said.startswith(f"refusing {folder / real.name}: a symbolic link")
+    assert _nobody_connected(planted_listener)
+
+
+def test_task_0_publishes_into_a_directory_only_it_may_write(tmp_path, monkeypatch):
+    folder = tmp_path / "open"
+    folder.mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv(RENDEZVOUS_VARIABLE, str(folder))
+    with pytest.raises(LaunchError, match=rf"refusing {folder}: writable by group or others \(mode 777\)"):
+        SlurmChannel(SlurmStep("41", "0", 0, 2, ("localhost",), "localhost"))
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_task_0_stopped_while_it_waits_removes_its_rendezvous_file(tmp_path, signum):
+    folder = tmp_path / "rendezvous"
+    code = ("from bench.launch.slurm import SlurmChannel, SlurmStep; "
+            "SlurmChannel(SlurmStep('41', '0', 0, 2, ('localhost',), 'localhost'))")
+    env = {**os.environ, RENDEZVOUS_VARIABLE: str(folder), "PYTHONPATH": str(ROOT)}
+    env.pop("TENSOR_BENCH_TOKEN", None)
+    task0 = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (folder / "slurm-41.0").exists():
+            assert task0.poll() is None and time.monotonic() < deadline, "task 0 did not publish its file"
+            time.sleep(0.05)
+        task0.send_signal(getattr(__import__("signal"), signum))
+        task0.wait(timeout=30)
+    finally:
+        task0.kill()
+        task0.wait()
+    assert list(folder.iterdir()) == []
+
+
+# -- the messages: data, never code -----------------------------------------------------------------------------
+
+
+class _Call:
+    """A pickle that calls ``func(*args)`` on load (what a hostile peer would send)."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+def _hostile(marker: Path) -> list[bytes]:
+    import builtins
+    import posix
+
+    touch = f"touch {marker}"
+    return [
+        pickle.dumps(_Call(os.system, touch)),
+        pickle.dumps(_Call(posix.system, touch), protocol=2),
+        pickle.dumps(_Call(builtins.eval, f"open({str(marker)!r}, 'w')")),
+        pickle.dumps(_Call(builtins.exec, f"open({str(marker)!r}, 'w')"), protocol=0),
+        pickle.dumps(_Call(subprocess.Popen, ["touch", str(marker)])),
+        pickle.dumps(Report(_Call(os.system, touch))),
+        pickle.dumps(_Call(getattr, Path, "home")),
+        # a project function that writes files, as a job: not a job (no ctx), not data
+        pickle.dumps(RankSpec(functools.partial(replace_file, marker, b"x"), "x")),
+        # an exception of the project's: not data
+        pickle.dumps(LaunchError("x")),
+        b"cos\nsystem\n(S'" + touch.encode() + b"'\ntR.",  # protocol 0, by hand
+        b"\x80\x04\x95\x20\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93\x8c\x04true\x85R.",
+    ]
+
+
+def test_a_message_that_would_run_code_is_one_line_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    for data in _hostile(marker):
+        with pytest.raises(WireError) as refused:
+            decode_message(data)
+        assert "\n" not in str(refused.value) and str(refused.value).startswith(("refus", "refused"))
+    assert not marker.exists()
+    with pytest.raises(WireError, match=r"^refusing posix\.system on the run's channels"):
+        decode_message(pickle.dumps(_Call(os.system, "true")))
+
+
+def test_what_runs_send_comes_through():
+    import functools
+
+    import numpy as np
+
+    from transports import Cluster
+
+    spec = RankSpec(functools.partial(jobs.fail, wait_for_go=True), "ps 0", host=1)
+    for message in [spec, Cluster(("127.0.0.1:5000",), "token"), {"a": np.arange(6.0).reshape(2, 3)[:, 1]},
+                    (np.float32(1.5), np.int64(-3), 2j, {1, 2}, frozenset({"x"}), b"\0" * 10, bytearray(b"ab")),
+                    Path("/tmp/x")]:
+        back = decode_message(encode_message(message))
+        assert repr(back) == repr(message)
+
+
+def test_a_frame_claiming_more_than_the_limit_is_refused_unread():
+    ours, theirs = socket.socketpair()
+    conn = Connection(ours.detach())
+    with theirs:
+        theirs.sendall(struct.pack("!i", -1) + struct.pack("!Q", 1 << 40))  # a frame of a TiB, announced
+        with pytest.raises(WireError, match="over 1073741824 bytes"):
+            receive_message(conn)
+    # inside a small frame, a bytes object claiming a TiB: the decoder reads what the frame holds, no more
+    with pytest.raises(WireError):
+        decode_message(b"\x80\x05\x8e" + struct.pack("<Q", 1 << 40) + b"abc.")
+
+
+def test_a_hostile_hello_is_dropped_by_the_hub_and_runs_nothing(tmp_path, caplog):
+    marker = tmp_path / "pwned"
+    hub = Hub(str(tmp_path / "hub"), "token", 2)
+    try:
+        conn = connect(hub.address, "token")
+        conn.send_bytes(pickle.dumps(_Call(os.system, f"touch {marker}")))
+        assert conn.poll(10)
+        with pytest.raises(EOFError):
+            conn.recv_bytes()
+    finally:
+        hub.close()
+    assert not marker.exists() and hub.arrivals.empty()
+    assert "refusing posix.system" in caplog.text
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2048) | st.builds(lambda head, tail: b"\x80\x05" + head + tail,
+                                            st.sampled_from([b"\x8c\x05posix\x8c\x06system\x93",
+                                                             b"\x8c\x08builtins\x8c\x04eval\x93",
+                                                             b"\x8e" + struct.pack("<Q", 1 << 50), b"]\x94(",
+                                                             b"\x8c\x05numpy\x8c\x05dtype\x93"]),
+                                            st.binary(max_size=256)))
+def test_any_bytes_on_the_hub_are_a_message_or_one_line(data):
+    try:
+        decode_message(data)
+    except WireError as exc:
+        assert "\n" not in str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=4096))
+def test_any_bytes_on_the_jobs_channel_are_json_or_one_line(data):
+    try:
+        channel_decode(data)
+    except LaunchError as exc:
+        assert "\n" not in str(exc)
+
+
+# -- one failure, one true cause --------------------------------------------------------------------------------
+
+
+def _tf_states() -> list[_RankState]:
+    names = ["chief", "ps 0", "ps 1", "worker 0", "worker 1"]
+    return [_RankState(RankSpec(jobs.hello, name, service=name != "chief")) for name in names]
+
+
+def test_the_death_that_came_first_is_named_though_the_later_one_was_seen_first():
+    # worker 0 was killed; the chief crashed after it, and its end was seen first (a killed big process takes a
+    # while to end): the launcher tells when each process ended
+    states = _tf_states()
+    now = time.monotonic()
+    exited = lambda: {0: ("killed by SIGSEGV", now - 0.2), 3: ("killed by SIGKILL", now - 0.5)}  # noqa: E731
+    cause = _died_first(0, states, exited, grace_s=0.2)
+    assert (cause.rank, cause.kind) == (3, "died")
+    assert str(cause) == "rank 3 (worker 0) died (killed by SIGKILL); then rank 0 (chief) died (killed by SIGSEGV)"
+
+
+def test_deaths_seen_together_are_ordered_by_who_was_last_heard_from():
+    # no times from the launcher, both seen gone at once: the chief still spoke after worker 0 fell silent
+    states = _tf_states()
+    now = time.monotonic()
+    states[0].heard_at, states[3].heard_at = now - 0.05, now - 0.9
+    exited = lambda: {0: "killed by SIGSEGV", 3: "killed by SIGKILL"}  # noqa: E731
+    cause = _died_first(0, states, exited, grace_s=0.2)
+    assert str(cause) == "rank 3 (worker 0) died (killed by SIGKILL); then rank 0 (chief) died (killed by SIGSEGV)"
+
+
+def test_a_death_seen_later_than_a_poll_after_the_first_follows_it():
+    states = _tf_states()
+    states[3].heard_at = time.monotonic()  # heard from last, and yet seen gone well after the chief
+    start = time.monotonic()
+    exited = lambda: {0: "killed by SIGSEGV", **({3: "killed by SIGKILL"} if time.monotonic() > start + 0.6 else {})}  # noqa: E731
+    cause = _died_first(0, states, exited, grace_s=1.0)
+    assert str(cause) == "rank 0 (chief) died (killed by SIGSEGV); then rank 3 (worker 0) died (killed by SIGKILL)"
