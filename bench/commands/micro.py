@@ -91,6 +91,48 @@ def peer_names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+#: lines that hold a copy of the tensor on each side beside it (serialised, or a registered bounce buffer)
+COPYING_LINES = frozenset({"grpc_tcp", "grpc_rdma", "rdma_cp"})
+#: launchers that start every rank on this host (a job's launchers, mpi and slurm, start one rank per process)
+_ALL_RANKS_HERE = frozenset({"local", "netns"})
+
+
+def memory_needed(size: int, labels: list[str], slowed: set[str], both_sides: bool = True) -> tuple[int, str]:
+    """The bytes a point of ``size`` has allocated at once at its most (the line that holds the most), on this
+    host: the sender's tensor and the receiver's (one side with ``both_sides`` False), a copy of each on a line
+    that copies (:data:`COPYING_LINES`), the sender's scratch tensor on a line with ``--extra-copy``; and which
+    line that is."""
+    def held(label: str) -> int:
+        per_side = 1 + (1 if label in COPYING_LINES else 0)
+        return per_side * (2 if both_sides else 1) + (1 if label in slowed else 0)
+
+    worst = max(labels, key=held, default="memcpy")
+    return max(held(worst), 2 if both_sides else 1) * size, worst
+
+
+def memory_problem(sizes: list[int], chosen: list[Choice], slowed: set[str], launcher: Any) -> str | None:
+    """Why the largest size cannot be measured with the memory available now (``MemAvailable``), before any rank
+    starts; None when it fits or the memory available cannot be read."""
+    from bench.ground.memory import available_memory_bytes
+    from bench.ground.sizes import format_size
+
+    available = available_memory_bytes()
+    if available is None or not sizes:
+        return None
+    here = getattr(launcher, "name", "local") in _ALL_RANKS_HERE
+    needed, line = memory_needed(max(sizes), options.labels(chosen), slowed, both_sides=here)
+    if needed <= available:
+        return None
+    held = "the sender's and the receiver's tensor" if here else "this rank's tensor"
+    if line in COPYING_LINES:
+        held += f" and {line}'s copy of {'each' if here else 'it'}"
+    if line in slowed:
+        held += " and the --extra-copy scratch tensor"
+    return (f"--sizes: a {format_size(max(sizes))} transfer holds about {needed / 2**30:.1f} GB at once ({held}), "
+            f"but {available / 2**30:.1f} GB of memory is available now (MemAvailable); choose smaller sizes or free "
+            "memory")
+
+
 def run(args: argparse.Namespace, launcher: Any) -> int:
     from bench.experiments.micro import plan_points
 
@@ -99,7 +141,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     if stray := slowed - {choice.label for choice in chosen}:
         return options.fail("micro", f"--extra-copy {', '.join(sorted(stray))}: not among the transports measured "
                             f"({', '.join(options.labels(chosen))})")
-    if too_big := options.sizes_problem(args.sizes):
+    if too_big := options.sizes_problem(args.sizes) or memory_problem(args.sizes, chosen, slowed, launcher):
         return options.fail("micro", too_big)
     points = plan_points(args.sizes, args.iters, args.warmup)
     settings = {

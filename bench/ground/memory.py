@@ -74,3 +74,22 @@ def machine_memory_bytes() -> int:
     from transports.base import memory_bytes
 
     return memory_bytes()
+
+
+def available_memory_bytes() -> int | None:
+    """The memory a new allocation can have now without swapping (bytes): ``MemAvailable`` of ``/proc/meminfo``,
+    or what the cgroup's limit leaves (``memory.max`` less ``memory.current``) when less; None where neither can be
+    read. What a run about to allocate is checked against (the total would count memory others hold)."""
+    available: int | None = None
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                break
+    with (contextlib.suppress(OSError, ValueError), open("/sys/fs/cgroup/memory.max") as limit,
+          open("/sys/fs/cgroup/memory.current") as current):
+        text = limit.read().strip()
+        if text.isdigit():
+            left = max(0, int(text) - int(current.read().strip()))
+            available = left if available is None else min(available, left)
+    return available
