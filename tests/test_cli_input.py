@@ -133,7 +133,7 @@ BREAKAGES = {
     "meta.json of binary bytes": ("meta.json", b"\xff\xfe\x00", "meta.json cannot be read"),
     "empty records.csv": ("records.csv", "", "records.csv is empty"),
     "records.csv with a header only": ("records.csv", None, "the run has no records to draw"),
-    "records.csv with words for numbers": ("records.csv", "garbage", "cannot be drawn"),
+    "records.csv with words for numbers": ("records.csv", "garbage", "not a number"),
 }
 
 

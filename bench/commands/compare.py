@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bench.readers.compare import CompareError, compare, parse_threshold
+from bench.results.text import printable
 
 HELP = "what got faster or slower between two runs; exit status 1 on a slow-down beyond --threshold"
 #: shown at the end of --help: each command line and what it does
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         threshold = parse_threshold(args.threshold)
         comparison = compare(Path(args.base), Path(args.new), threshold=threshold, metric=args.metric)
     except CompareError as exc:
-        print(f"bench compare: error: {exc}", file=sys.stderr)
+        print(f"bench compare: error: {printable(exc, None)}", file=sys.stderr)
         return 2
-    print(comparison.format(only_changed=args.only_changed))
+    # every line as it may be shown: what came from the runs' files can hold no terminal escape (read escaped already)
+    print("\n".join(printable(line, None) for line in comparison.format(only_changed=args.only_changed).splitlines()))
     return comparison.exit_status()

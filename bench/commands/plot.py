@@ -38,7 +38,7 @@ class _Failed(Exception):
 def _draw(run: Path) -> list[Path]:
     """The figures of one run, drawn beside its records; a :class:`_Failed` says why they could not be."""
     from bench.readers.plot import PlotError, plot_run
-    from bench.results import DiskError, ResultsError
+    from bench.results import DiskError, LinkError, ResultsError
 
     try:
         with warnings.catch_warnings():  # matplotlib's complaints about odd values would break the one-line error
@@ -47,6 +47,8 @@ def _draw(run: Path) -> list[Path]:
     except (ResultsError, PlotError) as exc:
         raise _Failed(str(exc)) from None
     except DiskError as exc:  # a full or failing disk: figures there before are left as they were
+        raise _Failed(str(exc), status=1) from None
+    except LinkError as exc:  # a link planted where a figure goes: nothing written through it
         raise _Failed(str(exc), status=1) from None
     except OSError as exc:
         raise _Failed(f"cannot write the figures into {run}: {exc.strerror or exc}; copy the run somewhere writable "
@@ -58,11 +60,15 @@ def _draw(run: Path) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from bench.readers.report import ReportError, find_runs
+    from bench.results import printable
 
+    skipped: list[str] = []
     try:
-        runs = find_runs([args.results_dir])
+        runs = find_runs([args.results_dir], skipped)
     except ReportError as exc:
-        return options.fail("plot", str(exc))
+        return options.fail("plot", printable(exc, None))
+    for line in skipped:  # runs of the directory that recorded nothing: the others are drawn
+        print(f"bench plot: warning: {line}", file=sys.stderr)
     alone = runs == [args.results_dir]  # the run itself, not a directory of runs
     drawn = 0
     for path in runs:
@@ -71,14 +77,15 @@ def run(args: argparse.Namespace) -> int:
         except _Failed as failed:
             # a run of a directory that cannot be drawn leaves the others to draw; a failing disk fails them all
             if alone or failed.status != options.EXIT_USAGE:
-                print(f"bench plot: error: {failed}", file=sys.stderr)
+                print(f"bench plot: error: {printable(failed, None)}", file=sys.stderr)
                 return failed.status
-            print(f"bench plot: warning: {failed}", file=sys.stderr)
+            print(f"bench plot: warning: {printable(failed, None)}", file=sys.stderr)
             continue
         drawn += 1
         print(*written, sep="\n")
     if not drawn:
-        return options.fail("plot", f"none of the {len(runs)} run(s) in {args.results_dir} could be drawn (the "
+        where = printable(args.results_dir, None)
+        return options.fail("plot", f"none of the {len(runs) + len(skipped)} run(s) in {where} could be drawn (the "
                             "warnings above say why); plot a run directory of bench micro, model, scale, converge, "
                             "models or analyze")
     return 0

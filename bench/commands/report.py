@@ -52,14 +52,18 @@ def outputs(out: Path | None, chosen: str | None) -> tuple[Path | None, Path | N
 
 def run(args: argparse.Namespace) -> int:
     from bench.readers.report import ReportError, write_report
-    from bench.results import DiskError, ResultsError
+    from bench.results import DiskError, LinkError, ResultsError, printable
 
     html_path, markdown_path = outputs(getattr(args, "out", None), getattr(args, "format", None))
     try:
         written = write_report(args.results_dirs, html_path, markdown_path,
-                               on_warning=lambda text: print(f"bench report: warning: {text}", file=sys.stderr))
+                               on_warning=lambda text: print(f"bench report: warning: {printable(text, None)}",
+                                                            file=sys.stderr))
     except (ReportError, ResultsError) as exc:
-        return options.fail("report", str(exc))
+        return options.fail("report", printable(exc, None))
+    except LinkError as exc:  # a link planted where the page goes: nothing written through it
+        print(f"bench report: error: {printable(exc, None)}", file=sys.stderr)
+        return 1
     except DiskError as exc:  # a full or failing disk: the page there before (if any) is left as it was
         print(f"bench report: error: {exc}", file=sys.stderr)
         return 1

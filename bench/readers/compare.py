@@ -231,7 +231,11 @@ def compare(base_path: Path | str, new_path: Path | str, threshold: float = DEFA
             metric: str | None = None) -> Comparison:
     """Load two run directories and compare them (:func:`compare_runs`); CompareError for bad input."""
     runs = [_load(Path(path), label) for path, label in ((base_path, "BASE"), (new_path, "NEW"))]
-    return compare_runs(runs[0], runs[1], threshold=threshold, metric=metric)
+    try:
+        return compare_runs(runs[0], runs[1], threshold=threshold, metric=metric)
+    except ResultsError as exc:  # read on demand: samples.csv
+        text = str(exc)
+        raise CompareError(text + ("" if ";" in text else "; give runs written by a bench command")) from None
 
 
 def _load(path: Path, label: str) -> Run:

@@ -193,7 +193,8 @@ def _subtitle(run: Run) -> str:
 def _title(fig: Figure, what: str, run: Run, notes: Iterable[str] = ()) -> None:
     """The title: what is drawn, notes (spread, compute replayed, ...), then where and when it ran."""
     width = max(60, int(fig.get_figwidth() * 13))  # characters of 10 points that fit across the figure
-    lines = [what, *(textwrap.fill(n, width) for n in notes if n), _subtitle(run)]
+    # the subtitle is wrapped too: the host, CPU and fabric come from meta.json, however long someone made them
+    lines = [what, *(textwrap.fill(n, width) for n in notes if n), textwrap.fill(_subtitle(run), width)]
     fig.suptitle("\n".join(lines), fontsize=10)
 
 

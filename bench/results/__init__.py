@@ -8,7 +8,7 @@ what it finished; every file is written by :mod:`bench.results.files` (write, th
 Plots, reports and comparisons read only these files, so runs can be compared long after they were made.
 """
 
-from bench.results.files import DiskError, append_whole, disk_failed, is_disk_error, replace_file
+from bench.results.files import DiskError, LinkError, append_whole, disk_failed, is_disk_error, make_dir, replace_file
 from bench.results.records import (
     RECORD_TYPES,
     AnalysisRecord,
@@ -53,13 +53,15 @@ from bench.results.store import (
     with_of_reference,
     writer_alive,
 )
+from bench.results.text import NAME_LIMIT, printable, shown
 
 __all__ = [
     "AnalysisRecord", "COLUMNS", "ConvergeRecord", "DiskError", "META_FILE", "MicroRecord", "ModelRecord",
     "ModelsRecord", "PEER_NAMES", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES",
     "REFERENCE_NAMES", "REQUIRED_COLUMNS", "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter",
     "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed",
-    "environment", "git_commit", "is_disk_error", "latency_summary", "load_run", "median_interval", "now_iso",
+    "LinkError", "NAME_LIMIT", "environment", "git_commit", "is_disk_error", "latency_summary", "load_run",
+    "make_dir", "median_interval", "now_iso", "printable", "shown",
     "of_peer", "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
     "replace_file", "with_of_reference", "writer_alive",
 ]

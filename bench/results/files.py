@@ -8,6 +8,13 @@ Every file a run, a report or a plot writes goes through one of two helpers:
 - :func:`append_whole` appends rows with one ``write`` and, should the disk take only part of them, truncates
   the file back to its size before: a row is there whole or not at all.
 
+Neither follows a symbolic link, nor does :func:`make_dir` for the directories the suite makes: a run directory
+may be writable by a group, whose members could plant links at the names the suite writes (the temporary file's,
+the target's) to make it overwrite a file of theirs choosing. The temporary file gets a random name and is made
+with ``O_CREAT|O_EXCL|O_NOFOLLOW`` (a name taken, by a link or a file, is never opened: another is tried), and the
+rename puts the new file in place of a link at the target rather than writing through it; an append opens with
+``O_NOFOLLOW``, and a link there is refused in one line (:class:`LinkError`).
+
 A write that fails because the disk is full or failing (:data:`DISK_ERRNOS`) raises :class:`DiskError`, an
 ``OSError`` naming the file and the fix; the directories it happened in are remembered for the rest of the
 process (:func:`disk_failed`), so a command does not try to draw figures onto a disk that just refused a row.
@@ -18,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
+import stat
 from pathlib import Path
 
 #: the errors of a full (ENOSPC, EDQUOT: over quota) or failing (EIO) disk, or one turned read-only under a run
@@ -66,16 +75,48 @@ def _write_all(fd: int, data: bytes, path: Path) -> None:
         view = view[written:]
 
 
+class LinkError(OSError):
+    """A file or directory the suite was to write is a symbolic link (planted there, it would send the write
+    elsewhere): nothing was written. ``str()`` is one line naming it and the fix."""
+
+    def __init__(self, path: Path, what: str = "file") -> None:
+        super().__init__(errno.ELOOP, "is a symbolic link", str(path))
+        self.path = Path(path)
+        self.what = what
+
+    def __str__(self) -> str:
+        return (f"cannot write {self.path}: the {self.what} is a symbolic link, which bench never writes through; "
+                "remove it (and check who can write into its directory) or choose another --out")
+
+
+#: how many random names :func:`replace_file` tries for its temporary file before it gives up
+_TEMPORARY_TRIES = 100
+
+
+def _open_temporary(path: Path) -> tuple[int, Path]:
+    """A new file beside ``path``, ``.<name>.tmp-<pid>-<random>``, made by this call (``O_EXCL``: a name taken by
+    anything, a planted link included, is not opened but another tried) and never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMPORARY_TRIES):
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"no free temporary name after {_TEMPORARY_TRIES} tries", str(path))
+
+
 def replace_file(path: Path, data: bytes | str, *, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` whole or not at all: into ``.<name>.tmp-<pid>`` beside it, flushed to the disk
-    (``durable``), then renamed over ``path``. On any failure the temporary file is removed and ``path`` keeps
-    its old content (or stays absent). Disk errors are raised as :class:`DiskError`."""
+    """Write ``data`` to ``path`` whole or not at all: into a new temporary file beside it (random name, made with
+    ``O_EXCL|O_NOFOLLOW``), flushed to the disk (``durable``), then renamed over ``path`` (a link there is
+    replaced, never written through). On any failure the temporary file is removed and ``path`` keeps its old
+    content (or stays absent). Disk errors are raised as :class:`DiskError`."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp: Path | None = None
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        fd, tmp = _open_temporary(path)
         try:
             _write_all(fd, data, path)
             if durable:
@@ -84,8 +125,9 @@ def replace_file(path: Path, data: bytes | str, *, durable: bool = True) -> None
             os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:  # only the file this call made: never one a name clash found there
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         if isinstance(exc, OSError):
             raise _disk_error(exc, path) from None
         raise
@@ -99,10 +141,15 @@ def append_whole(path: Path, data: bytes | str, header: bytes | str = b"") -> No
     data = data.encode("utf-8") if isinstance(data, str) else data
     header = header.encode("utf-8") if isinstance(header, str) else header
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                     0o666)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkError(path) from None
         raise _disk_error(exc, path) from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device planted at the name: no row goes there
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         before = os.fstat(fd).st_size
         whole = (header + data) if before == 0 else data
         try:
@@ -120,3 +167,24 @@ def append_whole(path: Path, data: bytes | str, header: bytes | str = b"") -> No
             raise
     finally:
         os.close(fd)
+
+
+def make_dir(path: Path, *, parents: bool = False, exist_ok: bool = False) -> Path:
+    """Make the directory ``path`` (and its missing parents with ``parents``) without following a link at its
+    name: a link there (to a directory or not) is a :class:`LinkError`, whatever ``exist_ok`` says. A directory
+    there already is fine with ``exist_ok``; anything else there is ``FileExistsError``. Links among the parents
+    that exist (``results`` linked to a scratch disk) are followed, as any path's are."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=parents, exist_ok=False)
+    except FileExistsError:
+        if not exist_ok or path.is_symlink():
+            if path.is_symlink():
+                raise LinkError(path, "directory") from None
+            raise
+    info = os.lstat(path)  # what is at the name now: the directory made (or found), not a link swapped in
+    if stat.S_ISLNK(info.st_mode):
+        raise LinkError(path, "directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise FileExistsError(errno.EEXIST, "exists and is not a directory", str(path))
+    return path

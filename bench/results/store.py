@@ -8,6 +8,12 @@ A full or failing disk costs a run no point it has measured (:mod:`bench.results
 whole or not at all, ``meta.json`` is replaced by rename, and a room kept free beside it
 (:data:`RESERVE_FILE`) is given up when a row is refused, so ``meta.json`` can still say ``failed`` and why.
 A reader skips (and warns about) a last row cut short by a writer that could not finish it.
+
+What a reader takes from a run directory is bounded, as input from anyone who could write there: ``meta.json`` is
+read up to :data:`META_LIMIT_BYTES` and :data:`META_DEPTH_LIMIT` levels deep, the fields readers use must have
+their types (a one-line :class:`ResultsError` names the file and the field otherwise), the columns of the records
+and samples must hold numbers where their record type says so, and every string is shown escaped and cut
+(:mod:`bench.results.text`: names to :data:`~bench.results.text.NAME_LIMIT` characters).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -32,8 +38,9 @@ from typing import Any
 
 import pandas as pd
 
-from bench.results.files import DiskError, append_whole, replace_file
-from bench.results.records import RECORD_TYPES, Record, ResultsError, points, record_type
+from bench.results.files import DiskError, append_whole, make_dir, replace_file
+from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
+from bench.results.text import NAME_LIMIT, TEXT_LIMIT, printable, shown
 
 #: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
 #: that time iterations keep them in ``samples.csv``; version 1 directories still load (as round 1)
@@ -47,6 +54,9 @@ SAMPLES_FILE = "samples.csv"
 #: can still be rewritten to say the run failed and why (removed when the run ends)
 RESERVE_FILE = ".meta.json.reserve"
 RESERVE_BYTES = 16 * 1024
+#: the largest meta.json a reader parses (bench writes a few KB), and the deepest it may be nested (bench: 4 levels)
+META_LIMIT_BYTES = 4 * 2**20
+META_DEPTH_LIMIT = 32
 
 #: columns every record of an experiment carries (more are allowed): the record types' required fields
 REQUIRED_COLUMNS: dict[str, list[str]] = {name: cls.required() for name, cls in RECORD_TYPES.items()}
@@ -206,7 +216,7 @@ class RunWriter:
         self.path = path
         #: the disk error that stopped a write, once one did
         self.disk_error: DiskError | None = None
-        path.mkdir(parents=True, exist_ok=False)
+        make_dir(path, parents=True)  # a link planted at the name is refused, never written through
         self.meta: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "experiment": experiment,
@@ -338,7 +348,8 @@ class Run:
         if not hasattr(self, "_samples"):
             file = self.path / SAMPLES_FILE
             # an empty file: the first samples were refused (a full disk); the records still stand
-            self._samples = _read_csv(file) if file.is_file() and file.stat().st_size else None
+            self._samples = (_checked(_read_csv(file), file, _sample_kinds(record_type(self.experiment)))
+                             if file.is_file() and file.stat().st_size else None)
         return self._samples
 
     def points(self) -> pd.DataFrame:
@@ -348,45 +359,162 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    """Read a run directory, checking its schema version and required columns.
+    """Read a run directory, checking its schema version, required columns and the types of what readers use.
 
     Versions 1 and 2 are read; a version 1 run's records get ``round`` 1. A run whose ``meta.json``
     says ``running`` while the process that wrote it (on this host) is gone was killed without a
-    chance to say so: it reads as ``killed``.
+    chance to say so: it reads as ``killed``. Everything is bounded as the module says; anything a reader could
+    not use is a one-line ResultsError.
     """
     path = Path(path)
     meta_file = path / META_FILE
     if not meta_file.is_file():
         raise ResultsError(f"{path} is not a results directory: it has no {META_FILE}")
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ResultsError(f"{meta_file} cannot be read ({_first_line(exc)}); it is not a meta.json written by "
-                           "bench: run the experiment again") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("experiment"), str):
-        raise ResultsError(f"{meta_file} is not a meta.json written by bench (expected an object with "
-                           "'experiment' and 'schema_version'): run the experiment again")
-    version = meta.get("schema_version")
-    if version not in READABLE_VERSIONS:
-        raise ResultsError(f"{meta_file}: schema_version {version!r} is not supported (this bench reads "
-                           f"{', '.join(map(str, READABLE_VERSIONS))}); a newer bench wrote it: upgrade to read it")
+    meta = _read_meta(meta_file)
     if meta["experiment"] not in RECORD_TYPES:
-        raise ResultsError(f"{meta_file}: unknown experiment '{meta['experiment']}' (known: "
+        raise ResultsError(f"{meta_file}: unknown experiment {shown(meta['experiment'])} (known: "
                            f"{', '.join(RECORD_TYPES)})")
     if meta.get("status") == "running" and not writer_alive(meta):
         meta["status"] = "killed"
     records_file = path / RECORDS_FILE
     if not records_file.is_file():
         raise ResultsError(f"{path} has no {RECORDS_FILE}: the run recorded no point")
-    records = _read_csv(records_file)
+    cls = record_type(meta["experiment"])
+    records = _checked(_read_csv(records_file), records_file, _column_kinds(cls))
     missing = [c for c in REQUIRED_COLUMNS[meta["experiment"]] if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
     if "round" in COLUMNS[meta["experiment"]] and "round" not in records:  # version 1: every point once
-        records.insert(records.columns.get_loc(record_type(meta["experiment"]).key[-1]) + 1, "round", 1)
+        records.insert(records.columns.get_loc(cls.key[-1]) + 1, "round", 1)
     if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
         records = with_of_reference(records)
     return Run(path, meta, records)
+
+
+#: the types of the fields of meta.json that readers use (None, or absent, is always allowed), by their path
+_META_TYPES: dict[tuple[str, ...], tuple[type, ...]] = {
+    ("command",): (list,), ("start_time",): (str,), ("end_time",): (str,), ("status",): (str,), ("reason",): (str,),
+    ("settings",): (dict,), ("host",): (str,), ("platform",): (str,), ("cpu",): (str,), ("cpu_count",): (int, float),
+    ("memory_bytes",): (int, float), ("packages",): (dict,), ("git_commit",): (str,), ("pid",): (int,),
+    ("settings", "fabric"): (str,), ("settings", "fabric_transport"): (str,), ("settings", "launcher"): (dict, str),
+    ("settings", "task"): (str,), ("settings", "metric"): (str,), ("settings", "target"): (str,),
+    ("settings", "launcher", "launcher"): (str,), ("settings", "launcher", "hosts"): (list,),
+    ("settings", "launcher", "world_size"): (int,),
+}
+_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "true or false", type(None): "null"}
+
+
+def _read_meta(meta_file: Path) -> dict[str, Any]:
+    """``meta.json`` parsed, bounded (size, depth, every string shown escaped and cut) and its fields' types checked."""
+    redo = "it is not a meta.json written by bench: run the experiment again"
+    try:
+        with open(meta_file, "rb") as file:
+            data = file.read(META_LIMIT_BYTES + 1)
+    except OSError as exc:
+        raise ResultsError(f"{meta_file} cannot be read ({exc.strerror or _first_line(exc)})") from None
+    if len(data) > META_LIMIT_BYTES:
+        raise ResultsError(f"{meta_file} is larger than {META_LIMIT_BYTES // 2**20} MB; {redo}")
+    try:
+        meta = json.loads(data)
+    except RecursionError:
+        raise ResultsError(f"{meta_file} is nested deeper than {META_DEPTH_LIMIT} levels; {redo}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ResultsError(f"{meta_file} cannot be read ({printable(_first_line(exc), 200)}); {redo}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("experiment"), str):
+        raise ResultsError(f"{meta_file} is not a meta.json written by bench (expected an object with "
+                           "'experiment' and 'schema_version'): run the experiment again")
+    meta = _bounded(meta, meta_file, 0)
+    version = meta.get("schema_version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise ResultsError(f"{meta_file}: schema_version {shown(version)} is not supported (this bench reads "
+                           f"{', '.join(map(str, READABLE_VERSIONS))}); a newer bench wrote it: upgrade to read it")
+    for where, types in _META_TYPES.items():
+        value: Any = meta
+        for name in where:
+            value = value.get(name) if isinstance(value, dict) else None
+        if value is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            expected = " or ".join(dict.fromkeys(_TYPE_WORDS[t] for t in types))
+            raise ResultsError(f"{meta_file}: '{'.'.join(where)}' is {_TYPE_WORDS.get(type(value), 'a value')}, "
+                               f"expected {expected}; {redo}")
+    return meta
+
+
+def _bounded(value: Any, meta_file: Path, depth: int) -> Any:
+    """A parsed JSON value with every string (keys too) shown escaped and cut to a name's length; deeper than
+    :data:`META_DEPTH_LIMIT` is a ResultsError."""
+    if depth > META_DEPTH_LIMIT:
+        raise ResultsError(f"{meta_file} is nested deeper than {META_DEPTH_LIMIT} levels; it is not a meta.json "
+                           "written by bench: run the experiment again")
+    if isinstance(value, str):
+        return printable(value, NAME_LIMIT)
+    if isinstance(value, list):
+        return [_bounded(item, meta_file, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {printable(key, NAME_LIMIT): _bounded(item, meta_file, depth + 1) for key, item in value.items()}
+    return value
+
+
+#: record columns of free text (tensor names, source sites, lists of names), kept longer than a name
+_LONG_TEXT = frozenset({"unregistered_tensors", "site", "tensor", "variable", "shape", "bound"})
+
+
+def _kind(annotation: Any) -> str | None:
+    """``number`` or ``text`` for a record field's annotation (``int | None``, ``str``), None for another."""
+    parts = {part.strip() for part in str(annotation).split("|")}
+    if "bool" in parts:
+        return None
+    if parts & {"int", "float"}:
+        return "number"
+    return "text" if "str" in parts else None
+
+
+def _column_kinds(cls: type[Record]) -> dict[str, str]:
+    """What each column of the record type's records.csv must hold: ``number`` or ``text``."""
+    return {f.name: kind for f in fields(cls) if (kind := _kind(f.type)) is not None}
+
+
+def _sample_kinds(cls: type[Record]) -> dict[str, str]:
+    """What each column of the record type's samples.csv must hold: its key's kinds, then numbers."""
+    kinds = _column_kinds(cls)
+    return {**{name: kinds[name] for name in cls.key if name in kinds},
+            **{name: "number" for name in (*SAMPLE_INDEX, *cls.samples)}}
+
+
+def _checked(frame: pd.DataFrame, path: Path, kinds: dict[str, str]) -> pd.DataFrame:
+    """``frame`` with numbers where ``kinds`` says so (a cell that is none is a ResultsError naming the file, the
+    column and the row), text as text, and every string shown escaped and cut."""
+    for column in frame.columns:
+        series = frame[column]
+        kind = kinds.get(column)
+        if kind == "number":
+            if pd.api.types.is_numeric_dtype(series):
+                continue
+            numbers = pd.to_numeric(series, errors="coerce")
+            bad = series.notna() & numbers.isna()
+            if bad.any():
+                row = int(bad.to_numpy().argmax())
+                raise ResultsError(f"{path}: column '{column}' holds {shown(series[bad].iloc[0])} in row {row + 2}, "
+                                   "not a number; the file was not written by bench as it is: run the experiment "
+                                   "again")
+            frame[column] = numbers
+            continue
+        limit = TEXT_LIMIT if column in _LONG_TEXT or kind is None else NAME_LIMIT
+        if kind == "text" and not pd.api.types.is_object_dtype(series):
+            frame[column] = series.map(lambda v, limit=limit: v if pd.isna(v) else printable(_cell(v), limit))
+            continue
+        if pd.api.types.is_object_dtype(series):
+            mapping = {v: printable(v, limit) for v in pd.unique(series.dropna()) if isinstance(v, str)}
+            if any(key != shown_ for key, shown_ in mapping.items()):
+                frame[column] = series.map(lambda v, m=mapping: m.get(v, v) if isinstance(v, str) else v)
+    return frame
+
+
+def _cell(value: Any) -> Any:
+    """A number read where text belongs, as it was written: 12.0 back to 12."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -400,7 +528,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ResultsError(f"{path} is empty: the run recorded no point") from None
     except (UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
-        raise ResultsError(f"{path} cannot be read as CSV ({_first_line(exc)})") from None
+        raise ResultsError(f"{path} cannot be read as CSV ({printable(_first_line(exc), 200)})") from None
 
 
 #: (path, size) of the files whose torn last row was warned about, so a file read twice warns once

@@ -12,36 +12,61 @@ from pathlib import Path
 from bench.readers.report.overview import overview_tables
 from bench.readers.report.page import Figure, Report, ReportError, Section
 from bench.readers.report.sections import SECTIONS, Kind
-from bench.results import META_FILE, Run, load_run
+from bench.results import META_FILE, RECORDS_FILE, ResultsError, Run, load_run, make_dir, printable
 
 
-def find_runs(paths: Sequence[Path]) -> list[Path]:
+def find_runs(paths: Sequence[Path], skipped: list[str] | None = None) -> list[Path]:
     """The run directories named: each path itself, or, for a directory without ``meta.json``, the run
     directories directly inside it (``bench report results/``, ``bench plot results/``). A ReportError names a path
-    that is neither."""
-    found: list[Path] = []
+    that is neither.
+
+    A run inside a directory that has no records (a run that failed before its first point) is left out, a line
+    saying so added to ``skipped``: one failed run does not keep its folder from being read."""
+    return [path for path, _ in _find(paths, skipped)]
+
+
+def _find(paths: Sequence[Path], skipped: list[str] | None) -> list[tuple[Path, bool]]:
+    """:func:`find_runs`, each run with whether it was found inside a directory named (True) or named itself."""
+    found: dict[Path, bool] = {}
     for path in map(Path, paths):
         if not path.exists():
-            raise ReportError(f"'{path}' does not exist; give a run directory such as results/micro-<time>/")
+            raise ReportError(f"'{printable(path, None)}' does not exist; give a run directory such as "
+                              "results/micro-<time>/")
         if not path.is_dir():
-            raise ReportError(f"'{path}' is a file, not a run directory; give the directory holding its meta.json and "
-                              "records.csv")
+            raise ReportError(f"'{printable(path, None)}' is a file, not a run directory; give the directory holding "
+                              "its meta.json and records.csv")
         if (path / META_FILE).is_file():
-            found.append(path)
+            found.setdefault(path, False)
             continue
         inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file())
         if not inside:
-            raise ReportError(f"'{path}' is not a results directory (it has no {META_FILE}) and holds none; give "
-                              "a run directory written by bench micro, model, scale, converge, models or analyze, "
-                              "or a directory holding them")
-        found += inside
-    return list(dict.fromkeys(found))
+            raise ReportError(f"'{printable(path, None)}' is not a results directory (it has no {META_FILE}) and "
+                              "holds none; give a run directory written by bench micro, model, scale, converge, models "
+                              "or analyze, or a directory holding them")
+        with_records = [p for p in inside if _has_records(p)]
+        for run in inside:
+            if run not in with_records and skipped is not None:
+                skipped.append(f"{printable(run, None)} skipped: it has no {RECORDS_FILE} (the run recorded no "
+                               "point)")
+        for run in with_records:
+            found.setdefault(run, True)
+    return list(found.items())
+
+
+def _has_records(run: Path) -> bool:
+    """Whether the run directory has a records.csv that is not empty."""
+    records = run / RECORDS_FILE
+    try:
+        return records.is_file() and records.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:
     """A short, unique label per run: its directory's name, with the parent's when two share a name."""
     names = [p.name or str(p) for p in paths]
-    return [f"{p.parent.name}/{p.name}" if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
+    labels = [f"{p.parent.name}/{p.name}" if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
+    return [printable(label) for label in labels]  # a directory's name is anyone's who could write beside it
 
 
 def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
@@ -49,7 +74,7 @@ def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
     try:
         from bench.readers.plot import plot_run
 
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(out_dir, parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             written = plot_run(run.path, out_dir=out_dir)
@@ -63,9 +88,22 @@ def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
 def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) -> Report:
     """Read the runs, make their sections and draw their figures into ``figure_dir`` (ResultsError for a path
     that is not a readable run)."""
-    runs = [load_run(p) for p in find_runs(paths)]
+    skipped: list[str] = []
+    runs: list[Run] = []
+    for path, in_folder in _find(paths, skipped):
+        try:
+            runs.append(load_run(path))
+        except ResultsError as exc:
+            if not in_folder:  # a run named itself must be readable; one of a folder is left out, saying why
+                raise
+            skipped.append(f"{printable(path, None)} skipped: {exc}")
+    if not runs:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ReportError(f"none of the {len(skipped)} run(s) found could be read: {skipped[0] if skipped else 'none'}"
+                          f"{more}; give runs written by bench micro, model, scale, converge, models or analyze")
     labels = run_labels([r.path for r in runs])
-    report = Report(list(zip(labels, runs, strict=True)), [], datetime.now().astimezone().isoformat(timespec="seconds"))
+    report = Report(list(zip(labels, runs, strict=True)), [], datetime.now().astimezone().isoformat(timespec="seconds"),
+                    warnings=skipped)
     report.overview = overview_tables(report)
     order = list(dict.fromkeys(kind.key for kind in SECTIONS))
     placed: list[tuple[tuple[int, int], Kind | None, Section]] = []
