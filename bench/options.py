@@ -382,14 +382,16 @@ def add_timeout(parser: argparse.ArgumentParser, default: float, what: str) -> N
 
 
 def sizes_problem(chosen: list[int]) -> str | None:
-    """Why a tensor of the largest size cannot be measured here (sender and receiver hold one each), or None."""
-    from bench.ground.memory import machine_memory_bytes
+    """Why a tensor of the largest size cannot be measured here (sender and receiver hold one each), or None.
+
+    Checked against the memory available now (what others hold is not ours to take), before any rank starts."""
+    from bench.ground.memory import available_memory_bytes
     from bench.ground.sizes import format_size
 
-    memory = machine_memory_bytes()
+    memory = available_memory_bytes()
     if memory is not None and 2 * max(chosen) > memory:
-        return (f"--sizes: {format_size(max(chosen))} does not fit twice (sender and receiver) in this machine's "
-                f"{memory / 2**30:.1f} GB of memory; choose smaller sizes")
+        return (f"--sizes: {format_size(max(chosen))} does not fit twice (sender and receiver) in the "
+                f"{memory / 2**30:.1f} GB of memory available now; choose smaller sizes or free memory")
     return None
 
 

@@ -71,3 +71,15 @@ def test_format_size_uses_the_largest_exact_unit():
     assert format_size(3 * MB) == "3MB"
     assert format_size(1536) == "1536B"
     assert format_size(GB) == "1GB"
+
+
+def test_a_size_is_checked_against_the_memory_available_now_not_the_total(monkeypatch):
+    """bench micro and soak refuse, before any rank starts, a size whose two tensors (sender, receiver) the memory
+    available now cannot hold, though the machine's total could (--sizes 10GB was accepted on a 24 GiB machine)."""
+    from bench import options
+    from bench.ground import memory
+
+    monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 24 * 2**30)
+    monkeypatch.setattr(memory, "available_memory_bytes", lambda: 10 * 2**30)
+    assert "available now" in options.sizes_problem([6 * 2**30])
+    assert options.sizes_problem([4 * 2**30]) is None
