@@ -48,3 +48,68 @@ def test_a_run_needing_more_ranks_than_the_job_has_is_refused_by_name(tmp_path):
     assert done.returncode != 0
     assert "this run needs 4 ranks (worker 0, worker 1, ps 0, ps 1), but the MPI job has 2: start it with " \
            "mpirun -np 4" in done.stderr  # a run's error lines go to stderr
+
+
+#: every process of a job of 3 makes MPI's channel with mpi4py's pickle refusing to work, then announces, gathers
+#: and ends the job as a run does
+CHANNEL_WITHOUT_PICKLE = """
+from transports import load_fabric
+load_fabric()
+from mpi4py import MPI
+
+def refuse(*args, **kwargs):
+    raise AssertionError("the job's channel pickled")
+
+MPI.pickle.__init__(refuse, refuse)
+try:
+    MPI.pickle.dumps(None)
+    raise SystemExit("mpi4py's pickle still works")
+except AssertionError:
+    pass
+from bench.launch.mpi import MpiChannel
+
+channel = MpiChannel()
+assert channel.hostnames == [channel.hostnames[0]] * 3
+announced = {"ranks": 2, "hub": ["127.0.0.1", 5000], "token": "t" * 32}
+if channel.process == 0:
+    channel.announce(announced)
+else:
+    assert channel.announcement() == announced
+assert channel.gather(f"127.0.0.1:{1000 + channel.process}") == [f"127.0.0.1:{1000 + p}" for p in range(3)]
+if channel.process == 0:
+    channel.announce(None)
+else:
+    assert channel.announcement() is None
+print("channel ok", channel.process, flush=True)
+channel.finalize()
+"""
+
+
+def test_the_mpi_job_channel_carries_json_bytes_not_pickles(tmp_path):
+    done = mpirun(3, "-c", CHANNEL_WITHOUT_PICKLE, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("channel ok")) == [
+        "channel ok 0", "channel ok 1", "channel ok 2"]
+
+
+#: process 1 sends more than the job's channel carries: every process refuses it in one line, none hangs
+CHANNEL_OVER_LIMIT = """
+from bench.launch.base import LaunchError
+from bench.launch.job import CHANNEL_BYTES
+from bench.launch.mpi import MpiChannel
+
+channel = MpiChannel()
+try:
+    channel.gather("x" * (CHANNEL_BYTES if channel.process == 1 else 10))
+except LaunchError as exc:
+    print("refused", channel.process, exc, flush=True)
+channel.finalize()
+"""
+
+
+def test_a_message_over_the_mpi_channels_limit_is_refused_by_every_process(tmp_path):
+    done = mpirun(3, "-c", CHANNEL_OVER_LIMIT, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    refused = sorted(line for line in done.stdout.splitlines() if line.startswith("refused"))
+    assert [line.split()[1] for line in refused] == ["0", "1", "2"]
+    assert all("process 1 of the MPI job sent " in line and "which carries 1 to 65536" in line for line in refused)

@@ -54,6 +54,8 @@ from transports.ports import free_port
 
 #: the most one message of a job's channel may hold (an announcement, a host name, an address)
 CHANNEL_BYTES = 64 * 1024
+#: the longest host name or address a process may send on the job's channel
+VALUE_CHARS = 1024
 
 
 def channel_encode(message: Any) -> bytes:
@@ -103,6 +105,21 @@ def announcement_problem(message: Any, world: int) -> str | None:
         return "no hub address"
     if not isinstance(token, str) or not 0 < len(token) <= 256:
         return "no token"
+    return None
+
+
+def value_problem(value: Any) -> str | None:
+    """Why ``value`` is not what a process sends process 0 on the job's channel (a host name or an address: a
+    string of at most VALUE_CHARS), or None when it is one."""
+    if not isinstance(value, str) or len(value) > VALUE_CHARS:
+        return "not a host name or an address"
+    return None
+
+
+def hostnames_problem(message: Any, world: int) -> str | None:
+    """Why ``message`` is not the job's host names (one string of at most VALUE_CHARS per process), or None."""
+    if not isinstance(message, list) or len(message) != world or any(value_problem(name) for name in message):
+        return "no host names"
     return None
 
 

@@ -3,6 +3,12 @@
 MPI is only the job's channel: a broadcast announces each run, an allgather collects the ranks'
 addresses, and ``MPI_Abort`` ends the job after a failed run (MPI can neither interrupt nor replace a
 process inside it). The runs themselves go through the coordinator's hub, as under every launcher.
+
+The channel carries bytes, never pickles: the JSON messages of ``job.py`` (:func:`~bench.launch.job.channel_encode`),
+their lengths first, through MPI's buffer collectives (``Bcast``, ``Allgather``, ``Allgatherv``; mpi4py's
+lowercase ones pickle), decoded and checked with the functions Slurm's channel uses. Every process sees the same
+lengths before any bytes move, so a message over :data:`~bench.launch.job.CHANNEL_BYTES` is refused by all of
+them alike, and none waits for bytes that never come.
 """
 
 from __future__ import annotations
@@ -14,8 +20,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.launch.base import LaunchError
-from bench.launch.job import JobChannel, JobLauncher
+from bench.launch.job import (
+    CHANNEL_BYTES,
+    JobChannel,
+    JobLauncher,
+    channel_decode,
+    channel_encode,
+    hostnames_problem,
+    value_problem,
+)
 from bench.launch.slurm import in_step
 from transports import load_fabric
 
@@ -48,17 +64,56 @@ class MpiChannel(JobChannel):
         self._comm = MPI.COMM_WORLD
         self.process = self._comm.Get_rank()
         self.world = self._comm.Get_size()
-        self.hostnames = self._comm.allgather(socket.gethostname())
         self.job = "the MPI job"
+        self.hostnames = self.gather(socket.gethostname())
+        problem = hostnames_problem(self.hostnames, self.world)
+        if problem:  # pragma: no cover (gather checked each already)
+            raise LaunchError(f"process {self.process} of the MPI job: {problem}")
 
     def announce(self, message: Any) -> None:
-        self._comm.bcast(message, root=0)
+        data = channel_encode(message)
+        if len(data) > CHANNEL_BYTES:  # before any collective: nobody waits for bytes that never come
+            raise LaunchError(f"an announcement of {len(data)} bytes is over the job channel's {CHANNEL_BYTES}")
+        self._broadcast(bytearray(data))
 
     def announcement(self) -> Any:
-        return self._comm.bcast(None, root=0)
+        return channel_decode(self._broadcast(None))
+
+    def _broadcast(self, data: bytearray | None) -> bytes:
+        """Process 0's ``data`` on every process: its length, then its bytes (``MPI_Bcast`` of each)."""
+        length = np.array([len(data) if data is not None else 0], dtype=np.int64)
+        self._comm.Bcast([length, self._mpi.INT64_T], root=0)
+        size = int(length[0])
+        if not 0 < size <= CHANNEL_BYTES:
+            raise LaunchError(f"process {self.process} of the MPI job refused what process 0 announced: "
+                              f"a message of {size} bytes (the job's channel carries 1 to {CHANNEL_BYTES})")
+        buffer = data if data is not None else bytearray(size)
+        self._comm.Bcast([buffer, self._mpi.BYTE], root=0)
+        return bytes(buffer)
 
     def gather(self, value: str) -> list[str]:
-        return self._comm.allgather(value)
+        """Every process's ``value`` on every process: the lengths (``MPI_Allgather``), then the bytes
+        (``MPI_Allgatherv``), each checked as Slurm's task 0 checks what its tasks send."""
+        data = channel_encode(value)
+        sizes = np.zeros(self.world, dtype=np.int64)
+        self._comm.Allgather([np.array([len(data)], dtype=np.int64), self._mpi.INT64_T],
+                             [sizes, self._mpi.INT64_T])
+        over = [p for p, size in enumerate(sizes) if not 0 < size <= CHANNEL_BYTES]
+        if over:  # every process sees the same sizes: all refuse alike, before any bytes move
+            raise LaunchError(f"process {over[0]} of the MPI job sent {int(sizes[over[0]])} bytes on the job's "
+                              f"channel, which carries 1 to {CHANNEL_BYTES}")
+        counts = [int(size) for size in sizes]
+        offsets = [sum(counts[:p]) for p in range(self.world)]
+        buffer = bytearray(sum(counts))
+        self._comm.Allgatherv([data, self._mpi.BYTE], [buffer, (counts, offsets), self._mpi.BYTE])
+        values = []
+        for p, (count, offset) in enumerate(zip(counts, offsets, strict=True)):
+            said = channel_decode(bytes(buffer[offset: offset + count]))
+            problem = value_problem(said)
+            if problem:
+                raise LaunchError(f"process {p} of the MPI job sent what process {self.process} refuses ({problem})")
+            values.append(said)
+        return values
 
     def abort(self) -> None:
         sys.stdout.flush()

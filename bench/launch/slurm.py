@@ -43,7 +43,15 @@ from typing import Any
 
 from bench.launch.addresses import resolve_bind
 from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, LaunchError, connect, send_message
-from bench.launch.job import JobChannel, JobLauncher, announcement_problem, channel_receive, channel_send
+from bench.launch.job import (
+    JobChannel,
+    JobLauncher,
+    announcement_problem,
+    channel_receive,
+    channel_send,
+    hostnames_problem,
+    value_problem,
+)
 
 #: where task 0 says where it listens (a directory the step's nodes share); default below
 RENDEZVOUS_VARIABLE = "TENSOR_BENCH_RENDEZVOUS"
@@ -54,10 +62,6 @@ JOIN_S = 300.0
 END_GRACE_S = 10.0
 #: how a task that may not start a run learns it: the hint of a step too small
 START_HINT = "srun -n {n} bench ... --launcher slurm (or --tasks {n} with --nodes to submit)"
-
-
-#: the longest host name or address a task may send
-_VALUE_CHARS = 1024
 
 
 class SlurmEnvironmentError(LaunchError):
@@ -370,8 +374,9 @@ class SlurmChannel(JobChannel):
             said = channel_receive(conn)
         except (EOFError, OSError):
             raise LaunchError(f"{self._who(task)} is gone (its connection to task 0 closed)") from None
-        if not isinstance(said, str) or len(said) > _VALUE_CHARS:
-            raise LaunchError(f"{self._who(task)} sent what task 0 refuses (not a host name or an address)")
+        problem = value_problem(said)
+        if problem:
+            raise LaunchError(f"{self._who(task)} sent what task 0 refuses ({problem})")
         return said
 
     def _who(self, task: int) -> str:
@@ -423,8 +428,7 @@ class SlurmChannel(JobChannel):
                 if kind != "announce":
                     problem: str | None = "not an announcement"
                 elif first:  # the step's host names, in task order
-                    problem = None if isinstance(message, list) and len(message) == self.world and all(
-                        isinstance(name, str) and len(name) <= _VALUE_CHARS for name in message) else "no host names"
+                    problem = hostnames_problem(message, self.world)
                 else:
                     problem = announcement_problem(message, self.world)
                 first = False
