@@ -3,6 +3,7 @@ of the job's channel (data, never code), and which of several deaths a failed ru
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -177,6 +178,27 @@ class _Call:
         return self.func, self.args
 
 
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A workload whose methods travel bound (``run_tf_grpc(TINY.build, ...)``)."""
+
+    name: str = "w"
+
+    def build(self) -> str:
+        return f"built {self.name}"
+
+    @classmethod
+    def named(cls, name: str) -> Workload:
+        return cls(name)
+
+    @property
+    def touched(self) -> str:
+        raise AssertionError("a property ran on load")
+
+    def _private(self) -> None:
+        raise AssertionError("a private method arrived")
+
+
 def _hostile(marker: Path) -> list[bytes]:
     import builtins
     import posix
@@ -190,6 +212,14 @@ def _hostile(marker: Path) -> list[bytes]:
         pickle.dumps(_Call(subprocess.Popen, ["touch", str(marker)])),
         pickle.dumps(Report(_Call(os.system, touch))),
         pickle.dumps(_Call(getattr, Path, "home")),
+        # getattr only as a method of a data class of the project's: public, a function, looked up without code
+        pickle.dumps(_Call(getattr, Path("/"), "unlink")),
+        pickle.dumps(_Call(getattr, Workload(), "touched")),
+        pickle.dumps(_Call(getattr, Workload(), "_private")),
+        pickle.dumps(_Call(getattr, Workload(), "__class__")),
+        pickle.dumps(_Call(getattr, Workload(), "name")),
+        pickle.dumps(_Call(getattr, Workload, "build")),
+        pickle.dumps(_Call(getattr, "x", "format")),
         # a project function that writes files, as a job: not a job (no ctx), not data
         pickle.dumps(RankSpec(functools.partial(replace_file, marker, b"x"), "x")),
         # an exception of the project's: not data
@@ -223,6 +253,9 @@ def test_what_runs_send_comes_through():
                     Path("/tmp/x")]:
         back = decode_message(encode_message(message))
         assert repr(back) == repr(message)
+    # a workload's methods, bound (tf_grpc's build_model, make_batch, loss_fn), and a classmethod
+    build, named = decode_message(encode_message((Workload("m").build, Workload.named)))
+    assert build() == "built m" and named("n") == Workload("n")
 
 
 def test_a_frame_claiming_more_than_the_limit_is_refused_unread():

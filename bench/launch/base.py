@@ -227,7 +227,8 @@ class Stop:
 #   __post_init__; refused if they define __setstate__, __del__, __reduce__, __new__, __getattr__ or are
 #   exceptions: code that would run on load or on collection), and functions
 #   that are rank jobs by the project's convention (a parameter
-#   named ``ctx``, the RankContext) or that their module marks with :func:`wire_value`;
+#   named ``ctx``, the RankContext) or that their module marks with :func:`wire_value`; public methods of those
+#   data classes (a workload's ``build``, passed bound: ``getattr`` made safe, see :func:`_method`);
 # - anything else only when marked with :func:`wire_value` in a module the decoder may import (the project's,
 #   or one named in TENSOR_BENCH_WIRE_MODULES).
 #
@@ -363,6 +364,33 @@ def _rebuild_partial(func: Any, args: Any, keywords: Any) -> Any:
     return functools.partial(func, *args, **keywords)
 
 
+def _method(owner: Any, name: Any) -> Any:
+    """``getattr`` as a pickle of a method uses it (``owner.name``), for one value only: a method of a data class
+    the message may name (an instance's, or a class's classmethod), found without running anything.
+
+    The name must be public, the class defining it one of the project's modules or of one named in
+    TENSOR_BENCH_WIRE_MODULES, and what it defines there a plain function (or a classmethod of one): the bound
+    method is made here, so no property, descriptor or ``__getattr__`` of the owner runs. What arrives runs only
+    where the project calls a workload's function (``build_model()``), as a rank job does."""
+    refused = f"refusing the method {str(name)[:60]} on the run's channels: only public methods of the data classes " \
+              "that travel there (the project's, or of a module named in " + WIRE_MODULES_VARIABLE + ")"
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        raise WireError(refused)
+    cls = owner if isinstance(owner, type) else type(owner)  # a function's, a str's: not a module of the project's
+    for base in cls.__mro__:
+        if name not in vars(base):
+            continue
+        found = vars(base)[name]
+        if not _importable(base.__module__) or (_hooks(cls) and not vars(cls).get(_WIRE_MARK, False)):
+            raise WireError(refused)
+        if owner is cls and isinstance(found, classmethod) and isinstance(found.__func__, types.FunctionType):
+            return types.MethodType(found.__func__, cls)
+        if owner is not cls and isinstance(found, types.FunctionType):
+            return types.MethodType(found, owner)
+        raise WireError(refused)
+    raise WireError(refused)
+
+
 def _dtype(obj: Any, align: Any = False, copy: Any = True) -> Any:
     """``numpy.dtype``, always a copy of its own (BUILD then sets its state: never a dtype numpy shares)."""
     import numpy as np
@@ -381,6 +409,7 @@ _ADMITTED: dict[tuple[str, str], Any] = {
     ("builtins", "complex"): complex,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
+    ("builtins", "getattr"): _method,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("functools", "partial"): functools.partial,
     ("multiprocessing.reduction", "_rebuild_partial"): _rebuild_partial,
@@ -501,7 +530,8 @@ class _WireUnpickler(pickle._Unpickler):  # the Python one: its reads are bounde
     def load_build(self) -> None:
         state = self.stack[-1]
         inst = self.stack[-2]
-        if id(inst) not in self._fresh or isinstance(inst, type | types.FunctionType | types.ModuleType):
+        if id(inst) not in self._fresh or isinstance(inst, type | types.FunctionType | types.MethodType
+                                                      | types.ModuleType):
             raise WireError(f"refusing to change a {type(inst).__name__} the message did not make")
         for part in state if isinstance(state, tuple) else (state,):
             if isinstance(part, dict) and any(not isinstance(k, str) or k.startswith("__") for k in part):
