@@ -7,6 +7,7 @@ makes the launcher of the commands that start ranks, and turns signals into a cl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -64,46 +65,87 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else list(argv)
+    # every command stops on SIGTERM and SIGHUP as on Ctrl-C: their default action ends the process at once, and no
+    # ``finally`` or context manager would remove what the command made (a report's temporary directory, ...)
+    saved = _stop_on_signals()
+    try:
+        return _main(raw, saved)
+    except KeyboardInterrupt as exc:  # outside a run (its results, if any, are marked by the command)
+        name, status = signal_of(exc)
+        print(f"\nbench{_command_of(raw)}: interrupted by {name}", file=sys.stderr)
+        return status
+    except (OSError, MemoryError, RuntimeError) as exc:
+        from bench.launch.local import error_with_limit
+
+        if (line := error_with_limit(exc)) is None:
+            raise
+        # a resource limit of this process (too few open files, address space): one line naming it and the fix
+        print(f"bench{_command_of(raw)}: error: {line}", file=sys.stderr)
+        return 1
+    finally:
+        _restore(saved)
+
+
+def _stop_on_signals() -> dict[int, object]:
+    """Turn :data:`STOP_SIGNALS` into :class:`Interrupted`; the handlers they had (none off the main thread)."""
+    saved: dict[int, object] = {}
+    with contextlib.suppress(ValueError):  # not the main thread (bench called from a thread): signals are not ours
+        for signum in STOP_SIGNALS:
+            saved[signum] = signal.signal(signum, _stop)
+    return saved
+
+
+def _restore(saved: dict[int, object]) -> None:
+    for signum, handler in saved.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
+def _command_of(raw: list[str]) -> str:
+    """`` COMMAND`` when the arguments name one, else ''."""
+    command = next((arg for arg in raw if not arg.startswith("-")), "")
+    return f" {command}" if command in COMMANDS else ""
+
+
+def _main(raw: list[str], saved: dict[int, object]) -> int:
     # models given as package.module:ATTRIBUTE are found from the current directory, as with python -m; under
     # MPI every process needs that before the coordinator's first assignment arrives
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     quiet_tensorflow.install()
-    raw = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(raw)
     module = args.module
     problem = extras_problem(args.command, getattr(module, "EXTRAS", ()))
     if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))):
         print(f"bench {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        if not getattr(module, "STARTS_RANKS", False):
-            return module.run(args)
-        from bench.launch import LaunchError, create
+    if not getattr(module, "STARTS_RANKS", False):
+        return module.run(args)
+    from bench.launch import LaunchError, create
 
-        if (problem := submit_problem(args)) is not None:
-            print(f"bench {args.command}: error: {problem}", file=sys.stderr)
-            return EXIT_USAGE
-        if args.nodes:
-            return _submit(args, raw)
-        try:
-            launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
-        except LaunchError as exc:
-            print(f"bench {args.command}: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        with launcher:
-            if not launcher.is_coordinator:  # under mpi or slurm: serve the runs the coordinator (rank 0) starts
-                status = launcher.serve()
-            else:
-                for signum in STOP_SIGNALS:  # SIGTERM and SIGHUP stop a run as Ctrl-C does
-                    signal.signal(signum, _stop)
-                status = module.run(args, launcher)
-        launcher.end_process(status)  # a job's process (mpi, slurm) ends here
-        return status
-    except KeyboardInterrupt as exc:  # outside a run (its results, if any, are marked by the command)
-        name, status = signal_of(exc)
-        print(f"\nbench {args.command}: interrupted by {name}", file=sys.stderr)
-        return status
+    if (problem := submit_problem(args)) is not None:
+        print(f"bench {args.command}: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.nodes:
+        return _submit(args, raw)
+    # the launcher starts, and a job's serving process serves, with the handlers bench was started with, as before
+    # (MPI_Init may set its own); the coordinator stops on signals again below
+    _restore(saved)
+    try:
+        launcher = create(args.launcher, bind=args.bind, link_rate=args.link_rate)
+    except LaunchError as exc:
+        print(f"bench {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    with launcher:
+        if not launcher.is_coordinator:  # under mpi or slurm: serve the runs the coordinator (rank 0) starts
+            status = launcher.serve()
+        else:
+            for signum in STOP_SIGNALS:  # SIGTERM and SIGHUP stop a run as Ctrl-C does
+                signal.signal(signum, _stop)
+            status = module.run(args, launcher)
+    launcher.end_process(status)  # a job's process (mpi, slurm) ends here
+    return status
 
 
 def submit_problem(args: argparse.Namespace) -> str | None:

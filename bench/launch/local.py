@@ -11,7 +11,10 @@ with the coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) r
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -35,6 +38,9 @@ _EXIT_GRACE_S = 30.0
 _TERM_GRACE_S = 5.0
 #: characters of a rank's log an error quotes
 _LOG_TAIL_CHARS = 2500
+#: bytes from the end of a rank's log searched for its fatal cause, and the most characters of it an error line quotes
+_CAUSE_SEARCH_BYTES = 1 << 18
+_CAUSE_CHARS = 240
 
 
 def describe_exit(returncode: int) -> str:
@@ -55,6 +61,104 @@ def log_tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
     lines = [line for line in text.splitlines()
              if not is_start_up_noise(line) and not line.startswith("Extension modules: ")]
     return "\n".join(lines)[-chars:].strip()
+
+
+#: words of a line that says why a process died (a library's error, glibc's or the kernel's words)
+_CAUSE = re.compile(r"error|fail|abort|cannot|can't|unable|out of memory|bad_alloc|denied|exhausted|terminate",
+                    re.IGNORECASE)
+#: what faulthandler writes around the stacks of a crashed rank: the signal, not its cause
+_NOT_CAUSE = re.compile(r"^(Fatal Python error: (Aborted|Segmentation fault|Bus error|Floating point exception)\b|"
+                        r"Current thread|Thread 0x|  File |Stack \(most recent|Extension modules|Python runtime state)")
+#: deaths a signal from outside gives (``describe_exit``'s words)
+_SENT_DEATHS = frozenset(f"killed by {name}" for name in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"))
+#: an operating system's error in a line: the most telling cause when several lines say one
+_OS_WORDS = re.compile(r"Resource temporarily unavailable|Cannot allocate memory|Too many open files|"
+                       r"No space left on device|Out of memory|bad_alloc|Permission denied", re.IGNORECASE)
+#: the prefix of a glog line (gRPC, TensorFlow): ``E1126 12:01:37.663139   18505 thd.cc:157] ``
+_GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] ")
+
+
+def fatal_cause(path: Path) -> str | None:
+    """The line of a rank's log that says why it died, in one line: the last that names an operating system's error,
+    else the last that says an error or a failure (not faulthandler's own lines around the stacks); None if none."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - _CAUSE_SEARCH_BYTES))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return None
+    causes = [line.strip() for line in text.splitlines()
+              if _CAUSE.search(line) and not _NOT_CAUSE.match(line) and not is_start_up_noise(line)]
+    if not causes:
+        return None
+    cause = next((line for line in reversed(causes) if _OS_WORDS.search(line)), causes[-1])
+    cause = _GLOG_PREFIX.sub("", cause)
+    return cause if len(cause) <= _CAUSE_CHARS else cause[:_CAUSE_CHARS - 3] + "..."
+
+
+def _limit(which: int) -> int | None:
+    """The soft limit ``which`` of this process (which its ranks inherit), None when unlimited."""
+    soft = resource.getrlimit(which)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def limit_hint(text: str) -> str | None:
+    """The resource limit of this process (and of the ranks it starts, which inherit it) that an error's ``text``
+    points at, with its value and the fix, in one sentence; None when none does (or the limit is not set)."""
+    if "Too many open files in system" in text or "[Errno 23]" in text:
+        return ("the system's table of open files is full (sysctl fs.file-max): close programs that hold many "
+                "files, or raise fs.file-max")
+    if "Too many open files" in text or "[Errno 24]" in text:
+        if (files := _limit(resource.RLIMIT_NOFILE)) is None:
+            return None
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        enough = max(4096, files * 4)
+        above = "" if hard == resource.RLIM_INFINITY or hard >= enough else (
+            f" (its hard limit is {hard}: above that as root, or in /etc/security/limits.conf)")
+        return f"the limit on open files (ulimit -n, RLIMIT_NOFILE) is {files}: raise it with ulimit -n {enough}{above}"
+    threads = re.search(r"pthread_create|can't start new thread|thread", text, re.IGNORECASE) is not None
+    memory = re.search(r"Cannot allocate memory|MemoryError|bad_alloc|out of memory|mmap|allocat",
+                       text, re.IGNORECASE) is not None
+    if not (threads or memory or "Resource temporarily unavailable" in text):
+        return None
+    if (space := _limit(resource.RLIMIT_AS)) is not None:
+        return (f"the limit on address space (ulimit -v, RLIMIT_AS) is {space // 1024} KB, and threads' stacks and "
+                "the libraries' mappings count against it: raise it with ulimit -v unlimited")
+    if (data := _limit(resource.RLIMIT_DATA)) is not None:
+        return (f"the limit on data memory (ulimit -d, RLIMIT_DATA) is {data // 1024} KB: raise it with "
+                "ulimit -d unlimited")
+    if threads and (processes := _limit(resource.RLIMIT_NPROC)) is not None:
+        return (f"the limit on processes and threads (ulimit -u, RLIMIT_NPROC) is {processes}: raise it with "
+                "ulimit -u unlimited")
+    return None
+
+
+def error_with_limit(exc: BaseException) -> str | None:
+    """One line for an error a resource limit of this process caused (too many open files, no thread or memory
+    under ``ulimit -v``): the error and the limit, its value and the fix; None for any other error."""
+    if isinstance(exc, OSError) and exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN):
+        return None
+    if not isinstance(exc, (OSError, MemoryError, RuntimeError)):
+        return None
+    text = f"{type(exc).__name__}: {exc}"
+    hint = limit_hint(text)
+    return f"{text.splitlines()[0]}; {hint}" if hint else None
+
+
+def explained(exc: RankFailed, log: Path) -> RankFailed:
+    """``exc`` with its first line saying why: a rank that died gets the cause its log gives (``died (killed by
+    SIGABRT): pthread_create failed: ...``), and a cause a resource limit explains names the limit and the fix."""
+    text = str(exc)
+    first, newline, rest = text.partition("\n")
+    death = re.match(rf"rank {exc.rank} \(.*?\) died \(([^()]*)\)", first) if exc.kind == "died" else None
+    # a signal from outside (SIGKILL: the kernel's OOM killer, a user) is no cause the rank's log can know
+    if death and death.group(1) not in _SENT_DEATHS and (cause := fatal_cause(log)) is not None:
+        first = f"{death.group(0)}: {cause}{first[death.end():]}"
+    if (hint := limit_hint(first)) is not None:
+        first = f"{first}; {hint}"
+    if first != text.partition("\n")[0]:
+        exc.args = (f"{first}{newline}{rest}",)
+    return exc
 
 
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -131,6 +235,7 @@ class LocalLauncher(Launcher):
                 results = coordinate(hub, ranks, cluster, timeout_s, on_report or (lambda rank, payload: None),
                                      exited, self._link_interface, startup_s)
             except RankFailed as exc:
+                exc = explained(exc, logs[exc.rank])
                 raise exc.with_log(log_tail(logs[exc.rank]) if exc.kind != "failed" else "") from None
             _wait_all(procs, _EXIT_GRACE_S)
             return results

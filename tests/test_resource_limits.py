@@ -1,0 +1,132 @@
+"""A failure a resource limit causes names the limit, its value and the fix, in the one error line; a rank that dies
+gives its fatal cause (the line of its log that says why) in that line too, not only in its log.
+
+Each run gets its limit in the child (``preexec_fn``), as ``ulimit`` in a shell would give it: the ranks inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.launch.base import RankFailed
+from bench.launch.local import explained, fatal_cause, limit_hint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_with_limit(limit: int, value: int, *args: str) -> subprocess.CompletedProcess:
+    def lower() -> None:
+        hard = resource.getrlimit(limit)[1]
+        resource.setrlimit(limit, (value, hard))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=env, preexec_fn=lower)
+
+
+def micro(out: Path, transport: str) -> list[str]:
+    return ["micro", "--sizes", "1KB", "--iters", "10", "--warmup", "1", "--transports", transport,
+            "--no-references", "--no-peers", "--no-plot", "--timeout", "60", "--out", str(out)]
+
+
+def error_line(stderr: str) -> str:
+    [line] = [line for line in stderr.splitlines() if line.startswith("bench micro: error:")]
+    return line
+
+
+def test_too_few_open_files_for_bench_itself_is_one_line_naming_the_limit(tmp_path):
+    """``ulimit -n 10``: bench cannot open its ranks' logs; one line with the limit and the fix, no traceback."""
+    done = bench_with_limit(resource.RLIMIT_NOFILE, 10, *micro(tmp_path / "run", "zerocopy"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = error_line(done.stderr)
+    assert "Too many open files" in line
+    assert "the limit on open files (ulimit -n, RLIMIT_NOFILE) is 10: raise it with ulimit -n 4096" in line
+
+
+def test_too_few_open_files_for_a_rank_names_the_limit(tmp_path):
+    """``ulimit -n 24``: bench starts, a rank runs out of descriptors; the run's error line names the limit."""
+    done = bench_with_limit(resource.RLIMIT_NOFILE, 24, *micro(tmp_path / "run", "zerocopy"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = error_line(done.stderr)
+    assert re.search(r"rank \d \(\w+\) failed: OSError: \[Errno 24\] Too many open files", line), line
+    assert "ulimit -n, RLIMIT_NOFILE) is 24: raise it with ulimit -n 4096" in line
+
+
+def test_a_rank_that_dies_under_an_address_space_limit_gives_its_cause_and_the_limit(tmp_path):
+    """``ulimit -v 600000``: gRPC's threads cannot start and it aborts; the error line says why (its log's
+    ``pthread_create failed``), not only ``killed by SIGABRT``, and names the limit and the fix."""
+    done = bench_with_limit(resource.RLIMIT_AS, 600000 * 1024, *micro(tmp_path / "run", "grpc_tcp"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = error_line(done.stderr)
+    assert re.search(r"died \(killed by SIGABRT\): pthread_create failed: Resource temporarily unavailable", line), \
+        line
+    assert "the limit on address space (ulimit -v, RLIMIT_AS) is 600000 KB" in line
+    assert "raise it with ulimit -v unlimited" in line
+
+
+# -- the parts, without a run ---------------------------------------------------------------------------------
+
+_CRASHED_LOG = """\
+E1126 12:01:37.663139   18505 thd.cc:157] pthread_create failed: Resource temporarily unavailable
+E1126 12:01:48.560841   18505 work_stealing_thread_pool.cc:412] Failed to start lifeguard thread
+Fatal Python error: Aborted
+
+Thread 0x00007f56908b66c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/work/main/bench/launch/base.py", line 368 in beat_error_handler
+
+Current thread 0x00007f569c3c6b80 (most recent call first):
+  File "/work/main/transports/grpc_tcp/transport.py", line 211 in _run
+
+Extension modules: numpy._core._multiarray_umath, grpc._cython.cygrpc (total: 2)
+"""
+
+
+def test_the_fatal_cause_is_the_logs_last_operating_system_error_without_faulthandlers_lines(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text(_CRASHED_LOG)
+    assert fatal_cause(log) == "pthread_create failed: Resource temporarily unavailable"
+    log.write_text("starting\nsomething went wrong: the peer failed to answer\nFatal Python error: Aborted\n")
+    assert fatal_cause(log) == "something went wrong: the peer failed to answer"
+    log.write_text("Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n")
+    assert fatal_cause(log) is None
+    log.write_text("x" * 10 + " error " + "y" * 1000 + "\n")
+    assert len(fatal_cause(log)) <= 240
+    assert fatal_cause(tmp_path / "missing.log") is None
+
+
+def test_a_death_gets_its_cause_in_its_first_line_before_what_followed(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text(_CRASHED_LOG)
+    failed = RankFailed(0, "sender", "died (killed by SIGABRT); then rank 1 (receiver) died (killed by SIGABRT)",
+                        "died")
+    text = str(explained(failed, log)).splitlines()[0]
+    assert text.startswith("rank 0 (sender) died (killed by SIGABRT): pthread_create failed: Resource temporarily "
+                           "unavailable; then rank 1 (receiver) died"), text
+    quiet = RankFailed(1, "receiver", "died (exit code 1)", "died")
+    assert str(explained(quiet, tmp_path / "missing.log")) == "rank 1 (receiver) died (exit code 1)"
+    killed = RankFailed(0, "sender", "died (killed by SIGKILL)", "died")  # from outside: its log cannot say why
+    assert str(explained(killed, log)) == "rank 0 (sender) died (killed by SIGKILL)"
+
+
+@pytest.mark.parametrize(("text", "limit", "value", "named"), [
+    ("OSError: [Errno 24] Too many open files", resource.RLIMIT_NOFILE, 64, "ulimit -n, RLIMIT_NOFILE) is 64"),
+    ("RuntimeError: can't start new thread", resource.RLIMIT_AS, 512 << 20, "ulimit -v, RLIMIT_AS) is 524288 KB"),
+    ("MemoryError", resource.RLIMIT_AS, 1 << 30, "ulimit -v"),
+])
+def test_a_limit_is_named_only_when_it_is_set(monkeypatch, text, limit, value, named):
+    unlimited = resource.RLIM_INFINITY
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (unlimited, unlimited))
+    assert limit_hint(text) is None
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda which: (value, unlimited) if which == limit else (unlimited, unlimited))
+    assert named in limit_hint(text)
+    assert limit_hint("ValueError: not a size") is None
