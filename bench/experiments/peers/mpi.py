@@ -20,6 +20,11 @@ host (the local launcher), in a private emulated host as perftest's tools run: m
 PMIx's) and Open MPI's tcp component listen on every interface. Under a launcher of emulated hosts both processes
 would share one host and never cross its link, and under ``--launcher mpi`` a second mpirun inside an MPI job is
 not started: there it is left out.
+
+The line leaves nothing however it ends: mpirun's session directory (``TMPDIR``) and the pair's shared-memory files
+(Open MPI's ``sm_segment.*``, its windows', UCX's: every ``*_backing_directory``) go into two 0700 directories of the
+relay's, one in /tmp and one in /dev/shm, removed when it ends, or by a reaper outside its emulated host when it is
+killed; mpirun gets SIGTERM when the relay dies. A failure while /dev/shm has no room says so.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import contextlib
 import functools
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -219,21 +226,173 @@ class MpiRmaLine(MpiLine):
 
 def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
     """Start the MPI pair, hand it the points, pass its reports on; a failure of either is this rank's."""
-    with tempfile.TemporaryDirectory(prefix="bench-mpi-peer-") as private:  # 0700: only we can connect
+    with _private_directories() as (private, shm):
         hub = Hub(os.path.join(private, "hub"), ctx.cluster.token, 2)
         log_path = Path(private) / "mpirun.log"
         env = {**os.environ, TOKEN_VARIABLE: ctx.cluster.token, "PYTHONPATH": os.pathsep.join(sys.path),
                # Open MPI refuses root unless told twice
-               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               **_private_files(private, shm)}
         with open(log_path, "w+") as log:
-            proc = subprocess.Popen([mpirun_path() or "mpirun", "-np", "2", "--oversubscribe", sys.executable,
+            proc = subprocess.Popen([sys.executable, "-I", "-c", _DIE_WITH_RELAY, str(os.getpid()),
+                                     mpirun_path() or "mpirun", "-np", "2", "--oversubscribe", sys.executable,
                                      "-m", __name__, hub.address], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=env)
             try:
                 _relay(line, points, ctx, hub, proc, log)
+            except PeerError as exc:
+                if short := _shm_short(points):  # said in the first line: that is the line an error shows
+                    first, newline, rest = str(exc).partition("\n")
+                    raise PeerError(f"{first}{short}{newline}{rest}") from None
+                raise
             finally:
                 _end(proc)
                 hub.close()
+
+
+#: runs mpirun (argv[2:]) so that it gets SIGTERM, ending its job, should the relay (argv[1]) die first (SIGKILL:
+#: no ``finally`` runs); exits 3 if the relay is gone already
+_DIE_WITH_RELAY = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGTERM; kept across exec
+    "sys.exit(3) if os.getppid() != int(sys.argv[1]) else os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+#: Open MPI's (and UCX's) parameters naming where shared-memory backing files go (default: /dev/shm)
+_BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
+                      "OMPI_MCA_osc_rdma_backing_directory", "OMPI_MCA_osc_ucx_backing_directory",
+                      "OMPI_MCA_shmem_mmap_backing_file_base_dir", "UCX_POSIX_DIR")
+_SHM = "/dev/shm"
+
+
+@contextlib.contextmanager
+def _private_directories() -> Iterator[tuple[str, str | None]]:
+    """Two 0700 directories of this line, gone however it ends (a reaper removes them if this process is killed):
+    one in /tmp (the relay's socket, mpirun's log, and mpirun's session directory: ``TMPDIR``) and one in /dev/shm
+    (the pair's shared-memory files, which Open MPI leaves behind when its processes are killed), or None where
+    /dev/shm takes no directory."""
+    private = tempfile.mkdtemp(prefix="bench-mpi-peer-")
+    shm = None
+    with contextlib.suppress(OSError):
+        shm = tempfile.mkdtemp(prefix="bench-mpi-peer-", dir=_SHM)
+    try:
+        reaper = _Reaper([private, *([shm] if shm else [])])
+    except BaseException:
+        _remove(private, shm)
+        raise
+    try:
+        yield private, shm
+    finally:
+        _remove(private, shm)
+        reaper.release()
+
+
+#: the reaper's program: leave the relay's network namespace for its parent's (argv[1]; an emulated host's
+#: teardown kills every process inside it, and would kill the reaper before it removed anything), say so, wait for
+#: the relay to close the pipe, and unless it said "closed" first, remove the directories (argv[2:])
+_REAPER = (
+    "import ctypes, os, shutil, sys\n"
+    "try:\n"
+    "    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "    ctypes.CDLL(None).setns(fd, 0x40000000)\n"  # CLONE_NEWNET; where it fails (not root), it stays
+    "    os.close(fd)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "sys.stdout.write('ready\\n')\n"
+    "sys.stdout.flush()\n"
+    "if sys.stdin.buffer.read() != b'closed':\n"
+    "    for directory in sys.argv[2:]:\n"
+    "        shutil.rmtree(directory, ignore_errors=True)\n"
+)
+#: the write ends of reapers' pipes: a forked child must not hold one, or its reaper would not see the relay die
+_REAPER_PIPES: set[int] = set()
+
+
+def _forget_reaper_pipes() -> None:
+    for fd in _REAPER_PIPES:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _REAPER_PIPES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_reaper_pipes)
+
+
+class _Reaper:
+    """A process that removes ``directories`` when the relay dies without removing them (SIGKILL).
+
+    ``bench.launch.hosts.Reaper`` does that too, but it would run inside the relay's emulated host, whose
+    teardown kills it: this one runs in the coordinator's network namespace, and is ready once started.
+    """
+
+    def __init__(self, directories: list[str]) -> None:
+        read_end, write_end = os.pipe()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-c", _REAPER, f"/proc/{os.getppid()}/ns/net", *directories],
+                stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._pipe = write_end
+        _REAPER_PIPES.add(write_end)
+        self._process.stdout.readline()  # in its namespace: from now on an emulated host's teardown spares it
+
+    def release(self) -> None:
+        """The directories are gone: the reaper exits (and is waited for)."""
+        _REAPER_PIPES.discard(self._pipe)
+        with contextlib.suppress(OSError):
+            os.write(self._pipe, b"closed")
+        os.close(self._pipe)
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process.stdout.close()
+
+
+def _remove(*directories: str | None) -> None:
+    for directory in directories:
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _private_files(private: str, shm: str | None) -> dict[str, str]:
+    """The environment that puts every file mpirun and the pair make under the line's own directories."""
+    env = {"TMPDIR": private}  # PRRTE's and PMIx's session directories (``ompi.*``, ``prte.*``)
+    if shm:
+        env.update(dict.fromkeys(_BACKING_VARIABLES, shm))
+    return env
+
+
+def _shm_short(points: list[Point]) -> str:
+    """``; /dev/shm is full (...)`` when /dev/shm has less room than the largest tensor of ``points`` (a failure
+    of the pair's shared-memory windows or segments then has that cause), else ''."""
+    try:
+        stat = os.statvfs(_SHM)
+    except OSError:
+        return ""
+    free = stat.f_bavail * stat.f_frsize
+    need = _FLAG_BYTES + max((point.size_bytes for point in points), default=0) + _SHM_MARGIN_BYTES
+    if free >= need:
+        return ""
+    return (f"; {_SHM} is full ({_spelled(free)} free of {_spelled(stat.f_blocks * stat.f_frsize)}, the MPI pair's "
+            f"shared memory needs about {_spelled(need)}): free space there (rm files you know are stale) or "
+            f"enlarge it (mount -o remount,size=8G {_SHM})")
+
+
+#: shared memory the pair needs beyond its window: Open MPI's segments for its shared-memory transport
+_SHM_MARGIN_BYTES = 16 << 20
+
+
+def _spelled(nbytes: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} bytes"
 
 
 def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc: subprocess.Popen, log: Any) -> None:
