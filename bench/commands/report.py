@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench report: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
+        from bench.launch.local import error_with_limit
+
+        if (line := error_with_limit(exc)) is not None:  # a limit of this process (open files), not the folder
+            print(f"bench report: error: {line}", file=sys.stderr)
+            return 1
         where = exc.filename or html_path or markdown_path
         return options.fail("report", f"cannot write {where}: {exc.strerror or exc}; choose another --out")
     for path in written:
