@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 
+from bench.launch.base import wire_value
 
+
+@wire_value
 def build_failing():
     raise RuntimeError("no model today: build_failing was asked to fail")
 
 
+@wire_value
 def build_hanging():
     time.sleep(3600)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.ground.paper import TABLE2, PaperModel
+from bench.launch.base import wire_value
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -87,6 +88,7 @@ def _tf():
 # -- builders: (input_shape, num_classes) -> uncompiled keras.Model producing logits ------------------
 
 
+@wire_value  # a model's builder travels to the ranks in its ModelDef
 def _alexnet(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """AlexNet as in tf_cnn_benchmarks (one tower, no LRN), at 224x224: 5 conv + 3 dense, 16 tensors."""
     keras = _keras()
@@ -113,6 +115,7 @@ def _alexnet(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     )
 
 
+@wire_value
 def _inception_v3(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Keras' InceptionV3, random weights, logits (no auxiliary classifier)."""
     keras = _keras()
@@ -121,6 +124,7 @@ def _inception_v3(input_shape: tuple[int, ...], num_classes: int) -> keras.Model
     )
 
 
+@wire_value
 def _vgg16(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """Keras' VGG16, random weights, logits: 13 conv + 3 dense, 32 tensors."""
     keras = _keras()
@@ -129,6 +133,7 @@ def _vgg16(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     )
 
 
+@wire_value
 def _lstm(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """One LSTM layer of 1024 over 80 steps; the last hidden state goes through a dense layer to the classes."""
     keras = _keras()
@@ -142,6 +147,7 @@ def _lstm(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     )
 
 
+@wire_value
 def _gru(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """One GRU layer of 1024 over 80 steps, then a dense layer to the classes.
 
@@ -161,6 +167,7 @@ def _gru(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     )
 
 
+@wire_value
 def _fcn5(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """FCN-5: five dense layers, an input layer and 3 hidden layers of 4096, then the output layer.
 
@@ -181,6 +188,7 @@ EMBED_DIM = 64
 EMBED_TOKENS = 128
 
 
+@wire_value
 def _embedding(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     """A text classifier with a large embedding table: tokens -> embedding (sparse gradient) -> mean -> 256
     -> BatchNorm -> classes. Its table's gradient is ``IndexedSlices``: the rows the batch looked up."""
@@ -199,6 +207,7 @@ def _embedding(input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
     )
 
 
+@wire_value
 def _token_batch(defn: ModelDef, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids drawn from a Zipf law, as words are (a few rows looked up often, most rarely), and labels."""
     rng = np.random.default_rng(seed)
