@@ -239,3 +239,12 @@ def test_bad_scale_and_launcher_input_is_one_line_exit_2(args, fragment):
     result = bench(*args)
     assert result.returncode == 2 and fragment in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_run_of_the_baseline_alone_prints_no_table_relative_to_it(capsys):
+    """bench model of zerocopy alone printed a heading and a row of nothing 'relative to zerocopy'."""
+    from bench.commands.common import print_relative
+
+    alone = [("fcn5 b1 x1", {"zerocopy": {"step_time_s": 0.2}})]
+    print_relative("step time relative to zerocopy", "run", alone, [], "zerocopy", "step_time_s")
+    assert capsys.readouterr().out == ""

@@ -105,7 +105,7 @@ def print_relative(title: str, key_name: str, rows: list[tuple[str, dict[str, An
         cells = [_ratio_text(ratio(by_line[line], by_line[baseline], measure)) if line in by_line else "-"
                  for line in lines]
         table.append([label, *cells, *(cell(by_line) for _, cell in extra)])
-    if not table:
+    if not table or not (lines or extra):  # nothing beside the baseline: nothing to say relative to it
         return
     headings = [key_name, *lines, *(heading for heading, _ in extra)]
     widths = [max(len(heading), *(len(row[i]) for row in table)) for i, heading in enumerate(headings)]
