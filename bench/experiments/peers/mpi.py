@@ -50,7 +50,7 @@ import numpy as np
 from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
-from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error
+from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error, receive_message, send_message
 from bench.launch.mpi import mpirun_path
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
@@ -414,14 +414,14 @@ def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc:
             if time.monotonic() > deadline:
                 raise broken(f"the MPI processes did not start within {STARTUP_S:.0f} s") from None
     for conn in conns.values():
-        conn.send((line.link_class, points, line.timeout_s))
+        send_message(conn, (line.link_class, points, line.timeout_s))
     open_ = {conn: rank for rank, conn in conns.items()}
     while open_:
         ready = wait(list(open_), timeout=0.5)
         for conn in ready:
             role = "sender" if open_[conn] == SENDER else "receiver"
             try:
-                message = conn.recv()
+                message = receive_message(conn)  # decoded as data: nothing it sends can run code here
             except (EOFError, OSError):
                 raise broken(f"the MPI {role} ended without a word") from None
             if message == "finished":
@@ -458,17 +458,18 @@ def _mpi_process(hub: str) -> int:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     conn = connect(hub, os.environ.pop(TOKEN_VARIABLE, ""))
-    conn.send(Hello(rank))
-    link_class, points, timeout_s = conn.recv()
+    send_message(conn, Hello(rank))
+    link_class, points, timeout_s = receive_message(conn)
     link = link_class(comm, timeout_s)
     try:
-        drive(link, points, rank, MpiSignals(comm, RECEIVER - rank), conn.send)
+        drive(link, points, rank, MpiSignals(comm, RECEIVER - rank),
+              lambda message: send_message(conn, message))
     except Exception as exc:  # said first: closing a window is collective and would wait for the other process
         with contextlib.suppress(OSError):
-            conn.send(("failed", describe_error(exc)))
+            send_message(conn, ("failed", describe_error(exc)))
         comm.Abort(1)  # the other process may wait on this one: end the job
     link.close()
-    conn.send("finished")
+    send_message(conn, "finished")
     return 0
 
 
