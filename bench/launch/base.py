@@ -281,14 +281,19 @@ def receive_message(conn: Connection, limit: int | None = None) -> Any:
     EOFError or OSError when the connection ends. A frame over ``limit`` (``MAX_MESSAGE_BYTES``) is not read:
     the connection is useless after it, and closed."""
     limit = MAX_MESSAGE_BYTES if limit is None else limit
+    return decode_message(receive_frame(conn, limit, "the run's channels", WireError))
+
+
+def receive_frame(conn: Any, limit: int, channel: str, error: type[LaunchError]) -> bytes:
+    """The next frame on ``conn``; one over ``limit`` bytes is not read: the connection is closed (it is useless
+    after it) and ``error`` raised, naming ``channel``'s limit. EOFError or OSError when the connection ends."""
     try:
-        data = conn.recv_bytes(limit)
+        return conn.recv_bytes(limit)
     except OSError as exc:
         if "bad message length" not in str(exc):
             raise
         conn.close()
-        raise WireError(f"refused a message over {limit} bytes (the limit of the run's channels)") from None
-    return decode_message(data)
+        raise error(f"refused a message over {limit} bytes (the limit of {channel})") from None
 
 
 def decode_message(data: bytes) -> Any:

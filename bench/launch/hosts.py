@@ -190,19 +190,34 @@ def _teardown(names: list[str]) -> None:
         raise RuntimeError("tearing down emulated hosts: " + "; ".join(problems))
 
 
-# Write ends of the reapers' pipes. A forked child (multiprocessing) must not keep one open, or the
-# reaper would not see EOF when the creator dies.
-_REAPER_PIPES: set[int] = set()
+# Write ends of the reapers' pipes (these, and any other reaper's of the suite: the mpi peer's). A forked child
+# (multiprocessing) must not keep one open, or the reaper would not see EOF when the creator dies.
+REAPER_PIPES: set[int] = set()
 
 
 def _forget_reaper_pipes() -> None:
-    for fd in _REAPER_PIPES:
+    for fd in REAPER_PIPES:
         with contextlib.suppress(OSError):
             os.close(fd)
-    _REAPER_PIPES.clear()
+    REAPER_PIPES.clear()
 
 
 os.register_at_fork(after_in_child=_forget_reaper_pipes)
+
+
+def spawn_reaper(argv: list[str], **popen: object) -> tuple[subprocess.Popen, int]:
+    """Start a reaper (``argv``) in a session of its own, reading a pipe whose write end this process keeps (and
+    registers in :data:`REAPER_PIPES`): the reaper sees EOF when this process dies. Returns it and the write end."""
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen(argv, stdin=read_end, start_new_session=True, **popen)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    REAPER_PIPES.add(write_end)
+    return process, write_end
 
 
 class Reaper:
@@ -220,29 +235,16 @@ class Reaper:
         self._pipe: int | None = None
 
     def start(self) -> Reaper:
-        read_end, write_end = os.pipe()
         dirs = [arg for path in self.directories for arg in ("--dir", os.path.abspath(path))]
-        try:
-            # -I: the reaper needs only the standard library, and must not import this package (or
-            # anything next to this file) that may be slow or broken.
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), "reap", *dirs, *self.namespaces],
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        self._pipe = write_end
-        _REAPER_PIPES.add(write_end)
+        # -I: the reaper needs only the standard library, and must not import this package (or
+        # anything next to this file) that may be slow or broken.
+        self._process, self._pipe = spawn_reaper([sys.executable, "-I", os.path.abspath(__file__), "reap", *dirs,
+                                                  *self.namespaces], stdout=subprocess.DEVNULL)
         return self
 
     def release(self, clean: bool) -> None:
         if self._pipe is not None:
-            _REAPER_PIPES.discard(self._pipe)
+            REAPER_PIPES.discard(self._pipe)
             with contextlib.suppress(OSError):  # the reaper may be gone already
                 if clean:
                     os.write(self._pipe, _CLOSED)

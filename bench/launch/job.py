@@ -46,6 +46,7 @@ from bench.launch.base import (
     RankSpec,
     connect,
     coordinate,
+    receive_frame,
     run_token,
     serve_rank,
 )
@@ -80,14 +81,7 @@ def channel_send(conn: Any, message: Any) -> None:
 
 def channel_receive(conn: Any) -> Any:
     """The next message on a connection of the job's channel; LaunchError for one too big or not JSON."""
-    try:
-        data = conn.recv_bytes(CHANNEL_BYTES)
-    except OSError as exc:
-        if "bad message length" not in str(exc):
-            raise
-        conn.close()
-        raise LaunchError(f"refused a message of the job's channel over {CHANNEL_BYTES} bytes") from None
-    return channel_decode(data)
+    return channel_decode(receive_frame(conn, CHANNEL_BYTES, "the job's channel", LaunchError))
 
 
 def announcement_problem(message: Any, world: int) -> str | None:

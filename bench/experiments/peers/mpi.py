@@ -51,6 +51,7 @@ from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error, receive_message, send_message
+from bench.launch.hosts import REAPER_PIPES, spawn_reaper
 from bench.launch.mpi import mpirun_path
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
@@ -304,18 +305,6 @@ _REAPER = (
     "    for directory in sys.argv[2:]:\n"
     "        shutil.rmtree(directory, ignore_errors=True)\n"
 )
-#: the write ends of reapers' pipes: a forked child must not hold one, or its reaper would not see the relay die
-_REAPER_PIPES: set[int] = set()
-
-
-def _forget_reaper_pipes() -> None:
-    for fd in _REAPER_PIPES:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _REAPER_PIPES.clear()
-
-
-os.register_at_fork(after_in_child=_forget_reaper_pipes)
 
 
 class _Reaper:
@@ -326,23 +315,14 @@ class _Reaper:
     """
 
     def __init__(self, directories: list[str]) -> None:
-        read_end, write_end = os.pipe()
-        try:
-            self._process = subprocess.Popen(
-                [sys.executable, "-I", "-c", _REAPER, f"/proc/{os.getppid()}/ns/net", *directories],
-                stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        self._pipe = write_end
-        _REAPER_PIPES.add(write_end)
+        self._process, self._pipe = spawn_reaper(
+            [sys.executable, "-I", "-c", _REAPER, f"/proc/{os.getppid()}/ns/net", *directories],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._process.stdout.readline()  # in its namespace: from now on an emulated host's teardown spares it
 
     def release(self) -> None:
         """The directories are gone: the reaper exits (and is waited for)."""
-        _REAPER_PIPES.discard(self._pipe)
+        REAPER_PIPES.discard(self._pipe)
         with contextlib.suppress(OSError):
             os.write(self._pipe, b"closed")
         os.close(self._pipe)
