@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -151,13 +152,16 @@ def test_task_0_stopped_while_it_waits_removes_its_rendezvous_file(tmp_path, sig
             "SlurmChannel(SlurmStep('41', '0', 0, 2, ('localhost',), 'localhost'))")
     env = {**os.environ, RENDEZVOUS_VARIABLE: str(folder), "PYTHONPATH": str(ROOT)}
     env.pop("TENSOR_BENCH_TOKEN", None)
-    task0 = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    # SIGINT as a terminal gives it: a test run in the background of a shell (CI) has it ignored, which a child
+    # inherits (Python then installs no KeyboardInterrupt for it)
+    task0 = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (folder / "slurm-41.0").exists():
             assert task0.poll() is None and time.monotonic() < deadline, "task 0 did not publish its file"
             time.sleep(0.05)
-        task0.send_signal(getattr(__import__("signal"), signum))
+        task0.send_signal(getattr(signal, signum))
         task0.wait(timeout=30)
     finally:
         task0.kill()

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     if stray := slowed - {choice.label for choice in chosen}:
         return options.fail("micro", f"--extra-copy {', '.join(sorted(stray))}: not among the transports measured "
                             f"({', '.join(options.labels(chosen))})")
-    if too_big := options.sizes_problem(args.sizes) or memory_problem(args.sizes, chosen, slowed, launcher):
+    if too_big := memory_problem(args.sizes, chosen, slowed, launcher):  # what the run holds, against what is free
         return options.fail("micro", too_big)
     points = plan_points(args.sizes, args.iters, args.warmup)
     settings = {
