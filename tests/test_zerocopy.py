@@ -316,7 +316,15 @@ def test_a_receiver_asleep_is_woken_by_the_senders_doorbell_over_shared_memory(f
         receiving = []
         waiter = threading.Thread(target=lambda: receiving.append(pair[1].recv(Key("w", 1, 0, 1), timeout=30)))
         waiter.start()
-        time.sleep(0.1)  # well past the spin: the receiver is asleep when the write comes
+        if fabric == "shm":  # the write comes when the receiver sleeps on the slot's doorbell (it holds 1), not
+            incoming = pair[1]._incoming[("w", 0)]  # after a fixed while (a busy machine may not have got it there)
+            doorbell = incoming.bells[incoming.next_slot][:4].view(np.uint32)
+            deadline = time.monotonic() + 30
+            while doorbell[0] != 1:
+                assert time.monotonic() < deadline, "the receiver never went to sleep on its doorbell"
+                time.sleep(0.01)
+        else:
+            time.sleep(0.1)  # past the spin: the receiver waits on its workers when the write comes
         array[:] = 2
         pair[0].send(Key("w", 1, 0, 1), array)
         waiter.join(30)
