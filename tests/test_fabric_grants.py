@@ -4,12 +4,10 @@ Three ranks: rank 0 receives ``a`` from rank 1 and ``b`` from rank 2. Rank 1 run
 (what it can reach must not depend on sharing rank 0's address space) and turns what rank 0 granted it
 against rank 2's tensor.
 
-Over tcp the fabric is UCX's tcp transport, and that transport cannot be made to check: its target copies a
-PUT_REQ's payload to the address in the request (``uct_tcp_ep_handle_put_req`` in UCX's
-src/uct/tcp/tcp_ep.c, reached from ``uct_tcp_ep_progress_am_rx`` for every connected endpoint), whatever
-``UCX_TCP_PUT_ENABLE`` says (it only stops this side from offering put) and whatever UCP features the
-context has; the remote key over tcp is empty. The tcp cases are strict xfails until the fabric's tcp data
-path no longer runs over UCX's tcp transport: they pass (and so fail) the day it is closed.
+Over tcp the fabric is its own stream (``transports/fabric/stream.py``), not UCX's tcp transport, which cannot
+be made to check: its target copies a PUT_REQ's payload to the address in the request
+(``uct_tcp_ep_handle_put_req`` in UCX's src/uct/tcp/tcp_ep.c), whatever ``UCX_TCP_PUT_ENABLE`` says and
+whatever UCP features the context has. The stream's target checks each access against the key it granted.
 """
 
 from __future__ import annotations
@@ -62,13 +60,7 @@ INSIDER = """
 """
 
 
-#: why the tcp cases fail today (see the module docstring)
-UCX_TCP_WRITES_ANYWHERE = pytest.mark.xfail(
-    strict=True, reason="UCX's tcp transport writes a PUT_REQ to any address its peer names (uct tcp_ep.c); "
-                        "the fabric's tcp data path has not left it yet (issue 39, item 2)")
-
-
-@pytest.mark.parametrize("fabric", ["shm", pytest.param("tcp", marks=UCX_TCP_WRITES_ANYWHERE)])
+@pytest.mark.parametrize("fabric", ["shm", "tcp"])
 def test_a_rank_cannot_write_another_ranks_slot_with_its_own_key(fabric):
     cluster = Cluster.on_loopback(3)
     rank0, rank2 = (transports.create("zerocopy", timeout_s=30, fabric_transport=fabric) for _ in range(2))
@@ -127,7 +119,6 @@ OUTSIDER = """
 """
 
 
-@UCX_TCP_WRITES_ANYWHERE
 def test_a_process_outside_the_run_cannot_write_a_ranks_memory_over_tcp():
     from transports.fabric.ucx.device import UcxDevice
 

@@ -200,12 +200,12 @@ def test_another_user_of_the_group_reaches_no_registered_memory(variant, ucx_hom
 
 
 @pytest.mark.parametrize(("requested", "given"), [
-    ("", "^sysv"), ("all", "^sysv"),  # auto: every transport but sysv
-    ("shm", "posix,cma"), ("sm,tcp", "posix,cma,tcp"), ("mm", "posix"),  # aliases spelt out: what this UCX offers
-    ("posix,sysv,tcp", "posix,tcp"), ("tcp", "tcp"), ("rc", "rc"),
-    ("^tcp", "^tcp,sysv"), ("^sysv", "^sysv"), ("^shm", "^shm"),
+    ("", "^sysv,tcp"), ("all", "^sysv,tcp"),  # auto: every transport but sysv and tcp
+    ("shm", "posix,cma"), ("sm,tcp", "posix,cma"), ("mm", "posix"),  # aliases spelt out: what this UCX offers
+    ("posix,sysv,tcp", "posix"), ("self", "self"), ("rc", "rc"),
+    ("^tcp", "^tcp,sysv"), ("^sysv", "^sysv,tcp"), ("^shm", "^shm,tcp"),
 ])
-def test_the_fabric_never_asks_ucx_for_sysv(requested, given):
+def test_the_fabric_never_asks_ucx_for_sysv_or_tcp(requested, given):
     from transports.fabric.ucx.device import owner_only_tls
 
     assert owner_only_tls(requested, offers=lambda name: name in ("posix", "cma")) == given
@@ -217,6 +217,8 @@ def test_asking_for_sysv_alone_is_an_error_that_says_what_to_use():
 
     with pytest.raises(FabricError, match=r"UCX_TLS=sysv leaves no transport.*UCX_TLS=posix,cma"):
         owner_only_tls("sysv", offers=lambda name: True)
+    with pytest.raises(FabricError, match=r"UCX_TLS=tcp leaves no transport.*--fabric-transport tcp"):
+        owner_only_tls("tcp", offers=lambda name: True)
 
 
 def hold(name: str, options: dict) -> None:

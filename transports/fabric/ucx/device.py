@@ -4,8 +4,11 @@ Each progress thread owns one UCP worker and stands in for one of the paper's
 CQ-polling threads; lanes to a peer are spread round-robin over them. A
 progress thread progresses its worker while operations are outstanding, then
 arms the worker and sleeps on its event file descriptor, so an idle device
-burns no core. Over UCX's ``tcp`` transport a target must progress for data to
-land; these threads do that.
+burns no core.
+
+UCX's tcp transport is never opened (its target writes any address a peer names, see
+``transports/fabric/stream.py``): ``--fabric-transport tcp`` carries one-sided operations over the fabric's own
+checked stream, and ``auto`` chooses among the rest.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from transports.fabric.base import (
     TakePlan,
     Tool,
 )
+from transports.fabric.netdev import interface_addresses
 from transports.fabric.rdma_devices import active_ports, read_devices
 from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings
+from transports.fabric.stream import Grants, StreamChannel, StreamListener, parse_stream_address
 
 ALIGNMENT = 64
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
@@ -52,8 +57,17 @@ MAX_BLOB = 8192
 #: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
 UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
-#: "rdma": UCX's RC transports (rc_verbs, rc_mlx5, with UD to set them up) and nothing else
-FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "tcp", "rdma": "rc"}
+#: "rdma": UCX's RC transports (rc_verbs, rc_mlx5, with UD to set them up) and nothing else; "tcp": UCX only
+#: allocates and registers memory ("self" reaches no peer), the fabric's own stream carries the data
+FABRIC_TRANSPORTS = {"auto": "", "shm": "shm", "tcp": "self", "rdma": "rc"}
+#: the UCX transport never used for data: its target copies a put to whatever address the request names, with an
+#: empty remote key (uct_tcp_ep_handle_put_req in UCX's src/uct/tcp/tcp_ep.c; UCX_TCP_PUT_ENABLE=n only stops
+#: this side offering put), so any process that reaches its listener could write anywhere in the process. Over
+#: TCP the fabric's own stream carries the data and checks every access (transports/fabric/stream.py)
+UNCHECKED_TRANSPORT = "tcp"
+#: UCX_TLS of UCX's own benchmark programs (the reference lines) behind each --fabric-transport choice: over tcp
+#: they measure UCX's tcp transport, a program of its own that lives for the reference run
+TOOL_TRANSPORTS = {**FABRIC_TRANSPORTS, "tcp": "tcp"}
 #: the UCX transport never used: its SysV segments are created mode 0660 (UCT_MM_SYSV_PERM in UCX's
 #: uct/sm/mm/sysv/mm_sysv.c, fixed at build time, no setting changes it, a umask does not apply to SysV IPC),
 #: so any process of the owner's group could shmat the worker's FIFO and every region UCP allocated (the pool's
@@ -155,33 +169,34 @@ def offers_transport(name: str) -> bool:
 
 
 def owner_only_tls(requested: str, offers=offers_transport) -> str:
-    """The UCX_TLS that gives ``requested`` (a UCX_TLS value; "" or "all": every transport) without sysv.
+    """The UCX_TLS that gives ``requested`` (a UCX_TLS value; "" or "all": every transport) without sysv and tcp.
 
-    See :data:`GROUP_SHARED_TRANSPORT` for why. An exclusion list (``^a,b``) gains sysv; an alias that
-    takes it in (``shm``, ``sm``, ``mm``) is spelt out as its other transports that this UCX offers
-    (``offers(name)``; naming one it lacks would make UCX warn); a list that asks for nothing else is an error.
+    See :data:`GROUP_SHARED_TRANSPORT` and :data:`UNCHECKED_TRANSPORT` for why. An exclusion list (``^a,b``) gains
+    both; an alias that takes sysv in (``shm``, ``sm``, ``mm``) is spelt out as its other transports that this UCX
+    offers (``offers(name)``; naming one it lacks would make UCX warn); a list that asks for nothing else is an
+    error that says what to use instead.
     """
+    never = (GROUP_SHARED_TRANSPORT, UNCHECKED_TRANSPORT)
     text = requested.strip()
     if text in ("", "all"):
-        return f"^{GROUP_SHARED_TRANSPORT}"
+        return "^" + ",".join(never)
     names = [name.strip() for name in text.lstrip("^").split(",") if name.strip()]
     if text.startswith("^"):
-        if GROUP_SHARED_TRANSPORT in names or any(name in _SHARED_MEMORY_ALIASES for name in names):
-            return text
-        return f"^{','.join([*names, GROUP_SHARED_TRANSPORT])}"
-    if GROUP_SHARED_TRANSPORT not in names and not any(name in _SHARED_MEMORY_ALIASES for name in names):
-        return text
+        shared_out = GROUP_SHARED_TRANSPORT in names or any(name in _SHARED_MEMORY_ALIASES for name in names)
+        added = [name for name in never if name not in names and not (name == GROUP_SHARED_TRANSPORT and shared_out)]
+        return "^" + ",".join([*names, *added])
     chosen: list[str] = []
     for name in names:
         if name in _SHARED_MEMORY_ALIASES:
             members = [m for m in _SHARED_MEMORY_ALIASES[name] if m != GROUP_SHARED_TRANSPORT and offers(m)]
         else:
-            members = [] if name == GROUP_SHARED_TRANSPORT else [name]
+            members = [] if name in never else [name]
         chosen += [member for member in members if member not in chosen]
     if not chosen:
-        raise FabricError(f"ucx: UCX_TLS={requested} leaves no transport: the fabric does not use UCX's "
-                          f"{GROUP_SHARED_TRANSPORT} transport (its segments are open to the owner's whole group); "
-                          f"posix carries shared memory instead (UCX_TLS=posix,cma)")
+        raise FabricError(f"ucx: UCX_TLS={requested} leaves no transport: the fabric never uses UCX's "
+                          f"{GROUP_SHARED_TRANSPORT} (its segments are open to the owner's whole group) nor its "
+                          f"{UNCHECKED_TRANSPORT} (its target writes any address a peer names). Shared memory: posix "
+                          f"(UCX_TLS=posix,cma); TCP: --fabric-transport tcp, the fabric's own checked stream")
     return ",".join(chosen)
 
 
@@ -247,6 +262,13 @@ def _reason(status: int) -> str:
 def _check(status: int, what: str) -> None:
     if status != _lib.UCS_OK:
         raise FabricError(f"ucx: {what} failed: {_reason(status)}")
+
+
+def _listen_host(interfaces: list[str] | tuple[str, ...]) -> str:
+    """Where the fabric's TCP stream listens: the IPv4 address of the first of the cluster's interfaces that has
+    one, else loopback."""
+    addresses = interface_addresses() if interfaces else {}
+    return next((addresses[name] for name in interfaces if name in addresses), "127.0.0.1")
 
 
 def _pointer(array: np.ndarray):
@@ -381,6 +403,9 @@ class UcxRegion(MemRegion):
         self._released = False
 
     def export(self) -> RemoteRegion:
+        if self._exported is None and self.device.grants is not None:
+            # over TCP the key is a capability the device's listener checks (transports/fabric/stream.py)
+            self._exported = RemoteRegion(self.address, self.nbytes, self.device.grants.grant(self.array))
         if self._exported is None:
             buffer, size = _ffi.new("void **"), _ffi.new("size_t *")
             _check(_lib.ucp_rkey_pack(self.device.context, self.memh, buffer, size), "packing a remote key")
@@ -398,6 +423,8 @@ class UcxRegion(MemRegion):
         """
         if not self._released:
             self._released = True
+            if self._exported is not None and self.device.grants is not None:
+                self.device.grants.revoke(self._exported.rkey)
             # references: self.array and getrefcount's argument; any other one is a view
             keep = self._mapped is not None and sys.getrefcount(self.array) > 2
             saved = bytes(_ffi.buffer(_ffi.cast("void *", self._mapped[0]), self._mapped[1])) if keep else b""
@@ -851,7 +878,7 @@ class UcxDevice(Device):
     name = "ucx"
     fabric_transports: ClassVar[dict[str, str]] = {
         "auto": "UCX chooses among all it offers but sysv", "shm": "shared memory only (posix, cma; never sysv)",
-        "tcp": "TCP only",
+        "tcp": "TCP only, over the fabric's own stream that checks every access (never UCX's tcp)",
         "rdma": "RDMA only (UCX's rc transports on an RDMA device); an error where this UCX reaches none"}
     reference_tools = ("ucx_perftest", "ucx_info")
 
@@ -902,6 +929,17 @@ class UcxDevice(Device):
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
         #: the workers' handles, for the waits in C to progress them (see tt_progress_all)
         self._worker_handles = _ffi.new("ucp_worker_h[]", [worker.handle for worker in self._workers])
+        #: over TCP: what this device exported (remote keys are capabilities) and the listener that checks each
+        #: access against them (transports/fabric/stream.py); None otherwise
+        self.grants: Grants | None = None
+        self.stream: StreamListener | None = None
+        if fabric_transport == "tcp":
+            self.grants = Grants()
+            try:
+                self.stream = StreamListener(_listen_host(interfaces), self.grants, self._wake_waiters)
+            except OSError as exc:
+                self.close()
+                raise FabricError(f"tcp: cannot listen on {_listen_host(interfaces)}: {exc}") from None
 
     @classmethod
     def availability(cls, fabric_transport: str = "auto") -> Availability:
@@ -932,7 +970,7 @@ class UcxDevice(Device):
         config: dict[str, str] = {}
         devices = read_devices()
         ports = [port.name for port in active_ports(devices)]
-        if interfaces and not os.environ.get("UCX_NET_DEVICES") and fabric_transport != "rdma":
+        if interfaces and not os.environ.get("UCX_NET_DEVICES") and fabric_transport not in ("rdma", "tcp"):
             # without the RDMA ports in the list, naming the interfaces would shut UCX off RDMA
             config["NET_DEVICES"] = ",".join([*interfaces, *ports])
         soft_roce = any(device.kind == "Soft-RoCE" and any(port.active for port in device.ports) for device in devices)
@@ -977,8 +1015,8 @@ class UcxDevice(Device):
         # The wheel's binaries carry no RPATH to its lib/: without this they fail to load libucp.so.0.
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(path.parent.parent / "lib"),
                                                              env.get("LD_LIBRARY_PATH")) if p)
-        if FABRIC_TRANSPORTS[fabric_transport]:  # "auto" leaves UCX_TLS alone (unset, or the user's own)
-            env["UCX_TLS"] = FABRIC_TRANSPORTS[fabric_transport]
+        if TOOL_TRANSPORTS[fabric_transport]:  # "auto" leaves UCX_TLS alone (unset, or the user's own)
+            env["UCX_TLS"] = TOOL_TRANSPORTS[fabric_transport]
         for setting, value in cls._network_config(fabric_transport, ()).items():  # as the fabric's own devices
             env.setdefault(f"UCX_{setting}", value)
         return Tool(name, path, env)
@@ -989,6 +1027,8 @@ class UcxDevice(Device):
 
     @property
     def address(self) -> list[bytes]:
+        if self.stream is not None:
+            return [self.stream.address]
         return [worker.address for worker in self._workers]
 
     def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
@@ -1019,7 +1059,7 @@ class UcxDevice(Device):
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
                             trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
         channels = channels[: _lib.TT_MAX_LANES]
-        if len(channels) == 1 or not data.nbytes:
+        if len(channels) == 1 or not data.nbytes or self.stream is not None:
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
         checked = [channel._checked(remote, data.nbytes, "put") for channel in channels]
@@ -1061,6 +1101,12 @@ class UcxDevice(Device):
         internal and carries no length): the control path only takes an address from the rank it
         belongs to, at that rank's own control server (see ``transports.on_fabric``).
         """
+        if self.stream is not None:
+            try:
+                parse_stream_address(address)
+            except FabricError as exc:
+                return str(exc)
+            return None
         if not isinstance(address, bytes) or not 9 <= len(address) <= MAX_BLOB:
             return f"a worker address of {len(address) if isinstance(address, bytes) else '?'} bytes is malformed"
         if address[0] != self._workers[0].address[0]:
@@ -1121,9 +1167,20 @@ class UcxDevice(Device):
         with self._lock:
             if self._closed:
                 raise FabricError("ucx: the device is closed")
-            if key not in self._channels:
-                self._channels[key] = UcxChannel(worker, target, peer_errors=self.peer_errors)
-            return self._channels[key]
+            if key in self._channels:
+                return self._channels[key]
+            if self.stream is not None:
+                channel = StreamChannel(target, stopped=lambda: bool(self._stop[0]), wait_counter=self.wait_counter)
+            else:
+                channel = UcxChannel(worker, target, peer_errors=self.peer_errors)
+            self._channels[key] = channel
+            return channel
+
+    def _wake_waiters(self) -> None:
+        """After the tcp stream landed a write: a waiter asleep on the workers' event descriptors wakes at once."""
+        for worker in self._workers:
+            _lib.ucp_worker_signal(worker.handle)
+        self._notify_activity()
 
     def _notify_activity(self) -> None:
         with self._activity:
@@ -1138,8 +1195,13 @@ class UcxDevice(Device):
         with self._lock:
             channels = list(self._channels.values())
         for channel in channels:
+            if isinstance(channel, StreamChannel):
+                used.add("tcp")  # the fabric's own stream
+                continue
             # the lanes of the endpoint ("lane[0]:  0:rc_verbs/rxe0:1.0 md[0] ..."): the transports that carry data
             used.update(re.findall(r"lane\[\d+\]:\s+\d+:(\w+)/", channel.info()))
+        stream = {"tcp_data_path": "the fabric's own stream: every access checked against the keys it granted "
+                                   "(UCX's tcp transport is never used)"} if self.stream is not None else {}
         return {
             "fabric": "ucx",
             "used": sorted(used),
@@ -1150,6 +1212,7 @@ class UcxDevice(Device):
             "lanes_per_peer": self.lanes_per_peer,
             "ucx_config": self.config,
             "rdma_settings_without_effect": self.settings_without_effect,
+            **stream,
         }
 
     def close(self) -> None:
@@ -1159,6 +1222,8 @@ class UcxDevice(Device):
             self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
+        if self.stream is not None:
+            self.stream.close()
         for worker in self._workers:
             worker.stop()
         for channel in channels:
