@@ -83,6 +83,10 @@ def test_info_lists_every_transport_and_versions():
                  "launchers (--launcher):", "netns", "mpi", "fabric:", "ucx    available", "verbs",
                  "peer lines of bench micro (--peers):", "socket   available"):
         assert word in result.stdout
+    # UCX's tcp and sysv are listed as UCX has them, each saying that the fabric never uses it
+    for carrier in ("tcp", "sysv"):
+        line = next(line for line in result.stdout.splitlines() if f"ucx transport {carrier} " in line)
+        assert "never used by the fabric" in line, line
 
 
 def test_info_says_why_the_verbs_fabric_cannot_run_here():

@@ -77,6 +77,8 @@ def _fabric_info() -> list[str]:
         if library.version:
             lines.append(f"       ucx {library.version} ({library.origin})")
         lines += [f"       ucx transport {carrier:8} devices: {', '.join(devices)}"
+                  + (f" (never used by the fabric: {backend.never_used[carrier]})"
+                     if carrier in backend.never_used else "")
                   for carrier, devices in library.transports.items()]
     return lines
 

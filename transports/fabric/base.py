@@ -301,6 +301,8 @@ class Device(ABC):
     immediates: ClassVar[bool] = False
     #: the benchmark programs :meth:`tool` can find, by the reference line they draw
     reference_tools: ClassVar[tuple[str, ...]] = ()
+    #: carriers of the backend's library that the fabric never uses, each with why (``bench info`` says so)
+    never_used: ClassVar[dict[str, str]] = {}
 
     @classmethod
     @abstractmethod

@@ -881,6 +881,10 @@ class UcxDevice(Device):
         "tcp": "TCP only, over the fabric's own stream that checks every access (never UCX's tcp)",
         "rdma": "RDMA only (UCX's rc transports on an RDMA device); an error where this UCX reaches none"}
     reference_tools = ("ucx_perftest", "ucx_info")
+    never_used: ClassVar[dict[str, str]] = {
+        GROUP_SHARED_TRANSPORT: "its segments are open to the owner's group",
+        UNCHECKED_TRANSPORT: "its target writes any address a peer names; --fabric-transport tcp is the fabric's "
+                             "own checked stream"}
 
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
                  interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None,
