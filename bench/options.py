@@ -279,8 +279,9 @@ def add_fabric_options(parser: argparse.ArgumentParser, transport_help: str) -> 
 
     parser.add_argument("--fabric", choices=fabric.names(), default=fabric.DEFAULT,
                         help="the RDMA device library under the fabric transports (zerocopy, rdma_cp, grpc_rdma): "
-                        "ucx (UCX: shared memory and tcp here, RDMA where UCX has it) or verbs (pyverbs on an "
-                        "RDMA NIC, chosen with the RDMA_* variables); 'bench info' says which can run here")
+                        "ucx (UCX: shared memory here, RDMA where UCX has it; tcp on the fabric's own stream) or "
+                        "verbs (pyverbs on an RDMA NIC, chosen with the RDMA_* variables); 'bench info' says which "
+                        "can run here")
     offered = list(dict.fromkeys(t for name in fabric.names() for t in fabric_transports(name)))
     parser.add_argument("--fabric-transport", choices=offered, default="auto", help=transport_help)
 

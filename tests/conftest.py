@@ -53,6 +53,30 @@ def fabric_marks(backend: str = fabric.DEFAULT, fabric_transport: str = "auto") 
 
 #: the Soft-RoCE session's counts (tests/test_softroce.py), printed at the end of the run
 SOFTROCE_SUMMARY = pytest.StashKey[str]()
+#: the Soft-RoCE session begun beside the host's tests (tests/softroce_session.py)
+EARLY_SESSION = pytest.StashKey["EarlySession"]()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Where the run includes the Soft-RoCE session: begin it now, beside the host's tests, and run the Soft-RoCE
+    tests last, the session's own check first among them (it waits for the session; the others then reuse its
+    guest). Under emulation the session takes as long as the host's suite: one after the other doubled CI's time."""
+    from tests.softroce_session import SESSION_TEST, EarlySession
+
+    if REQUIRE_RDMA or config.option.collectonly or not any(item.name == SESSION_TEST for item in items):
+        return
+    softroce = [item for item in items if item.path.name == "test_softroce.py"]
+    softroce.sort(key=lambda item: item.name != SESSION_TEST)
+    items[:] = [item for item in items if item.path.name != "test_softroce.py"] + softroce
+    early = EarlySession()
+    config.stash[EARLY_SESSION] = early
+    early.begin()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    early = session.config.stash.get(EARLY_SESSION, None)
+    if early is not None:
+        early.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,18 +1,17 @@
 """The Soft-RoCE test bed (``tools/softroce``) and, in one guest boot per test session, every RDMA case of the suite.
 
-The cases that need an RDMA device carry the mark ``rdma`` (``tests/conftest.py``); on a machine without
-one they skip. Here a guest with a kernel RDMA device (``rdma_rxe`` on its NIC, ``rxe0``) runs them all with
-``pytest -m rdma``, where a case that cannot run on the device fails instead of skipping; the count of cases
-run goes into the session's summary. The guest boots once for this module (about 10 s under QEMU's
-software emulation) and is stopped after it; where the test bed cannot run (no QEMU, no Debian packages:
+The cases that need an RDMA device carry the mark ``rdma`` (``tests/conftest.py``); on a machine without one they
+skip. Here a guest with a kernel RDMA device (``rdma_rxe`` on its NIC, ``rxe0``) runs them all with ``pytest -m
+rdma``, where a case that cannot run on the device fails instead of skipping; the count of cases run goes into the
+session's summary. The guest boots once (about 10 s under QEMU's software emulation), as soon as the run's tests are
+collected, and the session runs beside the host's tests (``tests/softroce_session.py``); this module's tests run
+last and use that guest, which is stopped after them. Where the test bed cannot run (no QEMU, no Debian packages:
 ``.ci/run`` installs them) these tests skip with the one line that says why. The guest has its own /tmp: a checkout,
 a venv or a share there (CI's clone may be under /tmp) is shown in the guest at its path, which these tests check.
 """
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import re
 import shutil
@@ -25,46 +24,49 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SOFTROCE_SUMMARY
-
-ROOT = Path(__file__).resolve().parent.parent
-TOOL = ROOT / "tools" / "softroce"
-#: the RDMA session's bound (CI's budget is 45 minutes in all; the session takes about 10 under emulation)
-SESSION_TIMEOUT_S = 2700
-
-
-def _load_tool():
-    loader = importlib.machinery.SourceFileLoader("softroce", str(TOOL))
-    spec = importlib.util.spec_from_loader("softroce", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-softroce = _load_tool()
-
+from .conftest import EARLY_SESSION, SOFTROCE_SUMMARY
+from .softroce_session import SESSION_TIMEOUT_S, TOOL, make_shares, run_session, softroce
 
 #: the host's directories that the guest has its own of (tmpfs), where a checkout or a share may be on the host
 SCRATCH = [scratch for scratch in ("/tmp", "/var/tmp", "/dev/shm") if os.access(scratch, os.W_OK)]
 
 
 @pytest.fixture(scope="module")
-def shares():
+def early(request):
+    """The session begun beside the host's tests (``tests/softroce_session.py``), or None where it was not."""
+    return request.config.stash.get(EARLY_SESSION, None)
+
+
+@pytest.fixture(scope="module")
+def shares(early):
     """Host directories under /tmp that the module's guest has as --share (writable, at their paths): one directly
     under /tmp, one (``out``) in a directory of its own, which the guest shows around it like the rest of the host."""
-    made = [Path(tempfile.mkdtemp(prefix="softroce-share-", dir="/tmp")) for _ in range(2)]
-    (made[1] / "out").mkdir()
-    (made[1] / "beside").write_text("beside the share\n")
-    yield made[0], made[1] / "out"
+    if early is not None:
+        yield early.top, early.nested
+        return
+    top, nested, made = make_shares()
+    yield top, nested
     for path in made:
         shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def guest(shares):
-    """One booted guest for the module's tests; skipped with the reason where the test bed cannot run."""
+def guest(shares, early):
+    """One booted guest for the module's tests: the early session's once it has ended, else one of their own;
+    skipped with the reason where the test bed cannot run."""
     if os.environ.get("TENSOR_BENCH_REQUIRE_RDMA"):
         pytest.skip("already inside the RDMA session")
+    if early is not None:
+        outcome = early.wait(SESSION_TIMEOUT_S + 600)
+        if outcome.skip:
+            pytest.skip(outcome.skip)
+        if early.guest is not None and early.guest.qemu is not None and early.guest.qemu.poll() is None:
+            qemu = early.guest.qemu
+            yield early.guest
+            early.close()
+            assert qemu.poll() is not None  # QEMU is gone with the guest
+            return
+        # the session's guest is gone (its time ran out, or it broke): these tests boot one of their own
     try:
         softroce.prepare(install=False, say=lambda line: None)
     except softroce.Unavailable as exc:
@@ -182,34 +184,26 @@ def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
     assert time.monotonic() - started < 60
 
 
-def rdma_files() -> list[str]:
-    """The test modules that hold rdma cases, collected here: under emulation the guest then imports only those
-    (collecting every module there, TensorFlow's included, costs minutes)."""
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "rdma", "-p",
-                             "no:cacheprovider", "tests"], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                            env={**os.environ, "TENSOR_BENCH_REQUIRE_RDMA": "1"})
-    files = sorted({line.split("::", 1)[0] for line in listed.stdout.splitlines() if "::" in line})
-    assert files, f"no rdma cases collected:\n{listed.stdout[-2000:]}{listed.stderr[-2000:]}"
-    return files
-
-
-@pytest.mark.timeout(SESSION_TIMEOUT_S + 300)
-def test_every_rdma_case_passes_on_the_guest_s_device(guest, request):
+@pytest.mark.timeout(SESSION_TIMEOUT_S + 900)
+def test_every_rdma_case_passes_on_the_guest_s_device(early, request):
     """``pytest -m rdma`` in the guest: every case on an RDMA device (verbs, UCX over rc_verbs) runs and passes, but
-    those marked ``long`` (minutes each under emulation: run them with ``tools/softroce .venv/bin/pytest -m rdma``)."""
-    chunks: list[bytes] = []
-    started = time.monotonic()
-    env = {"TENSOR_BENCH_REQUIRE_RDMA": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    if not os.environ.get("TENSOR_BENCH_UCX_HOME"):
-        env["TENSOR_BENCH_UCX_HOME"] = "/usr"  # Debian's UCX with verbs, for the ucx fabric's rdma cases
-    code = guest.run([sys.executable, "-m", "pytest", "-q", "-m", "rdma and not long", "-p", "no:cacheprovider",
-                      "-rfEs", *rdma_files()], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env,
-                     output=chunks.append)
-    text = b"".join(chunks).decode(errors="replace")
+    those marked ``long`` (minutes each under emulation: run them with ``tools/softroce .venv/bin/pytest -m rdma``).
+    It ran beside the host's tests (``tests/softroce_session.py``); run alone, it runs here."""
+    if os.environ.get("TENSOR_BENCH_REQUIRE_RDMA"):
+        pytest.skip("already inside the RDMA session")
+    if early is None:
+        code, text, seconds = run_session(request.getfixturevalue("guest"))
+    else:
+        outcome = early.wait(SESSION_TIMEOUT_S + 600)
+        if outcome.skip:
+            pytest.skip(outcome.skip)
+        if outcome.error is not None:
+            raise outcome.error
+        code, text, seconds = outcome.code, outcome.text, outcome.seconds
     counts = {word: int(number) for number, word in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", text)}
     summary = (f"Soft-RoCE guest (rxe0): {counts.get('passed', 0)} RDMA cases passed, {counts.get('failed', 0)} "
                f"failed, {counts.get('error', 0) + counts.get('errors', 0)} errors, {counts.get('skipped', 0)} "
-               f"skipped, in {time.monotonic() - started:.0f} s")
+               f"skipped, in {seconds:.0f} s")
     request.config.stash[SOFTROCE_SUMMARY] = summary
     tail = "\n".join(text.splitlines()[-60:])
     assert code == 0, f"{summary}\n{tail}"

@@ -26,7 +26,7 @@ EXAMPLES = (
     ('bench micro', 'every transport, peer and reference line, 1KB to 1GB (a few minutes)'),
     ('bench micro --sizes 1KB-1MB --transports zerocopy,grpc_tcp --no-peers', 'two transports, small sizes'),
     ('bench micro --sizes 4KB,4MB --rounds 3', 'three interleaved rounds per size: a spread across rounds'),
-    ('bench micro --fabric-transport tcp --contend 2', 'UCX over tcp, every point again beside 2 busy processes'),
+    ('bench micro --fabric-transport tcp --contend 2', 'over tcp, every point again beside 2 busy processes'),
     ('mpirun -np 2 bench micro --launcher mpi --sizes 1KB-1MB', 'the two sides as ranks of an MPI job'),
 )
 STARTS_RANKS = True
@@ -53,9 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="over these transports the sender copies each tensor once more before sending it: a "
                         "known slow-down (counted as a copy), e.g. to check that 'bench compare' catches one")
     options.add_timeout(parser, 120.0, "one transfer")
-    options.add_fabric_options(parser, "UCX transports for the fabric transports (zerocopy, rdma_cp, grpc_rdma): "
-                               "shm (shared memory, cma one-sided copies), tcp (also across network namespaces), or "
-                               "auto (UCX chooses); the verbs fabric takes only auto")
+    options.add_fabric_options(parser, "the links of the fabric transports (zerocopy, rdma_cp, grpc_rdma): shm "
+                               "(shared memory, cma one-sided copies), tcp (the fabric's own stream, checked at the "
+                               "target; also across network namespaces), or auto (UCX chooses among shared memory and "
+                               "RDMA); the verbs fabric takes only auto")
     options.add_out(parser, "micro")
     parser.add_argument("--no-references", action="store_true",
                         help="skip the reference lines, measured before the transports: the fabric library's own "
