@@ -56,6 +56,8 @@ _WRITE, _READ, _FLUSH, _NOTIFY = 1, 2, 3, 4
 MAX_REASON = 512
 #: writes up to this size go out in one system call with their header (and trailer and flush)
 _GATHER_BYTES = 64 * 1024
+#: what a connection's thread receives at once: requests and the payloads of small writes
+_INBOX_BYTES = 256 * 1024
 #: how often a blocked send or receive looks at the device's stop flag
 _POLL_S = 0.05
 _ADDRESS_PREFIX = b"tcp-stream:"
@@ -143,33 +145,42 @@ class StreamListener:
             threading.Thread(target=self._serve, args=(connection,), name="fabric-tcp-serve", daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        header = bytearray(_REQUEST.size)
+        inbox = _Inbox(connection)
         refusal: str | None = None  # the first refusal since the last flush
+        landed = False  # a write landed (or a doorbell came) since the waiters were last woken
         try:
-            while _receive_into(connection, memoryview(header)):
-                op, key, addr, nbytes = _REQUEST.unpack(header)
+            while True:
+                if landed and not inbox.pending():  # the batch that came in one piece is done: wake once
+                    self._wake()
+                    landed = False
+                if not inbox.fill(_REQUEST.size):
+                    return
+                op, key, addr, nbytes = _REQUEST.unpack(inbox.take(_REQUEST.size))
                 if op in (_WRITE, _READ):
                     reached = self.grants.reach(key, addr, nbytes)
                     if isinstance(reached, str):
                         with self._lock:
                             self.refused += 1
                         if op == _WRITE:
-                            _discard(connection, nbytes)
+                            inbox.discard(nbytes)
                             refusal = refusal or f"a write of {reached}"
                         else:
                             _answer(connection, f"a read of {reached}")
                     elif op == _WRITE:
-                        if not _receive_into(connection, memoryview(reached)):
+                        if not inbox.into(memoryview(reached)):
                             return
-                        self._wake()
+                        landed = True
                     else:
                         connection.sendall(_ANSWER.pack(0, 0))
                         connection.sendall(memoryview(reached))
                 elif op == _FLUSH:
+                    if landed:
+                        self._wake()
+                        landed = False
                     _answer(connection, refusal)
                     refusal = None
                 elif op == _NOTIFY:
-                    self._wake()
+                    landed = True
                 else:
                     return  # not this fabric's protocol: the connection ends
         except OSError:
@@ -202,6 +213,56 @@ def _receive_into(connection: socket.socket, view: memoryview) -> bool:
             return False
         got += count
     return True
+
+
+class _Inbox:
+    """What a connection sent, received in large pieces: the requests of a small write with its trailer and flush
+    come in one receive, not one per field; a large payload goes from the socket straight into its target."""
+
+    def __init__(self, connection: socket.socket, size: int = _INBOX_BYTES) -> None:
+        self.connection = connection
+        self.view = memoryview(bytearray(size))
+        self.start = self.end = 0
+
+    def pending(self) -> int:
+        return self.end - self.start
+
+    def fill(self, least: int) -> bool:
+        """Until ``least`` bytes (at most the inbox's size) are here; False when the connection ended first."""
+        if self.end - self.start >= least:
+            return True
+        if len(self.view) - self.start < least:  # move what is here to the front, to make room behind it
+            count = self.end - self.start
+            self.view[:count] = self.view[self.start:self.end]
+            self.start, self.end = 0, count
+        while self.end - self.start < least:
+            count = self.connection.recv_into(self.view[self.end:])
+            if not count:
+                return False
+            self.end += count
+        return True
+
+    def take(self, count: int) -> memoryview:
+        """The next ``count`` bytes here (valid until the next call)."""
+        taken = self.view[self.start:self.start + count]
+        self.start += count
+        return taken
+
+    def into(self, target: memoryview) -> bool:
+        """Fill ``target``: what is here first, the rest straight from the connection; False if it ended first."""
+        count = min(len(target), self.end - self.start)
+        target[:count] = self.view[self.start:self.start + count]
+        self.start += count
+        if self.start == self.end:
+            self.start = self.end = 0
+        return count == len(target) or _receive_into(self.connection, target[count:])
+
+    def discard(self, nbytes: int) -> None:
+        count = min(nbytes, self.end - self.start)
+        self.start += count
+        if self.start == self.end:
+            self.start = self.end = 0
+        _discard(self.connection, nbytes - count)
 
 
 def _discard(connection: socket.socket, nbytes: int) -> None:

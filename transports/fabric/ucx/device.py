@@ -14,8 +14,10 @@ checked stream, and ``auto`` chooses among the rest.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import re
+import resource
 import select
 import subprocess
 import sys
@@ -271,6 +273,28 @@ def _listen_host(interfaces: list[str] | tuple[str, ...]) -> str:
     return next((addresses[name] for name in interfaces if name in addresses), "127.0.0.1")
 
 
+#: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
+_SHARED_MEMORY_DESCRIPTORS = 16
+
+
+def _descriptors_short() -> str | None:
+    """Why UCX may have opened no shared-memory transport, where this process holds nearly as many descriptors as
+    its limit allows (the peer, started alike, then has none either); None otherwise."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            return None
+        held = soft  # not one left to list them with
+    if held + _SHARED_MEMORY_DESCRIPTORS < soft:
+        return None
+    return (f"this process holds {held} of the {soft} descriptors it may open, too few for UCX's shared-memory "
+            "transports")
+
+
 def _pointer(array: np.ndarray):
     return _ffi.cast("void *", array.__array_interface__["data"][0])
 
@@ -499,8 +523,12 @@ class UcxChannel(Channel):
         self._error = _ffi.new("int *")  # written by UCX's error callback
         self._peer_address = _ffi.new("char[]", peer_address)
         ep = _ffi.new("ucp_ep_h *")
-        _check(_lib.tt_ep_create(worker.handle, self._peer_address, int(peer_errors), self._error, ep),
-               "connecting to a peer")
+        status = _lib.tt_ep_create(worker.handle, self._peer_address, int(peer_errors), self._error, ep)
+        if status != _lib.UCS_OK and (short := _descriptors_short()) is not None:
+            # the cause is the descriptor limit: said as the OSError it is, which names the limit where it is shown
+            raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: ucx: connecting to a peer failed "
+                                        f"({_reason(status)}): {short}")
+        _check(status, "connecting to a peer")
         self.ep = ep[0]
         self._rkeys: dict[bytes, Any] = {}
         #: per remote key: the shared segments unpacking it mapped into this process (shared-memory
