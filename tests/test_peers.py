@@ -24,8 +24,11 @@ from bench.experiments.peers.mpi import MpiLine
 from bench.launch import LaunchError
 from bench.launch.local import LocalLauncher
 from bench.launch.mpi import mpirun_path
-from bench.results import PEER_NAMES, load_run
+from bench.results import lines as catalogue
+from bench.results import load_run
 from tests import peer_faults
+
+PEER_NAMES = catalogue.names("peer")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the MPI pair (like mooncake's engine) runs on a private emulated host: a network namespace, root and iproute2

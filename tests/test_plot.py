@@ -17,8 +17,9 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.patches import Rectangle
 
 from bench.readers import plot
-from bench.readers.plot import LABELS, TIME_FROM_MEAN, PlotError, draw, figures, micro_time_lines, plot_run, spread_note
+from bench.readers.plot import PlotError, draw, figures, micro_time_lines, plot_run, spread_note
 from bench.results import AnalysisRecord, MicroRecord, ModelRecord, ModelsRecord, RunWriter, load_run
+from bench.results import lines as catalogue
 from tests.test_results import micro_record
 
 # -- building runs -------------------------------------------------------------------------------------------
@@ -169,13 +170,13 @@ def test_several_rounds_draw_one_point_per_size_with_error_bars(tmp_path):
         fig = draw(run, stem)
         ax = fig.axes[0]
         lines = _series(ax)
-        assert set(lines) == {LABELS["grpc_tcp"], LABELS["zerocopy"]}
+        assert set(lines) == {catalogue.line("grpc_tcp").label, catalogue.line("zerocopy").label}
         for name in ("grpc_tcp", "zerocopy"):
-            xs = list(lines[LABELS[name]].get_xdata())
+            xs = list(lines[catalogue.line(name).label].get_xdata())
             assert xs == list(sizes)  # one point per size: no zig-zag through the rounds
             rows = run.records[run.records["transport"] == name]
             medians = rows.groupby("size_bytes")[column].median()
-            assert list(lines[LABELS[name]].get_ydata()) == pytest.approx(list(medians))
+            assert list(lines[catalogue.line(name).label].get_ydata()) == pytest.approx(list(medians))
         bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
         assert len(bars) == 2
         assert "3 rounds" in fig._suptitle.get_text() and "range" in fig._suptitle.get_text()
@@ -278,7 +279,7 @@ def test_micro_figures_draw_the_latency_reference_line(tmp_path):
     path = _micro_run_with_references(tmp_path)
     run = load_run(path)
     time_lines, throughput_lines = _drawn_lines(run, "micro_time"), _drawn_lines(run, "micro_throughput")
-    lat = LABELS["ucx_perftest_lat"]
+    lat = catalogue.line("ucx_perftest_lat").label
     # time: the latency line is its median, half a round trip, up to 1MB only
     sizes, times = time_lines[lat]
     assert sizes == [1024, 65536, 1 << 20]
@@ -287,11 +288,11 @@ def test_micro_figures_draw_the_latency_reference_line(tmp_path):
     sizes, mbps = throughput_lines[lat]
     assert mbps == pytest.approx([s / 2**20 / (0.2 + s / 1e4) * 1e6 for s in sizes])
     # put_bw has no median: on the time figure it is size / bandwidth, labelled as no latency
-    sizes, times = time_lines[TIME_FROM_MEAN["ucx_perftest"]]
+    sizes, times = time_lines[catalogue.line("ucx_perftest").time_from_mean]
     assert sizes == [1024, 65536, 1 << 20, 4 << 20]
     assert times == pytest.approx([s / 2**20 / (10000.0 if s == 1024 else 8000.0) * 1e6 for s in sizes])
-    assert LABELS["ucx_perftest"] in throughput_lines
-    assert "not a latency" in TIME_FROM_MEAN["ucx_perftest"]
+    assert catalogue.line("ucx_perftest").label in throughput_lines
+    assert "not a latency" in catalogue.line("ucx_perftest").time_from_mean
     plot_run(path)
     for stem in ("micro_time", "micro_throughput"):
         svg = (path / f"{stem}.svg").read_text()
@@ -320,7 +321,7 @@ def test_a_version_1_micro_run_is_drawn(tmp_path):
     names = sorted(p.name for p in plot_run(path) if p.suffix == ".png")
     assert names == ["micro_throughput.png", "micro_time.png"]
     lines = _drawn_lines(load_run(path), "micro_time")
-    assert lines[LABELS["zerocopy"]][0] == [1024, 65536, 1 << 20]
+    assert lines[catalogue.line("zerocopy").label][0] == [1024, 65536, 1 << 20]
 
 
 # -- model: Figures 9 and 12 ---------------------------------------------------------------------------------
@@ -341,7 +342,7 @@ def test_figure_9_for_one_batch_size_is_bars_from_zero_per_model(tmp_path):
     assert heights == pytest.approx(expected)
     _assert_legends_cover_no_axes(fig)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == [LABELS[n] for n in ("local", "grpc_tcp", "rdma_cp", "zerocopy")]
+    assert labels == [catalogue.line(n).label for n in ("local", "grpc_tcp", "rdma_cp", "zerocopy")]
     plt.close(fig)
 
 
@@ -454,7 +455,7 @@ def test_scale_rounds_draw_one_point_per_server_count(tmp_path):
     fig = draw(run, "scale_throughput")
     ax = _visible_axes(fig)[0]
     lines = _series(ax)
-    assert list(lines[LABELS["zerocopy"]].get_xdata()) == [1, 2, 4]
+    assert list(lines[catalogue.line("zerocopy").label].get_xdata()) == [1, 2, 4]
     assert list(lines["Local (no transfer) x servers"].get_ydata()) == pytest.approx([5.0, 10.0, 20.0])
     assert ax.get_ylim()[0] == 0
     assert [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
@@ -552,7 +553,8 @@ def _converge_run(path: Path) -> Path:
 
 
 RUNS = {
-    "micro": lambda p: _micro_run(p, transports=tuple(plot.STYLE)[:7], rounds=2, samples=True),
+    "micro": lambda p: _micro_run(p, transports=(*catalogue.names("local"), *catalogue.names("transport")), rounds=2,
+                                  samples=True),
     "model": lambda p: _model_run(p, models=("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5", "embedding"),
                                   transports=("local", "grpc_tcp", "grpc_rdma", "grpc_rdma:direct", "rdma_cp",
                                               "zerocopy", "zerocopy:no_analysis", "tf_grpc"), samples=True),

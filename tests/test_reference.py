@@ -35,7 +35,8 @@ from bench.experiments.reference import (
     verbs_records,
 )
 from bench.launch.local import LocalLauncher
-from bench.results import REFERENCE_LINES, REFERENCE_NAMES, REQUIRED_COLUMNS
+from bench.results import REQUIRED_COLUMNS
+from bench.results import lines as catalogue
 from transports import fabric
 from transports.fabric.base import Tool
 from transports.fabric.ucx.device import UCX_HOME_VARIABLE  # a test may import the backend; bench/ may not
@@ -612,7 +613,8 @@ def test_verbs_lines_name_the_missing_rdma_device(monkeypatch):
 def test_the_reference_lines_of_the_verbs_fabric():
     lines = reference_lines("verbs", "auto")
     assert [line.name for line in lines] == ["ib_write_bw", "ib_write_lat", "memcpy"]
-    assert [line.name for line in lines if line.bandwidth_reference] == [REFERENCE_LINES["verbs"]] == ["ib_write_bw"]
+    bandwidth = [line.name for line in lines if line.bandwidth_reference]
+    assert bandwidth == [catalogue.bandwidth_reference("verbs")] == ["ib_write_bw"]
     [point] = plan_points([4096], 50)
     record = Memcpy().measure(point, port=0)
     assert (record.transport, record.size_bytes, record.iters) == ("memcpy", 4096, 50)
@@ -622,7 +624,8 @@ def test_the_reference_lines_of_the_verbs_fabric():
 def test_the_reference_lines_of_the_ucx_fabric_run_its_perftest_lines():
     lines = reference_lines("ucx", "shm", timeout_s=30)
     assert [line.name for line in lines] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
-    assert [line.name for line in lines if line.bandwidth_reference] == [REFERENCE_LINES["ucx"]] == ["ucx_perftest"]
+    bandwidth = [line.name for line in lines if line.bandwidth_reference]
+    assert bandwidth == [catalogue.bandwidth_reference("ucx")] == ["ucx_perftest"]
     for line in lines[:2]:
         records = [r.row() for r in _measure(line, [4096], iters=50, warmup=3)]
         assert [(r["transport"], r["fabric"], r["warmup"], r["iters"]) for r in records] == [
@@ -636,8 +639,8 @@ def test_reference_lines_refuse_an_unknown_fabric():
 
 
 def test_the_registry_names_every_reference_line_the_readers_know():
-    assert tuple(REGISTRY) == REFERENCE_NAMES
-    assert [REGISTRY.load(name)().name for name in REGISTRY] == list(REFERENCE_NAMES)
+    assert tuple(REGISTRY) == catalogue.names("reference")
+    assert [REGISTRY.load(name)().name for name in REGISTRY] == list(catalogue.names("reference"))
 
 
 def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_0", "-i", "1", "-x", "3")) -> Path:

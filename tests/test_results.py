@@ -188,7 +188,7 @@ def test_records_are_typed_and_checked_where_they_are_made():
         MicroRecord(**micro_record(), p51_us=1.0)  # a misspelt column
     with pytest.raises(ResultsError, match="p99_us"):
         MicroRecord.from_row({k: v for k, v in micro_record().items() if k != "p99_us"})
-    assert MicroRecord.columns()[:3] == ["transport", "size_bytes", "round"]
+    assert MicroRecord.columns()[:4] == ["transport", "line_kind", "size_bytes", "round"]
     assert "round" not in MicroRecord.required()
     assert ScaleRecord.columns()[: len(ModelRecord.columns())] == ModelRecord.columns()
     assert set(ScaleRecord.required()) - set(ModelRecord.required()) == {"launcher", "compute", "link_rate",

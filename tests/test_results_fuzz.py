@@ -73,7 +73,7 @@ def metas(draw) -> bytes:
                 + "}").encode()
     if kind == "any":
         return json.dumps(draw(JSON)).encode()
-    meta = {"schema_version": draw(mostly(st.sampled_from([1, 2]), 8)),
+    meta = {"schema_version": draw(mostly(st.sampled_from([1, 2, 3]), 8)),
             "experiment": draw(mostly(st.sampled_from(["micro", "model", "scale", "converge", "models", "analysis",
                                                        "soak"]), 8))}
     for name in draw(st.lists(st.sampled_from(sorted(META_FIELDS)), max_size=6, unique=True)):

@@ -12,9 +12,10 @@ from typing import Any
 
 from bench.options import error_line
 from bench.results import DiskError, ResultsError, RunWriter, default_run_dir, disk_failed, is_disk_error
+from bench.results import lines as catalogue
 
 #: the line micro's and training's summaries set every other against (the paper's RDMA.zerocp)
-BASELINE = "zerocopy"
+BASELINE = catalogue.ZERO_COPY
 
 
 def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launcher: Any = None) -> RunWriter | None:

@@ -18,7 +18,8 @@ import transports
 from bench import options
 from bench.commands.common import BASELINE, disk_full, draw, failed, interrupted, open_run, print_relative
 from bench.options import Choice
-from bench.results import PEER_NAMES, DiskError
+from bench.results import DiskError
+from bench.results import lines as catalogue
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
 #: shown at the end of --help: each command line and what it does
@@ -65,11 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "ib_write_lat) over the same links, and memcpy in one process")
     peers = parser.add_mutually_exclusive_group()
     peers.add_argument("--peers", type=peer_names, default=None, metavar="PEERS",
-                       help=f"comma list of the peer lines to measure (known: {', '.join(PEER_NAMES)}; default: "
-                       "every one installed here): the libraries a user could pick instead (MPI two-sided and "
-                       "one-sided, NVIDIA NIXL, a plain TCP socket), timed exactly like a transport, measured "
-                       "after the reference lines and before the transports; every transport's record carries "
-                       "of_peer, its p50 over the best peer's p50 at that size")
+                       help="comma list of the peer lines to measure (known: "
+                       f"{', '.join(catalogue.names('peer'))}; default: every one installed here): the libraries "
+                       "a user could pick instead (MPI two-sided and one-sided, NVIDIA NIXL, a plain TCP socket), "
+                       "timed exactly like a transport, measured after the reference lines and before the "
+                       "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
+                       "that size")
     peers.add_argument("--no-peers", action="store_true", help="skip the peer lines")
     parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
                         help="measure every point of every line a second time with N busy processes spinning on "
@@ -86,14 +88,12 @@ def peer_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise argparse.ArgumentTypeError("no peer named; pass --no-peers to measure none")
-    if unknown := [name for name in names if name not in PEER_NAMES]:
+    if unknown := [name for name in names if name not in catalogue.names("peer")]:
         raise argparse.ArgumentTypeError(f"unknown peer {', '.join(map(repr, unknown))} (known: "
-                                         f"{', '.join(PEER_NAMES)})")
+                                         f"{', '.join(catalogue.names('peer'))})")
     return list(dict.fromkeys(names))
 
 
-#: lines that hold a copy of the tensor on each side beside it (serialised, or a registered bounce buffer)
-COPYING_LINES = frozenset({"grpc_tcp", "grpc_rdma", "rdma_cp"})
 #: launchers that start every rank on this host (a job's launchers, mpi and slurm, start one rank per process)
 _ALL_RANKS_HERE = frozenset({"local", "netns"})
 
@@ -101,10 +101,10 @@ _ALL_RANKS_HERE = frozenset({"local", "netns"})
 def memory_needed(size: int, labels: list[str], slowed: set[str], both_sides: bool = True) -> tuple[int, str]:
     """The bytes a point of ``size`` has allocated at once at its most (the line that holds the most), on this
     host: the sender's tensor and the receiver's (one side with ``both_sides`` False), a copy of each on a line
-    that copies (:data:`COPYING_LINES`), the sender's scratch tensor on a line with ``--extra-copy``; and which
+    that copies (the catalogue's ``copying``), the sender's scratch tensor on a line with ``--extra-copy``; and which
     line that is."""
     def held(label: str) -> int:
-        per_side = 1 + (1 if label in COPYING_LINES else 0)
+        per_side = 1 + (1 if catalogue.line(label).copying else 0)
         return per_side * (2 if both_sides else 1) + (1 if label in slowed else 0)
 
     worst = max(labels, key=held, default="memcpy")
@@ -125,7 +125,7 @@ def memory_problem(sizes: list[int], chosen: list[Choice], slowed: set[str], lau
     if needed <= available:
         return None
     held = "the sender's and the receiver's tensor" if here else "this rank's tensor"
-    if line in COPYING_LINES:
+    if catalogue.line(line).copying:
         held += f" and {line}'s copy of {'each' if here else 'it'}"
     if line in slowed:
         held += " and the --extra-copy scratch tensor"
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
-        "peers": [] if args.no_peers else (args.peers or list(PEER_NAMES)),
+        "peers": [] if args.no_peers else (args.peers or list(catalogue.names("peer"))),
         "contend": args.contend,
         "timeout_s": args.timeout,
         **options.fabric_settings(args, launcher),

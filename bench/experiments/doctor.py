@@ -55,6 +55,7 @@ NO_DRIVER_FIX = ("run where the kernel has RDMA support, or try the RDMA paths o
                  "tools/softroce .venv/bin/bench doctor --fabric verbs")
 NO_DEVICE_FIX = ("load the NIC's driver (e.g. modprobe mlx5_ib), or add Soft-RoCE to try the RDMA paths: "
                  "modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0")
+#: perftest's programs the verbs fabric's reference lines run (named as the lines they draw)
 PERFTEST = ("ib_write_bw", "ib_write_lat")
 #: fabric transports that ask for RDMA only (the ucx fabric's ``rdma``, where it has one)
 RDMA_ONLY = ("rdma",)

@@ -87,14 +87,17 @@ from bench.experiments.micro import Measured, MicroLine, Point
 from bench.launch import Launcher, RankContext, RankSpec
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from bench.results import MicroRecord, latency_summary
+from bench.results import lines as catalogue
 from transports import fabric
 from transports.common import Registry
 from transports.fabric.base import FabricError, Tool
 
 PERFTEST_TEST = "ucp_put_bw"
 PERFTEST_LATENCY_TEST = "ucp_put_lat"
+#: the latency line of ucx_perftest (its bandwidth line is the catalogue's bandwidth reference of the ucx fabric)
+PERFTEST_LATENCY_LINE = "ucx_perftest_lat"
 #: the record names of the two perftest lines, by test
-PERFTEST_LINES = {PERFTEST_TEST: "ucx_perftest", PERFTEST_LATENCY_TEST: "ucx_perftest_lat"}
+PERFTEST_LINES = {PERFTEST_TEST: catalogue.bandwidth_reference("ucx"), PERFTEST_LATENCY_TEST: PERFTEST_LATENCY_LINE}
 #: the latency reference runs up to this size (bytes): beyond it a send/receive is a bandwidth question
 LATENCY_MAX_SIZE = 1 << 20
 #: seconds the perftest server may take to start listening
@@ -842,14 +845,8 @@ class Memcpy(ReferenceLine):
 
 #: the reference lines, in the order they are measured (before the transports: of_reference needs the
 #: bandwidth reference of each size first); each entry's class says which fabric's runs it belongs in
-REGISTRY = Registry("reference line", {
-    "ucx_perftest": ("bench.experiments.reference:UcxPerftest", "UCX's put bandwidth (ucx_perftest -t ucp_put_bw)"),
-    "ucx_perftest_lat": ("bench.experiments.reference:UcxPerftestLatency",
-                         "UCX's put latency (ucx_perftest -t ucp_put_lat), up to 1 MiB"),
-    "ib_write_bw": ("bench.experiments.reference:IbWriteBw", "perftest's RDMA write bandwidth (verbs fabric)"),
-    "ib_write_lat": ("bench.experiments.reference:IbWriteLat", "perftest's RDMA write latency (verbs fabric)"),
-    "memcpy": ("bench.experiments.reference:Memcpy", "one copy of the tensor in one process"),
-})
+REGISTRY = Registry("reference line", {line.name: (line.implementation, line.about)
+                                        for line in catalogue.of_kind("reference")})
 
 
 def reference_lines(fabric_name: str, fabric_transport: str = "auto",

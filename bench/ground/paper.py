@@ -175,8 +175,6 @@ MODEL_SPEEDUP_QUOTE = ("In general, the average improvements from using RDMA aga
                        "145% for VGGNet-16. The improvements observed for other benchmarks reach 169% for AlexNet, 65% "
                        "for Inception-v3, 151% for FCN-5, 118% for LSTM, and 69% for GRU. And the improvements over "
                        "gRPC.TCP are much greater; for example, 25x for VGGNet-16")
-#: TensorFlow's own gRPC runtime is what the paper calls gRPC.TCP: ``tf_grpc`` is compared with its numbers too
-PAPER_LINE_OF = {"tf_grpc": "grpc_tcp"}
 
 # -- Figure 10: convergence (section 5.2, "Convergence") ------------------------------------------------
 

@@ -53,7 +53,8 @@ import numpy as np
 import pandas as pd
 
 from bench.ground.sizes import format_size
-from bench.results import PEER_NAMES, REFERENCE_NAMES, ResultsError, Run, load_run, points, record_type
+from bench.results import ResultsError, Run, load_run, points, record_type
+from bench.results import lines as catalogue
 
 #: the threshold when none is given: 10%
 DEFAULT_THRESHOLD = 0.10
@@ -62,12 +63,6 @@ DEFAULT_THRESHOLD = 0.10
 HIGHER_IS_BETTER = frozenset({"throughput_MBps", "throughput_batches_per_s", "total_batches_per_s",
                               "scaling_efficiency", "of_reference"})
 
-#: per experiment, the lines that measure the machine or another project (a peer library), not this code
-REFERENCES: dict[str, frozenset[str]] = {
-    "micro": frozenset(REFERENCE_NAMES) | frozenset(PEER_NAMES),
-    "model": frozenset({"tf_grpc"}),
-    "scale": frozenset({"tf_grpc"}),
-}
 
 #: key columns that do not tell points apart once the rows compared are chosen (converge: only summaries)
 _DROPPED_KEY = {"converge": ("kind", "step")}
@@ -282,7 +277,10 @@ def compare_runs(base: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, metr
                            f"{' and '.join(_column_title(c) for c in key)}")
     higher = metric in HIGHER_IS_BETTER
     infinite_when_missing = experiment == "converge" and metric == cls.measure
-    references = REFERENCES.get(experiment, frozenset())
+    # the lines that measure the machine or another project (a reference, a peer library, TensorFlow's own), not
+    # this code: as the runs' records say (line_kind), else the catalogue (bench.results.lines)
+    kinds = {**catalogue.kinds_in(base.records), **catalogue.kinds_in(new.records)}
+    references = frozenset(name for name, kind in kinds.items() if kind in catalogue.NOT_OURS_KINDS)
     rows = []
     for point in [*base_values, *(p for p in new_values if p not in base_values)]:
         is_reference = "transport" in key and point[key.index("transport")] in references

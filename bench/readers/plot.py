@@ -11,7 +11,7 @@ Every figure keeps to the same rules:
 - a measured point is drawn once: the rounds of a point are folded (:meth:`bench.results.Run.points`: the
   median over the rounds) and their spread drawn as error bars, which the title names (the range across
   N rounds, or the 95% confidence interval of the median from the point's samples);
-- a transport looks the same everywhere (:data:`STYLE`, :data:`LABELS`);
+- a line looks the same everywhere: its style and label are the catalogue's (:mod:`bench.results.lines`);
 - the legend sits below the axes, never on the data;
 - bars start at zero; the title says what is drawn, the subtitle where and when it ran.
 """
@@ -43,63 +43,12 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentF
 from bench.ground.paper import model_name
 from bench.ground.sizes import format_size
 from bench.results import Run, load_run, replace_file
+from bench.results import lines as catalogue
 
 FORMATS = ("png", "svg")
-#: one look per transport, the same in every figure
-STYLE = {
-    "local": {"color": "#444444", "marker": "s", "linestyle": "--"},
-    "grpc_tcp": {"color": "#d62728", "marker": "o"},
-    "grpc_rdma": {"color": "#ff7f0e", "marker": "v"},
-    "grpc_rdma:direct": {"color": "#bcbd22", "marker": "<"},
-    "rdma_cp": {"color": "#2ca02c", "marker": "^"},
-    "zerocopy": {"color": "#1f77b4", "marker": "D"},
-    "zerocopy:no_analysis": {"color": "#17becf", "marker": "d"},
-    # reference lines: the fabric library's own limit, and a copy within one process
-    "ucx_perftest": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
-    "ucx_perftest_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
-    "ib_write_bw": {"color": "#9467bd", "linestyle": ":", "marker": "x"},
-    "ib_write_lat": {"color": "#e377c2", "linestyle": ":", "marker": "1"},
-    "memcpy": {"color": "#8c564b", "linestyle": "-.", "marker": "+"},
-    "tf_grpc": {"color": "#7f7f7f", "marker": "*", "linestyle": "-."},
-    # peer lines: the libraries a user could pick instead, drawn thin and dashed beside the transports
-    "mpi": {"color": "#000000", "marker": "o", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
-    "mpi_rma": {"color": "#555555", "marker": "s", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
-    "nixl": {"color": "#76b900", "marker": "P", "linestyle": (0, (5, 2))},
-    "mooncake": {"color": "#e7298a", "marker": "*", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
-    "socket": {"color": "#a0522d", "marker": "h", "linestyle": (0, (5, 2)), "markerfacecolor": "none"},
-}
-LABELS = {
-    "local": "Local (no transfer)",
-    "grpc_tcp": "gRPC.TCP",
-    "grpc_rdma": "gRPC.RDMA (buffered)",
-    "grpc_rdma:direct": "gRPC.RDMA direct (0-copy)",
-    "rdma_cp": "RDMA.cp",
-    "zerocopy": "RDMA.zerocp",
-    "zerocopy:no_analysis": "RDMA.zerocp, analysis off (dynamic allocation)",
-    "ucx_perftest": "ucx_perftest put_bw (library limit)",
-    "ucx_perftest_lat": "ucx_perftest put_lat (half a round trip: latency floor)",
-    "ib_write_bw": "ib_write_bw (the NIC's write bandwidth)",
-    "ib_write_lat": "ib_write_lat (the NIC's write latency)",
-    "memcpy": "memcpy in one process",
-    "tf_grpc": "TensorFlow PS over gRPC (today)",
-    "mpi": "MPI Send/Recv (peer: Open MPI)",
-    "mpi_rma": "MPI one-sided put + flag (peer)",
-    "nixl": "NIXL write + notification (peer)",
-    "mooncake": "Mooncake transfer engine, tcp (peer)",
-    "socket": "TCP socket (peer)",
-}
-#: bars of what moves no tensor between processes are hatched: a reference, not a transport
-_REFERENCE_HATCH = {"local": "//", "memcpy": "//"}
-#: colours for names STYLE does not know (a new transport, a test model), handed out in order of appearance
-_SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 #: one colour per model in the figures that draw models as lines (Figure 7)
 _MODEL_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                  "#bcbd22", "#17becf")
-
-#: on the time figure: lines without a per-transfer median, drawn from their mean time per transfer instead
-TIME_FROM_MEAN = {"ucx_perftest": "ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)",
-                  "ib_write_bw": "ib_write_bw: size / bandwidth (pipelined writes, not a latency)"}
-
 
 class PlotError(ValueError):
     """Nothing to draw, or an experiment this command cannot draw."""
@@ -161,20 +110,16 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 
 
 def _style(name: str) -> dict[str, Any]:
-    """The look of a transport: :data:`STYLE`, or a spare colour for a name it does not know."""
-    if name in STYLE:
-        return dict(STYLE[name])
-    spare = _SPARE_COLORS[sum(map(ord, name)) % len(_SPARE_COLORS)]
-    return {"color": spare, "marker": "o"}
+    """The look of a line (the catalogue's, or a spare colour for a name it does not know)."""
+    return dict(catalogue.line(name).style)
 
 
 def _label(name: str) -> str:
-    return LABELS.get(name, name)
+    return catalogue.line(name).label
 
 
 def _transports_in_order(records: pd.DataFrame) -> list[str]:
-    present = list(dict.fromkeys(records["transport"]))
-    return sorted(present, key=lambda t: (list(STYLE).index(t) if t in STYLE else len(STYLE), t))
+    return catalogue.order(records["transport"])
 
 
 def _subtitle(run: Run) -> str:
@@ -300,8 +245,8 @@ def _bar(ax: Axes, name: str, x: Any, heights: Any, width: float, low: Any = Non
     color = _style(name).get("color")
     yerr = _yerr(heights, low, high)
     ax.bar(x, heights, width, label=label if label is not None else _label(name), color=color,
-           edgecolor="white" if name not in _REFERENCE_HATCH else "#dddddd", linewidth=0.5,
-           hatch=_REFERENCE_HATCH.get(name), yerr=yerr, capsize=2 if yerr is not None else 0,
+           edgecolor="#dddddd" if catalogue.line(name).hatched else "white", linewidth=0.5,
+           hatch="//" if catalogue.line(name).hatched else None, yerr=yerr, capsize=2 if yerr is not None else 0,
            error_kw={"elinewidth": 1, "ecolor": "#222222"})
 
 
@@ -440,8 +385,9 @@ def micro_time_lines(points: pd.DataFrame) -> list[Line]:
     lines = []
     for name in _transports_in_order(points):
         rows = points[points["transport"] == name].sort_values("size_bytes")
-        if name in TIME_FROM_MEAN and rows["p50_us"].isna().all():
-            lines.append(Line(name, TIME_FROM_MEAN[name], rows["size_bytes"], rows["mean_us"], None, None))
+        from_mean = catalogue.line(name).time_from_mean
+        if from_mean and rows["p50_us"].isna().all():
+            lines.append(Line(name, from_mean, rows["size_bytes"], rows["mean_us"], None, None))
         else:
             lines.append(Line(name, _label(name), rows["size_bytes"], rows["p50_us"],
                               _column(rows, "p50_us_low"), _column(rows, "p50_us_high")))
@@ -654,7 +600,7 @@ def model_step_distribution_figure(run: Run) -> Figure | None:
 
 
 #: Figure 12's bars: the analysis on, off, and the paper's "without analysis" (the sender's copy)
-COPY_OVERHEAD = ("zerocopy", "zerocopy:no_analysis", "rdma_cp")
+COPY_OVERHEAD = (catalogue.ZERO_COPY, catalogue.NO_ANALYSIS, catalogue.RDMA_CP)
 
 
 def copy_overhead_figure(run: Run) -> Figure | None:
@@ -662,7 +608,7 @@ def copy_overhead_figure(run: Run) -> Figure | None:
     payload bytes copied and the tensors sent from memory that was not registered (at the smallest batch);
     None unless the run has zerocopy with the analysis both on and off."""
     points = _points(run)
-    if not {"zerocopy", "zerocopy:no_analysis"} <= set(points["transport"]):
+    if not {catalogue.ZERO_COPY, catalogue.NO_ANALYSIS} <= set(points["transport"]):
         return None
     points = points[points["batch_size"] == points["batch_size"].min()]
     names = [n for n in COPY_OVERHEAD if n in set(points["transport"])]
@@ -685,8 +631,8 @@ def copy_overhead_figure(run: Run) -> Figure | None:
     miss_ax.set_ylabel("tensors sent from\nunregistered memory per step")
     miss_ax.set_xticks(range(len(models)), [model_name(m) for m in models])
     for j, model in enumerate(models):  # the gain of the analysis, above each model's bars
-        on, _, _ = value(model, "zerocopy", "step_time_s")
-        off, _, off_high = value(model, "zerocopy:no_analysis", "step_time_s")
+        on, _, _ = value(model, catalogue.ZERO_COPY, "step_time_s")
+        off, _, off_high = value(model, catalogue.NO_ANALYSIS, "step_time_s")
         if on == on and off == off and on > 0:
             time_ax.annotate(f"{(off / on - 1) * 100:+.0f}%", (j - 0.4 + width * 1.5, max(off, off_high)),
                              xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8)
@@ -721,7 +667,7 @@ def _scale_figure(run: Run, column: str, ylabel: str, title: str) -> Figure:
             if name == LOCAL:  # one process: perfect scaling of it is the reference
                 single = line["total_batches_per_s"].median()
                 values = [single * n for n in servers] if column == "total_batches_per_s" else [1.0] * len(servers)
-                _line(ax, "local", _label("local") + " x servers", servers, values)
+                _line(ax, LOCAL, _label(LOCAL) + " x servers", servers, values)
                 continue
             low = high = None
             if "throughput_batches_per_s_low" in line:  # the same fraction of the value as the per-worker spread

@@ -8,6 +8,7 @@ what it finished; every file is written by :mod:`bench.results.files` (write, th
 Plots, reports and comparisons read only these files, so runs can be compared long after they were made.
 """
 
+from bench.results import lines
 from bench.results.files import DiskError, LinkError, append_whole, disk_failed, is_disk_error, make_dir, replace_file
 from bench.results.records import (
     RECORD_TYPES,
@@ -30,11 +31,8 @@ from bench.results.records import (
 from bench.results.store import (
     COLUMNS,
     META_FILE,
-    PEER_NAMES,
     READABLE_VERSIONS,
     RECORDS_FILE,
-    REFERENCE_LINES,
-    REFERENCE_NAMES,
     REQUIRED_COLUMNS,
     RESERVE_FILE,
     SAMPLES_FILE,
@@ -50,18 +48,20 @@ from bench.results.store import (
     of_reference,
     package_versions,
     reference_throughputs,
+    with_line_kinds,
     with_of_reference,
+    with_rounds,
     writer_alive,
 )
 from bench.results.text import NAME_LIMIT, printable, shown
 
 __all__ = [
     "AnalysisRecord", "COLUMNS", "ConvergeRecord", "DiskError", "META_FILE", "MicroRecord", "ModelRecord",
-    "ModelsRecord", "PEER_NAMES", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REFERENCE_LINES",
-    "REFERENCE_NAMES", "REQUIRED_COLUMNS", "RESERVE_FILE", "Ratio", "Record", "ResultsError", "Run", "RunWriter",
+    "ModelsRecord", "READABLE_VERSIONS", "RECORDS_FILE", "RECORD_TYPES", "REQUIRED_COLUMNS", "RESERVE_FILE", "Ratio",
+    "Record", "ResultsError", "Run", "RunWriter",
     "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed",
     "LinkError", "NAME_LIMIT", "environment", "git_commit", "is_disk_error", "latency_summary", "load_run",
-    "make_dir", "median_interval", "now_iso", "printable", "shown",
+    "lines", "make_dir", "median_interval", "now_iso", "printable", "shown",
     "of_peer", "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
-    "replace_file", "with_of_reference", "writer_alive",
+    "replace_file", "with_line_kinds", "with_of_reference", "with_rounds", "writer_alive",
 ]

@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from bench.results.lines import kind_of
+
 
 class ResultsError(ValueError):
     """A results directory or record that is missing, incomplete or of an unknown schema."""
@@ -86,8 +88,19 @@ def latency_summary(micros: Sequence[float] | np.ndarray) -> dict[str, float]:
             "mean_us": float(values.mean()), "min_us": float(values.min()), "max_us": float(values.max())}
 
 
+class _OfALine:
+    """A record of a line (its ``transport``): its ``line_kind`` is the catalogue's where the maker gave none."""
+
+    transport: str
+    line_kind: str | None
+
+    def __post_init__(self) -> None:
+        if self.line_kind is None:
+            self.line_kind = kind_of(self.transport)
+
+
 @dataclass(kw_only=True)
-class MicroRecord(Record):
+class MicroRecord(_OfALine, Record):
     """``bench micro``: one size over one transport (or reference line) in one round.
 
     Times are per transfer in µs from the sender's ``send`` to the receiver having consumed the
@@ -103,6 +116,9 @@ class MicroRecord(Record):
     samples = ("time_us", "transfer_us")
 
     transport: str
+    #: what the line is (bench.results.lines: transport, local, tf_grpc, reference, peer); from the catalogue
+    #: where not given
+    line_kind: str | None = None
     size_bytes: int
     #: 1, 2, ... with --rounds: the same point measured again after every other transport's turn
     round: int = 1
@@ -146,7 +162,7 @@ class MicroRecord(Record):
 
 
 @dataclass(kw_only=True)
-class ModelRecord(Record):
+class ModelRecord(_OfALine, Record):
     """``bench model``: one model, batch size and server count over one transport (or ``local``, ``tf_grpc``).
 
     Times are seconds per step, averaged over the workers and the timed steps; throughput is mini-batches
@@ -159,6 +175,8 @@ class ModelRecord(Record):
     samples = ("worker", "step_time_s")
 
     transport: str
+    #: what the line is (bench.results.lines: transport, local, tf_grpc); from the catalogue where not given
+    line_kind: str | None = None
     model: str
     batch_size: int
     servers: int

@@ -39,14 +39,16 @@ from typing import Any
 import pandas as pd
 
 from bench.results.files import DiskError, append_whole, make_dir, replace_file
+from bench.results.lines import bandwidth_references, kind_of
 from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
 from bench.results.text import NAME_LIMIT, TEXT_LIMIT, printable, shown
 
 #: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
-#: that time iterations keep them in ``samples.csv``; version 1 directories still load (as round 1)
-SCHEMA_VERSION = 2
+#: that time iterations keep them in ``samples.csv``; 3: records of lines (micro, model, scale) have ``line_kind``.
+#: Older directories still load, upgraded on the way in (:data:`UPGRADES`)
+SCHEMA_VERSION = 3
 #: the versions :func:`load_run` reads
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 META_FILE = "meta.json"
 RECORDS_FILE = "records.csv"
 SAMPLES_FILE = "samples.csv"
@@ -63,15 +65,6 @@ REQUIRED_COLUMNS: dict[str, list[str]] = {name: cls.required() for name, cls in 
 #: every column an experiment's records may carry, in the order of records.csv
 COLUMNS: dict[str, list[str]] = {name: cls.columns() for name, cls in RECORD_TYPES.items()}
 
-#: micro: the line every record's ``of_reference`` divides by, by the run's fabric: UCX's put bandwidth
-#: (ucx_perftest -t ucp_put_bw) or perftest's ib_write_bw (see bench/experiments/reference.py)
-REFERENCE_LINES = {"ucx": "ucx_perftest", "verbs": "ib_write_bw"}
-#: the record names of every reference line of ``bench micro`` (``bench.experiments.reference.REGISTRY``), in order:
-#: the lines that measure the machine or the fabric library, not this code
-REFERENCE_NAMES = ("ucx_perftest", "ucx_perftest_lat", "ib_write_bw", "ib_write_lat", "memcpy")
-#: the record names of every peer line of ``bench micro`` (``bench.experiments.peers.REGISTRY``), in order: the
-#: libraries a user could pick instead of this code, timed as a transport is
-PEER_NAMES = ("mpi", "mpi_rma", "nixl", "mooncake", "socket")
 
 
 def of_peer(p50_us: float | None, best_peer_p50_us: float | None) -> float | None:
@@ -86,8 +79,8 @@ def of_peer(p50_us: float | None, best_peer_p50_us: float | None) -> float | Non
 
 def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float | None:
     """A micro record's ``of_reference``: its throughput as a fraction of the same run's bandwidth reference
-    at the same size (:data:`REFERENCE_LINES`: ``ucx_perftest``, UCX's put bandwidth ``ucp_put_bw`` over
-    the run's ``--fabric-transport``; ``ib_write_bw`` on the verbs fabric).
+    at the same size (:func:`bench.results.lines.bandwidth_reference`: ``ucx_perftest``, UCX's put bandwidth
+    ``ucp_put_bw`` over the run's ``--fabric-transport``; ``ib_write_bw`` on the verbs fabric).
 
     ``bench micro`` runs one fabric per run, so the reference of a size is the run's one
     reference record of that size; every line is divided by it (also grpc_tcp, local and memcpy,
@@ -104,11 +97,11 @@ def of_reference(throughput_MBps: float, reference_MBps: float | None) -> float 
 
 def reference_throughputs(records: pd.DataFrame) -> dict[int, float]:
     """``size_bytes -> throughput_MBps`` of a micro run's bandwidth reference records (whichever of
-    :data:`REFERENCE_LINES` it has); a size measured more than once (never by ``bench micro``) has no
-    reference, as which one is meant cannot be told."""
+    :func:`bench.results.lines.bandwidth_references` it has); a size measured more than once (never by ``bench
+    micro``) has no reference, as which one is meant cannot be told."""
     if "transport" not in records or "throughput_MBps" not in records or "size_bytes" not in records:
         return {}
-    lines = records[records["transport"].isin(list(REFERENCE_LINES.values()))]
+    lines = records[records["transport"].isin(bandwidth_references())]
     counts = lines["size_bytes"].value_counts()
     return {int(size): float(mbps) for size, mbps in zip(lines["size_bytes"], lines["throughput_MBps"], strict=True)
             if counts[size] == 1}
@@ -358,10 +351,31 @@ class Run:
         return points(self.records, self.experiment, self.samples)
 
 
+def with_rounds(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
+    """Version 1 to 2: records of experiments with rounds get ``round`` 1 (version 1 measured every point once)."""
+    if "round" in cls.columns() and "round" not in records:
+        records.insert(records.columns.get_loc(cls.key[-1]) + 1, "round", 1)
+    return records
+
+
+def with_line_kinds(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
+    """Version 2 to 3: records of lines get ``line_kind``, the catalogue's kind of their line
+    (:mod:`bench.results.lines`; a name it does not know is a transport)."""
+    if "line_kind" in cls.columns() and "line_kind" not in records and "transport" in records:
+        records.insert(records.columns.get_loc("transport") + 1, "line_kind",
+                       [kind_of(str(name)) for name in records["transport"]])
+    return records
+
+
+#: version -> the function that brings records of that version to the next (asv's way: one named step each)
+UPGRADES = {1: with_rounds, 2: with_line_kinds}
+
+
 def load_run(path: Path) -> Run:
     """Read a run directory, checking its schema version, required columns and the types of what readers use.
 
-    Versions 1 and 2 are read; a version 1 run's records get ``round`` 1. A run whose ``meta.json``
+    Versions 1 to 3 are read, upgraded step by step (:data:`UPGRADES`): a version 1 run's records get ``round`` 1,
+    a version 2 run's records of lines their ``line_kind``. A run whose ``meta.json``
     says ``running`` while the process that wrote it (on this host) is gone was killed without a
     chance to say so: it reads as ``killed``. Everything is bounded as the module says; anything a reader could
     not use is a one-line ResultsError.
@@ -384,8 +398,8 @@ def load_run(path: Path) -> Run:
     missing = [c for c in REQUIRED_COLUMNS[meta["experiment"]] if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
-    if "round" in COLUMNS[meta["experiment"]] and "round" not in records:  # version 1: every point once
-        records.insert(records.columns.get_loc(cls.key[-1]) + 1, "round", 1)
+    for version in range(meta["schema_version"], SCHEMA_VERSION):
+        records = UPGRADES[version](records, cls)
     if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
         records = with_of_reference(records)
     return Run(path, meta, records)

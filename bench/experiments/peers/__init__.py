@@ -46,6 +46,7 @@ from bench.experiments.micro import (
     sender_loop,
 )
 from bench.launch import RankContext, RankSpec
+from bench.results import lines as catalogue
 from transports import Cluster, Key, TransportStats
 from transports.common import Registry
 from transports.placement import Placement
@@ -174,18 +175,10 @@ def _peer_job(line: PeerLine, points: list[Point], ctx: RankContext) -> None:
         drive(link, points, ctx.rank, signals, ctx.report)
 
 
-#: the peer lines, in the order they are measured and drawn
-REGISTRY = Registry("peer", {
-    "mpi": ("bench.experiments.peers.mpi:MpiLine", "MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
-    "mpi_rma": ("bench.experiments.peers.mpi:MpiRmaLine",
-                "MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
-    "nixl": ("bench.experiments.peers.nixl:NixlLine",
-             "NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification"),
-    "mooncake": ("bench.experiments.peers.mooncake:MooncakeLine",
-                 "Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
-    "socket": ("bench.experiments.peers.plain_socket:SocketLine",
-               "a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
-}, unknown=ValueError)
+#: the peer lines, in the order they are measured and drawn: the catalogue's (bench.results.lines), whose entry
+#: names the class that measures each
+REGISTRY = Registry("peer", {line.name: (line.implementation, line.about) for line in catalogue.of_kind("peer")},
+                    unknown=ValueError)
 
 
 def peer_lines(names: list[str] | None = None, timeout_s: float = 120.0) -> list[PeerLine]:

@@ -12,9 +12,8 @@ import pandas as pd
 
 from bench.ground import paper
 from bench.readers.report.text import (
-    PEER_LINES,
-    REFERENCE_LINES,
     ZERO_COPY,
+    line_kinds,
     line_name,
     listing,
     missing,
@@ -23,6 +22,7 @@ from bench.readers.report.text import (
     unique,
 )
 from bench.results import Run
+from bench.results import lines as catalogue
 
 #: UCX transports that move data through memory shared between processes of one host
 _SHARED_MEMORY = {"cma", "posix", "sysv", "xpmem", "knem", "self"}
@@ -52,8 +52,9 @@ def fabric_notes(frame: pd.DataFrame) -> list[str]:
     if "fabric" not in frame or "transport" not in frame:
         return []
     carried: dict[str, list[str]] = {}
+    kinds = line_kinds(frame)
     for line, fabric in zip(frame["transport"], frame["fabric"], strict=True):
-        if missing(fabric) or fabric in ("", "none") or line in REFERENCE_LINES or line in PEER_LINES:
+        if missing(fabric) or fabric in ("", "none") or kinds[str(line)] in catalogue.OTHERS_KINDS:
             continue
         carried.setdefault(str(fabric), [])
         if line not in carried[str(fabric)]:

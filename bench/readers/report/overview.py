@@ -5,7 +5,8 @@ from __future__ import annotations
 from bench.ground import paper
 from bench.readers.report.notes import describe_fabric
 from bench.readers.report.page import Report, Table
-from bench.readers.report.text import PEER_LINES, REFERENCE_LINES, listing, unique
+from bench.readers.report.text import line_kinds, listing, unique
+from bench.results import lines as catalogue
 
 
 def overview_tables(report: Report) -> list[Table]:
@@ -32,8 +33,9 @@ def overview_tables(report: Report) -> list[Table]:
     fabrics = []
     for _, run in report.runs:
         records = run.records
-        if "transport" in records:
-            records = records[~records["transport"].isin([*REFERENCE_LINES, *PEER_LINES])]
+        if "transport" in records:  # the fabrics of this suite's lines, not of the references' and peers'
+            kinds = line_kinds(records)
+            records = records[[kinds[str(name)] not in catalogue.OTHERS_KINDS for name in records["transport"]]]
         fabrics += [f for f in unique(records, "fabric") if f != "none"]
     tf = listing(dict.fromkeys(str((m.get("packages") or {}).get("tensorflow", "?")) for m in metas))
     python = listing(dict.fromkeys(str((m.get("packages") or {}).get("python", "?")) for m in metas))

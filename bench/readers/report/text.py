@@ -1,7 +1,8 @@
 """How the report writes lines, numbers and ratios: what every section shares.
 
-The lines' names as the paper calls them and their order in every table, and the cells and phrases made of
-numbers: ratios (``1.34x``, ``+34%``), ranges, listings and the paper's claims.
+The lines' names as the paper calls them and their order in every table (both the catalogue's,
+:mod:`bench.results.lines`), and the cells and phrases made of numbers: ratios (``1.34x``, ``+34%``), ranges,
+listings and the paper's claims.
 """
 
 from __future__ import annotations
@@ -13,33 +14,11 @@ from typing import Any
 import pandas as pd
 
 from bench.ground import paper
-from bench.results import PEER_NAMES, REFERENCE_NAMES, ratio
+from bench.results import lines as catalogue
+from bench.results import ratio
 
-#: short names of the lines, as the paper calls them (this suite's labels otherwise)
-NAMES = {
-    "grpc_tcp": "gRPC.TCP",
-    "grpc_rdma": "gRPC.RDMA",
-    "grpc_rdma:direct": "gRPC.RDMA direct",
-    "rdma_cp": "RDMA.cp",
-    "zerocopy": "RDMA.zerocp",
-    "zerocopy:no_analysis": "RDMA.zerocp (analysis off)",
-    "local": "Local",
-    "tf_grpc": "TF gRPC (tf_grpc)",
-    "mpi": "MPI Send/Recv",
-    "mpi_rma": "MPI one-sided put",
-    "nixl": "NIXL",
-    "mooncake": "Mooncake TE",
-    "socket": "TCP socket",
-}
-#: the order lines appear in, in every table
-ORDER = ("zerocopy", "zerocopy:no_analysis", "rdma_cp", "grpc_rdma", "grpc_rdma:direct", "grpc_tcp", "tf_grpc",
-         "local")
-#: micro lines that are no transport: the fabric library's limit and a copy in one process (never a ratio's base)
-REFERENCE_LINES = REFERENCE_NAMES
-#: micro lines of other libraries, timed as transports are (the lines a transport is held against, never one of ours)
-PEER_LINES = PEER_NAMES
-ZERO_COPY = "zerocopy"
-NO_ANALYSIS = "zerocopy:no_analysis"
+ZERO_COPY = catalogue.ZERO_COPY
+NO_ANALYSIS = catalogue.NO_ANALYSIS
 MISSING = "—"
 
 
@@ -101,14 +80,22 @@ def ratio_cell(numerator: Any, denominator: Any, column: str) -> str:
 
 
 def line_name(line: str) -> str:
-    """A line as the paper calls it (:data:`NAMES`), else its own label."""
-    return NAMES.get(line, line)
+    """A line as the paper calls it (the catalogue's short name, :mod:`bench.results.lines`), else its own name."""
+    return catalogue.line(line).paper
 
 
-def ordered(lines: Iterable[str]) -> list[str]:
-    """The lines once each, in :data:`ORDER` (others after them, by name)."""
-    present = list(dict.fromkeys(lines))
-    return sorted(present, key=lambda t: (ORDER.index(t) if t in ORDER else len(ORDER), t))
+def ordered(lines: Iterable[str], kinds: dict[str, str] | None = None) -> list[str]:
+    """The lines once each, in the order of every table (:func:`bench.results.lines.table_order`)."""
+    return catalogue.table_order(lines, kinds)
+
+
+line_kinds = catalogue.kinds_in
+
+
+def lines_of(frame: pd.DataFrame, *kinds: str) -> list[str]:
+    """The lines of ``frame`` of the given kinds, in the tables' order."""
+    found = line_kinds(frame)
+    return ordered((name for name, kind in found.items() if kind in kinds), found)
 
 
 def listing(values: Iterable[Any]) -> str:

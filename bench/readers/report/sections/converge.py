@@ -22,6 +22,7 @@ from bench.readers.report.text import (
     unique,
 )
 from bench.results import Run
+from bench.results import lines as catalogue
 
 
 def figure10(run: Run, label: str) -> Section:
@@ -29,7 +30,7 @@ def figure10(run: Run, label: str) -> Section:
     records = run.records
     settings = run.meta.get("settings") or {}
     task = str(settings.get("task") or (unique(records, "task") or ["?"])[0])
-    claims = {other: paper.CONVERGE_SPEEDUP.get((task, other)) for other in ("grpc_tcp", "grpc_rdma")}
+    claims = {other: paper.CONVERGE_SPEEDUP.get((task, other)) for other in (catalogue.GRPC_TCP, catalogue.GRPC_RDMA)}
     section = Section("figure10", f"Figure 10: convergence ({task})", run, label,
                       paper=[quote(c) for c in paper.CONVERGE_SPEEDUP.values()
                              if c in claims.values()] or [quote(c) for c in paper.CONVERGE_SPEEDUP.values()])
@@ -48,7 +49,7 @@ def figure10(run: Run, label: str) -> Section:
                                 "gRPC.TCP it got there", ["transport", "target", "steps", "seconds", "over gRPC.TCP",
                                                           "paper (RDMA.zerocp)"], rows))
     comparisons = []
-    for other in ("grpc_tcp", "grpc_rdma"):
+    for other in (catalogue.GRPC_TCP, catalogue.GRPC_RDMA):
         if other not in seconds or ZERO_COPY not in seconds:
             continue
         ratio = divide(seconds[other], seconds[ZERO_COPY])

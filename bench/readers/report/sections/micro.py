@@ -11,16 +11,14 @@ from bench.ground.sizes import format_size
 from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, rounds_note, status_notes
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (
-    PEER_LINES,
-    REFERENCE_LINES,
     ZERO_COPY,
     claim_cell,
     divide,
     line_name,
+    lines_of,
     listing,
     missing,
     num,
-    ordered,
     quote,
     range_text,
     ratio_cell,
@@ -33,9 +31,9 @@ def figure8(run: Run, label: str) -> Section:
     points = run.points()
     section = Section("figure8", "Figure 8: send/receive micro-benchmark", run, label,
                       paper=[quote(c) for c in paper.MICRO_SPEEDUP.values()])
-    lines = ordered(t for t in points["transport"] if t not in REFERENCE_LINES and t not in PEER_LINES)
-    peers = [t for t in PEER_LINES if t in set(points["transport"])]
-    references = [t for t in dict.fromkeys(points["transport"]) if t in REFERENCE_LINES]
+    lines = lines_of(points, "transport", "local", "tf_grpc")
+    peers = lines_of(points, "peer")
+    references = lines_of(points, "reference")
     sizes = sorted({int(s) for s in points["size_bytes"]})
     p50 = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"], points["p50_us"], strict=True)}
     point = {(r["transport"], int(r["size_bytes"])): r for _, r in points.iterrows()}

@@ -29,6 +29,7 @@ from bench.readers.report.text import (
     times,
 )
 from bench.results import Run
+from bench.results import lines as catalogue
 
 
 def figure9(run: Run, label: str) -> Section:
@@ -67,7 +68,7 @@ def figure9(run: Run, label: str) -> Section:
                           for m, b, s in cases if m == model]
                 if all(missing(r) for r in ratios):
                     continue
-                claim = paper.MODEL_SPEEDUP.get((model, paper.PAPER_LINE_OF.get(line, line)))
+                claim = paper.MODEL_SPEEDUP.get((model, catalogue.line(line).paper_line or line))
                 show = percent if claim and claim.percent else times
                 summary.append([model_name(model), line_name(line), range_text(ratios, show) + _also(ratios, show),
                                 claim_cell(claim), claim.verdict(ratios) if claim else "no paper number"])

@@ -1,0 +1,221 @@
+"""Every line a run can hold, written once: its kind, its name in the paper, its label and its look.
+
+A *line* is what a record's ``transport`` column names: one of this suite's transports, the local baseline,
+TensorFlow's own PS over gRPC, a reference line (the machine's or the fabric library's limit) or a peer line (a
+library a user could pick instead). Records carry their line's kind (``line_kind``), so a reader groups lines by
+what the run wrote, and asks this catalogue only how a line is called and drawn. A name the catalogue does not know
+(a line of one's own, a test's) is drawn with a spare colour under its own name, after the known ones.
+
+Adding a peer line is its module under ``bench/experiments/peers/`` and one :class:`Line` here (its
+``implementation`` is what the peers' registry loads); adding a reference line is the same under
+``bench/experiments/reference.py``. Figures, the report, ``bench compare`` and ``--help`` then know it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import LOCAL, TF_GRPC
+
+#: what a line is: one of this suite's transports, the one-process baseline, TensorFlow's PS over gRPC, a reference
+#: (the machine's or the fabric library's own limit: never a ratio's base) or a peer (another library, timed as a
+#: transport is)
+KINDS = ("transport", "local", "tf_grpc", "reference", "peer")
+#: the kinds of the lines that measure the machine or another library, not this suite's code
+OTHERS_KINDS = ("reference", "peer")
+#: ... and of the lines that are not this suite's transports (bench compare counts none of them as a slow-down)
+NOT_OURS_KINDS = ("reference", "peer", "tf_grpc")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the catalogue (see the module docstring)."""
+
+    name: str
+    kind: str
+    #: the short name the report's tables give it (the paper's name where the paper has the line)
+    paper: str
+    #: the name its figures' legends give it
+    label: str
+    #: its look in every figure (matplotlib line and marker options)
+    style: Mapping[str, Any] = field(default_factory=dict)
+    #: reference lines without a per-transfer median: what the time figure says of their time, drawn from the mean
+    time_from_mean: str | None = None
+    #: the fabric whose bandwidth this reference line is (``of_reference`` divides by it), if any
+    bandwidth_of: str | None = None
+    #: bars of it are hatched: it moves no tensor between processes
+    hatched: bool = False
+    #: it holds a copy of the tensor on each side beside the tensor (serialised, or a registered bounce buffer)
+    copying: bool = False
+    #: the paper's line it stands for where the paper has it under another name
+    paper_line: str | None = None
+    #: ``module:attribute`` of what measures it, and a line saying what it is (reference and peer lines)
+    implementation: str | None = None
+    about: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"line '{self.name}': unknown kind '{self.kind}' (known: {', '.join(KINDS)})")
+
+
+_PEER_LOOK = {"linestyle": (0, (5, 2))}  # peers: thin and dashed beside the transports
+_CATALOGUE: dict[str, Line] = {line.name: line for line in (
+    Line(LOCAL, "local", "Local", "Local (no transfer)", {"color": "#444444", "marker": "s", "linestyle": "--"},
+         hatched=True),
+    # this suite's transports, from the RPC baseline to zero copy (the report's tables take them the other way)
+    Line("grpc_tcp", "transport", "gRPC.TCP", "gRPC.TCP", {"color": "#d62728", "marker": "o"}, copying=True),
+    Line("grpc_rdma:direct", "transport", "gRPC.RDMA direct", "gRPC.RDMA direct (0-copy)",
+         {"color": "#bcbd22", "marker": "<"}),
+    Line("grpc_rdma", "transport", "gRPC.RDMA", "gRPC.RDMA (buffered)", {"color": "#ff7f0e", "marker": "v"},
+         copying=True),
+    Line("rdma_cp", "transport", "RDMA.cp", "RDMA.cp", {"color": "#2ca02c", "marker": "^"}, copying=True),
+    Line("zerocopy:no_analysis", "transport", "RDMA.zerocp (analysis off)",
+         "RDMA.zerocp, analysis off (dynamic allocation)", {"color": "#17becf", "marker": "d"}),
+    Line("zerocopy", "transport", "RDMA.zerocp", "RDMA.zerocp", {"color": "#1f77b4", "marker": "D"}),
+    Line("ucx_perftest", "reference", "ucx_perftest put_bw", "ucx_perftest put_bw (library limit)",
+         {"color": "#9467bd", "linestyle": ":", "marker": "x"},
+         time_from_mean="ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)", bandwidth_of="ucx",
+         implementation="bench.experiments.reference:UcxPerftest",
+         about="UCX's put bandwidth (ucx_perftest -t ucp_put_bw)"),
+    Line("ucx_perftest_lat", "reference", "ucx_perftest put_lat",
+         "ucx_perftest put_lat (half a round trip: latency floor)",
+         {"color": "#e377c2", "linestyle": ":", "marker": "1"},
+         implementation="bench.experiments.reference:UcxPerftestLatency",
+         about="UCX's put latency (ucx_perftest -t ucp_put_lat), up to 1 MiB"),
+    Line("ib_write_bw", "reference", "ib_write_bw", "ib_write_bw (the NIC's write bandwidth)",
+         {"color": "#9467bd", "linestyle": ":", "marker": "x"},
+         time_from_mean="ib_write_bw: size / bandwidth (pipelined writes, not a latency)", bandwidth_of="verbs",
+         implementation="bench.experiments.reference:IbWriteBw",
+         about="perftest's RDMA write bandwidth (verbs fabric)"),
+    Line("ib_write_lat", "reference", "ib_write_lat", "ib_write_lat (the NIC's write latency)",
+         {"color": "#e377c2", "linestyle": ":", "marker": "1"},
+         implementation="bench.experiments.reference:IbWriteLat", about="perftest's RDMA write latency (verbs fabric)"),
+    Line("memcpy", "reference", "memcpy", "memcpy in one process",
+         {"color": "#8c564b", "linestyle": "-.", "marker": "+"}, hatched=True,
+         implementation="bench.experiments.reference:Memcpy", about="one copy of the tensor in one process"),
+    Line(TF_GRPC, "tf_grpc", "TF gRPC (tf_grpc)", "TensorFlow PS over gRPC (today)",
+         {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp"),
+    Line("mpi", "peer", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)",
+         {"color": "#000000", "marker": "o", "markerfacecolor": "none", **_PEER_LOOK},
+         implementation="bench.experiments.peers.mpi:MpiLine",
+         about="MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
+    Line("mpi_rma", "peer", "MPI one-sided put", "MPI one-sided put + flag (peer)",
+         {"color": "#555555", "marker": "s", "markerfacecolor": "none", **_PEER_LOOK},
+         implementation="bench.experiments.peers.mpi:MpiRmaLine",
+         about="MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
+    Line("nixl", "peer", "NIXL", "NIXL write + notification (peer)", {"color": "#76b900", "marker": "P", **_PEER_LOOK},
+         implementation="bench.experiments.peers.nixl:NixlLine",
+         about="NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification"),
+    Line("mooncake", "peer", "Mooncake TE", "Mooncake transfer engine, tcp (peer)",
+         {"color": "#e7298a", "marker": "*", "markerfacecolor": "none", **_PEER_LOOK},
+         implementation="bench.experiments.peers.mooncake:MooncakeLine",
+         about="Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
+    Line("socket", "peer", "TCP socket", "TCP socket (peer)",
+         {"color": "#a0522d", "marker": "h", "markerfacecolor": "none", **_PEER_LOOK},
+         implementation="bench.experiments.peers.plain_socket:SocketLine",
+         about="a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
+)}
+
+#: the lines the readers single out by name (the paper's comparisons are about them)
+ZERO_COPY = "zerocopy"
+NO_ANALYSIS = "zerocopy:no_analysis"
+RDMA_CP = "rdma_cp"
+GRPC_TCP = "grpc_tcp"
+GRPC_RDMA = "grpc_rdma"
+
+#: colours for names the catalogue does not know, chosen by the name (the same in every figure)
+_SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+
+
+def line(name: str, kind: str | None = None) -> Line:
+    """The catalogue's line ``name``; one it does not know is of ``kind`` (a record's ``line_kind``; default
+    transport), called by its name and drawn in a spare colour."""
+    known = _CATALOGUE.get(name)
+    if known is not None:
+        return known
+    spare = _SPARE_COLORS[sum(map(ord, name)) % len(_SPARE_COLORS)]
+    chosen = kind if kind in KINDS else "transport"
+    return Line(name, chosen, name, name, {"color": spare, "marker": "o", **(_PEER_LOOK if chosen == "peer" else {})})
+
+
+def known(name: str) -> bool:
+    return name in _CATALOGUE
+
+
+def kind_of(name: str) -> str:
+    """The kind of line ``name`` (a name the catalogue does not know is a transport)."""
+    return line(name).kind
+
+
+def names(kind: str) -> tuple[str, ...]:
+    """The lines of ``kind`` the catalogue knows, in its order."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of line '{kind}' (known: {', '.join(KINDS)})")
+    return tuple(name for name, entry in _CATALOGUE.items() if entry.kind == kind)
+
+
+def of_kind(kind: str) -> Iterator[Line]:
+    """The lines of ``kind`` the catalogue knows, in its order."""
+    return (_CATALOGUE[name] for name in names(kind))
+
+
+def order(present: Iterable[str]) -> list[str]:
+    """The lines once each, in the catalogue's order (the order of legends), others after them by name."""
+    position = {name: index for index, name in enumerate(_CATALOGUE)}
+    return sorted(dict.fromkeys(present), key=lambda name: (position.get(name, len(position)), name))
+
+
+#: the order of kinds in the report's tables
+_TABLE_KINDS = ("transport", "tf_grpc", "local", "peer", "reference")
+
+
+def table_order(present: Iterable[str], kinds: Mapping[str, str] | None = None) -> list[str]:
+    """The lines once each in the order of the report's tables: this suite's transports from zero copy down to the
+    RPC baseline, then TensorFlow's, local, the peers and the references; lines the catalogue does not know after
+    the known ones of their kind (``kinds``: a record's ``line_kind`` by name), by name."""
+    position = {name: index for index, name in enumerate(_CATALOGUE)}
+
+    def key(name: str) -> tuple:
+        kind = line(name, (kinds or {}).get(name)).kind
+        if name not in position:
+            return _TABLE_KINDS.index(kind), 1, 0, name
+        index = position[name]
+        return _TABLE_KINDS.index(kind), 0, -index if kind == "transport" else index, name
+    return sorted(dict.fromkeys(present), key=key)
+
+
+def bandwidth_reference(fabric: str) -> str | None:
+    """The reference line whose bandwidth a run on backend ``fabric`` divides by (``of_reference``), if any."""
+    return next((entry.name for entry in _CATALOGUE.values() if entry.bandwidth_of == fabric), None)
+
+
+def bandwidth_references() -> tuple[str, ...]:
+    """Every reference line that is a fabric's bandwidth."""
+    return tuple(entry.name for entry in _CATALOGUE.values() if entry.bandwidth_of)
+
+
+def kinds_in(records: Any) -> dict[str, str]:
+    """Each line of ``records`` (a frame with ``transport``, records or points) -> its kind: as the records say
+    (``line_kind``), else the catalogue's."""
+    if "transport" not in records:
+        return {}
+    given = records["line_kind"] if "line_kind" in records else [None] * len(records)
+    return {str(name): str(kind) if isinstance(kind, str) and kind in KINDS else line(str(name)).kind
+            for name, kind in zip(records["transport"], given, strict=True)}
+
+
+@contextmanager
+def added(*new: Line) -> Iterator[None]:
+    """The catalogue with ``new`` lines in it, for the duration (a test's line; a line being tried out)."""
+    clashing = [entry.name for entry in new if entry.name in _CATALOGUE]
+    if clashing:
+        raise ValueError(f"the catalogue already has {', '.join(clashing)}")
+    _CATALOGUE.update((entry.name, entry) for entry in new)
+    try:
+        yield
+    finally:
+        for entry in new:
+            _CATALOGUE.pop(entry.name, None)
