@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bench.experiments import models
-from bench.experiments.models import MB, MODELS, describe_model, format_models_table, get_model
+from bench.experiments.models import MB, MODELS, describe_model, get_model, row_line, table_header
 
 keras = pytest.importorskip("keras")
 
@@ -154,14 +154,14 @@ def test_unknown_model_name():
     assert get_model("Inception-v3") is MODELS["inception_v3"]
 
 
-def test_format_models_table_aligns_and_shows_unknowns():
+def test_the_models_table_as_bench_models_prints_it_aligns_and_shows_unknowns():
     rows = [
         {"model": "vgg16", "variables": 32, "paper_variables": 32, "model_mb": 512.3196, "paper_model_mb": 512.32,
          "compute_ms_per_sample": 1234.5678, "paper_compute_ms_per_sample": 30.92},
         {"model": "inception_v3", "variables": 190, "paper_variables": None, "model_mb": 83.1, "paper_model_mb": None,
          "compute_ms_per_sample": 5.0, "paper_compute_ms_per_sample": None},
     ]
-    lines = format_models_table(rows).splitlines()
+    lines = [*table_header(), *(row_line(row) for row in rows)]  # as bench models prints it, row by row
     assert len(lines) == 4
     assert len({len(line) for line in lines}) == 1
     assert "512.32" in lines[2] and "1234.57" in lines[2]

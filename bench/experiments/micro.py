@@ -590,15 +590,6 @@ def run_line(line: MicroLine, points: list[Point], launcher: Launcher, timeout_s
         raise MicroError(f"{line.name}: {exc}") from None
 
 
-def run_transport(label: str, points: list[Point], options: dict[str, Any], launcher: Launcher,
-                  on_point: Callable[[Point, Side, Side], None],
-                  on_progress: Callable[[int, int], None] = lambda size, n: None) -> None:
-    """Measure every point over transport ``label`` built with ``options``; ``on_point(point, sender,
-    receiver)`` gets both sides' measurements of each point as soon as it is measured."""
-    run_line(TransportLine(label, options), points, launcher, options.get("timeout_s", 120.0), on_sides=on_point,
-             on_progress=on_progress)
-
-
 def transfer_times(sender: Side, receiver: Side) -> dict[str, np.ndarray]:
     """Each timed transfer's time (µs): ``time_us`` from send to consumed, ``transfer_us`` from send to
     ``recv`` returning (the columns of ``samples.csv``)."""

@@ -480,8 +480,3 @@ def row_line(row: dict[str, Any], widths: list[int] | None = None) -> str:
     widths = widths or _widths([])
     return _line([_cell(row, key, spec) for key, _, spec in _COLUMNS], widths)
 
-
-def format_models_table(rows: list[dict[str, Any]]) -> str:
-    """The rows of ``models_table`` as an aligned text table (MB = 2**20 bytes; ``-`` where unknown)."""
-    widths = _widths(rows)
-    return "\n".join([*table_header(widths), *(row_line(row, widths) for row in rows)])

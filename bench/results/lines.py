@@ -62,6 +62,16 @@ class Line:
 
 
 _PEER_LOOK = {"linestyle": (0, (5, 2))}  # peers: thin and dashed beside the transports
+
+
+def _peer(name: str, paper: str, label: str, color: str, marker: str, measured_by: str, about: str,
+          hollow: bool = True) -> Line:
+    """A peer line: dashed, its marker hollow unless told, measured by ``bench.experiments.peers.<measured_by>``."""
+    style = {"color": color, "marker": marker, **({"markerfacecolor": "none"} if hollow else {}), **_PEER_LOOK}
+    return Line(name, "peer", paper, label, style, implementation=f"bench.experiments.peers.{measured_by}",
+                about=about)
+
+
 _CATALOGUE: dict[str, Line] = {line.name: line for line in (
     Line(LOCAL, "local", "Local", "Local (no transfer)", {"color": "#444444", "marker": "s", "linestyle": "--"},
          hatched=True),
@@ -98,25 +108,16 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
          implementation="bench.experiments.reference:Memcpy", about="one copy of the tensor in one process"),
     Line(TF_GRPC, "tf_grpc", "TF gRPC (tf_grpc)", "TensorFlow PS over gRPC (today)",
          {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp"),
-    Line("mpi", "peer", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)",
-         {"color": "#000000", "marker": "o", "markerfacecolor": "none", **_PEER_LOOK},
-         implementation="bench.experiments.peers.mpi:MpiLine",
-         about="MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
-    Line("mpi_rma", "peer", "MPI one-sided put", "MPI one-sided put + flag (peer)",
-         {"color": "#555555", "marker": "s", "markerfacecolor": "none", **_PEER_LOOK},
-         implementation="bench.experiments.peers.mpi:MpiRmaLine",
-         about="MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
-    Line("nixl", "peer", "NIXL", "NIXL write + notification (peer)", {"color": "#76b900", "marker": "P", **_PEER_LOOK},
-         implementation="bench.experiments.peers.nixl:NixlLine",
-         about="NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification"),
-    Line("mooncake", "peer", "Mooncake TE", "Mooncake transfer engine, tcp (peer)",
-         {"color": "#e7298a", "marker": "*", "markerfacecolor": "none", **_PEER_LOOK},
-         implementation="bench.experiments.peers.mooncake:MooncakeLine",
-         about="Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
-    Line("socket", "peer", "TCP socket", "TCP socket (peer)",
-         {"color": "#a0522d", "marker": "h", "markerfacecolor": "none", **_PEER_LOOK},
-         implementation="bench.experiments.peers.plain_socket:SocketLine",
-         about="a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
+    _peer("mpi", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)", "#000000", "o", "mpi:MpiLine",
+          "MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
+    _peer("mpi_rma", "MPI one-sided put", "MPI one-sided put + flag (peer)", "#555555", "s", "mpi:MpiRmaLine",
+          "MPI one-sided: Put, flush, Put of a flag, flush; the receiver polls the flag (the mpi extra)"),
+    _peer("nixl", "NIXL", "NIXL write + notification (peer)", "#76b900", "P", "nixl:NixlLine",
+          "NVIDIA NIXL over UCX, host memory: a write into the receiver's tensor and a notification", hollow=False),
+    _peer("mooncake", "Mooncake TE", "Mooncake transfer engine, tcp (peer)", "#e7298a", "*", "mooncake:MooncakeLine",
+          "Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
+    _peer("socket", "TCP socket", "TCP socket (peer)", "#a0522d", "h", "plain_socket:SocketLine",
+          "a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
 )}
 
 #: the lines the readers single out by name (the paper's comparisons are about them)

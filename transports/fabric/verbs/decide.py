@@ -82,8 +82,6 @@ GID_SCAN = 32
 #: the device address: magic, 16-byte instance id, lid, port, link layer, mtu, rd_atomic, 16-byte gid
 _ADDRESS = struct.Struct("<4s16sHBBHB16s")
 _MAGIC = b"TTV1"
-#: the most lanes (queue pairs per peer) a connect request may carry
-MAX_LANES = 256
 #: queue pair numbers and packet sequence numbers are 24-bit
 QPN_LIMIT = PSN_LIMIT = 2**24
 
