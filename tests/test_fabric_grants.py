@@ -24,7 +24,7 @@ import pytest
 import transports
 from transports import Key, TensorSpec
 from transports.base import Cluster
-from transports.zerocopy.transport import TRAILER, TRAILER_AT, TRAILER_STRIDE, slot_stride, tag
+from transports.zerocopy.protocol import TRAILER, TRAILER_AT, TRAILER_STRIDE, slot_stride, tag
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = [TensorSpec("a", (16,), "float64", 1, 0), TensorSpec("b", (16,), "float64", 2, 0)]

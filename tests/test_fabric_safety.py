@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from transports import Key, TensorSpec, peer_input
 from transports.control import ControlClient, port_is_held
 from transports.fabric.base import RemoteRegion
-from transports.zerocopy.transport import (
+from transports.zerocopy.protocol import (
     CREDIT_TABLE_ENTRIES,
     META,
     ConnectReply,
@@ -386,7 +386,7 @@ def _connected(name):
 
 def _forge(pair, seq, flag=None, **fields):
     """Write into rank 1's control block what a misbehaving rank 0 could write there."""
-    from transports.zerocopy.transport import TRAILER_AT, tag
+    from transports.zerocopy.protocol import TRAILER_AT, tag
 
     incoming = pair[1]._incoming[("w", 0)]
     record = incoming.control.array[: META.itemsize].view(META)

@@ -21,7 +21,7 @@ from transports.fabric.settings import RdmaSettings
 from transports.fabric.verbs import device as verbs_device
 from transports.fabric.verbs.device import VerbsDevice
 from transports.zerocopy import transport as zerocopy
-from transports.zerocopy.transport import META, ConnectReply, Meta
+from transports.zerocopy.protocol import META, ConnectReply, Meta
 
 from .conftest import start_pair
 from .test_verbs import _connected, _FakeNic

@@ -284,14 +284,14 @@ def _grpc_rdma(text: str, nbytes: int) -> None:
 
 
 def _zerocopy_reply(text: str, nbytes: int) -> None:
-    from transports.zerocopy.transport import CONTROL_BYTES, ConnectReply
+    from transports.zerocopy.protocol import CONTROL_BYTES, ConnectReply
 
     ConnectReply.parse({"mode": "static", "control": {"addr": 4096, "length": CONTROL_BYTES, "rkey": "ab" * 8},
                         "slot": {"addr": 1 << 20, "length": nbytes, "rkey": "ab" * 8}, "shape": [1], "dtype": text})
 
 
 def _zerocopy_meta(text: str, nbytes: int) -> None:
-    from transports.zerocopy.transport import META, Meta
+    from transports.zerocopy.protocol import META, Meta
 
     record = np.zeros(1, META)
     record["ndim"], record["dtype"], record["nbytes"] = 1, text.encode(), nbytes
