@@ -83,6 +83,13 @@ def test_info_lists_every_transport_and_versions():
                  "launchers (--launcher):", "netns", "mpi", "fabric:", "ucx    available", "verbs",
                  "peer lines of bench micro (--peers):", "socket   available"):
         assert word in result.stdout
+    # "can it run here" is one type everywhere: launchers answer as transports and fabrics do
+    from bench.launch import REGISTRY
+    from transports.common import Availability
+
+    for name in REGISTRY:
+        status = REGISTRY.load(name).availability()
+        assert isinstance(status, Availability) and f"  {name:6} {status.line()}" in result.stdout
     # UCX's tcp and sysv are listed as UCX has them, each saying that the fabric never uses it
     for carrier in ("tcp", "sysv"):
         line = next(line for line in result.stdout.splitlines() if f"ucx transport {carrier} " in line)

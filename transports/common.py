@@ -16,10 +16,18 @@ import numpy as np
 
 
 class Availability(NamedTuple):
-    """Whether a transport or a fabric backend can run on this machine, and if not, why."""
+    """Whether a transport, a fabric backend or a launcher can run on this machine, and if not, why."""
 
     ok: bool
     reason: str = ""
+    #: where it can run, what it would use (``mpirun: /usr/bin/mpirun``), for ``bench info``
+    detail: str = ""
+
+    def line(self) -> str:
+        """``available``, ``available (detail)`` or ``not available: reason``: one line for ``bench info``."""
+        if not self.ok:
+            return f"not available: {self.reason}"
+        return f"available ({self.detail})" if self.detail else "available"
 
 
 class Registry(Mapping[str, str]):

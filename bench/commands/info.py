@@ -8,6 +8,7 @@ import argparse
 
 import transports
 from bench.results import package_versions
+from transports.common import Availability
 
 HELP = "versions, transports, fabrics, RDMA devices and launchers: whether each can run here"
 #: shown at the end of --help: each command line and what it does
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     print("\ntransports:")
     for name in transports.names():
         status = transports.availability(name)
-        print(f"  {name:10} {'available' if status.ok else 'not available: ' + status.reason}")
+        print(f"  {name:10} {status.line()}")
     print("\nfabric:")
     for line in _fabric_info():
         print(f"  {line}")
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print("\nlaunchers (--launcher):")
     for name, status in _launcher_info().items():
-        print(f"  {name:6} {status}")
+        print(f"  {name:6} {status.line()}")
     print("\npeer lines of bench micro (--peers):")
     from bench.experiments.peers import peer_lines
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launcher_info() -> dict[str, str]:
+def _launcher_info() -> dict[str, Availability]:
     """Whether each launcher can run here, without starting anything (MPI is not initialised)."""
     from bench.launch import REGISTRY
 

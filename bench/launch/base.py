@@ -60,6 +60,7 @@ from typing import Any, ClassVar
 
 from bench.ground.memory import peak_rss_mb, reset_peak_rss
 from transports import Cluster
+from transports.common import Availability
 
 log = logging.getLogger(__name__)
 
@@ -1148,10 +1149,9 @@ class Launcher(ABC):
         """
 
     @classmethod
-    def availability(cls) -> str:
-        """Whether it can run here, in one line for ``bench info`` (``available ...`` or ``not available: why``),
-        found without starting anything."""
-        return "available"
+    def availability(cls) -> Availability:
+        """Whether it can run here, and if not, why, found without starting anything."""
+        return Availability(True)
 
     def fabric_transport(self, requested: str) -> str:
         """The UCX transports the fabric must use under this launcher (netns: tcp, whatever was asked)."""

@@ -34,6 +34,7 @@ from bench.launch.job import (
 )
 from bench.launch.slurm import in_step
 from transports import load_fabric
+from transports.common import Availability
 
 #: what a process started by mpirun, or by srun with a PMI plugin, finds in its environment
 PMI_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
@@ -137,12 +138,12 @@ class MpiLauncher(JobLauncher):
     name = "mpi"
 
     @classmethod
-    def availability(cls) -> str:
+    def availability(cls) -> Availability:
         import importlib.util
 
         if importlib.util.find_spec("mpi4py") is None:
-            return "not available: mpi4py is not installed (pip install -e '.[mpi]')"
-        return f"available (mpirun: {mpirun_path() or 'not on PATH; a system mpirun will do'})"
+            return Availability(False, "mpi4py is not installed (pip install -e '.[mpi]')")
+        return Availability(True, detail=f"mpirun: {mpirun_path() or 'not on PATH; a system mpirun will do'}")
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         super().__init__(MpiChannel(), bind=bind, log_dir=log_dir)

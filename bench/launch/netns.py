@@ -18,6 +18,7 @@ from bench.launch.addresses import rdma_ports
 from bench.launch.base import LaunchError, RankSpec
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
 from bench.launch.local import LocalLauncher
+from transports.common import Availability
 
 #: rank r listens on this port plus r of its host's address (every host is a fresh namespace); below the
 #: ephemeral range, so that no listener UCX opens on port 0 can have taken it first
@@ -33,12 +34,12 @@ class NetnsLauncher(LocalLauncher):
     private_hosts = True
 
     @classmethod
-    def availability(cls) -> str:
+    def availability(cls) -> Availability:
         try:
             check_support()
         except NetnsUnavailable as exc:
-            return f"not available: {exc}"
-        return "available"
+            return Availability(False, str(exc))
+        return Availability(True)
 
     def __init__(self, link_rate: str | None = None, log_dir: Path | None = None) -> None:
         try:

@@ -52,6 +52,7 @@ from bench.launch.job import (
     hostnames_problem,
     value_problem,
 )
+from transports.common import Availability
 
 #: where task 0 says where it listens (a directory the step's nodes share); default below
 RENDEZVOUS_VARIABLE = "TENSOR_BENCH_RENDEZVOUS"
@@ -483,14 +484,14 @@ class SlurmLauncher(JobLauncher):
     name = "slurm"
 
     @classmethod
-    def availability(cls) -> str:
+    def availability(cls) -> Availability:
         if in_step():
-            return f"available (a task of Slurm step {os.environ.get('SLURM_JOB_ID', '?')}." \
-                   f"{os.environ.get('SLURM_STEP_ID') or os.environ.get('SLURM_STEPID')})"
+            return Availability(True, detail=f"a task of Slurm step {os.environ.get('SLURM_JOB_ID', '?')}."
+                                             f"{os.environ.get('SLURM_STEP_ID') or os.environ.get('SLURM_STEPID')}")
         if not shutil.which("srun"):
-            return "not available: no srun here (run on a Slurm cluster's node, or apt install slurm-client)"
-        return "available (run under srun -n N, or submit with --nodes N: sbatch " + \
-               ("found)" if shutil.which("sbatch") else "not found)")
+            return Availability(False, "no srun here (run on a Slurm cluster's node, or apt install slurm-client)")
+        return Availability(True, detail="run under srun -n N, or submit with --nodes N: sbatch "
+                                         + ("found" if shutil.which("sbatch") else "not found"))
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
         step = SlurmStep.from_environment(os.environ)
