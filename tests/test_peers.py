@@ -38,7 +38,7 @@ HAVE_NIXL = importlib.util.find_spec("nixl") is not None
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="no mpi4py and mpirun here (pip install -e '.[mpi]'), or no "
                                "private network namespace for them (root and iproute2)")
 needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason="no NIXL here: pip install --no-deps nixl nixl-cu12")
-MOONCAKE_MISSING = MooncakeLine(name="mooncake").unavailable()
+MOONCAKE_MISSING = MooncakeLine(name="mooncake").availability().reason or None
 needs_mooncake = pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
 
 
@@ -61,7 +61,7 @@ def _installed() -> list[str]:
     """The peers that can run here under the local launcher (their library, and the hosts they ask for)."""
     names = []
     for line in peer_lines():
-        if line.unavailable() is not None:
+        if not line.availability().ok:
             continue
         try:
             hosts = line.hosts(LocalLauncher())
@@ -147,7 +147,7 @@ def test_missing_libraries_are_one_line_and_the_run_goes_on(capsys, tmp_path):
     lines = [_Missing(name="missing"), _Missing(name="also_missing")]
     why = ("no_such_library_for_tests is not installed here (pip install no-such-library; or leave it out with "
            "--peers/--no-peers)")
-    assert lines[0].unavailable() == why
+    assert lines[0].availability() == (False, why, "")
     sweep = Sweep(SimpleNamespace(rounds=1, timeout=5.0), LocalLauncher(), None, lines)
     assert sweep.lines == [] and sweep.failures == []
     assert sweep.left_out == {"missing": why, "also_missing": why}

@@ -595,7 +595,9 @@ def test_verbs_lines_say_the_fabric_is_not_available_here():
     status = fabric.availability("verbs")
     assert not status.ok  # no RDMA device on this machine
     for line in reference_lines("verbs", "auto")[:2]:
-        message = line.unavailable()
+        status = line.availability()
+        assert not status.ok
+        message = status.reason
         assert message.startswith(f"{line.name}: the verbs fabric is not available here: ")
         assert status.reason in message and "--no-references" in message
         assert "\n" not in message

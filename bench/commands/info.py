@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.experiments.peers import peer_lines
 
     for line in peer_lines():
-        why = line.unavailable()
-        print(f"  {line.name:8} {'available' if why is None else 'not available: ' + why}")
+        print(f"  {line.name:8} {line.availability().line()}")
     return 0
 
 

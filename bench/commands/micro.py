@@ -237,7 +237,8 @@ class Sweep:
         command checked the transports before)."""
         from bench.launch import LaunchError
 
-        why = line.unavailable()
+        status = line.availability()
+        why = None if status.ok else status.reason
         if why is None:
             try:
                 self.hosts[line.name] = line.hosts(self.launcher)

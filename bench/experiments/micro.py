@@ -58,6 +58,7 @@ from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.launch.private import PrivateHosts
 from bench.results import MicroRecord, latency_summary
 from transports import Cluster, Key, TensorSpec, Transport, TransportStats, fabric
+from transports.common import Availability
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes
 BYTES_PER_POINT = 2 << 30
@@ -514,9 +515,9 @@ class MicroLine(ABC):
         """What its ranks' logs are named after."""
         return self.name
 
-    def unavailable(self) -> str | None:
-        """Why it cannot run here, in one line with the fix; None when it can."""
-        return None
+    def availability(self) -> Availability:
+        """Whether it can run here, and if not, why in one line with the fix."""
+        return Availability(True)
 
     def points(self, points: list[Point]) -> list[Point]:
         """The points it measures of those asked (a latency test stops at 1 MiB)."""

@@ -89,7 +89,7 @@ from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from bench.results import MicroRecord, latency_summary
 from bench.results import lines as catalogue
 from transports import fabric
-from transports.common import Registry
+from transports.common import Availability, Registry
 from transports.fabric.base import FabricError, Tool
 
 PERFTEST_TEST = "ucp_put_bw"
@@ -766,15 +766,16 @@ class PerftestLine(ReferenceLine):
     def points(self, points: list[Point]) -> list[Point]:
         return [p for p in points if p.size_bytes <= LATENCY_MAX_SIZE] if self.latency else points
 
-    def unavailable(self) -> str | None:
+    def availability(self) -> Availability:
         if self.fabric is not None and not (status := fabric.availability(self.fabric)).ok:
-            return (f"{self.name}: the {self.fabric} fabric is not available here: {status.reason} (its lines "
-                    "need it; measure where it is, or pass --no-references)")
+            return Availability(False, f"{self.name}: the {self.fabric} fabric is not available here: "
+                                       f"{status.reason} (its lines need it; measure where it is, or pass "
+                                       "--no-references)")
         try:
             _tool(self.fabric, self.tool, self.fabric_transport)
         except ReferenceUnavailable as exc:
-            return str(exc)
-        return None
+            return Availability(False, str(exc))
+        return Availability(True)
 
     def hosts(self, launcher: Launcher) -> PrivateHosts:
         return hosts_for_open_listeners(launcher, self.tool, "--no-references")

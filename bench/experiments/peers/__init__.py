@@ -48,7 +48,7 @@ from bench.experiments.micro import (
 from bench.launch import RankContext, RankSpec
 from bench.results import lines as catalogue
 from transports import Cluster, Key, TransportStats
-from transports.common import Registry
+from transports.common import Availability, Registry
 from transports.placement import Placement
 
 
@@ -148,10 +148,11 @@ class PeerLine(MicroLine):
     module: ClassVar[str] = ""
     install: ClassVar[str] = ""
 
-    def unavailable(self) -> str | None:
+    def availability(self) -> Availability:
         if self.module and importlib.util.find_spec(self.module) is None:
-            return f"{self.module} is not installed here ({self.install}; or leave it out with --peers/--no-peers)"
-        return None
+            return Availability(False, f"{self.module} is not installed here ({self.install}; or leave it out with "
+                                       "--peers/--no-peers)")
+        return Availability(True)
 
     @abstractmethod
     def link(self, cluster: Cluster, rank: int) -> PeerLink:

@@ -30,6 +30,7 @@ from bench.experiments.stream import recv_message, send_message
 from bench.launch import Launcher
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
+from transports.common import Availability
 
 #: bytes before the tensor in the receiver's buffer: the flag (the number of the last transfer written, plus one)
 _FLAG_BYTES = 8
@@ -127,14 +128,14 @@ class MooncakeLine(PeerLine):
     install: ClassVar[str] = ("pip install -e '.[mooncake]' (mooncake-transfer-engine-non-cuda; it needs Debian's "
                               "libibverbs1 and libnl-route-3-200)")
 
-    def unavailable(self) -> str | None:
-        if (why := super().unavailable()) is not None:
-            return why
+    def availability(self) -> Availability:
+        if not (status := super().availability()).ok:
+            return status
         try:
             from mooncake.engine import TransferEngine  # noqa: F401 (its libraries load here)
         except ImportError as exc:
-            return f"mooncake cannot be loaded here: {exc} ({self.install})"
-        return None
+            return Availability(False, f"mooncake cannot be loaded here: {exc} ({self.install})")
+        return Availability(True)
 
     def hosts(self, launcher: Launcher) -> PrivateHosts:
         return hosts_for_open_listeners(launcher, "Mooncake's transfer engine", "--peers without mooncake")

@@ -55,6 +55,7 @@ from bench.launch.hosts import REAPER_PIPES, spawn_reaper
 from bench.launch.mpi import mpirun_path
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
+from transports.common import Availability
 
 #: the signals' tag (the data goes on DATA_TAG)
 SIGNAL_TAG, DATA_TAG = 1, 2
@@ -196,12 +197,12 @@ class MpiLine(PeerLine):
     install: ClassVar[str] = "pip install -e '.[mpi]' brings mpi4py and Open MPI's wheel"
     link_class: ClassVar[type[MpiLink]] = MpiLink
 
-    def unavailable(self) -> str | None:
-        if (why := super().unavailable()) is not None:
-            return why
+    def availability(self) -> Availability:
+        if not (status := super().availability()).ok:
+            return status
         if mpirun_path() is None:
-            return f"no mpirun here ({self.install})"
-        return None
+            return Availability(False, f"no mpirun here ({self.install})")
+        return Availability(True)
 
     def hosts(self, launcher: Launcher) -> PrivateHosts:
         if not launcher.starts_processes or launcher.private_hosts:
