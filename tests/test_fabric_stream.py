@@ -130,3 +130,32 @@ def _listening() -> set[tuple[tuple[str, int], int]]:
             host = socket.inet_ntoa(bytes.fromhex(address)[::-1]) if len(address) == 8 else address
             found.add(((host, int(port, 16)), int(fields[9])))
     return found
+
+
+def test_with_the_run_s_token_required_a_connection_that_cannot_prove_it_reaches_nothing():
+    """Once the run's token is set, a connector answers the listener's nonce under it before any request is read: a
+    connector with another token (or none) is cut off, its writes land nowhere, even with a key that was granted."""
+    grants = Grants()
+    memory = np.zeros(64, np.uint8)
+    key = grants.grant(memory)
+    listener = StreamListener("127.0.0.1", grants, lambda: None)
+    listener.require_token("the-run-s-token")
+    region = RemoteRegion(memory.ctypes.data, 64, key)
+    try:
+        for token in ("another-token", None):
+            try:
+                stranger = StreamChannel(listener.address, stopped=lambda: False,
+                                         wait_counter=lambda counter, above, timeout: True, token=token)
+            except FabricError:
+                continue  # refused at the handshake
+            with pytest.raises(FabricError):
+                stranger.write_flagged(np.full(64, 0x5A, np.uint8), region, timeout=10)
+            stranger.close()
+        assert not memory.any() and listener.unproven == 2
+        member = StreamChannel(listener.address, stopped=lambda: False,
+                               wait_counter=lambda counter, above, timeout: True, token="the-run-s-token")
+        member.write_flagged(np.ones(64, np.uint8), region, timeout=10)
+        member.close()
+        assert memory.tolist() == [1] * 64
+    finally:
+        listener.close()

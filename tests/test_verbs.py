@@ -435,7 +435,7 @@ def test_availability_without_pyverbs_gives_the_install_hint(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "pyverbs", None)
     status = VerbsDevice.availability()
-    assert status == (False, PYVERBS_MISSING)
+    assert (status.ok, status.reason) == (False, PYVERBS_MISSING)
     assert "\n" not in status.reason and "pip install -e '.[verbs]'" in status.reason
     assert fabric.availability("verbs") == status
     with pytest.raises(FabricError, match="pyverbs is not installed"):

@@ -168,6 +168,7 @@ class FabricTransport(Transport):
         self.device = fabrics.open_device(self.fabric, self.fabric_transport, self.progress_threads,
                                           self.lanes_per_peer, interfaces=self.interfaces(cluster),
                                           settings=self.settings)
+        self.device.require_token(cluster.token)  # what listens (the tcp stream) admits the run's ranks alone
         self.pool = RegisteredPool(self.device)
         self._executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"{self.name}-{rank}")
         handlers = {"ping": lambda request: {}, "hello": self._on_hello, "fabric": self._on_fabric,

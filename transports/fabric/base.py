@@ -434,6 +434,11 @@ class Device(ABC):
     def wait_for_activity(self, timeout: float) -> None:
         """Sleep until the progress threads see incoming traffic, or ``timeout`` seconds pass."""
 
+    def require_token(self, token: str) -> None:
+        """Listeners of this device admit only connections that prove the run's ``token``; its channels prove it.
+        Backends that listen nowhere (UCX over shared memory and RDMA, verbs) have nothing to check."""
+        del token  # nothing of this backend listens
+
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """For ``meta.json``: ``fabric`` (the backend's name), ``used`` (the links that carried data: UCX's

@@ -6,7 +6,10 @@ with an empty remote key (``uct_tcp_ep_handle_put_req`` in UCX's src/uct/tcp/tcp
 anywhere in the process. The fabric therefore never opens UCX's tcp; over TCP it carries one-sided
 operations itself:
 
-- A device listens on one address of the cluster's interfaces (loopback unless told otherwise).
+- A device listens on one address of the cluster's interfaces (loopback unless told otherwise). Once the run's
+  token is set (:meth:`StreamListener.require_token`), a connection proves it first: the listener sends a nonce,
+  the connector answers with its HMAC-SHA256 under the token, and a wrong answer ends the connection before any
+  request is read.
 - A region's remote key over TCP is a capability: 16 random bytes made when the region is first exported
   (:class:`Grants`). The pool keeps what one peer is given to that peer's slots and trailers, so a key names
   exactly what its holder was granted.
@@ -24,6 +27,8 @@ is woken by the thread after each write it lands.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import secrets
 import socket
 import struct
@@ -61,6 +66,15 @@ _INBOX_BYTES = 256 * 1024
 #: how often a blocked send or receive looks at the device's stop flag
 _POLL_S = 0.05
 _ADDRESS_PREFIX = b"tcp-stream:"
+#: the listener's challenge, and the connector's answer (HMAC-SHA256 of it under the run's token)
+_NONCE_BYTES = 16
+_PROOF_BYTES = 32
+#: how long a connection has to prove the token
+HANDSHAKE_S = 20.0
+
+
+def _proof(token: str, nonce: bytes) -> bytes:
+    return hmac.new(token.encode(), b"tensor-bench fabric stream " + nonce, hashlib.sha256).digest()
 
 
 def stream_address(host: str, port: int) -> bytes:
@@ -127,8 +141,32 @@ class StreamListener:
         self._closed = False
         #: accesses refused (each a request that touched nothing)
         self.refused = 0
+        #: connections ended before their first request for want of the run's token
+        self.unproven = 0
+        self._token: str | None = None
         self._thread = threading.Thread(target=self._accept, name="fabric-tcp-accept", daemon=True)
         self._thread.start()
+
+    def require_token(self, token: str) -> None:
+        """From now on a connection proves ``token`` (the run's) before anything it sends is read."""
+        self._token = token
+
+    def _proven(self, connection: socket.socket) -> bool:
+        """Whether the connection proved the run's token (always, where none is set)."""
+        token = self._token
+        if token is None:
+            return True
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        answer = bytearray(_PROOF_BYTES)
+        connection.settimeout(HANDSHAKE_S)
+        try:
+            connection.sendall(nonce)
+            if not _receive_into(connection, memoryview(answer)):
+                return False
+        except OSError:
+            return False
+        connection.settimeout(None)
+        return hmac.compare_digest(bytes(answer), _proof(token, nonce))
 
     def _accept(self) -> None:
         while True:
@@ -149,6 +187,10 @@ class StreamListener:
         refusal: str | None = None  # the first refusal since the last flush
         landed = False  # a write landed (or a doorbell came) since the waiters were last woken
         try:
+            if not self._proven(connection):
+                with self._lock:
+                    self.unproven += 1
+                return
             while True:
                 if landed and not inbox.pending():  # the batch that came in one piece is done: wake once
                     self._wake()
@@ -286,7 +328,8 @@ class StreamChannel(Channel):
     """A connection to a peer's :class:`StreamListener`; each operation completes before it returns."""
 
     def __init__(self, address: bytes, stopped: Callable[[], bool],
-                 wait_counter: Callable[[np.ndarray, int, float], bool], connect_timeout: float = 60.0) -> None:
+                 wait_counter: Callable[[np.ndarray, int, float], bool], connect_timeout: float = 60.0,
+                 token: str | None = None) -> None:
         host, port = parse_stream_address(address)
         self._stopped = stopped
         #: the device's wait for a counter in its memory (a plan's credits)
@@ -296,6 +339,16 @@ class StreamChannel(Channel):
         except OSError as exc:
             raise FabricError(f"tcp: cannot connect to the peer's fabric at {host}:{port}: {exc}") from None
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if token is not None:  # the listener's challenge, answered under the run's token
+            try:
+                nonce = bytearray(_NONCE_BYTES)
+                if not _receive_into(self._socket, memoryview(nonce)):
+                    raise OSError("the peer closed the connection")
+                self._socket.sendall(_proof(token, bytes(nonce)))
+            except OSError as exc:
+                self._socket.close()
+                raise FabricError(f"tcp: the peer's fabric at {host}:{port} did not take the run's token: "
+                                  f"{exc}") from None
         self._socket.settimeout(_POLL_S)
         self._lock = threading.Lock()
         self._failure: str | None = None
