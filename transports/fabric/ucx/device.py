@@ -423,6 +423,8 @@ class UcxRegion(MemRegion):
                    "registering memory")
         self.array = array
         self.memh = memh[0]
+        #: the array a registration (not an allocation) was made for; its death releases the registration
+        self._owner_ref: weakref.ref | None = None
         self._exported: RemoteRegion | None = None
         self._released = False
 
@@ -965,6 +967,7 @@ class UcxDevice(Device):
         #: access against them (transports/fabric/stream.py); None otherwise
         self.grants: Grants | None = None
         self.stream: StreamListener | None = None
+        self._token: str | None = None
         if fabric_transport == "tcp":
             self.grants = Grants()
             try:
@@ -1169,12 +1172,16 @@ class UcxDevice(Device):
         """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``)."""
         self._cache.release_expired()
         start = start_of(array)
+        owner = owner_of(array)
         found = self._cache.find(start, start + array.nbytes)
-        if found is not None:
+        # a registration lives as long as the array it was made for: one of another array that shares the pages
+        # is released when that array dies, maybe while a peer still reads this one with its key
+        if found is not None and found._owner_ref is not None and found._owner_ref() is owner:
             return found
         start, end = span_of(array)
         view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
         region = UcxRegion(self, view, None)
+        region._owner_ref = weakref.ref(owner)
         self._cache.track(region)
         for old in self._cache.add(start, end, region, owner_of(array)):
             old.release()
@@ -1202,11 +1209,18 @@ class UcxDevice(Device):
             if key in self._channels:
                 return self._channels[key]
             if self.stream is not None:
-                channel = StreamChannel(target, stopped=lambda: bool(self._stop[0]), wait_counter=self.wait_counter)
+                channel = StreamChannel(target, stopped=lambda: bool(self._stop[0]), wait_counter=self.wait_counter,
+                                        token=self._token)
             else:
                 channel = UcxChannel(worker, target, peer_errors=self.peer_errors)
             self._channels[key] = channel
             return channel
+
+    def require_token(self, token: str) -> None:
+        """Over tcp: the stream's listener admits only connections that prove ``token``; channels prove it."""
+        self._token = token
+        if self.stream is not None:
+            self.stream.require_token(token)
 
     def _wake_waiters(self) -> None:
         """After the tcp stream landed a write: a waiter asleep on the workers' event descriptors wakes at once."""
