@@ -59,8 +59,6 @@ _ANSWER = struct.Struct("<BI")
 _WRITE, _READ, _FLUSH, _NOTIFY = 1, 2, 3, 4
 #: the longest reason a target sends back (its own words; cut)
 MAX_REASON = 512
-#: writes up to this size go out in one system call with their header (and trailer and flush)
-_GATHER_BYTES = 64 * 1024
 #: what a connection's thread receives at once: requests and the payloads of small writes
 _INBOX_BYTES = 256 * 1024
 #: how often a blocked send or receive looks at the device's stop flag
@@ -366,13 +364,19 @@ class StreamChannel(Channel):
             raise FabricTimeout(f"tcp: {what} to {self.peer} did not complete in time")
 
     def _send(self, parts: list, deadline: float, what: str) -> None:
-        for part in parts:
-            view = memoryview(part).cast("B")
-            while len(view):
-                try:
-                    view = view[self._socket.send(view):]
-                except TimeoutError:
-                    self._blocked(deadline, what)
+        """Send ``parts`` (headers and the payloads themselves, never copied) gathered: one ``sendmsg`` for a small
+        write with its trailer and flush, then whatever the socket did not take yet."""
+        views = [view for view in (memoryview(part).cast("B") for part in parts) if len(view)]
+        while views:
+            try:
+                sent = self._socket.sendmsg(views)
+            except TimeoutError:
+                self._blocked(deadline, what)
+                continue
+            while views and sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            if views:
+                views[0] = views[0][sent:]
 
     def _receive(self, view: memoryview, deadline: float, what: str) -> None:
         got = 0
@@ -414,9 +418,7 @@ class StreamChannel(Channel):
         if data.nbytes > remote.length:
             raise ValueError(f"put of {data.nbytes} bytes does not fit a remote region of {remote.length}")
         header = _REQUEST.pack(_WRITE, _key(remote), remote.addr, data.nbytes)
-        if data.nbytes <= _GATHER_BYTES:
-            return [header + data.tobytes()]
-        return [header, np.ascontiguousarray(data).view(np.uint8)]
+        return [header, np.ascontiguousarray(data).reshape(-1).view(np.uint8)]
 
     # the Channel
 
@@ -426,8 +428,6 @@ class StreamChannel(Channel):
         if trailer is not None:
             parts += self._write_parts(trailer, trailer_remote)
         parts.append(_REQUEST.pack(_FLUSH, bytes(KEY_BYTES), 0, 0))
-        if len(parts) > 1 and all(isinstance(part, bytes) for part in parts):
-            parts = [b"".join(parts)]
 
         def steps(deadline: float) -> None:
             self._send(parts, deadline, "put")
