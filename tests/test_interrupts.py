@@ -248,9 +248,10 @@ def test_the_receiver_reports_progress_often_in_time_however_long_the_point(monk
     (20 transfers: 6 s, 50 s), and the watchdog counted a long point as silence ("no progress for 63 s" while
     every transfer took 45 ms). Now a report comes at least every second, and after every slower transfer."""
     from bench.experiments import micro
+    from bench.experiments.micro import loops
 
     clock = FakeClock()
-    monkeypatch.setattr(micro, "time", clock)
+    monkeypatch.setattr(loops, "time", clock)
     reports: list[float] = []
 
     def report(payload) -> None:
@@ -286,9 +287,10 @@ def test_a_timed_point_reports_about_once_a_second_not_every_transfer(monkeypatc
     """The soak's points last a duration (iters 0): 5% of no iterations reported every transfer, a message to
     the coordinator per tensor (1000 a second at 1KB)."""
     from bench.experiments import micro
+    from bench.experiments.micro import loops
 
     clock = FakeClock()
-    monkeypatch.setattr(micro, "time", clock)
+    monkeypatch.setattr(loops, "time", clock)
     progress: list[float] = []
     micro.receiver_loop(SlowTransport(clock, 0.01), [micro.Point(1024, warmup=2, iters=0, seconds=5.0)], Signals(),
                         lambda payload: progress.append(clock.now) if isinstance(payload, micro.Progress) else None,

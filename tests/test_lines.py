@@ -57,7 +57,7 @@ def test_no_module_keeps_a_list_of_line_names_of_its_own():
 
 def test_the_registries_of_peers_and_references_are_the_catalogue_s():
     from bench.experiments.peers import REGISTRY as PEERS
-    from bench.experiments.reference import REGISTRY as REFERENCES
+    from bench.experiments.references import REGISTRY as REFERENCES
 
     assert tuple(PEERS) == catalogue.names("peer")
     assert tuple(REFERENCES) == catalogue.names("reference")

@@ -12,12 +12,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from bench.commands.micro import Sweep
-from bench.experiments.micro import MicroError, plan_points, run_line
+from bench.experiments.micro import MicroError, TimedLink, plan_points, run_line
+from bench.experiments.micro.sweep import Sweep, SweepSettings
 from bench.experiments.peers import REGISTRY, PeerLine, peer_lines
 from bench.experiments.peers.mooncake import MooncakeLine
 from bench.experiments.peers.mpi import MpiLine
@@ -148,7 +147,7 @@ def test_missing_libraries_are_one_line_and_the_run_goes_on(capsys, tmp_path):
     why = ("no_such_library_for_tests is not installed here (pip install no-such-library; or leave it out with "
            "--peers/--no-peers)")
     assert lines[0].availability() == (False, why, "")
-    sweep = Sweep(SimpleNamespace(rounds=1, timeout=5.0), LocalLauncher(), None, lines)
+    sweep = Sweep(SweepSettings(rounds=1, timeout_s=5.0), LocalLauncher(), None, lines)
     assert sweep.lines == [] and sweep.failures == []
     assert sweep.left_out == {"missing": why, "also_missing": why}
     assert capsys.readouterr().err == ""
@@ -193,6 +192,32 @@ FAULTY = [
     pytest.param(peer_faults.CorruptingNixlLine, id="nixl", marks=needs_nixl),
     pytest.param(peer_faults.CorruptingMooncakeLine, id="mooncake", marks=needs_mooncake),
 ]
+
+
+def test_a_transport_and_a_peer_link_are_what_the_timing_loops_drive():
+    """One protocol for both: the loops drive a ``TimedLink``, which a transport and every peer's link are."""
+    import transports
+    from bench.experiments.peers import PeerLink
+
+    with transports.create("local") as transport:
+        assert isinstance(transport, TimedLink)
+
+    class Silent(PeerLink):  # the least a peer library's link writes: its send, recv and describe
+        def send(self, key, tensor): ...
+
+        def recv(self, key): ...
+
+        def describe(self):
+            return {}
+
+    assert isinstance(Silent(timeout_s=1.0), TimedLink)
+
+    class Half:  # what a link that cannot receive looks like: not one
+        placement = None
+
+        def send(self, key, tensor): ...
+
+    assert not isinstance(Half(), TimedLink)
 
 
 @pytest.mark.parametrize("line_class", FAULTY)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from bench.experiments.reference import UcxPerftest
+from bench.experiments.references.ucx_perftest import UcxPerftest
 from bench.launch import LaunchError, LauncherUnavailable
 from bench.launch.hosts import NetnsUnavailable
 from bench.launch.local import LocalLauncher

@@ -13,26 +13,29 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments import reference
 from bench.experiments.micro import MicroError, plan_points, run_line
-from bench.experiments.reference import (
+from bench.experiments.references import (
     LATENCY_MAX_SIZE,
     REGISTRY,
-    Memcpy,
     ReferenceLine,
     ReferenceUnavailable,
-    UcxPerftest,
-    UcxPerftestLatency,
-    memcpy_records,
+    reference_lines,
+)
+from bench.experiments.references import running as reference
+from bench.experiments.references.ib_write import (
     parse_ib_write_bw_output,
     parse_ib_write_lat_output,
-    parse_perftest_output,
-    perftest_record,
-    reference_lines,
-    ucx_perftest_records,
     verbs_label,
     verbs_record,
     verbs_records,
+)
+from bench.experiments.references.memcpy import Memcpy, memcpy_records
+from bench.experiments.references.ucx_perftest import (
+    UcxPerftest,
+    UcxPerftestLatency,
+    parse_perftest_output,
+    perftest_record,
+    ucx_perftest_records,
 )
 from bench.launch.local import LocalLauncher
 from bench.results import REQUIRED_COLUMNS
@@ -60,7 +63,7 @@ Final:                300000      5.528    11.284    10.195     5539.03    6130.
 # Captured here (ucx 1.22, libucx-cu12 wheel) from the client of
 #   ucx_perftest 127.0.0.1 -p 13337 -t TEST -s SIZE -n ITERS -w 10
 # with UCX_TLS=shm or tcp, server and client in a network namespace of their own (as
-# bench/experiments/reference.py runs them).
+# bench/experiments/references/ runs them).
 SHM_PUT_BW_1KB = """\
 +--------------+--------------+------------------------------+---------------------+-----------------------+
 |              |              |       overhead (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |
@@ -225,13 +228,13 @@ def _fake_perftest(tmp_path, monkeypatch, output: str) -> Path:
                     f'{_server_ends_after_client(tmp_path)}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    monkeypatch.setattr(reference, "wait_listening", lambda server, port, timeout_s: True)
     return calls
 
 
 def test_latency_test_runs_ucp_put_lat_pinned_up_to_1mb_only(monkeypatch, tmp_path):
     calls = _fake_perftest(tmp_path, monkeypatch, SHM_PUT_LAT_1KB)
-    monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
+    monkeypatch.setattr(reference, "cpu_pair", lambda: (0, 1))
     records = ucx_perftest_records([1024, 2 << 20], "shm", lambda size: 1000, test="ucp_put_lat")
     records = [r.row() for r in records]
     assert [(r["transport"], r["size_bytes"], r["p50_us"]) for r in records] == [("ucx_perftest_lat", 1024, 0.110)]
@@ -278,7 +281,7 @@ def test_perftest_runs_with_the_ucx_backends_tool_environment(monkeypatch, tmp_p
     (tmp_path / "output").write_text(SHM_PUT_BW_1KB)
     monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
     monkeypatch.delenv("UCX_TLS", raising=False)
-    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    monkeypatch.setattr(reference, "wait_listening", lambda server, port, timeout_s: True)
     records = ucx_perftest_records([1024], fabric_transport, lambda size: 1000)
     records = [r.row() for r in records]
     assert [(r["transport"], r["fabric"]) for r in records] == [("ucx_perftest", f"ucx:{tls or 'auto'}")]
@@ -321,7 +324,7 @@ def test_hung_perftest_is_killed_at_the_timeout(monkeypatch, tmp_path):
     fake.write_text('#!/bin/sh\ncase "$*" in *-t*) exec sleep 73;; esac\nexit 0\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv(UCX_HOME_VARIABLE, str(tmp_path))
-    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    monkeypatch.setattr(reference, "wait_listening", lambda server, port, timeout_s: True)
     with pytest.raises(ReferenceUnavailable, match="did not finish within 1 s"):
         ucx_perftest_records([4096], "tcp", _iters, timeout_s=1)
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
@@ -656,9 +659,9 @@ def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_
                     f'{_server_ends_after_client(tmp_path)}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(fabric, "availability", lambda name: fabric.Availability(True))
-    monkeypatch.setattr(reference, "_tool", lambda backend, name, fabric_transport: Tool(
+    monkeypatch.setattr(reference, "tool", lambda backend, name, fabric_transport: Tool(
         name, fake, dict(os.environ), tuple(arguments)))
-    monkeypatch.setattr(reference, "_wait_listening", lambda server, port, timeout_s: True)
+    monkeypatch.setattr(reference, "wait_listening", lambda server, port, timeout_s: True)
     return calls
 
 
@@ -679,9 +682,9 @@ def test_ib_write_bw_runs_server_and_client_with_the_backends_arguments(monkeypa
 
 def test_ib_write_lat_runs_pinned_up_to_1mb_only(monkeypatch, tmp_path):
     calls = _fake_verbs_tool(tmp_path, monkeypatch, IB_WRITE_LAT_4KB, arguments=())
-    monkeypatch.setattr(reference, "_cpu_pair", lambda: (0, 1))
+    monkeypatch.setattr(reference, "cpu_pair", lambda: (0, 1))
     ps_seen = tmp_path / "affinity"
-    monkeypatch.setattr(reference, "_spawn", _logging_spawn(reference._spawn, ps_seen))
+    monkeypatch.setattr(reference, "spawn", _logging_spawn(reference.spawn, ps_seen))
     records = verbs_records([4096, 2 << 20], "ib_write_lat", lambda size: 2)
     records = [r.row() for r in records]
     # perftest's minimum of 5 iterations; the device from the tool's own report, perftest's default port
@@ -694,7 +697,7 @@ def test_ib_write_lat_runs_pinned_up_to_1mb_only(monkeypatch, tmp_path):
 
 
 def _logging_spawn(spawn, log: Path):
-    """``reference._spawn`` that logs the ``taskset -c CPU`` of each command (a command without one fails)."""
+    """``reference.spawn`` that logs the ``taskset -c CPU`` of each command (a command without one fails)."""
     def logged(command, env, out, *rest):
         at = next(i for i, part in enumerate(command) if Path(part).name == "taskset")
         with log.open("a") as f:
@@ -704,9 +707,9 @@ def _logging_spawn(spawn, log: Path):
 
 
 def test_ib_write_bw_without_a_device_says_what_to_check(monkeypatch, tmp_path):
-    real_wait_listening = reference._wait_listening
+    real_wait_listening = reference.wait_listening
     _fake_verbs_tool(tmp_path, monkeypatch, "")
-    monkeypatch.setattr(reference, "_wait_listening", real_wait_listening)  # the server exits before listening
+    monkeypatch.setattr(reference, "wait_listening", real_wait_listening)  # the server exits before listening
     fake = tmp_path / "ib_write_tool"
     fake.write_text(f"#!/bin/sh\nprintf '{NO_DEVICE}'\nexit 1\n")
     with pytest.raises(ReferenceUnavailable, match=r"ib_write_bw server failed \(exit code 1\): .*no RDMA device"
@@ -722,7 +725,7 @@ class Constant(ReferenceLine):
     name: str = "constant"
 
     def measure(self, point, port: int):
-        return reference._record(self.name, point.size_bytes, point.warmup, point.iters, p50_us=float(port),
+        return reference.record(self.name, point.size_bytes, point.warmup, point.iters, p50_us=float(port),
                                  p99_us=1.0, mean_us=1.0, min_us=1.0, max_us=1.0, throughput_MBps=1.0,
                                  sender_cpu_s=0.0, receiver_cpu_s=0.0, copied_bytes=0, fabric="none")
 

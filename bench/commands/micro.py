@@ -9,10 +9,9 @@ time relative to zerocopy with its range across the rounds."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import transports
 from bench import options
@@ -20,6 +19,9 @@ from bench.commands.common import BASELINE, disk_full, draw, failed, interrupted
 from bench.options import Choice
 from bench.results import DiskError
 from bench.results import lines as catalogue
+
+if TYPE_CHECKING:
+    from bench.experiments.micro import MicroLine
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
 #: shown at the end of --help: each command line and what it does
@@ -168,7 +170,10 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
           + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
           + (f", each point again beside {args.contend} busy processes" if args.contend else "")
           + f", launcher {launcher.name} -> {out}", flush=True)  # before any line on stderr, in a log too
-    sweep = Sweep(args, launcher, writer, lines_of(args, launcher, chosen, slowed))
+    from bench.experiments.micro.sweep import Sweep, SweepSettings
+
+    sweep = Sweep(SweepSettings(args.rounds, args.contend, args.timeout), launcher, writer,
+                  lines_of(args, launcher, chosen, slowed))
     sweep.say_left_out(out)
     started = time.monotonic()
     try:
@@ -194,15 +199,15 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     return 1 if sweep.failures else 0
 
 
-def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slowed: set[str]) -> list[Any]:
+def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slowed: set[str]) -> list[MicroLine]:
     """The run's lines, in the order they are measured: the reference lines of its fabric (unless
     --no-references: of_reference needs each size's bandwidth reference first), the peer lines (unless
     --no-peers: of_peer needs each size's best peer first), then the transports."""
     from bench.experiments.micro import TransportLine
     from bench.experiments.peers import peer_lines
-    from bench.experiments.reference import reference_lines
+    from bench.experiments.references import reference_lines
 
-    lines: list[Any] = []
+    lines: list[MicroLine] = []
     if not args.no_references:
         lines += reference_lines(args.fabric, launcher.fabric_transport(args.fabric_transport), args.timeout)
     if not args.no_peers:
@@ -211,178 +216,6 @@ def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slow
         lines.append(TransportLine(choice.label, choice.constructor_options(args, launcher),
                                    extra_copies=1 if choice.label in slowed else 0))
     return lines
-
-
-class Sweep:
-    """The measurements of one ``bench micro`` run: every line at every size (in rounds when asked), each record
-    (and its samples) written as it is measured. It asks a line what it can do, never what it is called."""
-
-    def __init__(self, args: argparse.Namespace, launcher: Any, writer: Any, lines: list[Any]) -> None:
-        self.args, self.launcher, self.writer = args, launcher, writer
-        self.failures: list[str] = []
-        self.failed: set[str] = set()  # the lines that failed: not tried again in later rounds
-        self.fabrics: dict[str, str] = {}
-        self.reference_MBps: dict[int, float] = {}
-        self.best_peer_p50_us: dict[tuple[int, int], float] = {}  # (size, round) -> the lowest p50 of a peer line
-        self.best_peer_contended_p50_us: dict[tuple[int, int], float] = {}  # the same, with --contend
-        self.lines: list[Any] = []
-        self.hosts: dict[str, Any] = {}  # line name -> where its ranks run (PrivateHosts)
-        self.left_out: dict[str, str] = {}  # an optional line (a reference, a peer) that cannot run here -> why
-        for line in lines:
-            self._admit(line)
-
-    def _admit(self, line: Any) -> None:
-        """Keep ``line`` if it can run here and under the launcher; an optional line (a reference, a peer) that
-        cannot is left out, and why is kept for ``say_left_out`` and meta.json (a transport cannot fail so: the
-        command checked the transports before)."""
-        from bench.launch import LaunchError
-
-        status = line.availability()
-        why = None if status.ok else status.reason
-        if why is None:
-            try:
-                self.hosts[line.name] = line.hosts(self.launcher)
-            except LaunchError as exc:
-                why = str(exc)
-        if why is None:
-            self.lines.append(line)
-        elif line.required:
-            self._fail(line, why)
-        else:
-            self.left_out[line.name] = why
-
-    def say_left_out(self, out: Path) -> None:
-        """One line naming the optional lines that cannot run here, and where it says why and how to add each."""
-        if self.left_out:
-            print(f"bench micro: not available here, left out: {', '.join(self.left_out)} (why, and how to add "
-                  f"each: 'left_out' in {out / 'meta.json'}; --no-peers, --no-references to skip them)",
-                  file=sys.stderr)
-
-    def close(self) -> None:
-        """Release the hosts made for lines (a private emulated host)."""
-        for hosts in self.hosts.values():
-            if hosts.own:
-                hosts.launcher.close()
-        self.hosts.clear()
-
-    def measure(self, points: list) -> None:
-        """Every line at every point: one launch per line over all sizes, or with --rounds or --contend, per size
-        every line once per round (a launch each, and one more beside the busy processes), round after round."""
-        from tqdm import tqdm
-
-        from bench.ground.sizes import format_size
-
-        rounds, passes = self.args.rounds, 2 if self.args.contend else 1
-        total = sum(p.warmup + p.iters for line in self.lines for p in line.points(points))
-        with tqdm(total=total * rounds * passes, unit="xfer", dynamic_ncols=True, disable=None) as bar:
-            if rounds == 1 and passes == 1:
-                for line in self.lines:
-                    started = time.monotonic()
-                    self._run(line, line.points(points), 1, bar)
-                    self._log_progress(bar, f"{line.name}: {len(line.points(points))} sizes", started)
-                return
-            for point in points:
-                started = time.monotonic()
-                for round_ in range(1, rounds + 1):
-                    for line in self.lines:
-                        if not (mine := line.points([point])):
-                            continue
-                        if line.name in self.failed:
-                            bar.update((point.warmup + point.iters) * passes)  # it failed before: not tried again
-                            continue
-                        self._run(line, mine, round_, bar)
-                self._log_progress(bar, f"{format_size(point.size_bytes)}: every line, {rounds} round(s)", started)
-
-    @staticmethod
-    def _log_progress(bar: Any, what: str, started: float) -> None:
-        """Where no progress bar is drawn (output to a file or a pipe: a log), a line for each part done."""
-        if bar.disable:
-            print(f"bench micro: {what} done in {time.monotonic() - started:.0f} s", flush=True)
-
-    def _run(self, line: Any, points: list, round_: int, bar: Any) -> None:
-        """``line`` at ``points`` in round ``round_``, each record written once measured; with --contend (one
-        point at a time, then) the point again beside the busy processes before its record is written."""
-        if not self.args.contend:
-            self._pass(line, points, round_, bar, lambda record, times: self._add(line, record, times))
-            return
-        from bench.ground.contention import busy_processes
-
-        quiet: list = []
-        self._pass(line, points, round_, bar, lambda record, times: quiet.append((record, times)))
-        contended: dict[int, Any] = {}
-        if quiet:
-            with busy_processes(self.args.contend):
-                self._pass(line, points, round_, bar, lambda record, times: contended.setdefault(record.size_bytes,
-                                                                                                  record),
-                           " contended")
-        for record, times in quiet:
-            self._add(line, record, times, contended.get(record.size_bytes))
-
-    def _pass(self, line: Any, points: list, round_: int, bar: Any, keep: Any, phase: str = "") -> None:
-        """One launch of ``line`` over ``points``: ``keep(record, times)`` for each point measured."""
-        from bench.experiments.micro import MicroError, make_record, run_line, transfer_times
-        from bench.ground.sizes import format_size
-
-        base = bar.n
-        done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
-                       for p in points}
-        where = (f" round {round_}" if self.args.rounds > 1 else "") + phase
-        bar.set_postfix_str(f"{line.name}{where}")
-
-        def progress(size: int, n: int) -> None:
-            bar.set_postfix_str(f"{line.name} {format_size(size)}{where}")
-            bar.update(base + done_before[size] + n - bar.n)
-
-        def on_sides(point: Any, sender: Any, receiver: Any) -> None:
-            times = transfer_times(sender, receiver)
-            keep(make_record(line.name, point, sender, receiver, round_, times), times)
-
-        def on_record(point: Any, record: Any) -> None:
-            record.round = round_
-            keep(record, None)
-            progress(point.size_bytes, point.warmup + point.iters)
-
-        try:
-            run_line(line, points, self.hosts[line.name].launcher, self.args.timeout, on_sides, on_record, progress)
-        except MicroError as exc:
-            if line.required:
-                self._fail(line, str(exc), bar)
-            else:
-                self.failed.add(line.name)
-                bar.write(f"bench micro: warning: no {line.name} line: {exc}", file=sys.stderr)
-        bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
-
-    def _add(self, line: Any, record: Any, times: Any, contended: Any = None) -> None:
-        """Write a record (and its samples), its throughput set against the bandwidth reference of its size and
-        (a transport's) its p50 against the best peer's at its size and round; with --contend, what the
-        ``contended`` record of the same point measured, set against the quiet p50 and the best peer's."""
-        from bench.results import of_peer, of_reference
-
-        if line.bandwidth_reference:
-            self.reference_MBps[record.size_bytes] = record.throughput_MBps
-        record.of_reference = of_reference(record.throughput_MBps, self.reference_MBps.get(record.size_bytes))
-        at = (record.size_bytes, record.round)
-        if contended is not None:
-            record.contend = self.args.contend
-            record.contended_p50_us, record.contended_p99_us = contended.p50_us, contended.p99_us
-            record.contended_of_quiet = of_peer(contended.p50_us, record.p50_us)  # the same ratio, to the quiet p50
-        if line.time_reference and record.p50_us is not None and record.p50_us > 0:
-            self.best_peer_p50_us[at] = min(record.p50_us, self.best_peer_p50_us.get(at, float("inf")))
-            if record.contended_p50_us is not None and record.contended_p50_us > 0:
-                self.best_peer_contended_p50_us[at] = min(record.contended_p50_us,
-                                                          self.best_peer_contended_p50_us.get(at, float("inf")))
-        elif line.required:
-            record.of_peer = of_peer(record.p50_us, self.best_peer_p50_us.get(at))
-            record.contended_of_peer = of_peer(record.contended_p50_us, self.best_peer_contended_p50_us.get(at))
-        self.writer.add(record)
-        if times is not None:
-            self.writer.add_samples(record, times)
-        self.fabrics[line.name] = record.fabric
-
-    def _fail(self, line: Any, why: str, bar: Any = None) -> None:
-        self.failures.append(why)
-        self.failed.add(line.name)
-        (bar.write if bar is not None else print)(f"bench micro: error: {why}", file=sys.stderr)
 
 
 def print_summary(out: Path) -> None:

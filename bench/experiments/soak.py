@@ -38,8 +38,8 @@ from bench.experiments.micro import (
     PROGRESS_EVERY_S,
     RECEIVER,
     SENDER,
+    CoordinatorSignals,
     MicroError,
-    PeerSignals,
     Point,
     Progress,
     TransportLine,
@@ -162,7 +162,7 @@ def role_job(label: str, options: dict, criterion: LeakCriterion, points: list[P
         transport.start(ctx.cluster, ctx.rank)
         transport.placement.plan([p.spec for p in points])
         loop = sender_loop if ctx.rank == SENDER else receiver_loop
-        loop(transport, points, PeerSignals(ctx, RECEIVER - ctx.rank), ctx.report, criterion)
+        loop(transport, points, CoordinatorSignals(ctx, RECEIVER - ctx.rank), ctx.report, criterion)
 
 
 def pair_job(label: str, options: dict, criterion: LeakCriterion, points: list[Point], ctx: RankContext) -> None:

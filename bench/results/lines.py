@@ -8,7 +8,8 @@ what the run wrote, and asks this catalogue only how a line is called and drawn.
 
 Adding a peer line is its module under ``bench/experiments/peers/`` and one :class:`Line` here (its
 ``implementation`` is what the peers' registry loads); adding a reference line is the same under
-``bench/experiments/reference.py``. Figures, the report, ``bench compare`` and ``--help`` then know it.
+``bench/experiments/references/`` (a module per tool). Figures, the report, ``bench compare`` and ``--help``
+then know it.
 """
 
 from __future__ import annotations
@@ -88,24 +89,25 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
     Line("ucx_perftest", "reference", "ucx_perftest put_bw", "ucx_perftest put_bw (library limit)",
          {"color": "#9467bd", "linestyle": ":", "marker": "x"},
          time_from_mean="ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)", bandwidth_of="ucx",
-         implementation="bench.experiments.reference:UcxPerftest",
+         implementation="bench.experiments.references.ucx_perftest:UcxPerftest",
          about="UCX's put bandwidth (ucx_perftest -t ucp_put_bw)"),
     Line("ucx_perftest_lat", "reference", "ucx_perftest put_lat",
          "ucx_perftest put_lat (half a round trip: latency floor)",
          {"color": "#e377c2", "linestyle": ":", "marker": "1"},
-         implementation="bench.experiments.reference:UcxPerftestLatency",
+         implementation="bench.experiments.references.ucx_perftest:UcxPerftestLatency",
          about="UCX's put latency (ucx_perftest -t ucp_put_lat), up to 1 MiB"),
     Line("ib_write_bw", "reference", "ib_write_bw", "ib_write_bw (the NIC's write bandwidth)",
          {"color": "#9467bd", "linestyle": ":", "marker": "x"},
          time_from_mean="ib_write_bw: size / bandwidth (pipelined writes, not a latency)", bandwidth_of="verbs",
-         implementation="bench.experiments.reference:IbWriteBw",
+         implementation="bench.experiments.references.ib_write:IbWriteBw",
          about="perftest's RDMA write bandwidth (verbs fabric)"),
     Line("ib_write_lat", "reference", "ib_write_lat", "ib_write_lat (the NIC's write latency)",
          {"color": "#e377c2", "linestyle": ":", "marker": "1"},
-         implementation="bench.experiments.reference:IbWriteLat", about="perftest's RDMA write latency (verbs fabric)"),
+         implementation="bench.experiments.references.ib_write:IbWriteLat",
+         about="perftest's RDMA write latency (verbs fabric)"),
     Line("memcpy", "reference", "memcpy", "memcpy in one process",
          {"color": "#8c564b", "linestyle": "-.", "marker": "+"}, hatched=True,
-         implementation="bench.experiments.reference:Memcpy", about="one copy of the tensor in one process"),
+         implementation="bench.experiments.references.memcpy:Memcpy", about="one copy of the tensor in one process"),
     Line(TF_GRPC, "tf_grpc", "TF gRPC (tf_grpc)", "TensorFlow PS over gRPC (today)",
          {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp"),
     _peer("mpi", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)", "#000000", "o", "mpi:MpiLine",

@@ -106,7 +106,7 @@ class MicroRecord(_OfALine, Record):
     Times are per transfer in µs from the sender's ``send`` to the receiver having consumed the
     tensor; ``throughput_MBps`` is size / mean time (MB = 2**20 bytes); the ledger columns are per
     transfer, both sides together. Reference lines (``ucx_perftest``, ``memcpy``, ...) leave empty
-    what they do not measure (bench/experiments/reference.py says which); peer lines (``mpi``, ``socket``,
+    what they do not measure (bench/experiments/references/ says which); peer lines (``mpi``, ``socket``,
     ...: bench/experiments/peers) have a transport's columns.
     """
 

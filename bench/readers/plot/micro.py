@@ -49,8 +49,8 @@ def micro_time_lines(points: pd.DataFrame) -> list[Line]:
 
     The time is the median (``p50_us``) with its spread (``p50_us_low``/``_high``). ``ucx_perftest``
     (put_bw) has none, its puts being pipelined: it is drawn from ``mean_us``, size / bandwidth, and labelled
-    so (bench/experiments/reference.py says why it is no latency). ``ucx_perftest_lat`` is drawn from its median, half a
-    round trip: the floor of a send/receive.
+    so (bench/experiments/references/ucx_perftest.py says why it is no latency). ``ucx_perftest_lat`` is drawn
+    from its median, half a round trip: the floor of a send/receive.
     """
     lines = []
     for name in _transports_in_order(points):

@@ -1,0 +1,328 @@
+"""The two sides of a timed transfer (see the package's docstring): the sender's and the receiver's loops, what
+they drive (a :class:`TimedLink`: a transport, or a peer library's link) and how they signal each other outside
+the timed interval (:class:`ReadySignals`), what each side reports, and the rank jobs that run them."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+import transports
+from bench.experiments.micro.points import RECEIVER, SENDER, Point, fill, first_wrong, marker, prepare
+from bench.experiments.stream import accept, connect, host_port, listen, recv_into
+from bench.ground.memory import rss_mb
+from bench.ground.sizes import format_size
+from bench.launch import RankContext
+from transports import Cluster, Key, Transport, TransportStats
+from transports.placement import Placement
+
+#: the receiver reports its progress at least this often (and after every transfer slower than that), so the
+#: launcher's watchdog measures liveness, not the length of a point
+PROGRESS_EVERY_S = 1.0
+#: more seconds allowed until the run's first report: ranks import, start their transport and connect
+STARTUP_S = 60.0
+
+
+@runtime_checkable
+class TimedLink(Protocol):
+    """What the loops drive: a :class:`transports.Transport`, or a peer library's link
+    (:class:`bench.experiments.peers.PeerLink`). ``recv`` returns the tensor, valid until the next ``recv``."""
+
+    placement: Placement
+
+    def send(self, key: Key, tensor: np.ndarray) -> None: ...
+
+    def recv(self, key: Key) -> np.ndarray: ...
+
+    def stats(self) -> TransportStats: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class ReadySignals(Protocol):
+    """The ready signals between the two sides, outside the timed interval: the receiver sends the number of the
+    transfer it is ready for, then ``"done"``; the sender receives them (:class:`DirectSignals`,
+    :class:`CoordinatorSignals`, MPI's own, a pipe's end)."""
+
+    def send(self, value: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+def clock_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _cpu_seconds(per_thread: bool) -> float:
+    usage = resource.getrusage(resource.RUSAGE_THREAD if per_thread else resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass(frozen=True)
+class Progress:
+    """receiver -> coordinator: ``done`` transfers of ``size_bytes`` so far."""
+
+    size_bytes: int
+    done: int
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's measurements of one size: clock readings, CPU seconds, ledger, fabric description."""
+
+    role: str
+    size_bytes: int
+    times: list
+    cpu_s: float
+    stats: TransportStats
+    fabric: dict[str, Any] | None
+    #: transfers this side completed (warm-up included), of which the receiver found ``corrupted`` wrong
+    transfers: int = 0
+    corrupted: int = 0
+    #: this process's resident memory (MB) before the point's first transfer and after its last
+    rss_start_mb: float = float("nan")
+    rss_end_mb: float = float("nan")
+
+
+class DirectSignals:
+    """The ready signals between sender and receiver, outside the transport, over a TCP stream of their own
+    (:mod:`bench.experiments.stream`): set up once through the coordinator (the receiver's port), then no third
+    process is woken per transfer, as MPI's own signals wake none. A signal is 8 bytes: the transfer the
+    receiver is ready for, or -1 for done. A side waiting for one polls the stream for :attr:`POLL_S` before it
+    blocks, as an MPI process waits (the ``mpi`` lines' signals are MPI's, which spin): a sender that slept
+    until its signal came back to its transfer on a core gone idle (zerocopy over shared memory, the send's part
+    of a transfer, p50 per round: 64KB 3.2-5.4 µs against 2.8-3.1 polling, 1MB 21.7-22.8 against 21.1-21.3)."""
+
+    _SIGNAL = struct.Struct("<q")
+    _DONE = -1
+    #: seconds a wait for a signal polls before it blocks
+    POLL_S = 0.05
+
+    def __init__(self, ctx: RankContext) -> None:
+        peer = RECEIVER - ctx.rank
+        host = host_port(ctx.cluster.addresses[ctx.rank])[0]
+        if ctx.rank == RECEIVER:
+            with listen(host) as server:
+                ctx.send_to(peer, server.getsockname()[1])
+                self.sock = accept(server, ctx.cluster.token, STARTUP_S)
+        else:
+            port = ctx.receive(timeout=STARTUP_S)
+            self.sock = connect((host_port(ctx.cluster.addresses[peer])[0], port), ctx.cluster.token, STARTUP_S)
+        self.sock.settimeout(None)  # a silent peer is the launcher's watchdog's to find (its reports stop)
+        self._buffer = bytearray(self._SIGNAL.size)
+
+    def send(self, value: Any) -> None:
+        self.sock.sendall(self._SIGNAL.pack(self._DONE if value == "done" else value))
+
+    def recv(self) -> Any:
+        view = memoryview(self._buffer)
+        try:
+            got = self._poll(view)
+            if got < len(view):
+                recv_into(self.sock, view[got:])
+        except EOFError:
+            raise RuntimeError("the other side closed the ready signals' stream (it ended or failed)") from None
+        (value,) = self._SIGNAL.unpack(self._buffer)
+        return "done" if value == self._DONE else value
+
+    def _poll(self, view: memoryview) -> int:
+        """Bytes of ``view`` filled from the stream by polling it (never blocking) for up to :attr:`POLL_S`."""
+        got, until = 0, time.monotonic() + self.POLL_S
+        while got < len(view) and time.monotonic() < until:
+            try:
+                n = self.sock.recv_into(view[got:], 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            if n == 0:
+                raise EOFError("the other side closed the connection")
+            got += n
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> DirectSignals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CoordinatorSignals:
+    """The ready signals between sender and receiver, outside the transport (through the coordinator)."""
+
+    def __init__(self, ctx: RankContext, peer: int) -> None:
+        self.ctx, self.peer = ctx, peer
+
+    def send(self, value: Any) -> None:
+        self.ctx.send_to(self.peer, value)
+
+    def recv(self) -> Any:
+        return self.ctx.receive()
+
+
+def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
+                per_thread_cpu: bool) -> None:
+    """The sender's side of ``points``: per transfer, wait for the receiver's ready signal, stamp and mark the
+    tensor, read the clock and send it; a :class:`Side` reported per point."""
+    for point in points:
+        spec = point.spec
+        rss0 = rss_mb()
+        tensor = transport.placement.allocate(spec)
+        flat = tensor.reshape(-1)
+        fill(flat)
+        scratch = np.empty_like(tensor) if point.extra_copies else None
+        starts = []
+        cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+        i = 0
+        while (signal := ctrl.recv()) != "done":  # the receiver says which transfer it is ready for, or done
+            if signal != i:  # the receiver is done with transfer i - 1
+                raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
+                                   f"{format_size(point.size_bytes)}, it said {signal!r}")
+            prepare(flat, point, i)
+            if i == point.warmup:
+                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+            t_send = clock_ns()
+            for _ in range(point.extra_copies):
+                np.copyto(scratch, tensor)
+            transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
+            starts.append(t_send)
+            i += 1
+        report(Side("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
+                    transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
+                    rss_end_mb=rss_mb()))
+        del tensor, flat
+
+
+def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
+                  per_thread_cpu: bool) -> None:
+    """The receiver's side of ``points``: per transfer, signal ready, receive, reduce-max and read the clock, then
+    check what arrived; :class:`Progress` reported as it goes, a :class:`Side` per point."""
+    for point in points:
+        spec = point.spec
+        rss0 = rss_mb()
+        full = point.check or point.stamped  # every byte compared, or the marker only
+        dones = []
+        corrupted = 0
+        total = point.warmup + point.iters
+        step = max(1, total // 20)
+        reported = time.monotonic()
+        ends = None if point.seconds is None else float("inf")
+        i = 0
+        while i < total if ends is None else (i < point.warmup or time.monotonic() < ends):
+            if i == point.warmup:
+                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+                if point.seconds is not None:
+                    ends = time.monotonic() + point.seconds
+            ctrl.send(i)
+            tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
+            t_received = clock_ns()
+            largest = tensor.max()
+            t_done = clock_ns()
+            dones.append((t_received, t_done))
+            wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
+            where = None
+            if full and not wrong:
+                where = first_wrong(tensor.reshape(-1), point, i)
+                wrong = where is not None
+            if point.check:
+                corrupted += bool(wrong)
+            elif wrong:
+                found = (f"element {where} of {tensor.size} differs from what the sender wrote" if where is not None
+                         else f"shape {tensor.shape}, {tensor.dtype}, max {largest} (expected {spec.shape}, "
+                              f"{spec.dtype}, {marker(i, point.dtype)})")
+                raise RuntimeError(f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: {found}")
+            del tensor
+            i += 1
+            now = time.monotonic()
+            # every 5% of a point (of a timed one: no such share), and at least every PROGRESS_EVERY_S: the
+            # watchdog wants signs of life
+            if (ends is None and (i % step == 0 or i == total)) or now - reported >= PROGRESS_EVERY_S:
+                report(Progress(point.size_bytes, i))
+                reported = now
+        cpu = _cpu_seconds(per_thread_cpu) - cpu0
+        stats = transport.stats() - stats0
+        ctrl.send("done")
+        report(Side("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None, transfers=i,
+                    corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+
+
+def bind_timing_thread(rank: int) -> int | None:
+    """Keep the calling thread (the one that sends or receives and reads the clock) on a core of its own: the
+    sender's on the first CPU this process may use, the receiver's on the second; the process's other threads
+    (progress, gRPC's) stay free. Unbound, the receiver's ready signal wakes the sender on the receiver's own
+    core (the kernel places a woken task near its waker), where the two then take turns while the other core
+    idles, and a small transfer's time doubled or tripled from one launch to the next (6 or 17 µs at 4KB).
+    Returns the CPU, or None where there is only one."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    cpu = cpus[rank % 2]
+    os.sched_setaffinity(0, {cpu})  # pid 0: this thread only; threads it starts later inherit it
+    return cpu
+
+
+def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
+    """A rank of the benchmark: rank 0 sends, rank 1 receives."""
+    with transports.create(transports.resolve(label)[0], **options) as transport:
+        transport.start(ctx.cluster, ctx.rank)
+        transport.placement.plan([p.spec for p in points])
+        loop = sender_loop if ctx.rank == SENDER else receiver_loop
+        with DirectSignals(ctx) as signals:
+            if options.get("fabric_transport") != "tcp":
+                # over UCX's tcp a write lands only when the receiver's progress threads run, and a receiver bound
+                # to one core doubled its mean time at 1MB here (p50 alike): its threads need the cores free
+                bind_timing_thread(ctx.rank)
+            loop(transport, points, signals, ctx.report, False)
+
+
+def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
+    """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
+    run_pair(label, options, points, ctx.cluster.token,
+             lambda transport, ctrl: sender_loop(transport, points, ctrl, ctx.report, True),
+             lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, True))
+
+
+def run_pair(label: str, options: dict, points: list[Point], token: str,
+             sender: Callable[[Transport, ReadySignals], None],
+             receiver: Callable[[Transport, ReadySignals], None]) -> None:
+    """A sender and a receiver of ``label`` in this process, in two threads joined by a pipe:
+    ``sender(transport, ctrl)`` and ``receiver(transport, ctrl)`` (written once for micro and soak)."""
+    ctrl_send, ctrl_recv = mp.Pipe()
+    failures: list[BaseException] = []
+    pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
+    cluster = Cluster.on_loopback(2, token=token)
+
+    def role(loop, transport, ctrl) -> None:
+        try:
+            loop(transport, ctrl)
+        except BaseException as exc:
+            failures.append(exc)
+            ctrl.close()  # the other side must not wait for a signal that will never come
+
+    try:
+        for rank, transport in enumerate(pair):
+            transport.start(cluster, rank)
+            transport.placement.plan([p.spec for p in points])
+        threads = [threading.Thread(target=role, args=(sender, pair[SENDER], ctrl_send), daemon=True),
+                   threading.Thread(target=role, args=(receiver, pair[RECEIVER], ctrl_recv), daemon=True)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+    finally:
+        for transport in pair:
+            transport.close()
+
