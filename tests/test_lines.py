@@ -145,3 +145,24 @@ def test_records_say_their_kind_and_keep_one_given():
                         mean_us=1.0, throughput_MBps=1.0, sender_cpu_s=None, receiver_cpu_s=None,
                         copied_bytes_per_transfer=np.nan)
     assert given.line_kind == "peer"
+
+
+def test_training_lines_are_one_abc_in_one_registry_and_no_experiment_is_named():
+    """Training's lines as micro's: an ABC (a line without ``train`` is no line), the ones that are not a
+    transport in a registry; the harness shapes records by what the command hands it, not by its name."""
+    import ast
+    import inspect
+
+    from bench import LOCAL, TF_GRPC
+    from bench.experiments import training
+    from bench.experiments.training import REGISTRY, LocalTraining, TfGrpcTraining, TrainingLine, TransportTraining
+
+    with pytest.raises(TypeError):
+        TrainingLine()
+    assert list(REGISTRY) == [LOCAL, TF_GRPC]
+    assert [type(training.line_of(name)) for name in (LOCAL, TF_GRPC, "zerocopy", "grpc_tcp")] == [
+        LocalTraining, TfGrpcTraining, TransportTraining, TransportTraining]
+    compared = [node for node in ast.walk(ast.parse(inspect.getsource(training.Trainings)))
+                if isinstance(node, ast.Compare) and any(isinstance(side, ast.Constant) and side.value in
+                                                         ("model", "scale") for side in [node.left, *node.comparators])]
+    assert compared == []

@@ -7,11 +7,15 @@ samples.csv."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import LOCAL, options
 from bench.commands.common import BASELINE, draw, failed, interrupted, open_run, print_relative
+
+if TYPE_CHECKING:
+    from bench.results import ModelRecord
 
 HELP = "parameter-server training of the paper's models over transports (its Figures 9 and 12)"
 #: shown at the end of --help: each command line and what it does
@@ -41,18 +45,21 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     return run_trainings(args, launcher, "model", [max(1, servers)])
 
 
-def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int]) -> int:
-    """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each."""
+def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int],
+                  shape: Callable[[ModelRecord], ModelRecord] | None = None, scaled_local: bool = False) -> int:
+    """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each,
+    made the experiment's by ``shape``. With ``scaled_local`` the Local line is measured beside the others once,
+    with one server (it is one process: the figure draws it times the number of servers)."""
     from bench.experiments.training import Trainings, line_of
 
     chosen = list(args.transports)
     if args.no_analysis:
         chosen = [options.choose("zerocopy:no_analysis") if c.label == "zerocopy" else c for c in chosen]
-    if experiment == "scale" and not any(line_of(c.name).one_process for c in chosen):
+    if scaled_local and not any(line_of(c.name).one_process for c in chosen):
         chosen.append(options.choose(LOCAL))  # the Local line of the figure
     chosen = list(dict.fromkeys(chosen))
     runs = [(m, b, c, n) for m in args.models for b in args.batch_sizes for c in chosen for n in server_counts]
-    if experiment == "scale":  # the Local line is one process, drawn times the number of servers
+    if scaled_local:
         runs = list(dict.fromkeys((m, b, c, 1 if line_of(c.name).one_process else n) for m, b, c, n in runs))
     if problem := options.batch_problem(args.models, args.batch_sizes):
         return options.fail(experiment, problem)
@@ -67,7 +74,7 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
     print(f"bench {experiment}: {len(runs)} runs ({', '.join(args.models)} over {', '.join(labels)}, batch "
           f"{','.join(map(str, args.batch_sizes))}, {','.join(map(str, server_counts))} server(s), {args.compute} "
           f"compute, launcher {launcher.name}) -> {writer.path}")
-    trainings = Trainings(experiment, args, launcher, writer)
+    trainings = Trainings(experiment, args, launcher, writer, *([shape] if shape else []))
     try:
         trainings.run(runs)
     except KeyboardInterrupt as exc:

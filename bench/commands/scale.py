@@ -32,4 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
-    return run_trainings(args, launcher, "scale", sorted(set(args.server_counts)))
+    from bench.experiments.training import ScaleRecords
+
+    return run_trainings(args, launcher, "scale", sorted(set(args.server_counts)), ScaleRecords(), scaled_local=True)

@@ -12,8 +12,9 @@ import dataclasses
 import functools
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from bench.runtime.ps import (
     worker_batch,
 )
 from transports import fabric
+from transports.common import Registry
 
 COMPUTE_MODES = {
     "real": "every worker runs the model",
@@ -268,22 +270,26 @@ def step_samples(outcome: dict[int, tuple[str, StepTimes]]) -> dict[str, list]:
     return {"worker": [rank for rank, _ in rows], "step_time_s": [seconds for _, seconds in rows]}
 
 
-def scale_record(record: ModelRecord, singles: dict[tuple, float]) -> ScaleRecord:
-    """The ``scale`` record of a training run: its model record, ``total_batches_per_s`` and
+class ScaleRecords:
+    """``bench scale``'s records of training runs: each its model record, ``total_batches_per_s`` and
     ``scaling_efficiency``.
 
-    Efficiency is throughput / (servers x the 1-server throughput of the same transport, model and
-    batch size), which ``singles`` remembers as the 1-server records go by (they come first); NaN
-    without one.
+    Efficiency is throughput / (servers x the 1-server throughput of the same transport, model and batch size),
+    which it remembers as the 1-server records go by (they come first); NaN without one.
     """
-    key = (record.transport, record.model, record.batch_size)
-    total = record.throughput_batches_per_s * record.servers
-    if record.servers == 1:
-        singles[key] = total
-    base = singles.get(key)
-    return ScaleRecord(**{**record.row(), "launcher": record.launcher or "", "compute": record.compute or "",
-                          "link_rate": record.link_rate or ""}, total_batches_per_s=total,
-                       scaling_efficiency=total / (record.servers * base) if base else float(np.nan))
+
+    def __init__(self) -> None:
+        self._singles: dict[tuple, float] = {}
+
+    def __call__(self, record: ModelRecord) -> ScaleRecord:
+        key = (record.transport, record.model, record.batch_size)
+        total = record.throughput_batches_per_s * record.servers
+        if record.servers == 1:
+            self._singles[key] = total
+        base = self._singles.get(key)
+        return ScaleRecord(**{**record.row(), "launcher": record.launcher or "", "compute": record.compute or "",
+                              "link_rate": record.link_rate or ""}, total_batches_per_s=total,
+                           scaling_efficiency=total / (record.servers * base) if base else float(np.nan))
 
 
 # -- bench model and bench scale: every model x batch size x transport x server count -----------------------
@@ -293,11 +299,14 @@ class Trainings:
     """The training runs of a ``bench model`` or ``bench scale`` command, each recorded (with its step times
     as samples) as it finishes. ``failures`` lists the runs that failed, one line each."""
 
-    def __init__(self, experiment: str, args: Any, launcher: Launcher, writer: Any) -> None:
+    def __init__(self, experiment: str, args: Any, launcher: Launcher, writer: Any,
+                 shape: Callable[[ModelRecord], ModelRecord] = lambda record: record) -> None:
+        """``experiment`` names the command in its messages; ``shape`` makes each run's record the experiment's
+        (``bench scale``'s: :class:`ScaleRecords`)."""
         self.experiment, self.args, self.launcher, self.writer = experiment, args, launcher, writer
+        self.shape = shape
         self.failures: list[str] = []
         self.prepared: dict[tuple[str, int], TrainConfig] = {}
-        self._singles: dict[tuple, float] = {}
 
     def run(self, runs: list[tuple[str, int, Any, int]]) -> None:
         """Train each ``(model, batch size, choice, servers)`` in turn, with a progress bar."""
@@ -349,9 +358,7 @@ class Trainings:
         config.transport_options = options
         record, samples = line_of(choice.name).train(config, self.launcher, on_step)
         record.launcher, record.link_rate = self.launcher.name, args.link_rate or ""
-        if self.experiment == "scale":
-            record = scale_record(record, self._singles)
-        return record, samples
+        return self.shape(record), samples
 
 
 def copy_note(record: ModelRecord) -> str:
@@ -369,20 +376,20 @@ def copy_note(record: ModelRecord) -> str:
 # -- the lines of the training figures: one way in for each -------------------------------------------------
 
 
-class TrainingLine:
+class TrainingLine(ABC):
     """A line of the training figures (``bench model``, ``scale``, ``soak``, ``converge``): what it can do and how
     its run goes. :class:`Trainings` hands every line the same :class:`TrainConfig` and records what it returns;
-    a new line is a subclass here and an entry in :data:`LINES`."""
+    a new line is a subclass and an entry in :data:`REGISTRY` (every transport is a :class:`TransportTraining`)."""
 
     #: its runs move tensors between processes (``bench soak`` checks them, ``bench converge`` trains over them)
-    crosses_processes = True
+    crosses_processes: ClassVar[bool] = True
     #: one process however many servers (``bench scale`` runs it once, and its figure scales it)
-    one_process = False
+    one_process: ClassVar[bool] = False
 
+    @abstractmethod
     def train(self, config: TrainConfig, launcher: Launcher, on_step: Callable[[int, int], None] | None = None
               ) -> tuple[ModelRecord, dict[str, list] | None]:
         """Run ``config`` through ``launcher``: the ``model`` record and its samples (None when the line has none)."""
-        raise NotImplementedError
 
 
 class TransportTraining(TrainingLine):
@@ -415,13 +422,16 @@ class TfGrpcTraining(TrainingLine):
         return tf_grpc_record(config, launcher), None
 
 
-#: the lines that are not one of our transports; every registered transport is a :class:`TransportTraining`
-LINES: dict[str, TrainingLine] = {LOCAL: LocalTraining(), TF_GRPC: TfGrpcTraining()}
+#: the training lines that are not one of our transports; every registered transport is a :class:`TransportTraining`
+REGISTRY = Registry("training line", {
+    LOCAL: ("bench.experiments.training:LocalTraining", "the same updates in one process, no communication"),
+    TF_GRPC: ("bench.experiments.training:TfGrpcTraining", "TensorFlow's own parameter-server training over gRPC"),
+})
 
 
 def line_of(name: str) -> TrainingLine:
     """The training line called ``name`` (a transport's, ``local`` or ``tf_grpc``)."""
-    return LINES.get(name) or TransportTraining()
+    return REGISTRY.load(name)() if name in REGISTRY else TransportTraining()
 
 
 def tf_grpc_record(config: TrainConfig, launcher: Launcher) -> ModelRecord:
