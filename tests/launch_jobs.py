@@ -160,7 +160,8 @@ def knock(ctx, token):
     where it knocked and how it was answered."""
     import socket
 
-    from bench.launch.base import LaunchError, connect
+    from bench.launch.context import connect
+    from bench.launch.messages import LaunchError
 
     with socket.socket(fileno=os.dup(ctx._conn.fileno())) as line:
         hub = line.getpeername()

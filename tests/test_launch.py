@@ -17,7 +17,8 @@ import time
 import pytest
 
 from bench.launch import LaunchError, RankFailed, RankSpec, create
-from bench.launch.base import Hub, connect
+from bench.launch.context import connect
+from bench.launch.hub import Hub
 from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
 from tests.processes import open_sockets
@@ -123,7 +124,7 @@ def test_a_rank_that_cannot_start_is_named_with_its_log():
 def test_a_stranger_without_the_token_is_refused_and_logged(caplog):
     hub = Hub(("127.0.0.1", 0), "the-runs-token", ranks=1)
     try:
-        with caplog.at_level(logging.WARNING, logger="bench.launch.base"):
+        with caplog.at_level(logging.WARNING, logger="bench.launch.hub"):
             with pytest.raises(LaunchError, match="do both use the same TENSOR_BENCH_TOKEN"):
                 connect(hub.address, "a-wrong-token")
             deadline = time.monotonic() + BOUND_S
@@ -252,7 +253,8 @@ def test_the_coordinator_keeps_no_port_reservation_after_a_run(local):
 def test_a_failure_is_blamed_on_a_peer_whose_death_shows_a_moment_later():
     # a killed process closes its sockets before the kernel reports it dead: its peer's failure can
     # reach the coordinator first, and the dead rank is still the cause
-    from bench.launch.base import RankFailed, _RankState, _root_cause
+    from bench.launch.hub import _RankState, _root_cause
+    from bench.launch.messages import RankFailed
 
     states = [_RankState(RankSpec(jobs.hello, "chief")), _RankState(RankSpec(jobs.hello, "ps 0"))]
     seen_dead_at = time.monotonic() + 0.5
@@ -267,7 +269,8 @@ def test_a_peer_whose_connection_closed_and_who_died_is_the_cause():
     # the dead rank's end of its connection reads as ready (EOF): that is no unread message, it is a death
     from multiprocessing import Pipe
 
-    from bench.launch.base import RankFailed, _RankState, _root_cause
+    from bench.launch.hub import _RankState, _root_cause
+    from bench.launch.messages import RankFailed
 
     states = [_RankState(RankSpec(jobs.hello, "chief")), _RankState(RankSpec(jobs.hello, "ps 0"))]
     ours, theirs = Pipe()

@@ -23,21 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.launch.base import (
-    Hub,
-    LaunchError,
-    RankSpec,
-    Report,
-    WireError,
-    _died_first,
-    _RankState,
-    connect,
-    decode_message,
-    encode_message,
-    receive_message,
-)
+from bench.launch.context import connect
+from bench.launch.hub import Hub, _died_first, _RankState
 from bench.launch.job import channel_decode
+from bench.launch.messages import LaunchError, RankSpec, Report
 from bench.launch.slurm import RENDEZVOUS_VARIABLE, SlurmChannel, SlurmStep
+from bench.launch.wire import WireError, decode_message, encode_message, receive_message
 from bench.results.files import replace_file
 from tests import launch_jobs as jobs
 

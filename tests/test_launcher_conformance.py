@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from bench.launch import REGISTRY, Launcher, LauncherUnavailable, RankFailed, RankSpec, create
-from bench.launch.base import TOKEN_VARIABLE
+from bench.launch.messages import TOKEN_VARIABLE
 from bench.launch.slurm import RENDEZVOUS_VARIABLE
 from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
@@ -107,7 +107,7 @@ def run_case(launcher: Launcher, name: str) -> Outcome:
     """Run case ``name`` with ``launcher`` (in the coordinator's process) and say how it ended."""
     case = CASES[name]()
     reports: list[Any] = []
-    hub_log = logging.getLogger("bench.launch.base")
+    hub_log = logging.getLogger("bench.launch.hub")
     collect = _Collect()
     hub_log.addHandler(collect)
     outcome = Outcome()

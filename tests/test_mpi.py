@@ -95,7 +95,7 @@ def test_the_mpi_job_channel_carries_json_bytes_not_pickles(tmp_path):
 
 #: process 1 sends more than the job's channel carries: every process refuses it in one line, none hangs
 CHANNEL_OVER_LIMIT = """
-from bench.launch.base import LaunchError
+from bench.launch.messages import LaunchError
 from bench.launch.job import CHANNEL_BYTES
 from bench.launch.mpi import MpiChannel
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch.base import RankFailed
 from bench.launch.local import explained, fatal_cause, limit_hint
+from bench.launch.messages import RankFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 

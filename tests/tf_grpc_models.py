@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.launch.base import wire_value
+from bench.launch.wire import wire_value
 
 
 @wire_value

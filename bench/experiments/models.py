@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.ground.paper import TABLE2, PaperModel
-from bench.launch.base import wire_value
+from bench.launch.wire import wire_value
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

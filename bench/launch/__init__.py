@@ -1,7 +1,7 @@
 """Starts and watches the ranks of a run: local processes, network namespaces, MPI/Slurm.
 
 Every multi-process experiment asks this package for a launcher by name and hands it runs
-(lists of :class:`RankSpec`); see ``base.py`` for how ranks and the coordinator talk.
+(lists of :class:`RankSpec`); see ``hub.py`` for how ranks and the coordinator talk.
 """
 
 from __future__ import annotations
@@ -10,14 +10,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from bench.launch.base import (
-    Launcher,
-    LaunchError,
-    RankContext,
-    RankFailed,
-    RankResult,
-    RankSpec,
-)
+from bench.launch.base import Launcher
+from bench.launch.context import RankContext
+from bench.launch.messages import LaunchError, RankFailed, RankResult, RankSpec
 from transports.common import Registry
 
 #: name -> the launcher class and what it does (for --help); the order is the order of --help. Each class says

@@ -9,7 +9,7 @@ import os
 import socket
 import struct
 
-from bench.launch.base import LaunchError
+from bench.launch.messages import LaunchError
 from transports.fabric.rdma_devices import active_ports, read_devices
 
 _SIOCGIFADDR = 0x8915

@@ -37,19 +37,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.launch.addresses import resolve_bind, ucx_devices
-from bench.launch.base import (
-    Hub,
-    Launcher,
-    LaunchError,
-    RankFailed,
-    RankResult,
-    RankSpec,
-    connect,
-    coordinate,
-    receive_frame,
-    run_token,
-    serve_rank,
-)
+from bench.launch.base import Launcher
+from bench.launch.context import connect, serve_rank
+from bench.launch.hub import Hub, coordinate
+from bench.launch.messages import LaunchError, RankFailed, RankResult, RankSpec, run_token
+from bench.launch.wire import receive_frame
 from transports import Cluster
 from transports.ports import free_port
 

@@ -28,8 +28,10 @@ from typing import Any, ClassVar
 
 from bench.ground.quiet_tensorflow import is_start_up_noise
 from bench.launch.addresses import resolve_bind, ucx_devices
-from bench.launch.base import Hub, Launcher, RankFailed, RankResult, RankSpec, coordinate, run_token
+from bench.launch.base import Launcher
 from bench.launch.hosts import Reaper
+from bench.launch.hub import Hub, coordinate
+from bench.launch.messages import RankFailed, RankResult, RankSpec, run_token
 from transports import Cluster
 from transports.ports import free_port, release_cluster_ports
 

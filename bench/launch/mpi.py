@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from bench.launch.base import LaunchError
 from bench.launch.job import (
     CHANNEL_BYTES,
     JobChannel,
@@ -32,6 +31,7 @@ from bench.launch.job import (
     hostnames_problem,
     value_problem,
 )
+from bench.launch.messages import LaunchError
 from bench.launch.slurm import in_step
 from transports import load_fabric
 from transports.common import Availability

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bench.launch.addresses import rdma_ports
-from bench.launch.base import LaunchError, RankSpec
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
 from bench.launch.local import LocalLauncher
+from bench.launch.messages import LaunchError, RankSpec
 from transports.common import Availability
 
 #: rank r listens on this port plus r of its host's address (every host is a fresh namespace); below the

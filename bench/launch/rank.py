@@ -29,7 +29,7 @@ import signal
 import sys
 
 from bench.ground import quiet_tensorflow
-from bench.launch.base import connect, serve_rank
+from bench.launch.context import connect, serve_rank
 
 #: from <linux/prctl.h>
 PR_SET_PDEATHSIG = 1

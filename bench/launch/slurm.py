@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.launch.addresses import resolve_bind
-from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, LaunchError, connect, send_message
+from bench.launch.context import connect
+from bench.launch.hub import Hub
 from bench.launch.job import (
     JobChannel,
     JobLauncher,
@@ -52,6 +53,8 @@ from bench.launch.job import (
     hostnames_problem,
     value_problem,
 )
+from bench.launch.messages import TOKEN_VARIABLE, Hello, LaunchError
+from bench.launch.wire import send_message
 from transports.common import Availability
 
 #: where task 0 says where it listens (a directory the step's nodes share); default below

@@ -50,10 +50,13 @@ import numpy as np
 from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
-from bench.launch.base import TOKEN_VARIABLE, Hello, Hub, connect, describe_error, receive_message, send_message
+from bench.launch.context import connect
 from bench.launch.hosts import REAPER_PIPES, spawn_reaper
+from bench.launch.hub import Hub
+from bench.launch.messages import TOKEN_VARIABLE, Hello, describe_error
 from bench.launch.mpi import mpirun_path
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
+from bench.launch.wire import receive_message, send_message
 from transports import Cluster, Key
 from transports.common import Availability
 
