@@ -199,7 +199,8 @@ def test_shared_memory_without_room_is_process_memory_without_an_error(room):
     what it would refuse with an error on the console."""
     child = run_child(f"""
         import os
-        from transports.fabric.ucx.device import UcxDevice, _shared_mappings
+        from transports.fabric.ucx.channel import _shared_mappings
+        from transports.fabric.ucx.device import UcxDevice
         if "{room}" == "little":  # 400 KB free, as in a container's small /dev/shm
             os.statvfs = lambda path: os.statvfs_result((4096, 4096, 1000, 100, 100, 0, 0, 0, 0, 255))
         device = UcxDevice('shm')

@@ -18,6 +18,7 @@ import pytest
 from bench.experiments import micro
 from transports import Key, PeerError, TensorSpec, TransportStats
 from transports.fabric.settings import RdmaSettings
+from transports.fabric.verbs import channel as verbs_channel
 from transports.fabric.verbs import device as verbs_device
 from transports.fabric.verbs.device import VerbsDevice
 from transports.zerocopy import transport as zerocopy
@@ -296,7 +297,7 @@ def small_nic(monkeypatch):
     of several GiB on a real NIC."""
     nic = _FakeNic()
     monkeypatch.setattr(verbs_device, "_pyverbs", lambda: nic.pv)
-    monkeypatch.setattr(verbs_device, "MAX_WR_BYTES", 4096)
+    monkeypatch.setattr(verbs_channel, "MAX_WR_BYTES", 4096)
     return nic
 
 

@@ -66,6 +66,7 @@ from bench.experiments.micro.loops import (
     sender_loop,
 )
 from bench.experiments.micro.points import (
+    CHUNK,
     FULL_CHECK_BYTES,
     RECEIVER,
     SENDER,
@@ -79,7 +80,7 @@ from bench.experiments.micro.points import (
 )
 
 __all__ = [
-    "FULL_CHECK_BYTES", "PROGRESS_EVERY_S", "RECEIVER", "SENDER", "SILENCE_SLACK_S", "STARTUP_S",
+    "CHUNK", "FULL_CHECK_BYTES", "PROGRESS_EVERY_S", "RECEIVER", "SENDER", "SILENCE_SLACK_S", "STARTUP_S",
     "CoordinatorSignals", "DirectSignals", "Measured", "MicroError", "MicroLine", "Point", "Progress", "ReadySignals",
     "Side", "TimedLink", "TransportLine", "bind_timing_thread", "clock_ns", "content", "fill", "first_wrong",
     "make_record", "marker", "plan_points", "prepare", "receiver_loop", "run_line", "run_pair", "sender_loop",

@@ -13,11 +13,8 @@ checked stream, and ``auto`` chooses among the rest.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import re
-import resource
 import select
 import subprocess
 import sys
@@ -32,19 +29,14 @@ import numpy as np
 
 from transports.common import Availability, aligned_empty, done_future, settle
 from transports.fabric.base import (
-    BELL_BYTES,
     Channel,
-    CounterPlan,
     Device,
     Exchange,
     FabricError,
     FabricInterrupted,
     FabricTimeout,
-    FlagSet,
     MemRegion,
     RemoteRegion,
-    SendPlan,
-    TakePlan,
     Tool,
 )
 from transports.fabric.netdev import interface_addresses
@@ -52,10 +44,23 @@ from transports.fabric.rdma_devices import active_ports, read_devices
 from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings
 from transports.fabric.stream import Grants, StreamChannel, StreamListener, parse_stream_address
+from transports.fabric.ucx.channel import (
+    MAX_BLOB,
+    SPIN_S,
+    UcxChannel,
+    UcxFlagSet,
+    UcxTakePlan,
+    _check,
+    _keep_mapped,
+    _pointer,
+    _reason,
+    _shared_room,
+)
+from transports.fabric.ucx.channel import (
+    bind as bind_channels,
+)
 
 ALIGNMENT = 64
-#: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
-MAX_BLOB = 8192
 #: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
 UCX_HOME_VARIABLE = "TENSOR_BENCH_UCX_HOME"
 #: UCX transports (UCX_TLS) behind each --fabric-transport choice
@@ -90,12 +95,7 @@ _SHARED_MEMORY_ALIASES = {
 #: where every transfer needs the target's progress, 15% of 1KB transfers took over 1 ms (p90 2.9 ms), 0.8%
 #: with the mutex (p90 176 µs). A user's own UCX_USE_MT_MUTEX wins.
 WORKER_LOCK = {"USE_MT_MUTEX": "y"}
-#: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
-MAX_TARGETS = 4096
 _SPINS_BEFORE_SLEEP = 20
-#: a waiter for a flag or counter spins (yielding its core) this long before it naps
-SPIN_S = 0.002
-_SPIN_NS = int(SPIN_S * 1e9)
 #: empty progress calls (in C) that end a burst of traffic
 _IDLE_ROUNDS = 64
 
@@ -144,6 +144,7 @@ def load() -> tuple[Any, Any]:
                        f"with '{UCX_HOME_VARIABLE}={home} pip install -e .', or set {UCX_HOME_VARIABLE}={built}")
         raise FabricError(_load_error)
     _ffi, _lib = ffi, lib
+    bind_channels(ffi, lib)
     return ffi, lib
 
 
@@ -257,46 +258,11 @@ def ucx_home() -> Path:
     return Path(libucx.__file__).parent
 
 
-def _reason(status: int) -> str:
-    return _ffi.string(_lib.ucs_status_string(status)).decode()
-
-
-def _check(status: int, what: str) -> None:
-    if status != _lib.UCS_OK:
-        raise FabricError(f"ucx: {what} failed: {_reason(status)}")
-
-
 def _listen_host(interfaces: list[str] | tuple[str, ...]) -> str:
     """Where the fabric's TCP stream listens: the IPv4 address of the first of the cluster's interfaces that has
     one, else loopback."""
     addresses = interface_addresses() if interfaces else {}
     return next((addresses[name] for name in interfaces if name in addresses), "127.0.0.1")
-
-
-#: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
-_SHARED_MEMORY_DESCRIPTORS = 16
-
-
-def _descriptors_short() -> str | None:
-    """Why UCX may have opened no shared-memory transport, where this process holds nearly as many descriptors as
-    its limit allows (the peer, started alike, then has none either); None otherwise."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        held = len(os.listdir("/proc/self/fd"))
-    except OSError as exc:
-        if exc.errno != errno.EMFILE:
-            return None
-        held = soft  # not one left to list them with
-    if held + _SHARED_MEMORY_DESCRIPTORS < soft:
-        return None
-    return (f"this process holds {held} of the {soft} descriptors it may open, too few for UCX's shared-memory "
-            "transports")
-
-
-def _pointer(array: np.ndarray):
-    return _ffi.cast("void *", array.__array_interface__["data"][0])
 
 
 class _Worker:
@@ -458,428 +424,6 @@ class UcxRegion(MemRegion):
             if keep:
                 _keep_mapped(self.array, *self._mapped, saved)
             self.device._cache.forget(self)
-
-
-_PROT_READ_WRITE = 0x3
-_MAP_PRIVATE_ANONYMOUS = 0x02 | 0x20
-_MAP_FIXED_NOREPLACE = 0x100000
-
-
-def _keep_mapped(array: np.ndarray, address: int, length: int, content: bytes) -> None:
-    """Map private memory holding ``content`` at ``address`` (just unmapped) while ``array`` lives.
-
-    MAP_FIXED_NOREPLACE: should another mapping have taken the range meanwhile, it is left alone
-    (the views then read whatever is there, as freed memory would, but never crash on it).
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    got = libc.mmap(address, length, _PROT_READ_WRITE, _MAP_PRIVATE_ANONYMOUS | _MAP_FIXED_NOREPLACE, -1, 0)
-    if got != address:
-        if got not in (None, ctypes.c_void_p(-1).value):
-            libc.munmap(got, length)  # an old kernel that took the flag as a hint
-        return
-    ctypes.memmove(address, content, len(content))
-    weakref.finalize(array, libc.munmap, address, length)
-
-
-_SHARED_PREFIXES = ("/SYSV", "/dev/shm/", "/memfd:")
-#: unpacking remote keys one at a time, so that the segments each one maps are told apart
-_unpacking = threading.Lock()
-
-
-def _shared_mappings() -> set[tuple[int, int]]:
-    """The ``[start, end)`` of every mapping of a shared segment in this process (SysV, POSIX, memfd)."""
-    found = set()
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if len(fields) > 5 and fields[5].strip().startswith(_SHARED_PREFIXES):
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                found.add((lo, hi))
-    return found
-
-
-def _merged(ranges: set[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo == out[-1][1]:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
-class UcxChannel(Channel):
-    """A UCP endpoint from one of our workers to one of the peer's.
-
-    The peer's address is checked by :meth:`UcxDevice.address_problem` before UCX sees it,
-    remote keys are bounded in size, and every one-sided operation on memory UCX maps into
-    this process (shared-memory transports) must lie inside that mapping: a peer's bad
-    descriptor is an error, not a crash.
-    """
-
-    def __init__(self, worker: _Worker, peer_address: bytes, peer_errors: bool) -> None:
-        self.worker = worker
-        self._error = _ffi.new("int *")  # written by UCX's error callback
-        self._peer_address = _ffi.new("char[]", peer_address)
-        ep = _ffi.new("ucp_ep_h *")
-        status = _lib.tt_ep_create(worker.handle, self._peer_address, int(peer_errors), self._error, ep)
-        if status != _lib.UCS_OK and (short := _descriptors_short()) is not None:
-            # the cause is the descriptor limit: said as the OSError it is, which names the limit where it is shown
-            raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: ucx: connecting to a peer failed "
-                                        f"({_reason(status)}): {short}")
-        _check(status, "connecting to a peer")
-        self.ep = ep[0]
-        self._rkeys: dict[bytes, Any] = {}
-        #: per remote key: the shared segments unpacking it mapped into this process (shared-memory
-        #: transports), where every operation with that key must land; None if it mapped none
-        self._segments: dict[bytes, list[tuple[int, int]] | None] = {}
-        #: (rkey, address, bytes) of remote targets already checked -> the unpacked key
-        self._targets: dict[tuple[bytes, int, int], Any] = {}
-        self._lock = threading.Lock()
-
-    def _rkey(self, rkey: bytes):
-        with self._lock:
-            if rkey not in self._rkeys:
-                if not rkey or len(rkey) > MAX_BLOB:
-                    raise FabricError(f"ucx: a remote key of {len(rkey)} bytes is malformed")
-                handle = _ffi.new("ucp_rkey_h *")
-                with _unpacking:
-                    before = _shared_mappings()
-                    _check(_lib.ucp_ep_rkey_unpack(self.ep, rkey, handle), "unpacking a remote key")
-                    mapped = _shared_mappings() - before
-                self._rkeys[rkey] = handle[0]
-                self._segments[rkey] = _merged(mapped) or None
-            return self._rkeys[rkey]
-
-    def _check_mapped(self, rkey: bytes, handle, remote: RemoteRegion, nbytes: int) -> int:
-        """Refuse an operation on peer memory mapped here (shared memory) that leaves the peer's segment;
-        where it lies in this process (0: not mapped here).
-
-        With shared-memory transports UCX turns the remote address into a pointer into its
-        mapping of the peer's segment and copies, unchecked: an address outside the segment
-        would read or write this process's own memory. The segment is what unpacking the key
-        mapped; should UCX have reused an earlier mapping, the target must at least lie in one
-        shared segment and not in memory this device allocated. That is the writer's own check, and
-        the pool keeps what one peer's key maps to that peer's blocks (``transports/fabric/pool.py``).
-        Nothing else checks: cma lets any process of the same user write anywhere in the peer (the
-        OS's boundary), and over tcp UCX's target copies a put to whatever address the request names,
-        with an empty key (``uct_tcp_ep_handle_put_req``; ``UCX_TCP_PUT_ENABLE=n`` only stops this side
-        offering put), so any process that reaches the worker's tcp port can write the process's memory.
-        """
-        if nbytes == 0:
-            return 0
-        local = _ffi.new("void **")
-        if _lib.ucp_rkey_ptr(handle, remote.addr, local) != _lib.UCS_OK:
-            return 0  # not mapped into this process
-        start = int(_ffi.cast("uintptr_t", local[0]))
-        end = start + nbytes
-        segments = self._segments.get(rkey)
-        if segments is None:
-            own = self.worker.device.own_mappings()
-            segments = [(lo, hi) for lo, hi in _merged(_shared_mappings())
-                        if not any(lo < o_hi and o_lo < hi for o_lo, o_hi in own)]
-        if not any(lo <= start and end <= hi for lo, hi in segments):
-            raise FabricError(
-                f"ucx: the peer's region [{remote.addr:#x}, +{nbytes}) lies outside the memory its remote key covers"
-            )
-        return start
-
-    def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
-        if local.nbytes > remote.length:
-            raise ValueError(f"{name} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
-        try:  # what the peer is to blame for fails the operation's future, as a failed transfer would
-            if (reason := self.failed()) is not None:
-                raise FabricError(f"ucx: {name} on a failed connection: {reason}")
-            rkey = self._rkey(remote.rkey)
-            self._check_mapped(remote.rkey, rkey, remote, local.nbytes)
-        except FabricError as exc:
-            failed: Future = Future()
-            failed.set_exception(exc)
-            return failed
-        request = op(self.ep, _pointer(local), local.nbytes, remote.addr, rkey)
-        return self.worker.complete(request, name, keep_alive=local)
-
-    def write(self, local: np.ndarray, remote: RemoteRegion) -> Future:
-        return self._rma(_lib.tt_put, "put", local, remote)
-
-    def _checked(self, remote: RemoteRegion, nbytes: int, name: str) -> tuple[Any, int]:
-        """The unpacked remote key for an operation of ``nbytes`` on ``remote`` and where the target lies in
-        this process (0: not mapped here), checked once per target."""
-        if nbytes > remote.length:
-            raise ValueError(f"{name} of {nbytes} bytes does not fit a remote region of {remote.length}")
-        target = (remote.rkey, remote.addr, nbytes)
-        checked = self._targets.get(target)
-        if checked is None:
-            if (reason := self.failed()) is not None:
-                raise FabricError(f"ucx: {name} on a failed connection: {reason}")
-            handle = self._rkey(remote.rkey)
-            checked = handle, self._check_mapped(remote.rkey, handle, remote, nbytes)
-            if len(self._targets) >= MAX_TARGETS:
-                self._targets.clear()
-            self._targets[target] = checked
-        return checked
-
-    def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
-                      trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
-        rkey, mapped = self._checked(remote, data.nbytes, "put") if data.nbytes else (_ffi.NULL, 0)
-        if trailer is not None:
-            trailer_rkey, trailer_mapped = self._checked(trailer_remote, trailer.nbytes, "put")
-            trailer_pointer, trailer_bytes = _ffi.from_buffer(trailer), trailer.nbytes
-            trailer_addr = trailer_remote.addr
-        else:
-            trailer_rkey, trailer_mapped, trailer_pointer, trailer_bytes, trailer_addr = _ffi.NULL, 0, _ffi.NULL, 0, 0
-        device = self.worker.device
-        if (mapped or not data.nbytes) and (trailer_mapped or not trailer_bytes):
-            # the peer's memory is mapped here (shared memory): the transfer is this thread's own copy
-            if (reason := self.failed()) is not None:
-                raise FabricError(f"ucx: put on a failed connection: {reason}")
-            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _ffi.from_buffer(data), data.nbytes,
-                                 _ffi.cast("uint8_t *", trailer_mapped), trailer_pointer, trailer_bytes)
-            device.mapped_writes += 1
-            return
-        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _ffi.from_buffer(data), data.nbytes, remote.addr,
-                                     rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
-                                     int(timeout * 1e9), device._stop, self._error)
-        if status != _lib.UCS_OK:
-            device._outcome(status, "put", keep_alive=(data, trailer))
-
-    def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
-                  credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> UcxSendPlan:
-        return UcxSendPlan(self, slots, trailers, trailer, credits, bells)
-
-    def counter_plan(self, local: np.ndarray, remote: RemoteRegion) -> UcxCounterPlan:
-        return UcxCounterPlan(self, local, remote)
-
-    def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
-        if not local.nbytes:
-            return
-        rkey, _ = self._checked(remote, local.nbytes, "get")
-        device = self.worker.device
-        status = _lib.tt_get_sync(self.worker.handle, self.ep, _ffi.from_buffer(local), local.nbytes, remote.addr,
-                                  rkey, int(timeout * 1e9), device._stop, self._error)
-        if status != _lib.UCS_OK:
-            device._outcome(status, "get", keep_alive=local)
-
-    def read(self, local: np.ndarray, remote: RemoteRegion) -> Future:
-        return self._rma(_lib.tt_get, "get", local, remote)
-
-    def flush(self) -> Future:
-        return self.worker.complete(_lib.tt_ep_flush(self.ep), "flush")
-
-    def notify(self) -> Future:
-        return self.worker.complete(_lib.tt_doorbell(self.ep), "ringing the doorbell")
-
-    def wait(self, future: Future, timeout: float | None = None):
-        return self.worker.wait(future, timeout)
-
-    def failed(self) -> str | None:
-        status = self._error[0]
-        return None if status == 0 else _reason(status)
-
-    def fail(self) -> None:
-        if not self._error[0]:
-            self._error[0] = _lib.UCS_ERR_CONNECTION_RESET
-
-    def info(self) -> str:
-        text = _lib.tt_ep_info(self.ep)
-        if text == _ffi.NULL:
-            return ""
-        try:
-            return _ffi.string(text).decode(errors="replace")
-        finally:
-            _lib.free(text)
-
-    def close(self) -> None:
-        for rkey in self._rkeys.values():
-            _lib.ucp_rkey_destroy(rkey)
-        self._rkeys.clear()
-        closing = self.worker.complete(_lib.tt_ep_close(self.ep, 1), "closing an endpoint")
-        self.worker.drain(closing)
-
-
-class UcxSendPlan(SendPlan):
-    """``tt_send_planned``'s plan (shim.c): each target checked and its key unpacked once, here."""
-
-    def __init__(self, channel: UcxChannel, slots: list[RemoteRegion], trailers: list[RemoteRegion],
-                 trailer: np.ndarray, credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> None:
-        if not 1 <= len(slots) == len(trailers) <= _lib.TT_MAX_SLOTS or trailer.nbytes != 9 or credits.nbytes != 8:
-            raise ValueError("a send plan takes 1 or 2 slots with a trailer each, a 9-byte trailer and one counter")
-        if bells is not None and (len(bells) != len(slots) or any(b.length != BELL_BYTES for b in bells)):
-            raise ValueError(f"a send plan takes a {BELL_BYTES}-byte bell per slot, or none")
-        plan = _ffi.new("tt_send_plan *")
-        plan.worker, plan.ep, plan.slots, plan.length = channel.worker.handle, channel.ep, len(slots), slots[0].length
-        mapped = True
-        for k, (slot, flag) in enumerate(zip(slots, trailers, strict=True)):
-            rkey, at = channel._checked(slot, slot.length, "put") if slot.length else (_ffi.NULL, 0)
-            plan.remote[k], plan.rkey[k], plan.mapped[k] = slot.addr, rkey, _ffi.cast("void *", at)
-            rkey, at_flag = channel._checked(flag, trailer.nbytes, "put")
-            plan.trailer_remote[k], plan.trailer_rkey[k] = flag.addr, rkey
-            plan.trailer_mapped[k] = _ffi.cast("uint8_t *", at_flag)
-            mapped = mapped and bool(at or not slot.length) and bool(at_flag)
-            if at:  # the slot's pages mapped writable here now, not by the first transfers into it
-                _lib.tt_populate(plan.mapped[k], slot.length)
-            if bells is not None:  # in memory mapped here only, 8-byte aligned (its words are atomics)
-                _, at_bell = channel._checked(bells[k], BELL_BYTES, "put")
-                plan.bell[k] = _ffi.cast("tt_bell *", at_bell if at_bell % 8 == 0 else 0)
-        plan.pid = os.getpid()
-        plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
-        plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
-        device = channel.worker.device
-        plan.spin_ns, plan.stop, plan.failed = _SPIN_NS, device._stop, channel._error
-        plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
-        self._plan, self._channel, self._device = plan, channel, device
-        # what the plan points into stays alive with it
-        self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles)
-        #: the array last sent and its buffer as cffi passes it (mostly the same array every time)
-        self._source: tuple[np.ndarray | None, Any] = (None, None)
-        #: the waits (seconds) the plan holds in nanoseconds (mostly the same every time)
-        self._waits: tuple[float, float] = (-1.0, -1.0)
-        #: every transfer is this process's own copy into peer memory mapped here (shared memory)
-        self.mapped = mapped
-
-    @property
-    def rung(self) -> int:
-        """The times a send found the peer asleep on its doorbell and woke it."""
-        return int(self._plan.rung)
-
-    @property
-    def pulled(self) -> int:
-        """The transfers the peer pulled itself."""
-        return int(self._plan.pulled)
-
-    def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        source, buffer = self._source
-        if data is not source:
-            buffer = _ffi.from_buffer(data)
-            self._source = data, buffer
-        waits = self._waits
-        if credit_wait != waits[0] or timeout != waits[1]:
-            self._plan.credit_wait_ns, self._plan.timeout_ns = int(credit_wait * 1e9), int(timeout * 1e9)
-            self._waits = credit_wait, timeout
-        status = _lib.tt_send_planned(self._plan, buffer, seq, step)
-        if status == 0:  # UCS_OK
-            if self.mapped:
-                self._device.mapped_writes += 1
-            return True
-        device = self._device
-        if status == _lib.TT_NO_CREDIT:
-            return False
-        if status == _lib.TT_SEND_STOPPED:
-            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
-        device._outcome(status, "put", keep_alive=data)
-        return False
-
-
-class UcxCounterPlan(CounterPlan):
-    """``tt_set_counter``'s plan (shim.c): the peer's word checked and its key unpacked once, here."""
-
-    def __init__(self, channel: UcxChannel, local: np.ndarray, remote: RemoteRegion) -> None:
-        if local.dtype != np.uint64 or local.size != 1 or remote.length != 8 or remote.addr % 8:
-            raise ValueError("a counter plan takes one uint64 here and 8 aligned bytes at the peer")
-        rkey, at = channel._checked(remote, 8, "put")
-        plan = _ffi.new("tt_counter_plan *")
-        plan.worker, plan.ep, plan.remote, plan.rkey = channel.worker.handle, channel.ep, remote.addr, rkey
-        plan.local = _ffi.cast("uint64_t *", local.ctypes.data)
-        plan.mapped = _ffi.cast("uint64_t *", at if at % 8 == 0 else 0)
-        self._plan, self._channel, self._device, self._local = plan, channel, channel.worker.device, local
-        self.mapped = bool(at) and at % 8 == 0
-
-    def set(self, value: int, timeout: float = 60.0) -> None:
-        device = self._device
-        status = _lib.tt_set_counter(self._plan, value, int(timeout * 1e9), device._stop, self._channel._error)
-        if status == _lib.UCS_OK:
-            if self.mapped:
-                device.mapped_writes += 1
-            return
-        device._outcome(status, "put", keep_alive=self._local)
-
-
-def _shared_room() -> int:
-    """Bytes of shared memory a segment may take: half of what the directory UCX puts it in (``UCX_POSIX_DIR``,
-    else ``/dev/shm``; often small in containers) has free, so that other programs keep room there and UCX is not
-    asked for what it would refuse with an error on the console (it then falls back to process memory)."""
-    try:
-        free = os.statvfs(os.environ.get("UCX_POSIX_DIR") or "/dev/shm")
-    except OSError:
-        return 0
-    return free.f_bavail * free.f_frsize // 2
-
-
-class UcxTakePlan(TakePlan):
-    """``tt_take_planned``'s plan (shim.c): the slots' trailers, found once."""
-
-    def __init__(self, device: UcxDevice, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
-                 slots: list[np.ndarray] | None = None) -> None:
-        if not 1 <= len(trailers) <= _lib.TT_MAX_SLOTS or any(t.nbytes != 9 for t in trailers):
-            raise ValueError("a take plan takes 1 or 2 trailers of 9 bytes")
-        if bells is not None and (len(bells) != len(trailers) or any(
-                b.dtype != np.uint8 or b.nbytes != BELL_BYTES or b.ctypes.data % 8 for b in bells)):
-            raise ValueError(f"a take plan takes an 8-byte aligned bell ({BELL_BYTES} bytes) per trailer, or none")
-        if slots is not None and (len(slots) != len(trailers) or len({s.nbytes for s in slots}) != 1
-                                  or not all(s.flags.c_contiguous and s.flags.writeable for s in slots)):
-            raise ValueError("a take plan takes a writable slot of one size per trailer, or none")
-        plan = _ffi.new("tt_take_plan *")
-        plan.slots = len(trailers)
-        for k, trailer in enumerate(trailers):
-            plan.trailer[k] = _ffi.cast("uint8_t *", trailer.ctypes.data)
-            if bells is not None:
-                plan.bell[k] = _ffi.cast("tt_bell *", bells[k].ctypes.data)
-            if bells is not None and slots is not None and slots[k].nbytes >= _lib.TT_PULL_FROM:  # asked of these
-                plan.slot[k] = _ffi.cast("void *", slots[k].ctypes.data)
-                plan.length = slots[k].nbytes
-        plan.pid, plan.spin_ns, plan.stop = os.getpid(), _SPIN_NS, device._stop
-        plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
-        # what the plan points into stays alive with it
-        self._plan, self._memory = plan, (trailers, bells, slots, device._stop, device._worker_handles)
-        self._taken = _lib.TT_TAKEN
-
-    def use_bells(self, on: bool) -> None:
-        self._plan.bells = int(on and self._plan.bell[0] != _ffi.NULL)
-
-    @property
-    def pulls(self) -> int:
-        """The transfers this plan pulled itself, asked by the sender."""
-        return int(self._plan.pulls)
-
-    def take(self, seq: int, step: int, timeout: float) -> bool | None:
-        found = _lib.tt_take_planned(self._plan, seq, step, int(timeout * 1e9))
-        if found >= 0:  # TT_TAKEN or TT_TAKEN_OTHER (a wait's TT_WAIT_* are negative)
-            return found == self._taken
-        if found == _lib.TT_WAIT_STOPPED:
-            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
-        return None
-
-    @property
-    def last(self) -> tuple[int, int]:
-        return self._plan.flag, self._plan.step
-
-
-class UcxFlagSet(FlagSet):
-    """Flag bytes polled together in C (``tt_wait_flags``), without the GIL."""
-
-    def __init__(self, device: UcxDevice, flags: list[np.ndarray]) -> None:
-        self._device = device
-        self._flags = flags  # keeps the memory the pointers point into alive
-        self._pointers = _ffi.new("uint8_t *[]", [_ffi.cast("uint8_t *", f.ctypes.data) for f in flags])
-        self._done = _ffi.new("uint8_t[]", len(flags))
-        self._count = len(flags)
-
-    def wait_any(self, timeout: float) -> int | None:
-        device = self._device
-        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(SPIN_S * 1e9), int(timeout * 1e9),
-                                   device._stop, device._worker_handles, len(device._workers))
-        if found == _lib.TT_WAIT_STOPPED:
-            raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
-        return None if found == _lib.TT_WAIT_TIMED_OUT else found
-
-    def done(self, index: int) -> None:
-        self._done[index] = 1
-
-    def reset(self) -> None:
-        _ffi.memmove(self._done, bytes(self._count), self._count)
 
 
 def parse_ucx_info(text: str) -> dict[str, list[str]]:
