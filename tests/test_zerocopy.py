@@ -494,7 +494,7 @@ def test_a_step_of_many_tensors_costs_one_credit_message_per_peer(fabric):
             step(s)
         # a connect that found receives posted sends their credits on the transport's credit thread (one, in
         # order): they are out before counting starts, however slow that thread is on a busy machine
-        granter = pair[1]._granter
+        granter = pair[1].credits.granter
         if granter is not None:
             granter.submit(lambda: None).result(timeout=30)
         sender, receiver = ledger_delta(pair, lambda: [step(s) for s in range(2, 7)])

@@ -52,7 +52,7 @@ import time
 import weakref
 import zlib
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -84,12 +84,11 @@ from transports.fabric.base import (
 from transports.fabric.pool import Block
 from transports.on_fabric import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
 from transports.placement import TensorSpec
+from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.protocol import (
     BELL_AT,
     CONTROL_BYTES,
     COUNTERS_BYTES,
-    CREDIT_TABLE_BYTES,
-    CREDIT_TABLE_ENTRIES,
     MAX_DIMS,
     MAX_DYNAMIC_BYTES,
     MAX_RKEY,
@@ -197,19 +196,6 @@ class _Queued:
     deadline: float
 
 
-class _CreditMirror:
-    """A receiver's copy of one sender's credit table, written to the sender in spans."""
-
-    def __init__(self, src: int, channel: Channel, table: RemoteRegion, block: Block) -> None:
-        self.src = src
-        self.channel = channel
-        self.table = table
-        self.block = block
-        block.array[:] = 0
-        self.values = block.view(np.uint64, (CREDIT_TABLE_ENTRIES, 2))
-        self.lock = threading.Lock()
-
-
 @dataclass(eq=False)
 class _Incoming:
     """Receiver-side state of one tensor name from one peer."""
@@ -226,7 +212,7 @@ class _Incoming:
     posted: int = 0
     #: a receive is posted and its transfer not yet taken (a receive that timed out stays posted)
     waiting: bool = False
-    mirror: _CreditMirror | None = None  # the sender's credit table (once it connected)
+    mirror: CreditMirror | None = None  # the sender's credit table (once it connected)
     index: int = 0  # this tensor's entry in it
     connected_by: Any = None  # the ConnectRequest that connected it (a tensor is connected once)
     channel: Channel | None = None
@@ -308,11 +294,10 @@ class ZeroCopyTransport(FabricTransport):
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: dict[Key, object] = {}  # the keys being sent, each with its claim
         self._incoming: dict[tuple[str, int], _Incoming] = {}
-        #: the sender's credit tables per destination, and the entries handed out so far
-        self._credit_tables: dict[int, list[Block]] = {}
-        self._credit_entries: dict[int, int] = {}
-        #: the receiver's mirrors of its senders' credit tables, by (src, table address, remote key)
-        self._mirrors: dict[tuple[int, int, bytes], _CreditMirror] = {}
+        #: the sender's credit tables, one entry per tensor it sends (credits.py)
+        self.credit_tables = CreditTables(self)
+        #: the receiver's credits: a mirror of each sender's table, and the grants (credits.py)
+        self.credits = Credits(self)
         #: connects this rank has in flight, (name, dst) -> what it sent, for the receiver's ``verify``
         self._connecting: dict[tuple[str, int], dict[str, Any]] = {}
         #: what this rank's memory holds: no static slot is placed beyond it
@@ -323,9 +308,6 @@ class ZeroCopyTransport(FabricTransport):
         self._queue: deque[_Queued] = deque()
         self._doorbell = np.zeros(1, np.uint64)
         self._poller: threading.Thread | None = None
-        #: credits for receives posted before their sender connected go out on a thread of their own: on the
-        #: transport's pool they could queue behind sends that wait for the peer, which waits for these credits
-        self._granter: ThreadPoolExecutor | None = None
 
     @classmethod
     def modes(cls) -> dict[str, dict[str, Any]]:
@@ -399,37 +381,19 @@ class ZeroCopyTransport(FabricTransport):
                 with self._lock:  # verified: its device, and that it was heard from (its death counts)
                     self._peer_devices.setdefault(connect.src, connect.device)
                 incoming.channel = channel
-                incoming.mirror = self._mirror(connect, channel)
+                incoming.mirror = self.credits.mirror(connect, channel)
                 incoming.index = connect.index
-                incoming.credit = self._credit_plan(incoming)
+                incoming.credit = self.credits.plan(incoming)
                 if incoming.take is not None:  # a sender whose memory is mapped here maps this memory: it rings
                     incoming.take.use_bells(incoming.credit is not None and incoming.credit.mapped)
                 incoming.connected_by = connect
                 if incoming.posted:  # credits go out on the transport's threads, never the control path's
-                    self._submit_grant(incoming)
+                    self.credits.submit(incoming)
         reply = {"mode": incoming.mode, "control": incoming.control.remote().to_json()}
         if incoming.mode == "static":
             reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str,
                          slots=incoming.slots)
         return reply
-
-    @staticmethod
-    def _credit_plan(incoming: _Incoming) -> CounterPlan | None:
-        """The one-call grant of ``incoming``'s credit: its entry's first word, in the mirror and at the sender."""
-        mirror = incoming.mirror
-        try:
-            return mirror.channel.counter_plan(mirror.values[incoming.index, 0:1],
-                                               mirror.table.at(COUNTERS_BYTES * incoming.index, 8))
-        except (FabricError, ValueError):
-            return None  # the span write of _grant says what is wrong
-
-    def _mirror(self, connect: ConnectRequest, channel: Channel) -> _CreditMirror:
-        table = connect.table
-        key = (connect.src, table.addr, table.rkey)
-        with self._lock:
-            if key not in self._mirrors:
-                self._mirrors[key] = _CreditMirror(connect.src, channel, table, self.pool.alloc(CREDIT_TABLE_BYTES))
-            return self._mirrors[key]
 
     def _verify_claim(self, connect: ConnectRequest, request: dict[str, Any]) -> None:
         """Ask rank ``connect.src`` whether it is connecting to us with exactly this request."""
@@ -451,29 +415,6 @@ class ZeroCopyTransport(FabricTransport):
             mine = self._connecting.get(key) if key is not None and isinstance(key[0], str) else None
         return {"connecting": mine is not None and mine == sent}
 
-    def _submit_grant(self, incoming: _Incoming) -> None:
-        def grant() -> None:
-            # a failure here is found by the receiver, which waits for this peer and checks it
-            with contextlib.suppress(TransportError):
-                self._grant(incoming.mirror, [incoming])
-
-        with self._lock:
-            if self._closed.is_set():
-                return
-            if self._granter is None:
-                self._granter = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}-{self.rank}-credits")
-            self._granter.submit(grant)
-
-    def _credit_entry(self, dst: int) -> tuple[Block, int]:
-        """A fresh entry of this rank's credit table towards ``dst`` (a new table when the last is full)."""
-        with self._lock:
-            used = self._credit_entries.get(dst, 0)
-            tables = self._credit_tables.setdefault(dst, [])
-            if used == len(tables) * CREDIT_TABLE_ENTRIES:
-                tables.append(self.pool.alloc(CREDIT_TABLE_BYTES, peer=dst))  # dst writes it
-            self._credit_entries[dst] = used + 1
-            return tables[-1], used % CREDIT_TABLE_ENTRIES
-
     def _connect(self, name: str, dst: int) -> _Outgoing:
         outgoing = self._outgoing.get((name, dst))  # only ever added: no lock to find one
         if outgoing is not None:
@@ -481,7 +422,7 @@ class ZeroCopyTransport(FabricTransport):
         # tensors are spread over the lanes (and so the progress threads) by name; a large one over all of them
         peer, first = self._peer_device(dst), zlib.crc32(name.encode())
         lanes = [self._channel(dst, first + i, peer) for i in range(self.lanes_per_peer)]
-        table, index = self._credit_entry(dst)
+        table, index = self.credit_tables.entry(dst)
         outgoing = _Outgoing(name, dst, lanes, table, index, staging=self.pool.alloc(CONTROL_BYTES))
         request = {"name": name, "src": self.rank, "device": [a.hex() for a in self.device.address],
                    "counters": outgoing.counters.to_json(), "index": index}
@@ -711,10 +652,7 @@ class ZeroCopyTransport(FabricTransport):
     def _before_device_close(self) -> None:
         if self._poller is not None:
             self._poller.join(timeout=10)
-        with self._lock:
-            granter = self._granter
-        if granter is not None:
-            granter.shutdown(wait=True, cancel_futures=True)
+        self.credits.close()
 
     def _source_count(self, outgoing: _Outgoing, array: np.ndarray) -> str:
         """The ledger's count for sending ``array``: a registration-cache hit (it lies in registered memory
@@ -825,7 +763,7 @@ class ZeroCopyTransport(FabricTransport):
         timeout = self.timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._operation, incoming.lock:
-            self._post([incoming])
+            self.credits.post([incoming])
             slot = incoming.next_slot
             waiter = incoming.waiters[slot]
             if waiter is None:
@@ -842,7 +780,7 @@ class ZeroCopyTransport(FabricTransport):
         allowed = self.timeout_s if timeout is None else timeout
         with self._operation, incoming.lock:
             if not incoming.waiting:  # (a receive that timed out is posted still: it holds its credit already)
-                self._post_one(incoming)
+                self.credits.post_one(incoming)
             seq, step, take = incoming.seq, key.step, incoming.take.take
             try:
                 taken = take(seq, step, LIVENESS_EVERY_S if allowed > LIVENESS_EVERY_S else allowed)
@@ -876,7 +814,7 @@ class ZeroCopyTransport(FabricTransport):
             with contextlib.ExitStack() as held:
                 for incoming in sorted(incomings, key=lambda i: (i.src, i.name)):  # one order: no deadlock
                     held.enter_context(incoming.lock)
-                self._post(incomings)
+                self.credits.post(incomings)
                 flags = self.device.flag_set([incoming.flags[incoming.next_slot] for incoming in incomings])
                 pending = dict(enumerate(keys))
 
@@ -891,35 +829,6 @@ class ZeroCopyTransport(FabricTransport):
                     flags.done(index)
                     key = pending.pop(index)
                     yield key, self._take(incomings[index], key)
-
-    def _post(self, incomings: list[_Incoming]) -> None:
-        """Post a receive on each slot (held by the caller): its last transfer is consumed; credits go out."""
-        grants: dict[int, tuple[_CreditMirror, list[_Incoming]]] = {}
-        for incoming in incomings:
-            if incoming.lent is not None:  # the previous transfer is consumed: its buffer is free again
-                self.pool.free(incoming.lent)
-                incoming.lent = None
-            if incoming.waiting:  # posted before (a receive that timed out): it holds its credit already
-                continue
-            mirror = self._posted(incoming)
-            if mirror is not None:
-                grants.setdefault(id(mirror), (mirror, []))[1].append(incoming)
-        for mirror, granted in grants.values():
-            self._grant(mirror, granted)
-
-    def _posted(self, incoming: _Incoming) -> _CreditMirror | None:
-        """One more receive posted on ``incoming`` (held by the caller): the mirror to grant its credit through,
-        or None before its sender connected (the connect grants it)."""
-        incoming.waiting = True
-        with incoming.grant_lock:
-            incoming.posted += 1
-            return incoming.mirror
-
-    def _post_one(self, incoming: _Incoming) -> None:
-        """:meth:`_post` of one static slot not posted yet (held by the caller)."""
-        mirror = self._posted(incoming)
-        if mirror is not None:
-            self._grant(mirror, [incoming])  # (through the credit plan where it has one: _grant_one)
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
@@ -947,39 +856,6 @@ class ZeroCopyTransport(FabricTransport):
         self.ledger.received(array.nbytes)
         return array
 
-    def _grant(self, mirror: _CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:
-        """Tell the sender ``mirror.src``: receives posted on ``incomings``, or (``reads_done``) that the
-        one of them read its buffer. One write of the span of table entries that changed (one call through the
-        tensor's credit plan when it is one receive posted: :meth:`_grant_one`)."""
-        if reads_done is None and len(incomings) == 1 and incomings[0].credit is not None:
-            self._grant_one(incomings[0])
-            return
-        with mirror.lock:
-            for incoming in incomings:
-                if reads_done is None:
-                    mirror.values[incoming.index, 0] = incoming.posted
-                else:
-                    mirror.values[incoming.index, 1] = reads_done
-            low = min(incoming.index for incoming in incomings)
-            high = max(incoming.index for incoming in incomings) + 1
-            span = mirror.block.array[COUNTERS_BYTES * low: COUNTERS_BYTES * high]
-            target = mirror.table.at(COUNTERS_BYTES * low, COUNTERS_BYTES * (high - low))
-            self._blocking("granting credits", mirror.src, mirror.channel, mirror.channel.write_flagged, span, target)
-        self.ledger.add(control_messages=1)
-
-    def _grant_one(self, incoming: _Incoming) -> None:
-        """:meth:`_grant` of one receive posted, through the tensor's credit plan (one call)."""
-        mirror, credit = incoming.mirror, incoming.credit
-        with mirror.lock:  # no span write of the same table in between, with an older value of this entry
-            if credit.mapped:  # a store into memory mapped here: no peer to watch (see _blocking), called direct
-                try:
-                    credit.set(incoming.posted, self.timeout_s)
-                except FabricError as exc:
-                    raise self._failure("granting credits", mirror.src, exc) from None
-            else:
-                self._blocking("granting credits", mirror.src, mirror.channel, credit.set, incoming.posted)
-        self.ledger.count("control_messages")
-
     def _pull(self, incoming: _Incoming, key: Key, seq: int) -> np.ndarray:
         try:
             meta = Meta.parse(incoming.control.array[: META.itemsize], self.max_dynamic_bytes)
@@ -998,7 +874,7 @@ class ZeroCopyTransport(FabricTransport):
         except BaseException:
             self.pool.free(block)
             raise
-        self._grant(incoming.mirror, [incoming], reads_done=seq + 1)  # the sender may reuse its buffer
+        self.credits.grant(incoming.mirror, [incoming], reads_done=seq + 1)  # the sender may reuse its buffer
         incoming.lent = block
         return block.view(meta.dtype, meta.shape)
 
