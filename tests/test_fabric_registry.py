@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
+from concurrent.futures import Future
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import transports
 from transports import fabric
-from transports.fabric.base import FabricError
+from transports.common import Availability, done_future
+from transports.fabric.base import Channel, Device, FabricError, FabricInterrupted, MemRegion, RemoteRegion
 from transports.fabric.settings import RdmaSettings, SettingsError, read_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +68,7 @@ def test_nothing_above_the_fabric_imports_a_backend_module():
 
 
 def test_the_fabric_imports_nothing_from_the_layers_above():
-    above = r"bench|transports\.(base|on_fabric|control|zerocopy|rdma_cp|grpc_\w+)"
+    above = r"bench|transports\.(base|fabric_transport|control|zerocopy|rdma_cp|grpc_\w+)"
     pattern = re.compile(rf"^\s*(from|import)\s+({above})\b", re.MULTILINE)
     offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "transports" / "fabric").rglob("*.py")
                  if pattern.search(path.read_text())]
@@ -180,3 +184,125 @@ def test_the_registration_cache_evicts_the_least_recently_used_it_may_and_expire
     del owners[2]
     gc.collect()
     assert cache.count() == 1 and newest.released  # expired with its owner, released at the next call
+
+
+# -- the contract a backend writes ------------------------------------------------------------------------------
+
+
+class _InProcessRegion(MemRegion):
+    """Process memory, reachable by its address: all a backend in one process needs."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.array = np.zeros(nbytes, np.uint8)
+
+    def export(self) -> RemoteRegion:
+        return RemoteRegion(self.address, self.nbytes, b"\x01")
+
+    def release(self) -> None:
+        self.array = np.zeros(0, np.uint8)
+
+
+class _InProcessChannel(Channel):
+    """One-sided writes and reads as copies within this process: only the abstract methods."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def _copy(self, to: int, frm: int, nbytes: int, what: str) -> Future:
+        ctypes.memmove(to, frm, nbytes)
+        self.calls.append(what)
+        return done_future()
+
+    def write(self, local, remote):
+        return self._copy(remote.addr, local.ctypes.data, local.nbytes, "write")
+
+    def read(self, local, remote):
+        return self._copy(local.ctypes.data, remote.addr, local.nbytes, "read")
+
+    def flush(self):
+        self.calls.append("flush")
+        return done_future()
+
+    def failed(self):
+        return None
+
+    def fail(self) -> None:
+        pass
+
+
+class _InProcessDevice(Device):
+    """The smallest backend: the abstract methods and nothing else (docs/fabric-backend.md shows it)."""
+
+    name = "in_process"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made = 0
+
+    @classmethod
+    def availability(cls, fabric_transport="auto"):
+        return Availability(True)
+
+    @property
+    def registrations_made(self):
+        return self.made
+
+    def registrations(self):
+        return self.made
+
+    @property
+    def address(self):
+        return [b"here"]
+
+    def alloc(self, nbytes, shared=True):
+        self.made += 1
+        return _InProcessRegion(nbytes)
+
+    def register(self, array):
+        raise FabricError("in_process registers nothing it did not allocate")
+
+    def channel(self, peer, lane=0, exchange=None):
+        return _InProcessChannel()
+
+    def wait_for_activity(self, timeout):
+        self.interrupted.wait(timeout)
+
+    def close(self) -> None:
+        self.interrupt_waits()
+
+
+def test_a_backend_writes_the_paper_s_table_1_and_the_rest_has_defaults():
+    """A fabric backend writes about fifteen methods (tensorpipe's transport: 6); waits, the per-transfer calls,
+    plans and descriptions have defaults a backend may replace with a faster path."""
+    abstract = sorted(f"{cls.__name__}.{name}" for cls in (Device, Channel, MemRegion)
+                      for name in cls.__abstractmethods__)
+    assert len(abstract) <= 16, abstract
+    for optional in ("Device.flag_set", "Device.wait_counter", "Device.wait_counters", "Device.interrupt_waits",
+                     "Device.describe", "Device.without_effect", "Channel.write_flagged", "Channel.read_now",
+                     "Channel.notify"):
+        assert optional not in abstract
+
+    device = _InProcessDevice()
+    data, trailer = device.alloc(64), device.alloc(16)
+    channel = device.channel([b"peer"])
+    payload, flag = np.arange(64, dtype=np.uint8), np.full(16, 7, np.uint8)
+    channel.write_flagged(payload, data.export(), flag, trailer.export())
+    assert channel.calls == ["write", "flush", "write", "flush"]  # the data at the peer before its flag
+    np.testing.assert_array_equal(data.array, payload)
+    back = np.zeros(64, np.uint8)
+    channel.read_now(back, data.export())
+    np.testing.assert_array_equal(back, payload)
+
+    flags = device.flag_set([trailer.array[15:16], data.array[0:1]])
+    assert flags.wait_any(1.0) == 0  # the trailer's flag is up; data[0] is 0
+    counter = np.zeros(1, np.uint64)
+    assert device.wait_counter(counter, 0, 0.01) is False
+    counter[0] = 3
+    assert device.wait_counters([np.zeros(1, np.uint64), counter], [0, 2], 1.0) == 1
+    assert device.describe() == {"fabric": "in_process", "used": []}
+    settings = read_settings({"RDMA_QP_QUEUE_DEPTH": "64", "RDMA_QP_SL": "1"})
+    assert list(_InProcessDevice.without_effect(settings)) == list(settings.given())
+    assert list(settings.given()) == ["RDMA_QP_SL", "RDMA_QP_QUEUE_DEPTH"]
+    device.close()
+    with pytest.raises(FabricInterrupted):
+        device.wait_counter(np.zeros(1, np.uint64), 0, 5.0)

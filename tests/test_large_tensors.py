@@ -266,14 +266,14 @@ def test_a_tensor_spec_counts_its_bytes_exactly():
 def test_every_transport_bounds_a_tensor_by_one_reading_of_the_memory(monkeypatch):
     """One function says what a rank can hold (physical memory, or its cgroup's limit when lower), in
     transports.base; the fabric transports and grpc_tcp's wire use it, not copies of their own."""
-    from transports import base, on_fabric
+    from transports import base, fabric_transport
     from transports.grpc_rdma import transport as grpc_rdma
     from transports.grpc_tcp import wire
 
     assert grpc_rdma.memory_bytes is base.memory_bytes
     assert wire.memory_bytes is base.memory_bytes
     assert zerocopy.memory_bytes is base.memory_bytes
-    assert not hasattr(on_fabric, "memory_bytes")
+    assert not hasattr(fabric_transport, "memory_bytes")
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < base.memory_bytes() <= physical
 

@@ -16,6 +16,9 @@ above the fabric imports a backend module.
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transports.common import Availability
+from transports.common import Availability, done_future
 from transports.fabric.settings import RdmaSettings
 
 #: the longest remote key a peer may send (UCX's are under 100 bytes here)
@@ -132,13 +135,14 @@ class Channel(ABC):
     def flush(self) -> Future:
         """Done when every write issued before it is complete at the peer."""
 
-    @abstractmethod
     def notify(self) -> Future:
         """Wake the peer's progress threads (and whoever waits on them) with an empty message.
 
         One-sided writes into mapped memory raise no event at the target; a verbs write with
         immediate would. Writers that a sleeping peer must notice ring this doorbell after them.
+        (Default: nothing to wake, the peer polls.)
         """
+        return done_future()
 
     def wait(self, future: Future, timeout: float | None = None):
         """The result of an operation's future; backends may progress from the caller meanwhile."""
@@ -154,15 +158,29 @@ class Channel(ABC):
 
     # the per-transfer path: one blocking call per transfer, no future, no Python in between
 
-    @abstractmethod
     def write_flagged(self, data: np.ndarray, remote: RemoteRegion, trailer: np.ndarray | None = None,
                       trailer_remote: RemoteRegion | None = None, timeout: float = 60.0) -> None:
         """Write ``data`` to ``remote``, flush, then ``trailer`` (its last byte a flag) to ``trailer_remote``, flush.
 
         Returns once both are at the peer: a peer that sees the flag sees the data. ``data`` may be
         empty. Raises FabricTimeout after ``timeout`` seconds, FabricInterrupted when the device's
-        waits are interrupted, FabricError when the transfer fails.
+        waits are interrupted, FabricError when the transfer fails. (Default: those four operations, each
+        waited for; a backend does it in one call.)
         """
+        deadline = time.monotonic() + timeout
+        if data.nbytes:
+            self._wait_until(self.write(data, remote), deadline, "a write")
+            self._wait_until(self.flush(), deadline, "a flush")
+        if trailer is not None:
+            self._wait_until(self.write(trailer, trailer_remote), deadline, "a flag's write")
+            self._wait_until(self.flush(), deadline, "a flush")
+
+    def _wait_until(self, future: Future, deadline: float, what: str) -> None:
+        """:meth:`wait` for ``future`` until ``deadline``: FabricTimeout naming ``what`` after it."""
+        try:
+            self.wait(future, max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            raise FabricTimeout(f"{what} did not complete in time") from None
 
     def send_plan(self, slots: list[RemoteRegion], trailers: list[RemoteRegion], trailer: np.ndarray,
                   credits: np.ndarray, bells: list[RemoteRegion] | None = None) -> SendPlan | None:
@@ -182,9 +200,10 @@ class Channel(ABC):
         ``local`` with :meth:`write_flagged`)."""
         return None
 
-    @abstractmethod
     def read_now(self, local: np.ndarray, remote: RemoteRegion, timeout: float = 60.0) -> None:
         """Read ``remote`` into ``local`` and return once it is there (errors as :meth:`write_flagged`)."""
+        if local.nbytes:
+            self._wait_until(self.read(local, remote), time.monotonic() + timeout, "a read")
 
     def write_with_imm(self, data: np.ndarray, remote: RemoteRegion, imm: int, timeout: float = 60.0) -> None:
         """Write ``data`` (may be empty) to ``remote`` and deliver the 32-bit ``imm`` to the peer after it.
@@ -291,7 +310,19 @@ class Device(ABC):
     Open one through the registry (``transports.fabric.open_device``). The class attributes and
     class methods say what a backend is before one is opened: whether it can run here, which
     ``--fabric-transport`` choices and RDMA_* settings it takes, and its reference tools.
+
+    *The contract.* A backend writes the abstract methods of this class (whether it can run here,
+    its address, memory registration, channels, its registrations counted, sleeping until traffic, closing),
+    of :class:`MemRegion` (export, release) and of :class:`Channel` (write, read, flush, and its health):
+    the paper's Table 1. Everything else has a default it may replace with a faster path: waits on
+    flags and counters polled from Python (``fabric/waits.py``), interrupted through :attr:`interrupted`;
+    the per-transfer calls composed of writes, reads and flushes; no plans (the transports then take the
+    general path); a description of the backend's name alone. ``docs/fabric-backend.md`` walks through one.
     """
+
+    def __init__(self) -> None:
+        #: set by :meth:`interrupt_waits`: every wait of this device then raises FabricInterrupted
+        self.interrupted = threading.Event()
 
     #: the backend's name in the fabric registry
     name: ClassVar[str]
@@ -311,9 +342,10 @@ class Device(ABC):
         of :attr:`fabric_transports`: those that need hardware say whether it is here), and if not, why."""
 
     @classmethod
-    @abstractmethod
     def without_effect(cls, settings: RdmaSettings) -> dict[str, str]:
-        """The RDMA_* variables set in ``settings`` that this backend cannot honour, each with the reason."""
+        """The RDMA_* variables set in ``settings`` that this backend cannot honour, each with the reason
+        (default: every one set, until the backend says which it applies)."""
+        return {name: f"the {cls.name} fabric does not read it" for name in settings.given()}
 
     @classmethod
     def links(cls) -> dict[str, list[str]]:
@@ -393,9 +425,12 @@ class Device(ABC):
         agree on a connection with the peer (verbs' queue pairs) use it once per peer, for all lanes.
         """
 
-    @abstractmethod
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        """A set of one-byte flags in registered memory that peers raise, to wait on together."""
+        """A set of one-byte flags in registered memory that peers raise, to wait on together (default: polled
+        from Python, ``fabric/waits.py``)."""
+        from transports.fabric import waits
+
+        return waits.PolledFlagSet(flags, self.interrupted, self.name)
 
     def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
                   slots: list[np.ndarray] | None = None) -> TakePlan | None:
@@ -408,13 +443,16 @@ class Device(ABC):
         itself)."""
         return None
 
-    @abstractmethod
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
         """Wait until the uint64 ``counter[0]`` (registered memory a peer writes) exceeds ``above``.
 
         Spins for a moment, then naps in growing steps without holding the GIL: an idle waiter
         burns no core. False after ``timeout``; FabricInterrupted by :meth:`interrupt_waits`.
+        (Default: polled from Python, ``fabric/waits.py``.)
         """
+        from transports.fabric import waits
+
+        return waits.wait_counter(counter, above, timeout, self.interrupted, self.name)
 
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
                             trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
@@ -422,13 +460,16 @@ class Device(ABC):
         trailer over the first once all of them are flushed. Backends that cannot spread use the first."""
         channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
 
-    @abstractmethod
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
         """The index of a counter (as in :meth:`wait_counter`) that exceeds its ``above``, or None after ``timeout``."""
+        from transports.fabric import waits
 
-    @abstractmethod
+        return waits.wait_counters(counters, above, timeout, self.interrupted, self.name)
+
     def interrupt_waits(self) -> None:
-        """Make every blocking wait and transfer of this device return at once (before closing)."""
+        """Make every blocking wait and transfer of this device return at once (before closing); a backend with
+        transfers in flight of its own fails them too."""
+        self.interrupted.set()
 
     @abstractmethod
     def wait_for_activity(self, timeout: float) -> None:
@@ -439,10 +480,11 @@ class Device(ABC):
         Backends that listen nowhere (UCX over shared memory and RDMA, verbs) have nothing to check."""
         del token  # nothing of this backend listens
 
-    @abstractmethod
     def describe(self) -> dict[str, Any]:
         """For ``meta.json``: ``fabric`` (the backend's name), ``used`` (the links that carried data: UCX's
-        transports, or verbs' device and port), the version, the settings and those without effect."""
+        transports, or verbs' device and port), the version, the settings and those without effect (default:
+        the name, nothing said of links)."""
+        return {"fabric": self.name, "used": []}
 
     @abstractmethod
     def close(self) -> None:

@@ -58,6 +58,7 @@ from transports.base import Key, PeerError, TransportClosed, TransportError, Tra
 from transports.common import aligned_empty, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
+from transports.fabric_transport import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
 from transports.grpc_rdma.protocol import (
     MESSAGE,
     LinkRequest,
@@ -69,7 +70,6 @@ from transports.grpc_rdma.protocol import (
     parse,
     parse_link,
 )
-from transports.on_fabric import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
 from transports.ports import release_port
 from transports.rendezvous import Rendezvous
 

@@ -82,7 +82,7 @@ from transports.fabric.base import (
     TakePlan,
 )
 from transports.fabric.pool import Block
-from transports.on_fabric import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
 from transports.placement import TensorSpec
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.protocol import (

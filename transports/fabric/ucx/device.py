@@ -463,6 +463,7 @@ class UcxDevice(Device):
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
                  interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None,
                  config: dict[str, str] | None = None) -> None:
+        super().__init__()
         load()
         if fabric_transport not in FABRIC_TRANSPORTS:
             raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
@@ -678,7 +679,7 @@ class UcxDevice(Device):
         address of another format, or garbage such as 0xff bytes, is what made ``ucp_ep_create``
         abort). UCX offers no call that validates the rest of a packed address (its layout is
         internal and carries no length): the control path only takes an address from the rank it
-        belongs to, at that rank's own control server (see ``transports.on_fabric``).
+        belongs to, at that rank's own control server (see ``transports.fabric_transport``).
         """
         if self.stream is not None:
             try:

@@ -250,7 +250,7 @@ class VerbsChannel(Channel):
                     taken += 1
                     continue
                 self.device._check_open()
-                if self.device._interrupted.is_set():
+                if self.device.interrupted.is_set():
                     raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
         except BaseException:
             for _ in range(taken):

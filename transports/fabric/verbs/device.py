@@ -48,7 +48,6 @@ from transports.fabric.base import (
     FabricError,
     FabricInterrupted,
     FabricTimeout,
-    FlagSet,
     MemRegion,
     RemoteRegion,
     Tool,
@@ -249,6 +248,7 @@ class VerbsDevice(Device):
 
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
                  interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None) -> None:
+        super().__init__()
         self._check_transport(fabric_transport)
         if progress_threads < 1 or lanes_per_peer < 1:
             raise ValueError("progress_threads and lanes_per_peer must be at least 1")
@@ -262,7 +262,6 @@ class VerbsDevice(Device):
         self._lock = threading.Lock()
         self._activity = threading.Condition()
         self._immediates: list[tuple[tuple[bytes, ...], int]] = []
-        self._interrupted = threading.Event()  # interrupt_waits()
         self._stopping = threading.Event()  # close(): progress threads end
         self._closed = False
         self._wr_ids = itertools.count(RECV_WR_ID + 1)
@@ -509,7 +508,7 @@ class VerbsDevice(Device):
         with self._connected:
             while peer not in self._peers:
                 self._check_open()
-                if self._interrupted.is_set():
+                if self.interrupted.is_set():
                     raise FabricInterrupted("verbs: waiting for a peer's connection was interrupted (closing)")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -711,7 +710,7 @@ class VerbsDevice(Device):
         while True:
             if future.done():
                 return future.result()
-            if self._interrupted.is_set():
+            if self.interrupted.is_set():
                 raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
             remaining = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -733,19 +732,10 @@ class VerbsDevice(Device):
 
     # -- waits on memory --------------------------------------------------------------------------
 
-    def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        return waits.PolledFlagSet(flags, self._interrupted, "verbs")
-
-    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
-        return waits.wait_counter(counter, above, timeout, self._interrupted, "verbs")
-
-    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
-        return waits.wait_counters(counters, above, timeout, self._interrupted, "verbs")
-
     def interrupt_waits(self) -> None:
         """Every wait returns: memory waits and blocked transfers raise FabricInterrupted, and so do the
         futures of transfers in flight (their buffers stay referenced until the NIC completes them)."""
-        self._interrupted.set()
+        super().interrupt_waits()
         with self._lock:
             futures = [entry.future for entry in self._pending.values()]
         for future in futures:

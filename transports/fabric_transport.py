@@ -7,6 +7,25 @@ client per peer; it waits in the fabric (flags, counters, blocking transfers)
 in slices of a second, checking between them that the peer lives, with a
 watchdog for transfers in flight; and ``close()`` interrupts those waits and
 waits for operations in flight before tearing the device down.
+
+*The contract zerocopy and grpc_rdma (and rdma_cp, a zerocopy) build on.* A subclass of
+:class:`FabricTransport` writes its protocol; this class gives it, and nothing else of it is meant to be used:
+
+- its state, after :meth:`FabricTransport.start`: ``device`` (the opened fabric ``Device``), ``pool`` (registered
+  memory, per-peer segments), ``rank``, ``cluster``, ``ledger`` (every copy and control message counted),
+  ``timeout_s``, ``_lock`` (the transport's one lock for its tables) and ``_closed`` (set once closing);
+- setup: ``control_handlers()`` (override to add the protocol's control calls, e.g. zerocopy's ``connect``;
+  call the base's), ``_peer(rank)`` (the control client of a rank), ``_peer_device(rank)`` (its device
+  address, asked once), ``_channel(rank, lane, device)`` (a lane to it, connected through the control path
+  where the backend needs a handshake);
+- waits and failures: ``_await(wait, what, ...)`` (a fabric wait in slices, the peers checked between them),
+  ``_blocking(what, peer, channel, operation, *args)`` (one blocking fabric transfer, its failure as ours),
+  ``_failure(what, peer, exc)`` (a fabric error as a ``TransportError`` naming the peer), ``_check_peer``,
+  ``_fabric(channel, future, what, peer)`` (a future's result, the same way), ``_submit(fn, *args)``
+  (background work on the transport's pool, waited for at close);
+- closing: ``_before_device_close()`` (join the protocol's own threads; the device is still open);
+- memory: :class:`FabricPlacement`, the placement a fabric transport hands out (registered memory, the
+  registration cache's sites).
 """
 
 from __future__ import annotations
