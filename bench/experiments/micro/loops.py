@@ -109,16 +109,16 @@ class DirectSignals:
     POLL_S = 0.05
 
     def __init__(self, ctx: RankContext) -> None:
-        peer = RECEIVER - ctx.rank
+        other = RECEIVER - ctx.rank  # the rank of the other side
         host = host_port(ctx.cluster.addresses[ctx.rank])[0]
         if ctx.rank == RECEIVER:
             with listen(host) as server:
-                ctx.send_to(peer, server.getsockname()[1])
+                ctx.send_to(other, server.getsockname()[1])
                 self.sock = accept(server, ctx.cluster.token, STARTUP_S)
         else:
             port = ctx.receive(timeout=STARTUP_S)
-            self.sock = connect((host_port(ctx.cluster.addresses[peer])[0], port), ctx.cluster.token, STARTUP_S)
-        self.sock.settimeout(None)  # a silent peer is the launcher's watchdog's to find (its reports stop)
+            self.sock = connect((host_port(ctx.cluster.addresses[other])[0], port), ctx.cluster.token, STARTUP_S)
+        self.sock.settimeout(None)  # a silent other side is the launcher's watchdog's to find (its reports stop)
         self._buffer = bytearray(self._SIGNAL.size)
 
     def send(self, value: Any) -> None:
@@ -161,11 +161,11 @@ class DirectSignals:
 class CoordinatorSignals:
     """The ready signals between sender and receiver, outside the transport (through the coordinator)."""
 
-    def __init__(self, ctx: RankContext, peer: int) -> None:
-        self.ctx, self.peer = ctx, peer
+    def __init__(self, ctx: RankContext, other: int) -> None:
+        self.ctx, self.other = ctx, other
 
     def send(self, value: Any) -> None:
-        self.ctx.send_to(self.peer, value)
+        self.ctx.send_to(self.other, value)
 
     def recv(self) -> Any:
         return self.ctx.receive()

@@ -52,8 +52,9 @@ from transports.common import Availability, Registry
 from transports.placement import Placement
 
 
-class PeerError(RuntimeError):
-    """A peer's transfer went wrong (a dead or silent peer, bytes that do not fit); the message names the peer."""
+class PeerLineError(RuntimeError):
+    """A peer line's transfer went wrong (a dead or silent other side, bytes that do not fit); the message names the
+    line. (Not ``transports.PeerError``: there a peer is another rank of the run.)"""
 
 
 class PeerLink(ABC):
@@ -110,20 +111,20 @@ class PeerLink(ABC):
 
     def await_flag(self, flag: np.ndarray, want: int, key: Key, sync: Callable[[], object] = lambda: None) -> None:
         """Poll ``flag[0]`` until the sender wrote ``want`` into it (``sync`` between reads: a memory barrier the
-        library asks for); ``PeerError`` after ``timeout_s``."""
+        library asks for); ``PeerLineError`` after ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
         polls = 0
         while flag[0] != want:
             sync()
             polls += 1
             if polls % 4096 == 0 and time.monotonic() > deadline:
-                raise PeerError(f"{key}: the sender wrote no flag within {self.timeout_s:.0f} s")
+                raise PeerLineError(f"{key}: the sender wrote no flag within {self.timeout_s:.0f} s")
 
     def planned(self, key: Key) -> tuple[tuple[int, ...], np.dtype, int]:
         """The shape, dtype and byte size the plan gives ``key``'s tensor (every micro transfer is planned)."""
         spec = self.placement.spec(key.name, key.src, key.dst)
         if spec is None or spec.shape is None:
-            raise PeerError(f"{key}: not in the plan: a peer line moves only planned tensors")
+            raise PeerLineError(f"{key}: not in the plan: a peer line moves only planned tensors")
         return spec.shape, spec.dtype, spec.nbytes
 
     def __enter__(self) -> PeerLink:

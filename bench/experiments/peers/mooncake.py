@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import RECEIVER
-from bench.experiments.peers import PeerError, PeerLine, PeerLink
+from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.peers.plain_socket import open_stream
 from bench.experiments.stream import recv_message, send_message
 from bench.launch import Launcher
@@ -48,11 +48,11 @@ class MooncakeLink(PeerLink):
         host = cluster.addresses[rank].rpartition(":")[0].strip("[]")
         self._engine = TransferEngine()
         if (code := self._engine.initialize(host, "P2PHANDSHAKE", "tcp", "")) != 0:
-            raise PeerError(f"mooncake: the transfer engine did not start on {host} (code {code})")
+            raise PeerLineError(f"mooncake: the transfer engine did not start on {host} (code {code})")
         try:
             self._sock = open_stream(cluster, rank, timeout_s)
-        except PeerError as exc:
-            raise PeerError(f"mooncake: {exc}") from None
+        except PeerLineError as exc:
+            raise PeerLineError(f"mooncake: {exc}") from None
         self._receiver_host = cluster.addresses[RECEIVER].rpartition(":")[0].strip("[]")
         self._registered: list[int] = []  # addresses registered for the current tensor
         self._tensor_of: str | None = None
@@ -66,7 +66,7 @@ class MooncakeLink(PeerLink):
 
     def _register(self, array: np.ndarray, keep: bool = False) -> None:
         if (code := self._engine.register_memory(array.ctypes.data, array.nbytes)) != 0:
-            raise PeerError(f"mooncake: registering {array.nbytes} bytes failed (code {code})")
+            raise PeerLineError(f"mooncake: registering {array.nbytes} bytes failed (code {code})")
         if not keep:
             self._registered.append(array.ctypes.data)
 
@@ -92,11 +92,12 @@ class MooncakeLink(PeerLink):
         engine = self._engine
         if (code := engine.transfer_sync_write(self._target, tensor.ctypes.data, self._remote + _FLAG_BYTES,
                                                tensor.nbytes)) != 0:
-            raise PeerError(f"mooncake: writing {key} to the receiver at {self._target} failed (code {code})")
+            raise PeerLineError(f"mooncake: writing {key} to the receiver at {self._target} failed (code {code})")
         self._mark[0] = key.step + 1
         if (code := engine.transfer_sync_write(self._target, self._mark.ctypes.data, self._remote,
                                                _FLAG_BYTES)) != 0:
-            raise PeerError(f"mooncake: writing {key}'s flag to the receiver at {self._target} failed (code {code})")
+            raise PeerLineError(f"mooncake: writing {key}'s flag to the receiver at {self._target} failed "
+                                f"(code {code})")
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:

@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
-from bench.experiments.peers import PeerError, PeerLine, PeerLink, drive
+from bench.experiments.peers import PeerLine, PeerLineError, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.launch.context import connect
 from bench.launch.hosts import REAPER_PIPES, spawn_reaper
@@ -81,14 +81,14 @@ def _library() -> str:
 class MpiSignals:
     """The ready signals between the two MPI processes, over MPI itself (tag 1)."""
 
-    def __init__(self, comm: Any, peer: int) -> None:
-        self.comm, self.peer = comm, peer
+    def __init__(self, comm: Any, other: int) -> None:
+        self.comm, self.other = comm, other
 
     def send(self, value: Any) -> None:
-        self.comm.send(value, dest=self.peer, tag=SIGNAL_TAG)
+        self.comm.send(value, dest=self.other, tag=SIGNAL_TAG)
 
     def recv(self) -> Any:
-        return self.comm.recv(source=self.peer, tag=SIGNAL_TAG)
+        return self.comm.recv(source=self.other, tag=SIGNAL_TAG)
 
 
 class MpiLink(PeerLink):
@@ -113,7 +113,7 @@ class MpiLink(PeerLink):
             self.comm.Recv(piece, source=SENDER, tag=DATA_TAG, status=status)
             got += status.Get_count(MPI.BYTE)
         if got != buffer.nbytes:
-            raise PeerError(f"mpi: {key} arrived with {got} bytes, the plan says {buffer.nbytes}")
+            raise PeerLineError(f"mpi: {key} arrived with {got} bytes, the plan says {buffer.nbytes}")
         self._received(buffer)
         return buffer
 
@@ -245,10 +245,10 @@ def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
                                     stderr=subprocess.STDOUT, env=env)
             try:
                 _relay(line, points, ctx, hub, proc, log)
-            except PeerError as exc:
+            except PeerLineError as exc:
                 if short := _shm_short(points):  # said in the first line: that is the line an error shows
                     first, newline, rest = str(exc).partition("\n")
-                    raise PeerError(f"{first}{short}{newline}{rest}") from None
+                    raise PeerLineError(f"{first}{short}{newline}{rest}") from None
                 raise
             finally:
                 _end(proc)
@@ -380,11 +380,11 @@ def _spelled(nbytes: int) -> str:
 
 
 def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc: subprocess.Popen, log: Any) -> None:
-    def broken(what: str) -> PeerError:
+    def broken(what: str) -> PeerLineError:
         log.flush()
         log.seek(0)
         tail = "".join(log.readlines()[-8:]).strip()
-        return PeerError(f"{line.name}: {what}" + (f"; mpirun said:\n{tail}" if tail else ""))
+        return PeerLineError(f"{line.name}: {what}" + (f"; mpirun said:\n{tail}" if tail else ""))
 
     conns: dict[int, Connection] = {}
     deadline = time.monotonic() + STARTUP_S
@@ -411,7 +411,7 @@ def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc:
             if message == "finished":
                 del open_[conn]
             elif isinstance(message, tuple) and message[:1] == ("failed",):
-                raise PeerError(f"{line.name}: the MPI {role} failed: {message[1]}")
+                raise PeerLineError(f"{line.name}: the MPI {role} failed: {message[1]}")
             else:
                 ctx.report(message)
         if not ready and proc.poll() is not None:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import RECEIVER
-from bench.experiments.peers import PeerError, PeerLine, PeerLink
+from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.peers.plain_socket import open_stream
 from bench.experiments.stream import recv_message, send_message
 from transports import Cluster, Key
@@ -44,8 +44,8 @@ class NixlLink(PeerLink):
         self._agent = nixl_agent(self._names[rank], nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
         try:
             self._sock = open_stream(cluster, rank, timeout_s)
-        except PeerError as exc:
-            raise PeerError(f"nixl: {exc}") from None
+        except PeerLineError as exc:
+            raise PeerLineError(f"nixl: {exc}") from None
         send_message(self._sock, self._agent.get_agent_metadata())
         remote = self._agent.add_remote_agent(recv_message(self._sock))
         self._remote = remote.decode() if isinstance(remote, bytes) else remote  # notifications are keyed by str
@@ -86,9 +86,10 @@ class NixlLink(PeerLink):
         while state == "PROC":
             state = self._agent.check_xfer_state(self._xfer)
             if state == "PROC" and time.monotonic() > deadline:
-                raise PeerError(f"nixl: writing {key} to the receiver did not complete within {self.timeout_s:.0f} s")
+                raise PeerLineError(f"nixl: writing {key} to the receiver did not complete within "
+                                    f"{self.timeout_s:.0f} s")
         if state != "DONE":
-            raise PeerError(f"nixl: writing {key} to the receiver failed ({state})")
+            raise PeerLineError(f"nixl: writing {key} to the receiver failed ({state})")
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
@@ -99,7 +100,7 @@ class NixlLink(PeerLink):
         while want not in self._notes:
             self._notes.update(self._agent.get_new_notifs().get(self._remote, ()))
             if time.monotonic() > deadline:
-                raise PeerError(f"nixl: {key}: no notification from the sender within {self.timeout_s:.0f} s")
+                raise PeerLineError(f"nixl: {key}: no notification from the sender within {self.timeout_s:.0f} s")
         self._notes.discard(want)
         self._received(self._buffer)
         return self._buffer

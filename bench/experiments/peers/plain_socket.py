@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bench.experiments.micro import RECEIVER
-from bench.experiments.peers import PeerError, PeerLine, PeerLink
+from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.stream import (
     StreamError,
     accept,
@@ -31,7 +31,7 @@ from transports import Cluster, Key
 
 def open_stream(cluster: Cluster, rank: int, timeout_s: float) -> socket.socket:
     """A TCP stream between the sender and the receiver of ``cluster``, the receiver listening on its rank's
-    address (:mod:`bench.experiments.stream`); ``PeerError`` when it cannot be opened in time."""
+    address (:mod:`bench.experiments.stream`); ``PeerLineError`` when it cannot be opened in time."""
     address, token = host_port(cluster.addresses[RECEIVER]), cluster.token
     try:
         if rank != RECEIVER:
@@ -40,7 +40,7 @@ def open_stream(cluster: Cluster, rank: int, timeout_s: float) -> socket.socket:
             with listen(*address) as server:
                 sock = accept(server, token, timeout_s)
     except (StreamError, OSError) as exc:
-        raise PeerError(str(exc)) from None
+        raise PeerLineError(str(exc)) from None
     sock.settimeout(timeout_s)
     return sock
 
@@ -53,8 +53,8 @@ class SocketLink(PeerLink):
         self._peer = cluster.addresses[1 - rank]  # the other side's, for errors
         try:
             self._sock = open_stream(cluster, rank, timeout_s)
-        except PeerError as exc:
-            raise PeerError(f"socket: {exc}") from None
+        except PeerLineError as exc:
+            raise PeerLineError(f"socket: {exc}") from None
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(tensor)).cast("B")
@@ -66,7 +66,7 @@ class SocketLink(PeerLink):
                     self._sock.sendall(prefix[sent:])
                 self._sock.sendall(view[max(0, sent - len(prefix)):])
         except (TimeoutError, OSError) as exc:
-            raise PeerError(f"socket: sending {key} to the receiver at {self._peer} failed: {exc}") from None
+            raise PeerLineError(f"socket: sending {key} to the receiver at {self._peer} failed: {exc}") from None
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
@@ -74,10 +74,10 @@ class SocketLink(PeerLink):
         try:
             length = recv_length(self._sock)
             if length != buffer.nbytes:
-                raise PeerError(f"socket: {key} announced {length} bytes, the plan says {buffer.nbytes}")
+                raise PeerLineError(f"socket: {key} announced {length} bytes, the plan says {buffer.nbytes}")
             recv_into(self._sock, memoryview(buffer.reshape(-1)).cast("B"))
         except (TimeoutError, OSError, EOFError) as exc:
-            raise PeerError(f"socket: receiving {key} from the sender at {self._peer} failed: {exc}") from None
+            raise PeerLineError(f"socket: receiving {key} from the sender at {self._peer} failed: {exc}") from None
         self._received(buffer)
         return buffer
 
