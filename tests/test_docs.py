@@ -311,3 +311,15 @@ def test_the_checker_tells_bench_options_from_other_tools_options():
         "'bench frob' is not a command of bench (in 'bench frob --out x')"]
     assert command_problems("bench micro --sizes 1KB && pip install --no-deps nixl")[0] == []
     assert resolves("bench.experiments.micro.MicroLine") and not resolves("bench.experiments.micro.NoSuchLine")
+
+
+def test_every_module_over_600_lines_says_why_in_its_docstring():
+    """Files split by role: a module that grows past ~600 lines is split, or its docstring says why it is one."""
+    import ast
+
+    long = []
+    for path in sorted([*ROOT.glob("bench/**/*.py"), *ROOT.glob("transports/**/*.py"), *ROOT.glob("tools/*.py")]):
+        text = path.read_text()
+        if text.count("\n") > 600 and "Why one module" not in (ast.get_docstring(ast.parse(text)) or ""):
+            long.append(str(path.relative_to(ROOT)))
+    assert long == []

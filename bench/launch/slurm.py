@@ -14,6 +14,10 @@ within :data:`END_GRACE_S`): a failed rank ends the step, as ``MPI_Abort`` would
 
 Outside a step, ``bench ... --launcher slurm --nodes N`` submits the same command as a batch job
 (:func:`submit`; ``--dry-run`` prints the script) and follows its state until it ends.
+
+Why one module of 600 lines: the step's environment, the rendezvous file and the channel are one protocol,
+read top to bottom with its checks (who owns the file, what it may say); the batch submission at the end
+(:class:`Submission`, :func:`submit`) is the part that could stand apart.
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ the request index for tensor content. Entries per peer are bounded by one
 message, one ACK and the receiver's outstanding requests, which ``recv`` caps
 below the ring size (RDMA_QP_QUEUE_DEPTH), so a slot is never overwritten before
 it is read.
+
+Why one module of 700 lines: the sender's and the receiver's sides of one protocol, each reading the
+other's messages (the wire format is ``protocol.py``, the rendezvous ``transports/rendezvous.py``).
 """
 
 from __future__ import annotations

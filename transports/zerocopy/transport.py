@@ -41,6 +41,10 @@ slices of a second a waiter checks that its peers are alive. *Pulls*: over
 shared memory, a sender of a large static tensor that finds the receiver
 waiting for it asks the receiver (through the bell) to copy the data itself,
 which leaves it in the reader's cache (see ``Channel.send_plan``).
+
+Why one module of 900 lines: the sender's and the receiver's paths of one protocol (static, dynamic,
+pull), each reading the state the other's connect made; the wire format is ``protocol.py``, the credits
+``credits.py``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ imports without it. A progress thread sleeps on its CQ's completion channel (``s
 channel's descriptor: pyverbs' own blocking wait holds the GIL); a caller blocked on a transfer
 polls the CQ itself for a moment first, which saves the wake-up for small transfers. Soft-RoCE
 (``rdma_rxe``) in ``tools/softroce``'s guest is where this runs in the tests.
+
+Why one module of 800 lines: the device's parts share pyverbs' objects and one lock: opening the device
+and choosing port and GID, registering memory, agreeing on queue pairs with a peer, and the waits (the
+channels and progress threads are ``channel.py``, the decisions without hardware ``decide.py``).
 """
 
 from __future__ import annotations
