@@ -10,12 +10,9 @@ import secrets
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transports import Cluster
-
-if TYPE_CHECKING:
-    from bench.launch.context import RankContext
 
 #: overrides the token a run generates (every rank of a run must use the same one)
 TOKEN_VARIABLE = "TENSOR_BENCH_TOKEN"
@@ -55,9 +52,10 @@ def run_token() -> str:
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What one rank runs: ``job(ctx)`` in the rank's process; its result goes to the coordinator."""
+    """What one rank runs: ``job(ctx)`` in the rank's process (``ctx``: its ``bench.launch.context.RankContext``);
+    its result goes to the coordinator."""
 
-    job: Callable[[RankContext], Any]
+    job: Callable[[Any], Any]
     name: str
     #: the server this rank belongs to: ranks of one server share an emulated host (netns)
     host: int = 0

@@ -312,12 +312,13 @@ class Device(ABC):
     ``--fabric-transport`` choices and RDMA_* settings it takes, and its reference tools.
 
     *The contract.* A backend writes the abstract methods of this class (whether it can run here,
-    its address, memory registration, channels, its registrations counted, sleeping until traffic, closing),
-    of :class:`MemRegion` (export, release) and of :class:`Channel` (write, read, flush, and its health):
-    the paper's Table 1. Everything else has a default it may replace with a faster path: waits on
-    flags and counters polled from Python (``fabric/waits.py``), interrupted through :attr:`interrupted`;
-    the per-transfer calls composed of writes, reads and flushes; no plans (the transports then take the
-    general path); a description of the backend's name alone. ``docs/fabric-backend.md`` walks through one.
+    its address, memory registration, channels, its registrations counted, the waits on flags and counters,
+    sleeping until traffic, closing), of :class:`MemRegion` (export, release) and of :class:`Channel` (write,
+    read, flush, and its health): the paper's Table 1. The waits have defaults in ``fabric/waits.py``
+    (``PolledWaits``: polled from Python, interrupted through :attr:`interrupted`) that a backend without
+    waits of its own inherits; everything else has a default here it may replace with a faster path: the
+    per-transfer calls composed of writes, reads and flushes, no plans (the transports then take the general
+    path), a description of the backend's name alone. ``docs/fabric-backend.md`` walks through one.
     """
 
     def __init__(self) -> None:
@@ -425,12 +426,10 @@ class Device(ABC):
         agree on a connection with the peer (verbs' queue pairs) use it once per peer, for all lanes.
         """
 
+    @abstractmethod
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        """A set of one-byte flags in registered memory that peers raise, to wait on together (default: polled
-        from Python, ``fabric/waits.py``)."""
-        from transports.fabric import waits
-
-        return waits.PolledFlagSet(flags, self.interrupted, self.name)
+        """A set of one-byte flags in registered memory that peers raise, to wait on together (polled from Python
+        by ``waits.PolledWaits``, which a backend without waits of its own inherits)."""
 
     def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
                   slots: list[np.ndarray] | None = None) -> TakePlan | None:
@@ -443,16 +442,14 @@ class Device(ABC):
         itself)."""
         return None
 
+    @abstractmethod
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
         """Wait until the uint64 ``counter[0]`` (registered memory a peer writes) exceeds ``above``.
 
         Spins for a moment, then naps in growing steps without holding the GIL: an idle waiter
         burns no core. False after ``timeout``; FabricInterrupted by :meth:`interrupt_waits`.
-        (Default: polled from Python, ``fabric/waits.py``.)
+        (``waits.PolledWaits`` polls it from Python.)
         """
-        from transports.fabric import waits
-
-        return waits.wait_counter(counter, above, timeout, self.interrupted, self.name)
 
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
                             trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
@@ -460,15 +457,13 @@ class Device(ABC):
         trailer over the first once all of them are flushed. Backends that cannot spread use the first."""
         channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
 
+    @abstractmethod
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
         """The index of a counter (as in :meth:`wait_counter`) that exceeds its ``above``, or None after ``timeout``."""
-        from transports.fabric import waits
-
-        return waits.wait_counters(counters, above, timeout, self.interrupted, self.name)
 
     def interrupt_waits(self) -> None:
-        """Make every blocking wait and transfer of this device return at once (before closing); a backend with
-        transfers in flight of its own fails them too."""
+        """Make every blocking wait and transfer of this device return at once (before closing): sets
+        :attr:`interrupted`; a backend with transfers in flight of its own fails them too."""
         self.interrupted.set()
 
     @abstractmethod

@@ -4,7 +4,8 @@ A one-sided write raises no event at its target, so a receiver learns of it by l
 memory. These waits spin for a moment (:data:`SPIN_S`, yielding the GIL on every round), then nap
 in growing steps up to :data:`MAX_NAP_S` (``time.sleep`` releases the GIL), so an idle waiter burns
 no core. Each takes a ``threading.Event`` that :meth:`Device.interrupt_waits` sets: the wait then
-raises FabricInterrupted. Any backend without waits of its own (in C, as UCX has) uses these.
+raises FabricInterrupted. Any backend without waits of its own (in C, as UCX has) uses these: it inherits
+:class:`PolledWaits`, the defaults of ``Device``'s waits.
 """
 
 from __future__ import annotations
@@ -95,3 +96,20 @@ class PolledFlagSet(FlagSet):
 
     def reset(self) -> None:
         self._done = [False] * len(self._flags)
+
+
+class PolledWaits:
+    """``Device``'s waits, polled from Python: what a backend without waits of its own inherits before ``Device``
+    (``class VerbsDevice(PolledWaits, Device)``). They stop on ``Device.interrupted``."""
+
+    name: str
+    interrupted: threading.Event
+
+    def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
+        return PolledFlagSet(flags, self.interrupted, self.name)
+
+    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
+        return wait_counter(counter, above, timeout, self.interrupted, self.name)
+
+    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
+        return wait_counters(counters, above, timeout, self.interrupted, self.name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -27,14 +27,31 @@ from transports.fabric.pool import Block
 from transports.zerocopy.protocol import COUNTERS_BYTES, CREDIT_TABLE_BYTES, CREDIT_TABLE_ENTRIES, ConnectRequest
 
 if TYPE_CHECKING:
-    from transports.zerocopy.transport import ZeroCopyTransport, _Incoming
+    from transports.fabric_transport import FabricTransport
+
+
+class Incoming(Protocol):
+    """What credits read and write of a receiver's state of one tensor from one sender (the transport's
+    ``Incoming``)."""
+
+    #: the mirror of its sender's table, and its entry there (set when the sender connects)
+    mirror: CreditMirror | None
+    index: int
+    #: its credit set through one call, where the fabric can
+    credit: CounterPlan | None
+    #: receives posted so far, and whether one is posted and its transfer not yet taken
+    posted: int
+    waiting: bool
+    #: a dynamically allocated tensor handed out, freed at the next receive
+    lent: Block | None
+    grant_lock: threading.Lock
 
 
 class CreditTables:
     """A sender's credit tables: per destination, entries handed out one per tensor (a new table when the last is
     full), each written by that destination."""
 
-    def __init__(self, transport: ZeroCopyTransport) -> None:
+    def __init__(self, transport: FabricTransport) -> None:
         self.transport = transport
         self._tables: dict[int, list[Block]] = {}
         self._entries: dict[int, int] = {}
@@ -66,7 +83,7 @@ class CreditMirror:
 class Credits:
     """A receiver's credits: the mirrors of its senders' tables, receives posted and their credits granted."""
 
-    def __init__(self, transport: ZeroCopyTransport) -> None:
+    def __init__(self, transport: FabricTransport) -> None:
         self.transport = transport
         #: the mirrors of the senders' credit tables, by (src, table address, remote key)
         self._mirrors: dict[tuple[int, int, bytes], CreditMirror] = {}
@@ -85,7 +102,7 @@ class Credits:
             return self._mirrors[key]
 
     @staticmethod
-    def plan(incoming: _Incoming) -> CounterPlan | None:
+    def plan(incoming: Incoming) -> CounterPlan | None:
         """The one-call grant of ``incoming``'s credit: its entry's first word, in the mirror and at the sender."""
         mirror = incoming.mirror
         try:
@@ -94,7 +111,7 @@ class Credits:
         except (FabricError, ValueError):
             return None  # the span write of grant says what is wrong
 
-    def submit(self, incoming: _Incoming) -> None:
+    def submit(self, incoming: Incoming) -> None:
         """Grant ``incoming``'s receives posted so far on the credit thread (a connect that found them posted)."""
         transport = self.transport
 
@@ -117,9 +134,9 @@ class Credits:
         if granter is not None:
             granter.shutdown(wait=True, cancel_futures=True)
 
-    def post(self, incomings: list[_Incoming]) -> None:
+    def post(self, incomings: list[Incoming]) -> None:
         """Post a receive on each slot (held by the caller): its last transfer is consumed; credits go out."""
-        grants: dict[int, tuple[CreditMirror, list[_Incoming]]] = {}
+        grants: dict[int, tuple[CreditMirror, list[Incoming]]] = {}
         for incoming in incomings:
             if incoming.lent is not None:  # the previous transfer is consumed: its buffer is free again
                 self.transport.pool.free(incoming.lent)
@@ -132,14 +149,14 @@ class Credits:
         for mirror, granted in grants.values():
             self.grant(mirror, granted)
 
-    def post_one(self, incoming: _Incoming) -> None:
+    def post_one(self, incoming: Incoming) -> None:
         """:meth:`post` of one static slot not posted yet (held by the caller)."""
         mirror = self._posted(incoming)
         if mirror is not None:
             self.grant(mirror, [incoming])  # (through the credit plan where it has one: _grant_one)
 
     @staticmethod
-    def _posted(incoming: _Incoming) -> CreditMirror | None:
+    def _posted(incoming: Incoming) -> CreditMirror | None:
         """One more receive posted on ``incoming`` (held by the caller): the mirror to grant its credit through,
         or None before its sender connected (the connect grants it)."""
         incoming.waiting = True
@@ -147,7 +164,7 @@ class Credits:
             incoming.posted += 1
             return incoming.mirror
 
-    def grant(self, mirror: CreditMirror, incomings: list[_Incoming], reads_done: int | None = None) -> None:
+    def grant(self, mirror: CreditMirror, incomings: list[Incoming], reads_done: int | None = None) -> None:
         """Tell the sender ``mirror.src``: receives posted on ``incomings``, or (``reads_done``) that the
         one of them read its buffer. One write of the span of table entries that changed (one call through the
         tensor's credit plan when it is one receive posted: :meth:`_grant_one`)."""
@@ -169,7 +186,7 @@ class Credits:
                                 target)
         transport.ledger.add(control_messages=1)
 
-    def _grant_one(self, incoming: _Incoming) -> None:
+    def _grant_one(self, incoming: Incoming) -> None:
         """:meth:`grant` of one receive posted, through the tensor's credit plan (one call)."""
         transport = self.transport
         mirror, credit = incoming.mirror, incoming.credit

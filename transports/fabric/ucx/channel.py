@@ -12,7 +12,7 @@ import resource
 import threading
 import weakref
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from transports.fabric.base import (
     BELL_BYTES,
     Channel,
     CounterPlan,
+    Device,
     FabricError,
     FabricInterrupted,
     FlagSet,
@@ -27,9 +28,6 @@ from transports.fabric.base import (
     SendPlan,
     TakePlan,
 )
-
-if TYPE_CHECKING:
-    from transports.fabric.ucx.device import UcxDevice, _Worker
 
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
 MAX_BLOB = 8192
@@ -144,7 +142,7 @@ class UcxChannel(Channel):
     descriptor is an error, not a crash.
     """
 
-    def __init__(self, worker: _Worker, peer_address: bytes, peer_errors: bool) -> None:
+    def __init__(self, worker: Any, peer_address: bytes, peer_errors: bool) -> None:
         self.worker = worker
         self._error = _ffi.new("int *")  # written by UCX's error callback
         self._peer_address = _ffi.new("char[]", peer_address)
@@ -435,7 +433,7 @@ def _shared_room() -> int:
 class UcxTakePlan(TakePlan):
     """``tt_take_planned``'s plan (shim.c): the slots' trailers, found once."""
 
-    def __init__(self, device: UcxDevice, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
+    def __init__(self, device: Device, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
                  slots: list[np.ndarray] | None = None) -> None:
         if not 1 <= len(trailers) <= _lib.TT_MAX_SLOTS or any(t.nbytes != 9 for t in trailers):
             raise ValueError("a take plan takes 1 or 2 trailers of 9 bytes")
@@ -484,7 +482,7 @@ class UcxTakePlan(TakePlan):
 class UcxFlagSet(FlagSet):
     """Flag bytes polled together in C (``tt_wait_flags``), without the GIL."""
 
-    def __init__(self, device: UcxDevice, flags: list[np.ndarray]) -> None:
+    def __init__(self, device: Device, flags: list[np.ndarray]) -> None:
         self._device = device
         self._flags = flags  # keeps the memory the pointers point into alive
         self._pointers = _ffi.new("uint8_t *[]", [_ffi.cast("uint8_t *", f.ctypes.data) for f in flags])

@@ -12,7 +12,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,17 +19,16 @@ from transports.common import done_future, settle
 from transports.fabric import waits
 from transports.fabric.base import (
     Channel,
+    Device,
     FabricError,
     FabricInterrupted,
+    MemRegion,
     RemoteRegion,
 )
 from transports.fabric.verbs.decide import (
     LaneEndpoint,
     new_psn,
 )
-
-if TYPE_CHECKING:
-    from transports.fabric.verbs.device import VerbsDevice, VerbsRegion
 
 #: completions taken from a CQ per poll
 POLL_BATCH = 32
@@ -82,7 +80,7 @@ class _Poller:
     itself for a moment first (:meth:`VerbsDevice._await`), which saves the wake-up for small transfers.
     """
 
-    def __init__(self, device: VerbsDevice, index: int, cqes: int) -> None:
+    def __init__(self, device: Device, index: int, cqes: int) -> None:
         pv = device._pv
         self.device = device
         self.events, self.event_fd = _event_fd(pv, device.context)
@@ -177,7 +175,7 @@ class _Pending:
     #: the local buffers of it and of an unsignaled write before it (kept alive until the NIC is done)
     buffers: tuple[np.ndarray, ...]
     #: their regions (not evicted from the cache while busy)
-    regions: tuple[VerbsRegion, ...]
+    regions: tuple[MemRegion, ...]
     #: the send queue entries its completion frees: its own and the unsignaled write's
     slots: int
 
@@ -185,7 +183,7 @@ class _Pending:
 class VerbsChannel(Channel):
     """One RC queue pair to a peer (one lane), on the CQ of progress thread ``lane % progress_threads``."""
 
-    def __init__(self, device: VerbsDevice, peer: bytes, poller: _Poller) -> None:
+    def __init__(self, device: Device, peer: bytes, poller: _Poller) -> None:
         pv = device._pv
         self.device = device
         self.peer = peer

@@ -101,6 +101,7 @@ from transports.fabric.verbs.decide import (
     spread,
     wins,
 )
+from transports.fabric.waits import PolledWaits
 
 PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
                    "or Debian's python3-pyverbs with tools/use-system-pyverbs")
@@ -236,7 +237,7 @@ class VerbsRegion(MemRegion):
 
 
 #: one completion channel is made at a time, so that the descriptor it opens is told from others (see _event_fd)
-class VerbsDevice(Device):
+class VerbsDevice(PolledWaits, Device):
     """An opened RDMA device: context, protection domain, ``progress_threads`` CQs and their threads.
 
     ``fabric_transport``: only ``auto`` (RDMA_DEVICE, else the first device with an active port);
