@@ -130,13 +130,13 @@ def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
     assert run.meta["settings"]["fabric"] == "ucx"
     records = run.records.set_index(["transport", "size_bytes"])
     # two transports, then the reference lines: ucx_perftest's put bandwidth and put latency (the library's
-    # limits) and memcpy
-    assert sorted(set(run.records["transport"])) == ["grpc_tcp", "local", "memcpy", "ucx_perftest",
+    # limits), memcpy, and the harness alone (below 64KB)
+    assert sorted(set(run.records["transport"])) == ["grpc_tcp", "harness", "local", "memcpy", "ucx_perftest",
                                                       "ucx_perftest_lat"]
-    assert len(records) == 10
+    assert len(records) == 11
     assert (records["iters"] == 4).all()
     timed = records.dropna(subset=["p99_us"])  # perftest reports no p99
-    assert len(timed) == 6 and (timed["p99_us"] >= timed["p50_us"]).all()
+    assert len(timed) == 7 and (timed["p99_us"] >= timed["p50_us"]).all()
     # grpc_tcp copies each payload three times (see its module); local never copies
     for size in (1024, 65536):
         assert records.loc[("grpc_tcp", size), "copied_bytes_per_transfer"] == 3 * size

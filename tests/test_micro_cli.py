@@ -35,7 +35,7 @@ def test_micro_records_the_latency_line_and_of_reference(tmp_path):
     run = load_run(out)
     records = run.records
     assert sorted(zip(records["transport"], records["size_bytes"], strict=True)) == [
-        ("local", 1024), ("local", 2 << 20), ("memcpy", 1024), ("memcpy", 2 << 20),
+        ("harness", 1024), ("local", 1024), ("local", 2 << 20), ("memcpy", 1024), ("memcpy", 2 << 20),
         ("ucx_perftest", 1024), ("ucx_perftest", 2 << 20), ("ucx_perftest_lat", 1024)]
     # the references are measured first, so every line's record carries of_reference as it is written
     header = (out / "records.csv").read_text().splitlines()[0].split(",")
@@ -55,7 +55,7 @@ def test_micro_records_the_latency_line_and_of_reference(tmp_path):
     # the summary: a p50 column per line that has one (put_bw has none), a row per size
     lines = result.stdout.splitlines()
     heading = lines.index("p50 µs per transfer:")
-    assert lines[heading + 1].split() == ["size", "ucx_perftest_lat", "memcpy", "local"]
+    assert lines[heading + 1].split() == ["size", "ucx_perftest_lat", "memcpy", "harness", "local"]
     assert lines[heading + 2].split()[0] == "1KB" and lines[heading + 3].split()[1] == "-"  # put_lat stops at 1MB
     assert (out / "micro_time.svg").is_file()
     assert "latency floor" in (out / "micro_time.svg").read_text()
@@ -156,8 +156,10 @@ def test_references_are_lines_of_every_round(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     records = load_run(out).records
     assert list(zip(records["size_bytes"], records["round"], records["transport"], strict=True)) == [
-        (1024, 1, "ucx_perftest"), (1024, 1, "ucx_perftest_lat"), (1024, 1, "memcpy"), (1024, 1, "local"),
-        (1024, 2, "ucx_perftest"), (1024, 2, "ucx_perftest_lat"), (1024, 2, "memcpy"), (1024, 2, "local"),
+        (1024, 1, "ucx_perftest"), (1024, 1, "ucx_perftest_lat"), (1024, 1, "memcpy"), (1024, 1, "harness"),
+        (1024, 1, "local"),
+        (1024, 2, "ucx_perftest"), (1024, 2, "ucx_perftest_lat"), (1024, 2, "memcpy"), (1024, 2, "harness"),
+        (1024, 2, "local"),
         (2 << 20, 1, "ucx_perftest"), (2 << 20, 1, "memcpy"), (2 << 20, 1, "local"),
         (2 << 20, 2, "ucx_perftest"), (2 << 20, 2, "memcpy"), (2 << 20, 2, "local")]
     for row in records.itertuples():
@@ -175,7 +177,7 @@ def test_references_run_under_netns_on_an_emulated_host(tmp_path):
                    "--launcher", "netns", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
-    assert list(run.records["transport"]) == ["ucx_perftest", "ucx_perftest_lat", "memcpy", "local"]
+    assert list(run.records["transport"]) == ["ucx_perftest", "ucx_perftest_lat", "memcpy", "harness", "local"]
     assert run.meta["fabric"]["ucx_perftest"] == "ucx:tcp"
     assert "warning" not in result.stderr
 

@@ -617,7 +617,7 @@ def test_verbs_lines_name_the_missing_rdma_device(monkeypatch):
 
 def test_the_reference_lines_of_the_verbs_fabric():
     lines = reference_lines("verbs", "auto")
-    assert [line.name for line in lines] == ["ib_write_bw", "ib_write_lat", "memcpy"]
+    assert [line.name for line in lines] == ["ib_write_bw", "ib_write_lat", "memcpy", "harness"]
     bandwidth = [line.name for line in lines if line.bandwidth_reference]
     assert bandwidth == [catalogue.bandwidth_reference("verbs")] == ["ib_write_bw"]
     [point] = plan_points([4096], 50)
@@ -628,7 +628,7 @@ def test_the_reference_lines_of_the_verbs_fabric():
 @needs_namespaces
 def test_the_reference_lines_of_the_ucx_fabric_run_its_perftest_lines():
     lines = reference_lines("ucx", "shm", timeout_s=30)
-    assert [line.name for line in lines] == ["ucx_perftest", "ucx_perftest_lat", "memcpy"]
+    assert [line.name for line in lines] == ["ucx_perftest", "ucx_perftest_lat", "memcpy", "harness"]
     bandwidth = [line.name for line in lines if line.bandwidth_reference]
     assert bandwidth == [catalogue.bandwidth_reference("ucx")] == ["ucx_perftest"]
     for line in lines[:2]:
@@ -644,8 +644,16 @@ def test_reference_lines_refuse_an_unknown_fabric():
 
 
 def test_the_registry_names_every_reference_line_the_readers_know():
-    assert tuple(REGISTRY) == catalogue.names("reference")
-    assert [REGISTRY.load(name)().name for name in REGISTRY] == list(catalogue.names("reference"))
+    """Every reference line the catalogue knows is in the references' registry, but the peers' plain loops, which
+    run beside their peer line only when asked (``--calibrate``)."""
+    from bench.experiments.peers import CALIBRATIONS, calibration_lines
+
+    calibrations = [line.name for line in catalogue.calibrations()]
+    assert calibrations == list(CALIBRATIONS) == ["mpi_plain"]
+    assert tuple(REGISTRY) == tuple(n for n in catalogue.names("reference") if n not in calibrations)
+    assert [REGISTRY.load(name)().name for name in REGISTRY] == list(REGISTRY)
+    assert [line.name for line in calibration_lines(["mpi"])] == ["mpi_plain"]
+    assert calibration_lines(["socket"]) == []
 
 
 def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_0", "-i", "1", "-x", "3")) -> Path:
@@ -735,3 +743,21 @@ def test_a_new_line_is_one_class_measured_in_a_rank_of_the_launcher():
     assert [(r.transport, r.size_bytes, r.iters) for r in records] == [("constant", 1024, 7), ("constant", 4096, 7)]
     # measured in a rank, on the port the launcher gave it (not the test process's: it has none)
     assert all(r.p50_us > 1024 for r in records)
+
+
+def test_the_null_line_times_the_harness_over_a_link_that_moves_nothing():
+    """The harness measuring itself: the same loops and checks over a link that moves nothing, at the sizes the
+    marker checks (a larger transfer is checked byte for byte, which nothing moved cannot pass)."""
+    from bench.experiments.references.null import NullLine
+
+    line = NullLine(timeout_s=30)
+    assert [p.size_bytes for p in line.points(plan_points([1024, 60000, 64 << 10, 1 << 20], 5))] == [1024, 60000]
+    sides = []
+    run_line(line, plan_points([1024, 60000], 20, 2), LocalLauncher(), 30,
+             on_sides=lambda point, sender, receiver: sides.append((point, sender, receiver)))
+    assert [point.size_bytes for point, _, _ in sides] == [1024, 60000]
+    for _, sender, receiver in sides:
+        assert sender.transfers == receiver.transfers == 22 and receiver.corrupted == 0
+        assert sender.stats.tensors_sent == receiver.stats.tensors_received == 20
+        assert sender.stats.copied_bytes == receiver.stats.copied_bytes == 0
+        assert sender.fabric == {"fabric": "none", "used": ["shared memory word"]}

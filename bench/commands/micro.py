@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
                        "that size")
     peers.add_argument("--no-peers", action="store_true", help="skip the peer lines")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure beside each peer line its library in a plain loop of its own (mpi: "
+                        "mpi_plain, mpi4py Send/Recv in the ten lines a user writes): how far the harness is from "
+                        "the library's own cost (the harness reference line, in every run, is the harness alone)")
     parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
                         help="measure every point of every line a second time with N busy processes spinning on "
                         "this machine (another job on a shared machine): each record then also carries "
@@ -156,6 +160,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "extra_copy": sorted(slowed),
         "peers": [] if args.no_peers else (args.peers or list(catalogue.names("peer"))),
         "contend": args.contend,
+        "calibrate": args.calibrate,
         "timeout_s": args.timeout,
         **options.fabric_settings(args, launcher),
     }
@@ -204,7 +209,7 @@ def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slow
     --no-references: of_reference needs each size's bandwidth reference first), the peer lines (unless
     --no-peers: of_peer needs each size's best peer first), then the transports."""
     from bench.experiments.micro import TransportLine
-    from bench.experiments.peers import peer_lines
+    from bench.experiments.peers import calibration_lines, peer_lines
     from bench.experiments.references import reference_lines
 
     lines: list[MicroLine] = []
@@ -212,6 +217,8 @@ def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slow
         lines += reference_lines(args.fabric, launcher.fabric_transport(args.fabric_transport), args.timeout)
     if not args.no_peers:
         lines += peer_lines(args.peers, args.timeout)
+        if args.calibrate:
+            lines += calibration_lines(args.peers, args.timeout)
     for choice in chosen:
         lines.append(TransportLine(choice.label, choice.constructor_options(args, launcher),
                                    extra_copies=1 if choice.label in slowed else 0))

@@ -56,6 +56,8 @@ class Line:
     #: ``module:attribute`` of what measures it, and a line saying what it is (reference and peer lines)
     implementation: str | None = None
     about: str = ""
+    #: the peer line whose plain loop it is (``bench micro --calibrate``): measured only when asked, beside it
+    calibrates: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -108,6 +110,15 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
     Line("memcpy", "reference", "memcpy", "memcpy in one process",
          {"color": "#8c564b", "linestyle": "-.", "marker": "+"}, hatched=True,
          implementation="bench.experiments.references.memcpy:Memcpy", about="one copy of the tensor in one process"),
+    Line("mpi_plain", "reference", "MPI plain loop", "MPI Send/Recv in a plain loop (the mpi line's calibration)",
+         {"color": "#000000", "linestyle": ":", "marker": "o", "markerfacecolor": "none"},
+         implementation="bench.experiments.peers.mpi:MpiPlainLine",
+         about="mpi4py Send/Recv in the ten lines a user writes: what the harness costs the mpi line (the mpi extra)",
+         calibrates="mpi"),
+    Line("harness", "reference", "harness (null transfer)", "the harness alone (a transfer that moves nothing)",
+         {"color": "#bbbbbb", "linestyle": ":", "marker": "."}, hatched=True,
+         implementation="bench.experiments.references.null:NullLine",
+         about="the harness measuring itself: the same loops over a link that moves nothing, below 64KB"),
     Line(TF_GRPC, "tf_grpc", "TF gRPC (tf_grpc)", "TensorFlow PS over gRPC (today)",
          {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp"),
     _peer("mpi", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)", "#000000", "o", "mpi:MpiLine",
@@ -188,6 +199,11 @@ def table_order(present: Iterable[str], kinds: Mapping[str, str] | None = None) 
         index = position[name]
         return _TABLE_KINDS.index(kind), 0, -index if kind == "transport" else index, name
     return sorted(dict.fromkeys(present), key=key)
+
+
+def calibrations() -> Iterator[Line]:
+    """The lines that calibrate a peer line (its plain loop), in the catalogue's order."""
+    return (entry for entry in _CATALOGUE.values() if entry.calibrates)
 
 
 def bandwidth_reference(fabric: str) -> str | None:

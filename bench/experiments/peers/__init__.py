@@ -189,3 +189,14 @@ def peer_lines(names: list[str] | None = None, timeout_s: float = 120.0) -> list
         REGISTRY.check(name)
     chosen = [name for name in REGISTRY if names is None or name in names]
     return [REGISTRY.load(name)(name=name, timeout_s=timeout_s) for name in chosen]
+
+
+#: the peer lines' plain loops (``bench micro --calibrate``): the catalogue's lines that calibrate a peer line
+CALIBRATIONS = Registry("calibration line", {line.name: (line.implementation, line.about)
+                                             for line in catalogue.calibrations()})
+
+
+def calibration_lines(names: list[str] | None = None, timeout_s: float = 120.0) -> list[PeerLine]:
+    """The plain loops of the peer lines ``names`` (default: every one) that have one, in the catalogue's order."""
+    return [CALIBRATIONS.load(line.name)(name=line.name, timeout_s=timeout_s) for line in catalogue.calibrations()
+            if names is None or line.calibrates in names]

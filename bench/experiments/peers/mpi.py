@@ -79,39 +79,61 @@ def _library() -> str:
 
 
 class MpiSignals:
-    """The ready signals between the two MPI processes, over MPI itself (tag 1)."""
+    """The ready signals between the two MPI processes, over MPI itself (tag 1): one int64 each, sent and received
+    from a buffer of its own (no pickling: a signal costs what a user's would), -1 for done."""
+
+    _DONE = -1
 
     def __init__(self, comm: Any, other: int) -> None:
         self.comm, self.other = comm, other
+        self._out = np.zeros(1, np.int64)
+        self._in = np.zeros(1, np.int64)
 
     def send(self, value: Any) -> None:
-        self.comm.send(value, dest=self.other, tag=SIGNAL_TAG)
+        self._out[0] = self._DONE if value == "done" else value
+        self.comm.Send(self._out, dest=self.other, tag=SIGNAL_TAG)
 
     def recv(self) -> Any:
-        return self.comm.recv(source=self.other, tag=SIGNAL_TAG)
+        self.comm.Recv(self._in, source=self.other, tag=SIGNAL_TAG)
+        value = int(self._in[0])
+        return "done" if value == self._DONE else value
 
 
 class MpiLink(PeerLink):
-    """Two-sided MPI: ``Send``/``Recv`` of the bytes."""
+    """Two-sided MPI: ``Send``/``Recv`` of the bytes. What a transfer does beyond the library's call is made once
+    per tensor (its byte views, the status) and reused, as a user's loop would."""
 
     def __init__(self, comm: Any, timeout_s: float) -> None:
         super().__init__(timeout_s)
+        from mpi4py import MPI
+
         self.comm = comm
+        self._byte = MPI.BYTE
+        self._status = MPI.Status()
+        #: the last tensor sent and received, each with its pieces (views of at most CHUNK_BYTES)
+        self._sending: tuple[np.ndarray | None, list[np.ndarray]] = (None, [])
+        self._receiving: tuple[np.ndarray | None, list[np.ndarray]] = (None, [])
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
-        for piece in _pieces(_bytes(tensor)):
-            self.comm.Send(piece, dest=RECEIVER, tag=DATA_TAG)
+        sending, pieces = self._sending
+        if sending is not tensor:
+            pieces = _pieces(_bytes(tensor))
+            self._sending = (tensor, pieces)
+        send = self.comm.Send
+        for piece in pieces:
+            send(piece, dest=RECEIVER, tag=DATA_TAG)
         self._sent(tensor)
 
     def recv(self, key: Key) -> np.ndarray:
         buffer = self.buffer(key)
-        from mpi4py import MPI
-
-        status = MPI.Status()
-        got = 0
-        for piece in _pieces(_bytes(buffer)):
+        receiving, pieces = self._receiving
+        if receiving is not buffer:
+            pieces = _pieces(_bytes(buffer))
+            self._receiving = (buffer, pieces)
+        status, got = self._status, 0
+        for piece in pieces:
             self.comm.Recv(piece, source=SENDER, tag=DATA_TAG, status=status)
-            got += status.Get_count(MPI.BYTE)
+            got += status.Get_count(self._byte)
         if got != buffer.nbytes:
             raise PeerLineError(f"mpi: {key} arrived with {got} bytes, the plan says {buffer.nbytes}")
         self._received(buffer)
@@ -189,6 +211,56 @@ def _pieces(data: np.ndarray) -> list[np.ndarray]:
     return [data[start:start + CHUNK_BYTES] for start in range(0, max(1, data.size), CHUNK_BYTES)]
 
 
+# -- the calibration: the same transfers as a user's plain loop writes them ----------------------------------
+
+
+class PlainLoop:
+    """The ``mpi`` line's calibration (``mpi_plain``): what mpi4py moves in the ten lines a user would write, with
+    the protocol of every line (the receiver's ready signal outside the timed interval, its reduce-max inside) and
+    none of the harness: no link, no ledger, no data check beyond the marker. The distance from the ``mpi`` line to
+    this one is what the harness costs MPI; the ``harness`` line, what it costs every line."""
+
+    #: told apart from a link class by this, not by identity: the MPI processes run this module as ``__main__``
+    plain = True
+
+    @staticmethod
+    def run(comm: Any, points: list[Point], report: Any) -> None:
+        """Time ``points`` between the two processes of ``comm``; the receiver reports a record per point."""
+        from bench.experiments.micro import Measured, clock_ns, marker
+        from bench.experiments.references.running import record
+        from bench.results import latency_summary
+
+        rank, ready = comm.Get_rank(), np.zeros(1, np.int64)
+        for point in points:
+            if point.size_bytes > CHUNK_BYTES:  # one message carries at most CHUNK_BYTES: no longer ten lines
+                continue
+            tensor = np.zeros(point.spec.shape, point.dtype)
+            total, times = point.warmup + point.iters, np.zeros(point.warmup + point.iters, np.int64)
+            for i in range(total):
+                if rank == RECEIVER:
+                    comm.Send(ready, dest=SENDER, tag=SIGNAL_TAG)
+                    comm.Recv(tensor, source=SENDER, tag=DATA_TAG)
+                    if tensor.max() != marker(i, point.dtype):
+                        raise PeerLineError(f"mpi_plain: transfer {i} of {point.size_bytes} bytes arrived wrong")
+                    times[i] = clock_ns()
+                else:
+                    comm.Recv(ready, source=RECEIVER, tag=SIGNAL_TAG)
+                    tensor[-1] = marker(i, point.dtype)
+                    times[i] = clock_ns()
+                    comm.Send(tensor, dest=RECEIVER, tag=DATA_TAG)
+            if rank == SENDER:
+                comm.Send(times, dest=RECEIVER, tag=SIGNAL_TAG)
+                continue
+            starts = np.zeros_like(times)
+            comm.Recv(starts, source=SENDER, tag=SIGNAL_TAG)
+            summary = latency_summary((times - starts)[point.warmup:] / 1e3)
+            report(Measured(point.size_bytes, record(
+                "mpi_plain", point.size_bytes, point.warmup, point.iters, **summary,
+                throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
+                sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0,
+                fabric=f"mpi:{_library()}")))
+
+
 # -- the line: a relay rank and the MPI pair it starts ---------------------------------------------------
 
 
@@ -227,6 +299,16 @@ class MpiRmaLine(MpiLine):
     """MPI one-sided put, flush and flag between two processes that one ``mpirun`` starts."""
 
     link_class: ClassVar[type[MpiLink]] = MpiRmaLink
+
+
+@dataclass
+class MpiPlainLine(MpiLine):
+    """The ``mpi`` line's calibration (``bench micro --calibrate``): mpi4py's ``Send``/``Recv`` in a plain loop
+    (:class:`PlainLoop`), measured beside the ``mpi`` line and never a candidate for ``of_peer``."""
+
+    name: str = "mpi_plain"
+    link_class: ClassVar[type] = PlainLoop
+    time_reference: ClassVar[bool] = False
 
 
 def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
@@ -444,6 +526,15 @@ def _mpi_process(hub: str) -> int:
     conn = connect(hub, os.environ.pop(TOKEN_VARIABLE, ""))
     send_message(conn, Hello(rank))
     link_class, points, timeout_s = receive_message(conn)
+    if getattr(link_class, "plain", False):  # the calibration: no link, no harness
+        try:
+            PlainLoop.run(comm, points, lambda message: send_message(conn, message))
+        except Exception as exc:
+            with contextlib.suppress(OSError):
+                send_message(conn, ("failed", describe_error(exc)))
+            comm.Abort(1)
+        send_message(conn, "finished")
+        return 0
     link = link_class(comm, timeout_s)
     try:
         drive(link, points, rank, MpiSignals(comm, RECEIVER - rank),

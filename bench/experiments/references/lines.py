@@ -82,7 +82,7 @@ class PerftestLine(ReferenceLine):
 #: the reference lines, in the order they are measured (before the transports: of_reference needs the
 #: bandwidth reference of each size first); each entry's class says which fabric's runs it belongs in
 REGISTRY = Registry("reference line", {line.name: (line.implementation, line.about)
-                                        for line in catalogue.of_kind("reference")})
+                                        for line in catalogue.of_kind("reference") if not line.calibrates})
 
 
 def reference_lines(fabric_name: str, fabric_transport: str = "auto",

@@ -1,0 +1,113 @@
+"""The ``harness`` reference line (a null transfer): the harness measuring itself.
+
+A sender and a receiver in two processes run the same loops as every transport and peer line (the ready signal
+outside the timed interval, the clock, the reduce-max and the marker's check inside it) over a link whose
+transfer moves nothing but the news of it: ``send`` stores the transfer's number into a word of memory both
+processes map, ``recv`` spins until it sees it and hands back a tensor filled once, with the transfer's marker
+written into it. Its time is what the harness adds to every line's (and a cache line's trip between two cores);
+a peer line that does more per transfer than its library shows in its distance to it.
+
+The word lives in a file of a private (0700) directory under /dev/shm, made by the receiver without following
+links and removed as soon as the sender has mapped it: nothing of it is left however the line ends.
+
+It runs at the sizes checked by the marker alone (below ``FULL_CHECK_BYTES``): a larger transfer is checked byte
+for byte, which a transfer that moved nothing cannot pass, and there the harness's share is small anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.experiments.micro import FULL_CHECK_BYTES, RECEIVER, STARTUP_S, DirectSignals, Point, content, marker
+from bench.experiments.peers import PeerLink, drive
+from bench.experiments.references.lines import ReferenceLine
+from bench.launch import RankContext, RankSpec
+from bench.results import MicroRecord
+from transports import Key
+
+#: the shared word: the number of the last transfer sent, plus one (a page: what mmap maps anyway)
+_WORD_BYTES = 4096
+
+
+class NullLink(PeerLink):
+    """A link that moves nothing but the news of a transfer: a word of shared memory (see the module docstring)."""
+
+    def __init__(self, ctx: RankContext, timeout_s: float) -> None:
+        super().__init__(timeout_s)
+        self._filled: str | None = None
+        other = RECEIVER - ctx.rank
+        if ctx.rank == RECEIVER:
+            private = tempfile.mkdtemp(prefix="bench-harness-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            path = os.path.join(private, "word")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                os.ftruncate(fd, _WORD_BYTES)
+                ctx.send_to(other, path)
+                ctx.receive(timeout=STARTUP_S)  # the sender mapped it: nothing needs its name any more
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                os.rmdir(private)
+        else:
+            path = ctx.receive(timeout=STARTUP_S)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            self._map = mmap.mmap(fd, _WORD_BYTES)
+        finally:
+            os.close(fd)
+        if ctx.rank != RECEIVER:
+            ctx.send_to(other, "mapped")
+        self._word = np.frombuffer(self._map, np.int64, 1)
+
+    def send(self, key: Key, tensor: np.ndarray) -> None:
+        self._word[0] = key.step + 1
+        self._sent(tensor)
+
+    def recv(self, key: Key) -> np.ndarray:
+        self.await_flag(self._word, key.step + 1, key)
+        buffer = self.buffer(key)
+        if self._filled != key.name:  # once per tensor, at its first (warm-up) transfer: what the sender fills
+            buffer.reshape(-1)[:] = content(Point(buffer.nbytes, 0, 0))
+            self._filled = key.name
+        buffer.reshape(-1)[-1] = marker(key.step, buffer.dtype)
+        self._received(buffer)
+        return buffer
+
+    def describe(self) -> dict[str, Any]:
+        return {"fabric": "none", "used": ["shared memory word"]}
+
+    def close(self) -> None:
+        del self._word
+        self._map.close()
+
+
+@dataclass
+class NullLine(ReferenceLine):
+    """The harness alone: two ranks, as a transport's, over :class:`NullLink` (its ranks report a ``Side`` per
+    size and the harness times them, not :meth:`measure`)."""
+
+    #: (not "null": pandas reads that name in a CSV as a missing value)
+    name: str = "harness"
+
+    def points(self, points: list[Point]) -> list[Point]:
+        return [p for p in points if p.size_bytes < FULL_CHECK_BYTES]
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        job = functools.partial(_null_job, self.timeout_s, points)
+        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+
+    def measure(self, point: Point, port: int) -> MicroRecord:  # pragma: no cover (its ranks time it)
+        raise NotImplementedError("the null line is timed by the harness, over two ranks")
+
+
+def _null_job(timeout_s: float, points: list[Point], ctx: RankContext) -> None:
+    with NullLink(ctx, timeout_s) as link, DirectSignals(ctx) as signals:
+        drive(link, points, ctx.rank, signals, ctx.report)
