@@ -31,6 +31,7 @@ EXAMPLES = (
     ('bench micro --sizes 4KB,4MB --rounds 3', 'three interleaved rounds per size: a spread across rounds'),
     ('bench micro --fabric-transport tcp --contend 2', 'over tcp, every point again beside 2 busy processes'),
     ('mpirun -np 2 bench micro --launcher mpi --sizes 1KB-1MB', 'the two sides as ranks of an MPI job'),
+    ('bench micro --sizes 1KB-1MB --peers mpi --calibrate', 'the mpi line beside mpi4py in a plain loop'),
 )
 STARTS_RANKS = True
 DEFAULT_SIZES = "1KB-1GB"
