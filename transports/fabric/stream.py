@@ -136,6 +136,8 @@ class StreamListener:
         self.address = stream_address(host, self._socket.getsockname()[1])
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
+        #: the connections' threads (close() waits for them)
+        self._servers: list[threading.Thread] = []
         self._closed = False
         #: accesses refused (each a request that touched nothing)
         self.refused = 0
@@ -177,8 +179,10 @@ class StreamListener:
                     connection.close()
                     return
                 self._connections.append(connection)
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(connection,), name="fabric-tcp-serve", daemon=True).start()
+                server = threading.Thread(target=self._serve, args=(connection,), name="fabric-tcp-serve", daemon=True)
+                self._servers = [thread for thread in self._servers if thread.is_alive()] + [server]
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                server.start()  # under the lock: close() joins only started threads
 
     def _serve(self, connection: socket.socket) -> None:
         inbox = _Inbox(connection)
@@ -242,6 +246,13 @@ class StreamListener:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
+        # each connection's thread closes its socket and writes into registered memory until it ends: it ends
+        # before the device releases that memory, and no descriptor of it outlives close()
+        with self._lock:
+            servers = list(self._servers)
+        for server in servers:
+            if server is not threading.current_thread():
+                server.join(timeout=5)
 
 
 def _receive_into(connection: socket.socket, view: memoryview) -> bool:
