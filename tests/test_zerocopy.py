@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import multiprocessing as mp
 import threading
@@ -501,6 +502,34 @@ def test_a_step_of_many_tensors_costs_one_credit_message_per_peer(fabric):
         assert receiver.control_messages == 5  # one credit write per step to the one peer
         assert sender.control_messages == 0  # a transfer's flag is part of its write
         assert sender.tensors_sent == receiver.tensors_received == 5 * len(specs)
+    finally:
+        close(pair)
+
+
+def test_a_credit_table_has_one_remote_key_and_one_mirror(fabric):
+    """The tensors a sender connects to one receiver share a credit table: exported once, under one key, even when
+    their first sends connect at once; the receiver keeps one mirror of it and refuses a connect naming it with
+    another key. (Two keys once made two mirrors, whose span writes set each other's entries back to zero: a
+    credit lost, a step hung.)"""
+    pair = start_pair("zerocopy", fabric_transport=fabric)
+    try:
+        grants = pair[0].device.grants
+        if grants is not None:  # over TCP each key is made on the first export: made slow, first exports overlap
+            grant = grants.grant
+            grants.grant = lambda array: (time.sleep(0.05), grant(array))[1]
+        names = [f"t{i}" for i in range(8)]
+        sends = [pair[0].send_async(Key(name, 0, 0, 1), np.full(4, i)) for i, name in enumerate(names)]
+        received = pair[1].recv_many([Key(name, 0, 0, 1) for name in names])
+        assert [int(array[0]) for array in received] == list(range(8))
+        for sending in sends:
+            sending.result(timeout=30)
+        incomings = [pair[1]._incoming[(name, 0)] for name in names]
+        assert len({incoming.connected_by.counters.rkey for incoming in incomings}) == 1
+        assert len({id(incoming.mirror) for incoming in incomings}) == 1
+        first = incomings[0].connected_by
+        other_key = dataclasses.replace(first.counters, rkey=bytes(len(first.counters.rkey)))
+        with pytest.raises(ValueError, match="another remote key"):
+            pair[1].credits.mirror(dataclasses.replace(first, counters=other_key), incomings[0].channel)
     finally:
         close(pair)
 

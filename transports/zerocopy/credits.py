@@ -85,21 +85,29 @@ class Credits:
 
     def __init__(self, transport: FabricTransport) -> None:
         self.transport = transport
-        #: the mirrors of the senders' credit tables, by (src, table address, remote key)
+        #: the mirrors of the senders' credit tables, by (src, table address)
         self._mirrors: dict[tuple[int, int, bytes], CreditMirror] = {}
         #: credits for receives posted before their sender connected go out on a thread of their own: on the
         #: transport's pool they could queue behind sends that wait for the peer, which waits for these credits
         self.granter: ThreadPoolExecutor | None = None
 
     def mirror(self, connect: ConnectRequest, channel: Channel) -> CreditMirror:
-        """The mirror of the table ``connect`` names (one per table, however many tensors it connects)."""
+        """The mirror of the table ``connect`` names (one per table, however many tensors it connects).
+
+        One table has one mirror: a span write sets every entry it covers to the mirror's values, so a second
+        mirror of the same table would set the first's entries back. A connect naming a known table with
+        another remote key is refused (ValueError)."""
         table = connect.table
-        key = (connect.src, table.addr, table.rkey)
+        key = (connect.src, table.addr)
         with self.transport._lock:
-            if key not in self._mirrors:
+            mirror = self._mirrors.get(key)
+            if mirror is None:
                 block = self.transport.pool.alloc(CREDIT_TABLE_BYTES)
-                self._mirrors[key] = CreditMirror(connect.src, channel, table, block)
-            return self._mirrors[key]
+                mirror = self._mirrors[key] = CreditMirror(connect.src, channel, table, block)
+            elif mirror.table != table:
+                raise ValueError(f"its credit table at {table.addr:#x} was named before with another remote key "
+                                 "or length (a table has one)")
+            return mirror
 
     @staticmethod
     def plan(incoming: Incoming) -> CounterPlan | None:

@@ -382,10 +382,11 @@ class ZeroCopyTransport(FabricTransport):
             if incoming.connected_by is not None and incoming.connected_by != connect:
                 raise ValueError(f"{key} is already connected by {self.peer_name(connect.src)}; a rank connects once")
             if incoming.connected_by is None:
+                mirror = self.credits.mirror(connect, channel)
                 with self._lock:  # verified: its device, and that it was heard from (its death counts)
                     self._peer_devices.setdefault(connect.src, connect.device)
                 incoming.channel = channel
-                incoming.mirror = self.credits.mirror(connect, channel)
+                incoming.mirror = mirror
                 incoming.index = connect.index
                 incoming.credit = self.credits.plan(incoming)
                 if incoming.take is not None:  # a sender whose memory is mapped here maps this memory: it rings

@@ -399,16 +399,23 @@ class UcxRegion(MemRegion):
         self._released = False
 
     def export(self) -> RemoteRegion:
-        if self._exported is None and self.device.grants is not None:
-            # over TCP the key is a capability the device's listener checks (transports/fabric/stream.py)
-            self._exported = RemoteRegion(self.address, self.nbytes, self.device.grants.grant(self.array))
-        if self._exported is None:
-            buffer, size = _ffi.new("void **"), _ffi.new("size_t *")
-            _check(_lib.ucp_rkey_pack(self.device.context, self.memh, buffer, size), "packing a remote key")
-            rkey = bytes(_ffi.buffer(buffer[0], size[0]))
-            _lib.ucp_rkey_buffer_release(buffer[0])
-            self._exported = RemoteRegion(self.address, self.nbytes, rkey)
-        return self._exported
+        """The region's one descriptor: made once, under the device's lock (two first exports at once, each
+        granting a key of its own over TCP, gave one table two keys, and the receiver one mirror per key, whose
+        span writes then set each other's entries back to zero)."""
+        exported = self._exported
+        if exported is not None:
+            return exported
+        with self.device._lock:
+            if self._exported is None and self.device.grants is not None:
+                # over TCP the key is a capability the device's listener checks (transports/fabric/stream.py)
+                self._exported = RemoteRegion(self.address, self.nbytes, self.device.grants.grant(self.array))
+            if self._exported is None:
+                buffer, size = _ffi.new("void **"), _ffi.new("size_t *")
+                _check(_lib.ucp_rkey_pack(self.device.context, self.memh, buffer, size), "packing a remote key")
+                rkey = bytes(_ffi.buffer(buffer[0], size[0]))
+                _lib.ucp_rkey_buffer_release(buffer[0])
+                self._exported = RemoteRegion(self.address, self.nbytes, rkey)
+            return self._exported
 
     def release(self) -> None:
         """Unregister: the remote key is revoked (a peer's mapping of UCX's segment ends with it).
