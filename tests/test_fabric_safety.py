@@ -7,6 +7,7 @@ allocates more than a few megabytes: sizes a peer claims are refused before any 
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 import textwrap
@@ -358,6 +359,25 @@ def test_a_held_port_is_alive_and_a_closed_one_is_not():
         assert port_is_held(address)
     assert not port_is_held(address)
 
+
+
+@pytest.mark.parametrize("error, held", [
+    (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), False),
+    (OSError(errno.EHOSTUNREACH, "no route to host"), False),
+    (TimeoutError("timed out"), True),
+    (OSError(errno.EMFILE, "too many open files"), True),
+    (OSError(errno.EADDRNOTAVAIL, "cannot assign requested address"), True),
+], ids=["refused", "unreachable", "too-slow", "out-of-descriptors", "out-of-ports"])
+def test_only_a_refusal_or_an_unreachable_host_says_a_port_is_not_held(monkeypatch, error, held):
+    """A connect that fails for want of this process's own descriptors or ports (a busy machine) says nothing of
+    the peer: taking it for death failed a living peer's transfers and hung its partner for the whole timeout."""
+    import socket
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(socket, "create_connection", failing)
+    assert port_is_held("127.0.0.1:9") is held
 
 def test_plan_keeps_static_placement():
     """A sanity check that the checked connect path still places planned tensors (static mode)."""

@@ -77,3 +77,21 @@ def test_it_says_why_it_cannot_run_without_root():
         pytest.skip("runs as root here: the refusal is for other users")
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "fresh-machine")], capture_output=True, text=True)
     assert result.returncode == fresh.EXIT_UNAVAILABLE and "needs root" in result.stdout
+
+
+def test_a_failed_step_shows_the_ranks_logs_that_say_anything(tmp_path, capsys):
+    """A run's ranks write their errors to their logs in the clone's results, inside the root that goes when the
+    run ends: the logs that say anything are kept beside the steps' output and their last lines printed."""
+    fresh_dir = tmp_path / "root" / "fresh"
+    fresh_dir.mkdir(parents=True)
+    (fresh_dir / "step-1.log").write_text("bench model: error: rank 1 failed\n")
+    ranks = tmp_path / "root" / "main" / "results" / "model-1" / "logs"
+    ranks.mkdir(parents=True)
+    (ranks / "fcn5-rank0.log").write_text("Traceback\nPeerError: the reason\n")
+    (ranks / "fcn5-rank1.log").write_text("")
+    kept = tmp_path / "kept"
+    fresh._keep_logs(fresh_dir, kept)
+    assert sorted(p.name for p in (kept / "ranks").iterdir()) == ["model-1-fcn5-rank0.log"]
+    fresh._print_tail(kept / "step-1.log")
+    printed = capsys.readouterr().out
+    assert "rank 1 failed" in printed and "PeerError: the reason" in printed

@@ -9,6 +9,7 @@ between ranks of one run: the server refuses a call without the run's token
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
@@ -144,13 +145,20 @@ class ControlClient:
         self._channel.close()
 
 
+#: what connecting to a port says when nothing holds it: refused (its host answers), or its host unreachable
+_NOTHING_THERE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
 def port_is_held(address: str, timeout: float = 1.0) -> bool:
-    """Whether something accepts TCP connections at ``host:port`` (a refused or unreachable one: no)."""
+    """Whether something accepts TCP connections at ``host:port``: no only when the connection is refused or the
+    host unreachable. Anything else cannot tell: a kernel too busy to answer in time, or this process out of
+    descriptors, ports or buffers (EMFILE, EADDRNOTAVAIL, ENOBUFS on a busy machine) says nothing of the peer, and
+    whatever waits for it is bounded by its own deadline."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             return True
-    except TimeoutError:
-        return True  # the kernel of a live host that is too busy to answer in time; only a refusal is death
-    except (OSError, ValueError):
-        return False
+    except ValueError:
+        return False  # not an address at all
+    except OSError as exc:
+        return exc.errno not in _NOTHING_THERE

@@ -593,6 +593,9 @@ class ZeroCopyTransport(FabricTransport):
                             busy = True  # a blocking send of this tensor is under way
                             break
                         try:
+                            # again, under the lock: a send that held it may have taken the credit seen above
+                            if outgoing.posted[0] <= outgoing.credit_above:
+                                break
                             self._send_queued(outgoing, queue.popleft())
                         finally:
                             outgoing.lock.release()
