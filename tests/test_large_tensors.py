@@ -122,22 +122,38 @@ def receive(point, spoil):
 
 @pytest.mark.parametrize("size", [1 << 20, (1 << 20) + 3])
 def test_bench_micro_takes_what_the_sender_wrote(size):
-    (side,) = receive(micro.Point(size, warmup=1, iters=4), lambda step, delivered, before: None)
-    assert side.transfers == 5
+    point = micro.Point(size, warmup=1, iters=4)
+    (side,) = receive(point, lambda step, delivered, before: None)
+    # transfer 0 checked (the warm-up), 1 after it untimed, 2 to 5 timed
+    assert side.transfers == point.transfers == 6 and len(side.times) == 4
+
+
+def test_a_large_point_checks_one_transfer_in_every_few_and_times_neither_it_nor_the_next():
+    point = micro.Point(1 << 20, warmup=3, iters=20)
+    every = micro.CHECK_EVERY
+    checked = [i for i in range(point.transfers) if point.checked(i)]
+    timed = [i for i in range(point.transfers) if point.timed(i)]
+    assert checked == list(range(0, point.transfers, every))
+    assert len(timed) == 20 and timed[0] == 3 and not set(timed) & {i + d for i in checked for d in (0, 1)}
+    small, soak = micro.Point(4096, warmup=3, iters=20), micro.Point(1 << 20, warmup=3, iters=20, check=True)
+    assert not any(small.checked(i) for i in range(small.transfers)) and small.transfers == 23
+    assert all(soak.checked(i) for i in range(soak.transfers)) and soak.transfers == 23
+    assert [i for i in range(23) if soak.timed(i)] == list(range(3, 23))
 
 
 @pytest.mark.parametrize("size", [1 << 20, (1 << 20) + 3])
 def test_bench_micro_finds_a_piece_left_over_from_the_transfer_before(size):
-    """A 4 KiB piece of transfer 2 that did not land (the slot still holds transfer 1's): the marker and the
-    reduce-max are right, the bytes are not."""
-    point = micro.Point(size, warmup=1, iters=4)
+    """A 4 KiB piece of a checked transfer that did not land (the slot still holds the transfer before's): the
+    marker and the reduce-max are right, the bytes are not."""
+    point = micro.Point(size, warmup=1, iters=12)
     page = 4096 // point.dtype.itemsize
+    checked = micro.CHECK_EVERY
 
     def stale(step, delivered, before):
-        if step == 2:
+        if step == checked:
             delivered[5 * page : 6 * page] = before[5 * page : 6 * page]
 
-    with pytest.raises(RuntimeError, match=rf"transfer 2 of .* arrived wrong: element {5 * page} of "):
+    with pytest.raises(RuntimeError, match=rf"transfer {checked} of .* arrived wrong: element {5 * page} of "):
         receive(point, stale)
 
 

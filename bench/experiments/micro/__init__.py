@@ -26,11 +26,14 @@ Copied bytes come from the transports' ledgers (both sides, per transfer).
 that repeat every ``PERIOD`` elements, a prime, so that no piece moved by a power-of-two offset matches),
 and writes into the last element a marker that the reduce-max must find. A transfer of
 ``FULL_CHECK_BYTES`` or more, which transports move in pieces (lanes, chunks, work requests) where a marker
-shows only that the last piece landed, is checked byte for byte: before each of them the sender also stamps
-every 4 KiB of the tensor with a value of that transfer (so that a piece left over from the transfer
-before is caught too), and the receiver compares every byte with the pattern, chunk by chunk (no second
-copy of the tensor in memory), after reading the clock. Smaller transfers are checked by the marker,
-and every byte with ``Point.check`` (the soak).
+shows only that the last piece landed, is also checked byte for byte, one transfer in ``CHECK_EVERY``: before
+it the sender stamps every 4 KiB of the tensor with a value of that transfer (so that a piece left over from an
+earlier transfer is caught too), and the receiver compares every byte with the pattern, chunk by chunk (no second
+copy of the tensor in memory), after reading the clock. As nccl-tests' check, a checked transfer is not timed,
+nor is the one after it: the stamps are the sender's stores just before it, and the comparison reads the
+whole tensor and the pattern, leaving the next transfer's caches cold (at 1MB over MPI the checks made every
+transfer 2-3x slower than the same loop without them). Smaller transfers are checked by the marker, and every
+byte of every transfer with ``Point.check`` (the soak, which times its transfers checked).
 
 *The package.* :mod:`.points` holds the points and the data check; :mod:`.loops` the two sides' loops, what they
 drive (:class:`TimedLink`, which a transport and a peer library's link both satisfy) and the ready signals;
@@ -66,6 +69,7 @@ from bench.experiments.micro.loops import (
     sender_loop,
 )
 from bench.experiments.micro.points import (
+    CHECK_EVERY,
     CHUNK,
     FULL_CHECK_BYTES,
     RECEIVER,
@@ -80,7 +84,8 @@ from bench.experiments.micro.points import (
 )
 
 __all__ = [
-    "CHUNK", "FULL_CHECK_BYTES", "PROGRESS_EVERY_S", "RECEIVER", "SENDER", "SILENCE_SLACK_S", "STARTUP_S",
+    "CHECK_EVERY", "CHUNK", "FULL_CHECK_BYTES", "PROGRESS_EVERY_S", "RECEIVER", "SENDER", "SILENCE_SLACK_S",
+    "STARTUP_S",
     "CoordinatorSignals", "DirectSignals", "Measured", "MicroError", "MicroLine", "Point", "Progress", "ReadySignals",
     "Side", "TimedLink", "TransportLine", "bind_timing_thread", "clock_ns", "content", "fill", "first_wrong",
     "make_record", "marker", "plan_points", "prepare", "receiver_loop", "run_line", "run_pair", "sender_loop",

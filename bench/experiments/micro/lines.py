@@ -153,8 +153,10 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side, round: in
     times = times if times is not None else transfer_times(sender, receiver)
     summary = latency_summary(times["time_us"])
     per = len(times["time_us"])  # point.iters, or as many as fitted in the point's seconds
+    # the ledgers and CPU times cover every transfer past the warm-up: the timed ones and the checked ones between
+    moved = max(1, receiver.transfers - point.warmup) if receiver.transfers else per
     both = sender.stats + receiver.stats
-    copied = both.copied_bytes + point.extra_copies * point.size_bytes * per
+    copied = both.copied_bytes + point.extra_copies * point.size_bytes * moved
     return MicroRecord(
         transport=name, size_bytes=point.size_bytes, round=round, dtype=point.dtype.name, warmup=point.warmup,
         iters=per, **summary,
@@ -162,9 +164,10 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side, round: in
         consume_p50_us=float(np.percentile(times["time_us"] - times["transfer_us"], 50)),
         throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
         sender_cpu_s=sender.cpu_s, receiver_cpu_s=receiver.cpu_s,
-        sender_cpu_us_per_transfer=sender.cpu_s / per * 1e6, receiver_cpu_us_per_transfer=receiver.cpu_s / per * 1e6,
-        copied_bytes_per_transfer=copied / per, serialisations_per_transfer=both.serialisations / per,
-        deserialisations_per_transfer=both.deserialisations / per,
-        control_messages_per_transfer=both.control_messages / per, registrations=both.registrations,
-        registrations_per_transfer=both.registrations / per, fabric=fabric.label(sender.fabric),
+        sender_cpu_us_per_transfer=sender.cpu_s / moved * 1e6,
+        receiver_cpu_us_per_transfer=receiver.cpu_s / moved * 1e6,
+        copied_bytes_per_transfer=copied / moved, serialisations_per_transfer=both.serialisations / moved,
+        deserialisations_per_transfer=both.deserialisations / moved,
+        control_messages_per_transfer=both.control_messages / moved, registrations=both.registrations,
+        registrations_per_transfer=both.registrations / moved, fabric=fabric.label(sender.fabric),
         extra_copies=point.extra_copies)

@@ -12,7 +12,6 @@ import platform
 import resource
 import socket
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import numpy as np
 
 import transports
 from bench.experiments.micro.points import RECEIVER, SENDER, Point, fill, first_wrong, marker, prepare
+from bench.experiments.micro.shared import make_shared, open_shared
 from bench.experiments.stream import accept, connect, host_port, listen, recv_into, recv_message, send_message
 from bench.ground.memory import rss_mb
 from bench.ground.sizes import format_size
@@ -144,32 +144,19 @@ class DirectSignals:
         sender maps it and says whether it found the nonce there; the name is gone once the sender answered."""
         size = 8 * (2 + self.RING)
         if receiving:
-            private = tempfile.mkdtemp(prefix="bench-signals-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            path = os.path.join(private, "ring")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                try:
-                    os.ftruncate(fd, size)
-                    self._map = mmap.mmap(fd, size)
-                finally:
-                    os.close(fd)
-                nonce = int.from_bytes(os.urandom(7), "little")
-                ring = np.frombuffer(self._map, np.int64, 2 + self.RING)
-                ring[1] = nonce
+            nonce = int.from_bytes(os.urandom(7), "little")
+
+            def tell(path: str, mapped: mmap.mmap) -> bool:
+                np.frombuffer(mapped, np.int64, 2 + self.RING)[1] = nonce
                 send_message(self.sock, f"{path} {nonce}".encode())
-                shared = recv_message(self.sock, 16) == b"shared"
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                os.rmdir(private)
+                return recv_message(self.sock, 16) == b"shared"
+
+            self._map, shared = make_shared(size, "bench-signals-", tell)
+            ring = np.frombuffer(self._map, np.int64, 2 + self.RING)
         else:
             path, _, nonce = recv_message(self.sock, 4096).decode().rpartition(" ")
             try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-                try:
-                    self._map = mmap.mmap(fd, size)
-                finally:
-                    os.close(fd)
+                self._map = open_shared(path, size)
                 ring = np.frombuffer(self._map, np.int64, 2 + self.RING)
                 shared = int(ring[1]) == int(nonce)  # the same file, not one of that name on another host
             except (OSError, ValueError):
@@ -276,16 +263,22 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
             if signal != i:  # the receiver is done with transfer i - 1
                 raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
                                    f"{format_size(point.size_bytes)}, it said {signal!r}")
-            prepare(flat, point, i)
+            if point.checked(i):
+                prepare(flat, point, i)
+            else:
+                flat[-1] = marker(i, flat.dtype)
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+            key = Key(spec.name, i, SENDER, RECEIVER)
+            timed = point.timed(i)
             t_send = clock_ns()
             for _ in range(point.extra_copies):
                 np.copyto(scratch, tensor)
-            transport.send(Key(spec.name, i, SENDER, RECEIVER), tensor)
-            starts.append(t_send)
+            transport.send(key, tensor)
+            if timed:
+                starts.append(t_send)
             i += 1
-        report(Side("sender", point.size_bytes, starts[point.warmup :], _cpu_seconds(per_thread_cpu) - cpu0,
+        report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
                     transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
                     rss_end_mb=rss_mb()))
         del tensor, flat
@@ -298,10 +291,9 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
     for point in points:
         spec = point.spec
         rss0 = rss_mb()
-        full = point.check or point.stamped  # every byte compared, or the marker only
         dones = []
         corrupted = 0
-        total = point.warmup + point.iters
+        total = point.transfers
         step = max(1, total // 20)
         reported = time.monotonic()
         ends = None if point.seconds is None else float("inf")
@@ -311,15 +303,17 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
                 if point.seconds is not None:
                     ends = time.monotonic() + point.seconds
+            key = Key(spec.name, i, SENDER, RECEIVER)
             ctrl.send(i)
-            tensor = transport.recv(Key(spec.name, i, SENDER, RECEIVER))
+            tensor = transport.recv(key)
             t_received = clock_ns()
             largest = tensor.max()
             t_done = clock_ns()
-            dones.append((t_received, t_done))
+            if point.timed(i):
+                dones.append((t_received, t_done))
             wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
             where = None
-            if full and not wrong:
+            if not wrong and point.checked(i):  # every byte compared, else the marker only
                 where = first_wrong(tensor.reshape(-1), point, i)
                 wrong = where is not None
             if point.check:
@@ -340,7 +334,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
         cpu = _cpu_seconds(per_thread_cpu) - cpu0
         stats = transport.stats() - stats0
         ctrl.send("done")
-        report(Side("receiver", point.size_bytes, dones[point.warmup :], cpu, stats, None, transfers=i,
+        report(Side("receiver", point.size_bytes, dones, cpu, stats, None, transfers=i,
                     corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
 
 

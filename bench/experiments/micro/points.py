@@ -22,6 +22,9 @@ FULL_CHECK_BYTES = 64 << 10
 PERIOD = 1_048_573
 #: the stamps of a checked transfer: one element per this many bytes
 STAMP_BYTES = 4096
+#: of a stamped point's transfers, one in this many is checked (stamped, then compared byte for byte); it and the
+#: one after it, whose caches the check left cold, are not timed (see the package's docstring)
+CHECK_EVERY = 8
 #: elements filled or compared at a time (a multiple of every stamp stride)
 CHUNK = 1 << 20
 #: the ranks of the two sides
@@ -56,6 +59,30 @@ class Point:
     def stamped(self) -> bool:
         """Whether its transfers carry stamps and are checked byte for byte (see the package's docstring)."""
         return self.size_bytes >= FULL_CHECK_BYTES
+
+    def checked(self, i: int) -> bool:
+        """Whether transfer ``i`` is stamped by the sender and compared byte for byte by the receiver: every one of
+        the soak (``check``), one in ``CHECK_EVERY`` of a stamped point (the first of the point among them)."""
+        return self.check or (self.stamped and i % CHECK_EVERY == 0)
+
+    def timed(self, i: int) -> bool:
+        """Whether transfer ``i`` is timed: past the warm-up, and neither a checked transfer (its stamps are the
+        sender's work just before it) nor the one after it (the check read the whole tensor and left the caches
+        cold), unless every transfer is checked (the soak times them as they are)."""
+        if i < self.warmup:
+            return False
+        return self.check or not self.stamped or i % CHECK_EVERY > 1
+
+    @property
+    def transfers(self) -> int:
+        """The transfers a point of ``iters`` timed ones takes, warm-up and checked transfers included."""
+        if self.check or not self.stamped:
+            return self.warmup + self.iters
+        i = timed = 0
+        while timed < self.iters:
+            timed += self.timed(i)
+            i += 1
+        return i
 
     @property
     def spec(self) -> TensorSpec:

@@ -100,7 +100,7 @@ class Sweep:
         from bench.ground.sizes import format_size
 
         rounds, passes = self.settings.rounds, 2 if self.settings.contend else 1
-        total = sum(p.warmup + p.iters for line in self.lines for p in line.points(points))
+        total = sum(p.transfers for line in self.lines for p in line.points(points))
         with tqdm(total=total * rounds * passes, unit="xfer", dynamic_ncols=True, disable=None) as bar:
             if rounds == 1 and passes == 1:
                 for line in self.lines:
@@ -117,7 +117,7 @@ class Sweep:
                         if not (mine := line.points([point])):
                             continue
                         if line.name in self.failed:
-                            bar.update((point.warmup + point.iters) * passes)  # it failed before: not tried again
+                            bar.update((point.transfers) * passes)  # it failed before: not tried again
                             continue
                         self._run(line, mine, round_, bar)
                 self._log_progress(bar, f"{format_size(point.size_bytes)}: every line, {rounds} round(s)", started)
@@ -153,7 +153,7 @@ class Sweep:
         from bench.ground.sizes import format_size
 
         base = bar.n
-        done_before = {p.size_bytes: sum(q.warmup + q.iters for q in points if q.size_bytes < p.size_bytes)
+        done_before = {p.size_bytes: sum(q.transfers for q in points if q.size_bytes < p.size_bytes)
                        for p in points}
         where = (f" round {round_}" if self.settings.rounds > 1 else "") + phase
         bar.set_postfix_str(f"{line.name}{where}")
@@ -169,7 +169,7 @@ class Sweep:
         def on_record(point: Point, record: MicroRecord) -> None:
             record.round = round_
             keep(record, None)
-            progress(point.size_bytes, point.warmup + point.iters)
+            progress(point.size_bytes, point.transfers)
 
         try:
             run_line(line, points, self.hosts[line.name].launcher, self.settings.timeout_s, on_sides, on_record,
@@ -180,7 +180,7 @@ class Sweep:
             else:
                 self.failed.add(line.name)
                 bar.write(f"bench micro: warning: no {line.name} line: {exc}", file=sys.stderr)
-        bar.update(base + sum(p.warmup + p.iters for p in points) - bar.n)
+        bar.update(base + sum(p.transfers for p in points) - bar.n)
 
     def _add(self, line: MicroLine, record: MicroRecord, times: Times | None, contended: MicroRecord | None = None
              ) -> None:

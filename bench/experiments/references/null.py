@@ -7,8 +7,8 @@ processes map, ``recv`` spins until it sees it and hands back a tensor filled on
 written into it. Its time is what the harness adds to every line's (and a cache line's trip between two cores);
 a peer line that does more per transfer than its library shows in its distance to it.
 
-The word lives in a file of a private (0700) directory under /dev/shm, made by the receiver without following
-links and removed as soon as the sender has mapped it: nothing of it is left however the line ends.
+The word lives in memory both map (``bench.experiments.micro.shared``): nothing of it is left however the line
+ends.
 
 It runs at the sizes checked by the marker alone (below ``FULL_CHECK_BYTES``): a larger transfer is checked byte
 for byte, which a transfer that moved nothing cannot pass, and there the harness's share is small anyway.
@@ -16,17 +16,15 @@ for byte, which a transfer that moved nothing cannot pass, and there the harness
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import mmap
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from bench.experiments.micro import FULL_CHECK_BYTES, RECEIVER, STARTUP_S, DirectSignals, Point, content, marker
+from bench.experiments.micro.shared import make_shared, open_shared
 from bench.experiments.peers import PeerLink, drive
 from bench.experiments.references.lines import ReferenceLine
 from bench.launch import RankContext, RankSpec
@@ -45,25 +43,14 @@ class NullLink(PeerLink):
         self._filled: str | None = None
         other = RECEIVER - ctx.rank
         if ctx.rank == RECEIVER:
-            private = tempfile.mkdtemp(prefix="bench-harness-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-            path = os.path.join(private, "word")
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                os.ftruncate(fd, _WORD_BYTES)
+
+            def tell(path: str, mapped: mmap.mmap) -> None:
                 ctx.send_to(other, path)
                 ctx.receive(timeout=STARTUP_S)  # the sender mapped it: nothing needs its name any more
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                os.rmdir(private)
+
+            self._map, _ = make_shared(_WORD_BYTES, "bench-harness-", tell)
         else:
-            path = ctx.receive(timeout=STARTUP_S)
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        try:
-            self._map = mmap.mmap(fd, _WORD_BYTES)
-        finally:
-            os.close(fd)
-        if ctx.rank != RECEIVER:
+            self._map = open_shared(ctx.receive(timeout=STARTUP_S), _WORD_BYTES)
             ctx.send_to(other, "mapped")
         self._word = np.frombuffer(self._map, np.int64, 1)
 
