@@ -413,3 +413,31 @@ def test_the_fabric_transports_move_a_tensor_of_several_work_requests_over_verbs
     finally:
         for transport in pair:
             transport.close()
+
+
+def test_local_hands_each_tensor_over_in_one_thread_and_is_checked_as_every_line():
+    """bench micro's Local line: sender and receiver in the calling thread (no thread waits on another), timed
+    and checked as every line is (one transfer in CHECK_EVERY compared byte for byte, untimed)."""
+    import threading
+
+    import transports
+    from transports import Cluster
+
+    pair = [transports.create("local") for _ in range(2)]
+    cluster = Cluster.on_loopback(2)
+    for rank, transport in enumerate(pair):
+        transport.start(cluster, rank)
+    points = [micro.Point(1024, warmup=2, iters=10), micro.Point(1 << 20, warmup=2, iters=10)]
+    reports, threads = [], threading.active_count()
+    try:
+        micro.solo_loop(pair[0], pair[1], points, reports.append)
+    finally:
+        for transport in pair:
+            transport.close()
+    assert threading.active_count() == threads
+    sides = [r for r in reports if isinstance(r, micro.Side)]
+    assert [(s.role, s.size_bytes) for s in sides] == [("sender", 1024), ("receiver", 1024),
+                                                       ("sender", 1 << 20), ("receiver", 1 << 20)]
+    for point, (sender, receiver) in zip(points, (sides[:2], sides[2:]), strict=True):
+        assert len(sender.times) == len(receiver.times) == 10
+        assert receiver.transfers == point.transfers and receiver.stats.tensors_received == point.transfers - 2

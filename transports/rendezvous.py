@@ -62,6 +62,17 @@ class Rendezvous:
             self._waiting[key] = future
             return future
 
+    def take_parked(self, key: Key) -> Any:
+        """The item parked under ``key``, taken, or None when none is (no request is left waiting; a failure parked
+        there is left for :meth:`take`)."""
+        with self._lock:
+            self._raise_if_closed()
+            item = self._parked.get(key)
+            if item is None or isinstance(item, _Failed):
+                return None
+            del self._parked[key]
+            return item
+
     def fail(self, key: Key, error: BaseException) -> None:
         """The sender of ``key`` failed: the request waiting for it (or the next one) gets ``error``."""
         with self._lock:

@@ -67,6 +67,7 @@ from bench.experiments.micro.loops import (
     receiver_loop,
     run_pair,
     sender_loop,
+    solo_loop,
 )
 from bench.experiments.micro.points import (
     CHECK_EVERY,
@@ -89,5 +90,5 @@ __all__ = [
     "CoordinatorSignals", "DirectSignals", "Measured", "MicroError", "MicroLine", "Point", "Progress", "ReadySignals",
     "Side", "TimedLink", "TransportLine", "bind_timing_thread", "clock_ns", "content", "fill", "first_wrong",
     "make_record", "marker", "plan_points", "prepare", "receiver_loop", "run_line", "run_pair", "sender_loop",
-    "transfer_times",
+    "solo_loop", "transfer_times",
 ]

@@ -311,18 +311,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
             t_done = clock_ns()
             if point.timed(i):
                 dones.append((t_received, t_done))
-            wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
-            where = None
-            if not wrong and point.checked(i):  # every byte compared, else the marker only
-                where = first_wrong(tensor.reshape(-1), point, i)
-                wrong = where is not None
-            if point.check:
-                corrupted += bool(wrong)
-            elif wrong:
-                found = (f"element {where} of {tensor.size} differs from what the sender wrote" if where is not None
-                         else f"shape {tensor.shape}, {tensor.dtype}, max {largest} (expected {spec.shape}, "
-                              f"{spec.dtype}, {marker(i, point.dtype)})")
-                raise RuntimeError(f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: {found}")
+            corrupted += _check(tensor, point, i, largest)
             del tensor
             i += 1
             now = time.monotonic()
@@ -336,6 +325,76 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
         ctrl.send("done")
         report(Side("receiver", point.size_bytes, dones, cpu, stats, None, transfers=i,
                     corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+
+
+def _check(tensor: np.ndarray, point: Point, i: int, largest: Any) -> bool:
+    """Whether transfer ``i`` of ``point`` arrived wrong: its shape, dtype and marker (the reduce-max ``largest``),
+    and every byte of a checked transfer. Counted in the soak (``point.check``); elsewhere a RuntimeError says what
+    was found."""
+    spec = point.spec
+    wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
+    where = None
+    if not wrong and point.checked(i):  # every byte compared, else the marker only
+        where = first_wrong(tensor.reshape(-1), point, i)
+        wrong = where is not None
+    if wrong and not point.check:
+        found = (f"element {where} of {tensor.size} differs from what the sender wrote" if where is not None
+                 else f"shape {tensor.shape}, {tensor.dtype}, max {largest} (expected {spec.shape}, "
+                      f"{spec.dtype}, {marker(i, point.dtype)})")
+        raise RuntimeError(f"transfer {i} of {format_size(point.size_bytes)} arrived wrong: {found}")
+    return wrong
+
+
+def solo_loop(sender: Transport, receiver: Transport, points: list[Point], report: Callable[[Any], None]) -> None:
+    """Both sides of ``points`` in this one thread (``local``, whose transfer is a hand-over inside the process):
+    per transfer, the two loops' steps without the wait between them: the sender's marker (a checked transfer's
+    stamps), the clock and the send; then the receive, the clock, the reduce-max, the clock and the check. No thread
+    waits on another (two threads handing over took 25 µs at 1KB, the GIL's turn), so its time is the floor every
+    line's stands on: the harness's own work and the reduce-max, without a transfer. The thread's CPU time is
+    the receiver's; the sender's is not told apart (NaN)."""
+    for point in points:
+        spec = point.spec
+        rss0 = rss_mb()
+        tensor = sender.placement.allocate(spec)
+        flat = tensor.reshape(-1)
+        fill(flat)
+        scratch = np.empty_like(tensor) if point.extra_copies else None
+        starts, dones, corrupted = [], [], 0
+        total = point.transfers
+        cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
+        reported = time.monotonic()
+        for i in range(total):
+            if i == point.warmup:
+                cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
+            if point.checked(i):
+                prepare(flat, point, i)
+            else:
+                flat[-1] = marker(i, flat.dtype)
+            key = Key(spec.name, i, SENDER, RECEIVER)
+            timed = point.timed(i)
+            t_send = clock_ns()
+            for _ in range(point.extra_copies):
+                np.copyto(scratch, tensor)
+            sending = sender.send_async(key, tensor)
+            arrived = receiver.recv(key)
+            t_received = clock_ns()
+            largest = arrived.max()
+            t_done = clock_ns()
+            sending.result()
+            if timed:
+                starts.append(t_send)
+                dones.append((t_received, t_done))
+            corrupted += _check(arrived, point, i, largest)
+            del arrived
+            if time.monotonic() - reported >= PROGRESS_EVERY_S or i + 1 == total:
+                report(Progress(point.size_bytes, i + 1))
+                reported = time.monotonic()
+        cpu = _cpu_seconds(True) - cpu0
+        report(Side("sender", point.size_bytes, starts, float("nan"), sender.stats() - sent0, sender.describe(),
+                    transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+        report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
+                    corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+        del tensor, flat
 
 
 def bind_timing_thread(rank: int) -> int | None:
@@ -368,10 +427,17 @@ def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
 
 
 def pair_job(label: str, options: dict, points: list[Point], ctx: RankContext) -> None:
-    """Both roles in one process, in two threads (``local``, which cannot cross processes)."""
-    run_pair(label, options, points, ctx.cluster.token,
-             lambda transport, ctrl: sender_loop(transport, points, ctrl, ctx.report, True),
-             lambda transport, ctrl: receiver_loop(transport, points, ctrl, ctx.report, True))
+    """Both roles in one process, in one thread (``local``, which cannot cross processes): :func:`solo_loop`."""
+    pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
+    cluster = Cluster.on_loopback(2, token=ctx.cluster.token)
+    try:
+        for rank, transport in enumerate(pair):
+            transport.start(cluster, rank)
+            transport.placement.plan([p.spec for p in points])
+        solo_loop(pair[SENDER], pair[RECEIVER], points, ctx.report)
+    finally:
+        for transport in pair:
+            transport.close()
 
 
 def run_pair(label: str, options: dict, points: list[Point], token: str,
