@@ -103,19 +103,23 @@ class ControlClient:
         deadline = time.monotonic() + timeout
         ready = wait_for_ready and not self.heard
         while True:
+            # a failure is raised outside the except clause: gRPC's error holds its call (and the call the channel's
+            # socket), which the PeerError would otherwise keep as its context for as long as anyone holds it
+            failure: str | None = None
             try:
                 reply = self._call(payload, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._metadata,
                                    wait_for_ready=ready)
                 break
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and wait_for_ready and not ready:
-                    if not port_is_held(self.address):
-                        raise PeerError(f"{self.peer}: control call '{op}' failed: the peer is gone (it answered "
-                                        f"before and its port {self.address} now refuses connections)") from None
+                code, details = exc.code(), exc.details()
+            if code == grpc.StatusCode.UNAVAILABLE and wait_for_ready and not ready:
+                if not port_is_held(self.address):
+                    failure = (f"the peer is gone (it answered before and its port {self.address} now refuses "
+                               "connections)")
+                else:
                     ready = True  # alive: wait for its connection as for a starting peer
                     continue
-                raise PeerError(f"{self.peer}: control call '{op}' failed: {exc.code().name}: "
-                                f"{exc.details()}") from None
+            raise PeerError(f"{self.peer}: control call '{op}' failed: {failure or f'{code.name}: {details}'}")
         self.heard = True
         try:
             answer = json.loads(reply)
