@@ -245,6 +245,23 @@ class CoordinatorSignals:
         return self.ctx.receive()
 
 
+def _source(link: TimedLink, point: Point) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The sender's tensor of ``point`` (where ``link`` places one), filled; its flat view; and the scratch tensor
+    of ``--extra-copy`` (None without)."""
+    tensor = link.placement.allocate(point.spec)
+    flat = tensor.reshape(-1)
+    fill(flat)
+    return tensor, flat, np.empty_like(tensor) if point.extra_copies else None
+
+
+def _mark(flat: np.ndarray, point: Point, i: int) -> None:
+    """Before transfer ``i``: a checked transfer's stamps and marker, else the marker alone."""
+    if point.checked(i):
+        prepare(flat, point, i)
+    else:
+        flat[-1] = marker(i, flat.dtype)
+
+
 def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
                 per_thread_cpu: bool) -> None:
     """The sender's side of ``points``: per transfer, wait for the receiver's ready signal, stamp and mark the
@@ -252,10 +269,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
     for point in points:
         spec = point.spec
         rss0 = rss_mb()
-        tensor = transport.placement.allocate(spec)
-        flat = tensor.reshape(-1)
-        fill(flat)
-        scratch = np.empty_like(tensor) if point.extra_copies else None
+        tensor, flat, scratch = _source(transport, point)
         starts = []
         cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
         i = 0
@@ -263,10 +277,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
             if signal != i:  # the receiver is done with transfer i - 1
                 raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
                                    f"{format_size(point.size_bytes)}, it said {signal!r}")
-            if point.checked(i):
-                prepare(flat, point, i)
-            else:
-                flat[-1] = marker(i, flat.dtype)
+            _mark(flat, point, i)
             if i == point.warmup:
                 cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             key = Key(spec.name, i, SENDER, RECEIVER)
@@ -355,10 +366,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
     for point in points:
         spec = point.spec
         rss0 = rss_mb()
-        tensor = sender.placement.allocate(spec)
-        flat = tensor.reshape(-1)
-        fill(flat)
-        scratch = np.empty_like(tensor) if point.extra_copies else None
+        tensor, flat, scratch = _source(sender, point)
         starts, dones, corrupted = [], [], 0
         total = point.transfers
         cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
@@ -366,10 +374,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
         for i in range(total):
             if i == point.warmup:
                 cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
-            if point.checked(i):
-                prepare(flat, point, i)
-            else:
-                flat[-1] = marker(i, flat.dtype)
+            _mark(flat, point, i)
             key = Key(spec.name, i, SENDER, RECEIVER)
             timed = point.timed(i)
             t_send = clock_ns()
