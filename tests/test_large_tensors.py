@@ -441,3 +441,17 @@ def test_local_hands_each_tensor_over_in_one_thread_and_is_checked_as_every_line
     for point, (sender, receiver) in zip(points, (sides[:2], sides[2:]), strict=True):
         assert len(sender.times) == len(receiver.times) == 10
         assert receiver.transfers == point.transfers and receiver.stats.tensors_received == point.transfers - 2
+
+
+def test_the_collector_is_off_while_a_side_s_transfers_run_and_on_after():
+    """As timeit: a cyclic collection would land in whichever transfer is being timed."""
+    import gc
+
+    seen = []
+    point = micro.Point(1024, warmup=1, iters=3)
+    receive(point, lambda step, delivered, before: seen.append(gc.isenabled()))
+    assert seen == [False] * point.transfers and gc.isenabled()
+    soak = micro.Point(1024, warmup=1, iters=3, check=True)  # the soak watches memory: it keeps the collector
+    seen.clear()
+    receive(soak, lambda step, delivered, before: seen.append(gc.isenabled()))
+    assert seen == [True] * soak.transfers

@@ -32,8 +32,10 @@ earlier transfer is caught too), and the receiver compares every byte with the p
 copy of the tensor in memory), after reading the clock. As nccl-tests' check, a checked transfer is not timed,
 nor is the one after it: the stamps are the sender's stores just before it, and the comparison reads the
 whole tensor and the pattern, leaving the next transfer's caches cold (at 1MB, an MPI loop that checked every
-transfer took 189-200 µs a transfer against 147-157 without the check, p50, quiet). Smaller transfers are checked by the marker, and every
-byte of every transfer with ``Point.check`` (the soak, which times its transfers checked).
+transfer took 189-200 µs a transfer against 147-157 without the check, p50, quiet). Smaller transfers are
+checked by the marker, and every byte of every transfer with ``Point.check`` (the soak, which times its transfers
+checked). Python's cyclic collector is off while a side's transfers run (as ``timeit`` keeps it off); each point
+begins with a collection.
 
 *The package.* :mod:`.points` holds the points and the data check; :mod:`.loops` the two sides' loops, what they
 drive (:class:`TimedLink`, which a transport and a peer library's link both satisfy) and the ready signals;

@@ -5,6 +5,7 @@ the timed interval (:class:`ReadySignals`), what each side reports, and the rank
 from __future__ import annotations
 
 import contextlib
+import gc
 import mmap
 import multiprocessing as mp
 import os
@@ -245,6 +246,25 @@ class CoordinatorSignals:
         return self.ctx.receive()
 
 
+@contextlib.contextmanager
+def _uncollected(points: list[Point]) -> Any:
+    """Python's cyclic collector off while a side's transfers run, as ``timeit`` keeps it off: a collection that
+    any allocation may trigger (the harness's, the transport's) lands in whichever transfer is being timed, a tail
+    of no line's own. Each point begins with a collection instead, outside every timed interval. Not in the soak
+    (points that check every transfer or run for a time): it watches memory grow, and must see what a user's
+    process keeps."""
+    enabled = gc.isenabled()
+    if any(point.check or point.seconds is not None for point in points):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _source(link: TimedLink, point: Point) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The sender's tensor of ``point`` (where ``link`` places one), filled; its flat view; and the scratch tensor
     of ``--extra-copy`` (None without)."""
@@ -266,76 +286,80 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
                 per_thread_cpu: bool) -> None:
     """The sender's side of ``points``: per transfer, wait for the receiver's ready signal, stamp and mark the
     tensor, read the clock and send it; a :class:`Side` reported per point."""
-    for point in points:
-        spec = point.spec
-        rss0 = rss_mb()
-        tensor, flat, scratch = _source(transport, point)
-        starts = []
-        cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
-        i = 0
-        while (signal := ctrl.recv()) != "done":  # the receiver says which transfer it is ready for, or done
-            if signal != i:  # the receiver is done with transfer i - 1
-                raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
-                                   f"{format_size(point.size_bytes)}, it said {signal!r}")
-            _mark(flat, point, i)
-            if i == point.warmup:
-                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
-            key = Key(spec.name, i, SENDER, RECEIVER)
-            timed = point.timed(i)
-            t_send = clock_ns()
-            for _ in range(point.extra_copies):
-                np.copyto(scratch, tensor)
-            transport.send(key, tensor)
-            if timed:
-                starts.append(t_send)
-            i += 1
-        report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
-                    transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
-                    rss_end_mb=rss_mb()))
-        del tensor, flat
+    with _uncollected(points):
+        for point in points:
+            gc.collect()  # the last point's garbage, outside any timed transfer
+            spec = point.spec
+            rss0 = rss_mb()
+            tensor, flat, scratch = _source(transport, point)
+            starts = []
+            cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+            i = 0
+            while (signal := ctrl.recv()) != "done":  # the receiver says which transfer it is ready for, or done
+                if signal != i:  # the receiver is done with transfer i - 1
+                    raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
+                                       f"{format_size(point.size_bytes)}, it said {signal!r}")
+                _mark(flat, point, i)
+                if i == point.warmup:
+                    cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+                key = Key(spec.name, i, SENDER, RECEIVER)
+                timed = point.timed(i)
+                t_send = clock_ns()
+                for _ in range(point.extra_copies):
+                    np.copyto(scratch, tensor)
+                transport.send(key, tensor)
+                if timed:
+                    starts.append(t_send)
+                i += 1
+            report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
+                        transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
+                        rss_end_mb=rss_mb()))
+            del tensor, flat
 
 
 def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
                   per_thread_cpu: bool) -> None:
     """The receiver's side of ``points``: per transfer, signal ready, receive, reduce-max and read the clock, then
     check what arrived; :class:`Progress` reported as it goes, a :class:`Side` per point."""
-    for point in points:
-        spec = point.spec
-        rss0 = rss_mb()
-        dones = []
-        corrupted = 0
-        total = point.transfers
-        step = max(1, total // 20)
-        reported = time.monotonic()
-        ends = None if point.seconds is None else float("inf")
-        i = 0
-        while i < total if ends is None else (i < point.warmup or time.monotonic() < ends):
-            if i == point.warmup:
-                cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
-                if point.seconds is not None:
-                    ends = time.monotonic() + point.seconds
-            key = Key(spec.name, i, SENDER, RECEIVER)
-            ctrl.send(i)
-            tensor = transport.recv(key)
-            t_received = clock_ns()
-            largest = tensor.max()
-            t_done = clock_ns()
-            if point.timed(i):
-                dones.append((t_received, t_done))
-            corrupted += _check(tensor, point, i, largest)
-            del tensor
-            i += 1
-            now = time.monotonic()
-            # every 5% of a point (of a timed one: no such share), and at least every PROGRESS_EVERY_S: the
-            # watchdog wants signs of life
-            if (ends is None and (i % step == 0 or i == total)) or now - reported >= PROGRESS_EVERY_S:
-                report(Progress(point.size_bytes, i))
-                reported = now
-        cpu = _cpu_seconds(per_thread_cpu) - cpu0
-        stats = transport.stats() - stats0
-        ctrl.send("done")
-        report(Side("receiver", point.size_bytes, dones, cpu, stats, None, transfers=i,
-                    corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+    with _uncollected(points):
+        for point in points:
+            gc.collect()  # the last point's garbage, outside any timed transfer
+            spec = point.spec
+            rss0 = rss_mb()
+            dones = []
+            corrupted = 0
+            total = point.transfers
+            step = max(1, total // 20)
+            reported = time.monotonic()
+            ends = None if point.seconds is None else float("inf")
+            i = 0
+            while i < total if ends is None else (i < point.warmup or time.monotonic() < ends):
+                if i == point.warmup:
+                    cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
+                    if point.seconds is not None:
+                        ends = time.monotonic() + point.seconds
+                key = Key(spec.name, i, SENDER, RECEIVER)
+                ctrl.send(i)
+                tensor = transport.recv(key)
+                t_received = clock_ns()
+                largest = tensor.max()
+                t_done = clock_ns()
+                if point.timed(i):
+                    dones.append((t_received, t_done))
+                corrupted += _check(tensor, point, i, largest)
+                del tensor
+                i += 1
+                now = time.monotonic()
+                # every 5% of a point (of a timed one: no such share), and at least every PROGRESS_EVERY_S: the
+                # watchdog wants signs of life
+                if (ends is None and (i % step == 0 or i == total)) or now - reported >= PROGRESS_EVERY_S:
+                    report(Progress(point.size_bytes, i))
+                    reported = now
+            cpu = _cpu_seconds(per_thread_cpu) - cpu0
+            stats = transport.stats() - stats0
+            ctrl.send("done")
+            report(Side("receiver", point.size_bytes, dones, cpu, stats, None, transfers=i,
+                        corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
 
 
 def _check(tensor: np.ndarray, point: Point, i: int, largest: Any) -> bool:
@@ -363,43 +387,45 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
     waits on another (two threads handing over took 25 µs at 1KB, the GIL's turn), so its time is the floor every
     line's stands on: the harness's own work and the reduce-max, without a transfer. The thread's CPU time is
     the receiver's; the sender's is not told apart (NaN)."""
-    for point in points:
-        spec = point.spec
-        rss0 = rss_mb()
-        tensor, flat, scratch = _source(sender, point)
-        starts, dones, corrupted = [], [], 0
-        total = point.transfers
-        cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
-        reported = time.monotonic()
-        for i in range(total):
-            if i == point.warmup:
-                cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
-            _mark(flat, point, i)
-            key = Key(spec.name, i, SENDER, RECEIVER)
-            timed = point.timed(i)
-            t_send = clock_ns()
-            for _ in range(point.extra_copies):
-                np.copyto(scratch, tensor)
-            sending = sender.send_async(key, tensor)
-            arrived = receiver.recv(key)
-            t_received = clock_ns()
-            largest = arrived.max()
-            t_done = clock_ns()
-            sending.result()
-            if timed:
-                starts.append(t_send)
-                dones.append((t_received, t_done))
-            corrupted += _check(arrived, point, i, largest)
-            del arrived
-            if time.monotonic() - reported >= PROGRESS_EVERY_S or i + 1 == total:
-                report(Progress(point.size_bytes, i + 1))
-                reported = time.monotonic()
-        cpu = _cpu_seconds(True) - cpu0
-        report(Side("sender", point.size_bytes, starts, float("nan"), sender.stats() - sent0, sender.describe(),
-                    transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
-        report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
-                    corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
-        del tensor, flat
+    with _uncollected(points):
+        for point in points:
+            gc.collect()  # the last point's garbage, outside any timed transfer
+            spec = point.spec
+            rss0 = rss_mb()
+            tensor, flat, scratch = _source(sender, point)
+            starts, dones, corrupted = [], [], 0
+            total = point.transfers
+            cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
+            reported = time.monotonic()
+            for i in range(total):
+                if i == point.warmup:
+                    cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
+                _mark(flat, point, i)
+                key = Key(spec.name, i, SENDER, RECEIVER)
+                timed = point.timed(i)
+                t_send = clock_ns()
+                for _ in range(point.extra_copies):
+                    np.copyto(scratch, tensor)
+                sending = sender.send_async(key, tensor)
+                arrived = receiver.recv(key)
+                t_received = clock_ns()
+                largest = arrived.max()
+                t_done = clock_ns()
+                sending.result()
+                if timed:
+                    starts.append(t_send)
+                    dones.append((t_received, t_done))
+                corrupted += _check(arrived, point, i, largest)
+                del arrived
+                if time.monotonic() - reported >= PROGRESS_EVERY_S or i + 1 == total:
+                    report(Progress(point.size_bytes, i + 1))
+                    reported = time.monotonic()
+            cpu = _cpu_seconds(True) - cpu0
+            report(Side("sender", point.size_bytes, starts, float("nan"), sender.stats() - sent0, sender.describe(),
+                        transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+            report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
+                        corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+            del tensor, flat
 
 
 def bind_timing_thread(rank: int) -> int | None:
