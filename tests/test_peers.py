@@ -236,9 +236,11 @@ def test_each_peer_moves_every_size_intact_and_counts_what_it_moved(name):
     measured = _run(line, sizes)
     assert [point.size_bytes for point, _, _ in measured] == sizes
     for point, sender, receiver in measured:
-        assert sender.transfers == receiver.transfers == point.warmup + point.iters
-        assert sender.stats.tensors_sent == receiver.stats.tensors_received == point.iters
-        assert sender.stats.payload_bytes_sent == point.iters * point.size_bytes
+        moved = point.transfers - point.warmup  # the timed transfers, and the checked ones between them
+        assert sender.transfers == receiver.transfers == point.transfers
+        assert len(sender.times) == len(receiver.times) == point.iters
+        assert sender.stats.tensors_sent == receiver.stats.tensors_received == moved
+        assert sender.stats.payload_bytes_sent == moved * point.size_bytes
         assert sender.stats.copied_bytes == receiver.stats.copied_bytes == 0
         assert sender.fabric["fabric"] in {"socket", "mpi", "nixl", "mooncake"}
 
