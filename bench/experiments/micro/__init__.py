@@ -1,7 +1,7 @@
 """The send/receive micro-benchmark of the paper's section 5.1 (its Figure 8): the harness whole.
 
 A sender and a receiver run in separate processes (the paper's two servers;
-the ``local`` reference runs both in one process, as it must). For every
+the ``local`` line runs both in one thread, :func:`solo_loop`: the floor). For every
 size, after warm-up transfers, each timed transfer goes like this:
 
 1. the receiver tells the sender, outside the transport (over a TCP stream of

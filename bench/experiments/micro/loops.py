@@ -475,7 +475,8 @@ def run_pair(label: str, options: dict, points: list[Point], token: str,
              sender: Callable[[Transport, ReadySignals], None],
              receiver: Callable[[Transport, ReadySignals], None]) -> None:
     """A sender and a receiver of ``label`` in this process, in two threads joined by a pipe:
-    ``sender(transport, ctrl)`` and ``receiver(transport, ctrl)`` (written once for micro and soak)."""
+    ``sender(transport, ctrl)`` and ``receiver(transport, ctrl)`` (the soak's same-process pair; micro's Local runs
+    in one thread, :func:`solo_loop`)."""
     ctrl_send, ctrl_recv = mp.Pipe()
     failures: list[BaseException] = []
     pair = [transports.create(transports.resolve(label)[0], **options) for _ in range(2)]
