@@ -329,7 +329,6 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
             dones = []
             corrupted = 0
             total = point.transfers
-            step = max(1, total // 20)
             reported = time.monotonic()
             ends = None if point.seconds is None else float("inf")
             i = 0
@@ -350,9 +349,10 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
                 del tensor
                 i += 1
                 now = time.monotonic()
-                # every 5% of a point (of a timed one: no such share), and at least every PROGRESS_EVERY_S: the
-                # watchdog wants signs of life
-                if (ends is None and (i % step == 0 or i == total)) or now - reported >= PROGRESS_EVERY_S:
+                # at a point's end and every PROGRESS_EVERY_S (the watchdog wants signs of life), no more often: a
+                # report wakes the coordinator, whose turn on a core of two delayed the next transfer (1KB over
+                # zerocopy: 160-220 µs against 8.5, every 5% of a point when it reported that often)
+                if i == total or now - reported >= PROGRESS_EVERY_S:
                     report(Progress(point.size_bytes, i))
                     reported = now
             cpu = _cpu_seconds(per_thread_cpu) - cpu0
