@@ -57,7 +57,8 @@ class Point:
 
     @property
     def stamped(self) -> bool:
-        """Whether its transfers carry stamps and are checked byte for byte (see the package's docstring)."""
+        """Whether it is large enough for byte-for-byte checks: one transfer in ``CHECK_EVERY`` (every one in the
+        soak) stamped by the sender and compared by the receiver (see the package's docstring)."""
         return self.size_bytes >= FULL_CHECK_BYTES
 
     def checked(self, i: int) -> bool:
