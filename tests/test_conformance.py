@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import wait
 
@@ -208,3 +209,98 @@ def test_recv_many_timeout_names_the_missing_keys(pair):
 def test_recv_many_refuses_a_key_asked_twice(pair):
     with pytest.raises(ValueError, match="twice"):
         pair[1].recv_many([Key("d", 0, 0, 1), Key("d", 0, 0, 1)])
+
+
+# -- persistent transfers (Transport.outbound / inbound) ----------------------------------
+
+
+def planned_pair(pair, spec):
+    for transport in pair:
+        transport.placement.plan([spec])
+    return pair[0].outbound(spec.name, 1), pair[1].inbound(spec.name, 0)
+
+
+def sending_steps(outbound, array, steps, fill):
+    """The sends of ``steps`` on a thread of their own (a send may wait for its receive: ``local``'s does)."""
+    failures = []
+
+    def run():
+        try:
+            for step in steps:
+                fill(array, step)
+                outbound.send(step, array)
+        except BaseException as exc:  # the test's thread says it
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, failures
+
+
+def test_persistent_transfers_arrive_in_order_and_are_counted(pair):
+    spec = TensorSpec("p", (256,), np.float32, 0, 1)
+    outbound, inbound = planned_pair(pair, spec)
+    array = pair[0].placement.allocate(spec)
+    before = [t.stats() for t in pair]
+    steps = range(12)
+    done = threading.Event()  # the receiver took transfer step before the sender overwrites the array
+
+    def fill(target, step):
+        if step:
+            assert done.wait(10)
+            done.clear()
+        target[:] = step
+
+    thread, failures = sending_steps(outbound, array, steps, fill)
+    for step in steps:
+        received = inbound.recv(step)
+        assert received.shape == spec.shape and received.dtype == spec.dtype
+        assert (received == step).all(), step
+        done.set()
+    thread.join(10)
+    assert not failures and not thread.is_alive()
+    sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+    assert sender.tensors_sent == receiver.tensors_received == len(steps)
+    assert sender.payload_bytes_sent == receiver.payload_bytes_received == len(steps) * spec.nbytes
+
+
+def test_persistent_and_keyed_transfers_of_one_tensor_mix(pair):
+    spec = TensorSpec("mix", (8,), np.int64, 0, 1)
+    outbound, inbound = planned_pair(pair, spec)
+    for step in range(6):
+        array = np.full(8, step, np.int64)
+        if step % 2:
+            thread, failures = sending_steps(outbound, array, [step], lambda target, step: None)
+            received = pair[1].recv(Key("mix", step, 0, 1))
+        else:
+            sent = pair[0].send_async(Key("mix", step, 0, 1), array)
+            received = inbound.recv(step)
+            sent.result(timeout=10)
+            thread, failures = None, []
+        assert (received == step).all()
+        if thread is not None:
+            thread.join(10)
+            assert not failures
+
+
+def test_a_persistent_receive_times_out_naming_the_peer(pair):
+    spec = TensorSpec("quiet", (4,), np.float64, 0, 1)
+    outbound, inbound = planned_pair(pair, spec)
+    thread, _ = sending_steps(outbound, np.ones(4), [0], lambda target, step: None)
+    inbound.recv(0)
+    thread.join(10)
+    with pytest.raises(TransportTimeout, match="rank 0"):
+        inbound.recv(1, timeout=0.5)
+
+
+def test_persistent_transfers_refuse_what_a_key_would(pair):
+    with pytest.raises(ValueError, match="no rank 5"):
+        pair[0].outbound("x", 5)
+    with pytest.raises(ValueError, match="no rank 7"):
+        pair[1].inbound("x", 7)
+    with pytest.raises(ValueError, match="name"):
+        pair[0].outbound(b"x", 1)
+    spec = TensorSpec("bad", (4,), np.float64, 0, 1)
+    outbound, _inbound = planned_pair(pair, spec)
+    with pytest.raises(ValueError, match="step"):
+        outbound.send(-1, np.ones(4))

@@ -231,6 +231,11 @@ class SlowTransport:
         tensor[-1] = marker(key.step, tensor.dtype)
         return tensor
 
+    def inbound(self, name, src):
+        from transports import Inbound
+
+        return Inbound(self, name, src, 1)
+
     def stats(self):
         from transports import TransportStats
 

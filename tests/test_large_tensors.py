@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench.experiments import micro
-from transports import Key, PeerError, TensorSpec, TransportStats
+from transports import Inbound, Key, PeerError, TensorSpec, TransportStats
 from transports.fabric.settings import RdmaSettings
 from transports.fabric.verbs import channel as verbs_channel
 from transports.fabric.verbs import device as verbs_device
@@ -108,6 +108,9 @@ class Delivering:
         delivered = self.flat.copy()
         self.spoil(key.step, delivered, before)
         return delivered
+
+    def inbound(self, name, src):
+        return Inbound(self, name, src, micro.RECEIVER)
 
     def stats(self):
         return TransportStats()

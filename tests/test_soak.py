@@ -83,6 +83,11 @@ class CorruptingTransport:
             tensor.view(np.uint8)[7] ^= 0x10
         return tensor
 
+    def inbound(self, name, src):
+        from transports import Inbound
+
+        return Inbound(self, name, src, 1)
+
     def stats(self):
         from transports import TransportStats
 

@@ -553,3 +553,92 @@ def test_an_idle_receiver_does_not_burn_a_core(fabric):
         assert share < 0.5, f"an idle receive used {share:.0%} of a core"
     finally:
         close(pair)
+
+
+# -- persistent transfers ---------------------------------------------------------------
+
+
+def test_persistent_transfers_after_the_first_are_one_call_each_over_shared_memory(fabric, monkeypatch):
+    """Over shm a persistent send and receive of a planned tensor, once connected, is the plans' calls: neither
+    goes through the keyed ``send``/``recv`` (over tcp every one does: the stream's writes are watched)."""
+    spec = TensorSpec("w", (256,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        calls = {"send": 0, "recv": 0}
+        cls = type(pair[0])
+        for name in calls:
+            original = getattr(cls, name)
+
+            def counted(self, *args, _original=original, _name=name, **kwargs):
+                calls[_name] += 1
+                return _original(self, *args, **kwargs)
+
+            monkeypatch.setattr(cls, name, counted)
+        outbound, inbound = pair[0].outbound("w", 1), pair[1].inbound("w", 0)
+        tensor = pair[0].placement.allocate(spec)
+        writes = pair[0].device.mapped_writes
+        for step in range(8):
+            tensor[:] = step
+            outbound.send(step, tensor)  # two slots: a send never waits for this receive
+            assert (inbound.recv(step) == step).all()
+        # the first send connects (the keyed way); the receiver's side was connected by then
+        assert calls == ({"send": 1, "recv": 0} if fabric == "shm" else {"send": 8, "recv": 8})
+        assert pair[0].device.mapped_writes - writes == (8 if fabric == "shm" else 0)
+    finally:
+        close(pair)
+
+
+def test_a_persistent_receive_of_another_step_names_both(fabric):
+    spec = TensorSpec("order", (4,), np.int32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        outbound, inbound = pair[0].outbound("order", 1), pair[1].inbound("order", 0)
+        tensor = pair[0].placement.allocate(spec)
+        outbound.send(0, tensor)
+        inbound.recv(0)
+        outbound.send(5, tensor)
+        with pytest.raises(PeerError, match="step 5 arrived"):
+            inbound.recv(6)
+    finally:
+        close(pair)
+
+
+def test_a_persistent_send_from_another_array_goes_the_general_way_and_arrives(fabric):
+    spec = TensorSpec("other", (64,), np.float64, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        outbound, inbound = pair[0].outbound("other", 1), pair[1].inbound("other", 0)
+        placed = pair[0].placement.allocate(spec)
+        for step, array in enumerate([placed, np.full(64, 7.0), placed, np.arange(64.0)[::-1].copy()]):
+            if array is placed:
+                array[:] = step
+            outbound.send(step, array)
+            np.testing.assert_array_equal(inbound.recv(step), array)
+    finally:
+        close(pair)
+
+
+def test_closing_while_a_persistent_receive_waits_is_an_error_not_a_hang(fabric):
+    spec = TensorSpec("wait", (4,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        outbound, inbound = pair[0].outbound("wait", 1), pair[1].inbound("wait", 0)
+        outbound.send(0, pair[0].placement.allocate(spec))
+        inbound.recv(0)
+        failures = []
+
+        def receive():
+            try:
+                inbound.recv(1)
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        pair[1].close()
+        thread.join(15)
+        assert not thread.is_alive() and len(failures) == 1
+        assert isinstance(failures[0], transports.TransportClosed), failures
+    finally:
+        close(pair)

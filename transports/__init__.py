@@ -10,7 +10,9 @@ from typing import Any
 
 from transports.base import (
     Cluster,
+    Inbound,
     Key,
+    Outbound,
     PeerError,
     Transport,
     TransportClosed,
@@ -91,7 +93,9 @@ def create(name: str, **options: object) -> Transport:
 __all__ = [
     "Availability",
     "Cluster",
+    "Inbound",
     "Key",
+    "Outbound",
     "PeerError",
     "REGISTRY",
     "TensorSpec",

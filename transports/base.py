@@ -200,6 +200,14 @@ class Ledger:
         counts["tensors_received"] += 1
         counts["payload_bytes_received"] += nbytes
 
+    def tally(self) -> dict[str, int]:
+        """Counts of their own for one caller that counts on the per-transfer path without the thread's lookup (a
+        persistent transfer: :class:`Outbound`, used by one thread at a time), added into every snapshot."""
+        counts = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
+        with self._lock:
+            self._threads.append(counts)
+        return counts
+
     def snapshot(self) -> TransportStats:
         total = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
         with self._lock:
@@ -212,6 +220,41 @@ class Ledger:
 
 #: keys a message names before it counts the rest
 KEYS_NAMED = 5
+
+
+class Outbound:
+    """A persistent send (:meth:`Transport.outbound`): one tensor's sends from ``src`` to ``dst``, set up once, as
+    MPI's ``Send_init``. ``send(step, array)`` is ``link.send(Key(name, step, src, dst), array)``; a transport with a
+    faster way for its planned tensors gives its own (zerocopy: one call into the fabric per transfer, the checks
+    made once per array). Used by one thread at a time."""
+
+    __slots__ = ("dst", "link", "name", "src")
+
+    def __init__(self, link: Any, name: str, src: int, dst: int) -> None:
+        self.link, self.name, self.src, self.dst = link, name, src, dst
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        """Send ``array`` as transfer ``step`` and wait until it may be reused (as :meth:`Transport.send`)."""
+        key = Key(self.name, step, self.src, self.dst)
+        if timeout is None:
+            self.link.send(key, array)
+        else:
+            self.link.send(key, array, timeout)
+
+
+class Inbound:
+    """A persistent receive (:meth:`Transport.inbound`): one tensor's receives at ``dst`` from ``src``, set up once,
+    as MPI's ``Recv_init``; see :class:`Outbound`."""
+
+    __slots__ = ("dst", "link", "name", "src")
+
+    def __init__(self, link: Any, name: str, src: int, dst: int) -> None:
+        self.link, self.name, self.src, self.dst = link, name, src, dst
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        """Transfer ``step`` of the tensor (as :meth:`Transport.recv`: valid until the next receive of it)."""
+        key = Key(self.name, step, self.src, self.dst)
+        return self.link.recv(key) if timeout is None else self.link.recv(key, timeout)
 
 
 def keys_text(keys: Iterable[Key]) -> str:
@@ -316,6 +359,25 @@ class Transport(ABC):
         with a faster way when the caller waits anyway overrides it."""
         return self._wait(self._start_recv(key), key, "recv", timeout)
 
+    def outbound(self, name: str, dst: int) -> Outbound:
+        """The persistent send of tensor ``name`` to ``dst`` (:class:`Outbound`): ``send(step, array)`` per transfer,
+        the fast path of a planned tensor (what a key's checks and lookups cost, paid once here)."""
+        self._check_key(Key(name, 0, self.rank, dst), "send")
+        return self._outbound(name, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        """The persistent receive of tensor ``name`` from ``src`` (:class:`Inbound`): ``recv(step)`` per transfer."""
+        self._check_key(Key(name, 0, src, self.rank), "recv")
+        return self._inbound(name, src)
+
+    def _outbound(self, name: str, dst: int) -> Outbound:
+        """Hook: a transport's own persistent send of a checked name and peer."""
+        return Outbound(self, name, self.rank, dst)
+
+    def _inbound(self, name: str, src: int) -> Inbound:
+        """Hook: a transport's own persistent receive of a checked name and peer."""
+        return Inbound(self, name, src, self.rank)
+
     def recv_each(self, keys: Sequence[Key], timeout: float | None = None) -> Iterator[tuple[Key, np.ndarray]]:
         """Receive every key of ``keys`` (posted together) and yield ``(key, array)`` as each arrives.
 
@@ -400,7 +462,7 @@ class Transport(ABC):
 
     def _check_array(self, key: Key, array: Any) -> None:
         """Refuse an array whose dtype cannot travel as raw bytes (see :func:`dtype_problem`)."""
-        if type(array) is np.ndarray and array.dtype in _PLAIN_DTYPES:  # the common case, checked per transfer
+        if type(array) is np.ndarray and array.dtype in PLAIN_DTYPES:  # the common case, checked per transfer
             return
         try:
             dtype = np.asarray(array).dtype
@@ -463,7 +525,7 @@ def key_problem(key: Any) -> str | None:
 
 
 #: dtypes that travel as raw bytes: numbers and booleans (dtype_problem() is None for each)
-_PLAIN_DTYPES = frozenset(np.dtype(code) for code in "?bBhHiIlLqQefdgFDG")
+PLAIN_DTYPES = frozenset(np.dtype(code) for code in "?bBhHiIlLqQefdgFDG")
 
 
 def dtype_problem(dtype: np.dtype) -> str | None:

@@ -231,6 +231,14 @@ class SendPlan(ABC):
         (receives posted > seq + 1 - slots), write it into slot ``seq % slots``, then the trailer (``step``, the
         flag ``1 + seq % 255``). False: no credit yet, nothing written. Errors as :meth:`Channel.write_flagged`."""
 
+    def fast(self, data: np.ndarray, credit_wait: float, timeout: float = 60.0) -> Callable[[int, int], int]:
+        """:meth:`send` of ``data`` made once, for a persistent send: a call of ``(seq, step)`` answering 0 once
+        transfer ``seq`` is written, anything else when it is not (no credit within ``credit_wait``, or a failure):
+        the caller then calls :meth:`send` for it, which waits again or says what is wrong. A backend whose send is
+        one call into C gives that call itself."""
+        send = self.send
+        return lambda seq, step: 0 if send(data, seq, step, credit_wait, timeout) else 1
+
 
 class CounterPlan(ABC):
     """A counter the peer reads, set through one call each time (:meth:`Channel.counter_plan`)."""
@@ -243,6 +251,17 @@ class CounterPlan(ABC):
         """Set the counter here and at the peer; returns once the peer can read it (errors as
         :meth:`Channel.write_flagged`)."""
 
+    def fast(self, timeout: float = 60.0) -> Callable[[int], int]:
+        """:meth:`set` made once (see :meth:`SendPlan.fast`): a call of ``value`` answering 0 once set, anything
+        else when not (the caller then calls :meth:`set`, which says what is wrong)."""
+        set_ = self.set
+
+        def set_value(value: int) -> int:
+            set_(value, timeout)
+            return 0
+
+        return set_value
+
 
 class TakePlan(ABC):
     """A static tensor's receives through one call each (:meth:`Device.take_plan`): the wait for a transfer's
@@ -254,6 +273,23 @@ class TakePlan(ABC):
         raised, lower it and say whether the trailer is transfer ``seq``'s (its flag ``1 + seq % 255``) of
         ``step``: True, or False (:attr:`last` has what came). None while not raised; FabricInterrupted when
         the device's waits are interrupted."""
+
+    #: what a :meth:`fast` take answers: the transfer asked for, another transfer's trailer (:attr:`last`), not
+    #: raised within the time; the device's waits interrupted
+    TAKEN, TAKEN_OTHER, NOT_RAISED, INTERRUPTED = 1, 0, -1, -2
+
+    def fast(self) -> Callable[[int, int, int], int]:
+        """:meth:`take` made once, for a persistent receive: a call of ``(seq, step, timeout_ns)`` answering
+        :attr:`TAKEN`, :attr:`TAKEN_OTHER`, :attr:`NOT_RAISED` or :attr:`INTERRUPTED`."""
+        take, answers = self.take, {True: self.TAKEN, False: self.TAKEN_OTHER, None: self.NOT_RAISED}
+
+        def take_fast(seq: int, step: int, timeout_ns: int) -> int:
+            try:
+                return answers[take(seq, step, timeout_ns / 1e9)]
+            except FabricInterrupted:
+                return self.INTERRUPTED
+
+        return take_fast
 
     @property
     @abstractmethod

@@ -13,8 +13,12 @@ from concurrent.futures import Future
 import numpy as np
 
 from transports.base import (
+    MAX_STEP,
+    PLAIN_DTYPES,
     Cluster,
+    Inbound,
     Key,
+    Outbound,
     PeerError,
     Transport,
     TransportClosed,
@@ -87,9 +91,56 @@ class LocalTransport(Transport):
             return self._taken(parked)
         return self._wait(self._start_recv(key), key, "recv", timeout)
 
-    def _taken(self, item: tuple[np.ndarray, Future]) -> np.ndarray:
-        """The sent ``(array, its send's future)`` taken: counted, the send done."""
+    def _taken(self, item: tuple[np.ndarray, Future | None]) -> np.ndarray:
+        """The sent ``(array, its send's future)`` taken: counted, the send done (a persistent send's, None, was done
+        at its hand-over)."""
         array, sent = item
         self.ledger.received(array.nbytes)
-        settle(sent)
+        if sent is not None:
+            settle(sent)
         return array
+
+    def _outbound(self, name: str, dst: int) -> Outbound:
+        return _HandOver(self, name, dst)
+
+    def _inbound(self, name: str, src: int) -> Inbound:
+        return _TakeOver(self, name, src)
+
+
+class _HandOver(Outbound):
+    """``local``'s persistent send: the array handed over to the receiver's table, done at once (the receiver gets
+    this very array, which the producer treats as read-only until the consumer is done with it, as every local
+    send's array). So one thread may send and then receive it (bench micro's Local line does), and a send costs
+    what a hand-over costs: no future, no key checked again."""
+
+    __slots__ = ("_inbox", "_ledger")
+
+    def __init__(self, transport: LocalTransport, name: str, dst: int) -> None:
+        super().__init__(transport, name, transport.rank, dst)
+        self._inbox = _inbox(transport.cluster, dst)
+        self._ledger = transport.ledger
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        if type(array) is not np.ndarray or array.dtype not in PLAIN_DTYPES:
+            self.link._check_outgoing(Key(self.name, step, self.src, self.dst), array)  # says what is wrong
+            array = np.asarray(array)
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            self.link._check_key(Key(self.name, step, self.src, self.dst), "send")  # says what is wrong
+        self._inbox.put(Key(self.name, step, self.src, self.dst), (array, None))
+        self._ledger.sent(array.nbytes)
+
+
+class _TakeOver(Inbound):
+    """``local``'s persistent receive: a tensor handed over already is taken from the table at once; else the receive
+    waits as :meth:`LocalTransport.recv` does."""
+
+    __slots__ = ("_inbox",)
+
+    def __init__(self, transport: LocalTransport, name: str, src: int) -> None:
+        super().__init__(transport, name, src, transport.rank)
+        self._inbox = transport._inbox
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        key = Key(self.name, step, self.src, self.dst)
+        parked = self._inbox.take_parked(key) if type(step) is int else None
+        return self.link._taken(parked) if parked is not None else self.link.recv(key, timeout)

@@ -89,6 +89,7 @@ from transports.fabric.pool import Block
 from transports.fabric_transport import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
 from transports.placement import TensorSpec
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
+from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
 from transports.zerocopy.protocol import (
     BELL_AT,
     CONTROL_BYTES,
@@ -119,11 +120,8 @@ def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-
 #: a write of this many bytes or more is spread over every lane to the peer
 SPREAD_BYTES = 1 << 20
-#: a planned send waits for its credit in C this long before it checks the peer (and then waits again)
-CREDIT_SLICE_S = 0.05
 
 @dataclass(eq=False)
 class _Outgoing:
@@ -324,6 +322,12 @@ class ZeroCopyTransport(FabricTransport):
 
     def control_handlers(self) -> dict[str, Any]:
         return {"connect": self._on_connect, "verify": self._on_verify}
+
+    def _outbound(self, name: str, dst: int) -> PlannedOutbound:
+        return PlannedOutbound(self, name, dst)
+
+    def _inbound(self, name: str, src: int) -> PlannedInbound:
+        return PlannedInbound(self, name, src)
 
     # planning and allocation -------------------------------------------------
 
@@ -789,23 +793,34 @@ class ZeroCopyTransport(FabricTransport):
         with self._operation, incoming.lock:
             if not incoming.waiting:  # (a receive that timed out is posted still: it holds its credit already)
                 self.credits.post_one(incoming)
-            seq, step, take = incoming.seq, key.step, incoming.take.take
             try:
-                taken = take(seq, step, LIVENESS_EVERY_S if allowed > LIVENESS_EVERY_S else allowed)
+                taken = incoming.take.take(incoming.seq, key.step,
+                                           LIVENESS_EVERY_S if allowed > LIVENESS_EVERY_S else allowed)
             except FabricInterrupted:
-                raise TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for recv of {key}") \
-                    from None
-            if taken is None:
-                taken = self._await(lambda slice_s: take(seq, step, slice_s), lambda: f"recv of {key}",
-                                    lambda: [(key.src, incoming.channel)],
-                                    time.monotonic() + allowed - LIVENESS_EVERY_S, timeout, waited=True)
-            if not taken:  # another transfer's trailer: _accept says what is wrong
-                return self._accept(incoming, key, *incoming.take.last)
-            incoming.seq = seq + 1
-            incoming.waiting = False
-            array = incoming.arrays[seq % incoming.slots]
-            self.ledger.received(array.nbytes)
-            return array
+                raise self._closed_during(key) from None
+            return self._after_first_take(incoming, key, taken, timeout)
+
+    def _closed_during(self, key: Key) -> TransportClosed:
+        return TransportClosed(f"{self.name} rank {self.rank} was closed while waiting for recv of {key}")
+
+    def _after_first_take(self, incoming: _Incoming, key: Key, taken: bool | None,
+                          timeout: float | None) -> np.ndarray:
+        """The rest of a planned receive (``incoming`` held by the caller) whose first slice of the wait
+        (:attr:`LIVENESS_EVERY_S` at most) answered ``taken`` (as :meth:`TakePlan.take`): the general wait's
+        checks between slices while not raised, what is wrong with another transfer's trailer, or the array."""
+        allowed = self.timeout_s if timeout is None else timeout
+        seq, step, take = incoming.seq, key.step, incoming.take.take
+        if taken is None:
+            taken = self._await(lambda slice_s: take(seq, step, slice_s), lambda: f"recv of {key}",
+                                lambda: [(key.src, incoming.channel)],
+                                time.monotonic() + allowed - LIVENESS_EVERY_S, timeout, waited=True)
+        if not taken:  # another transfer's trailer: _accept says what is wrong
+            return self._accept(incoming, key, *incoming.take.last)
+        incoming.seq = seq + 1
+        incoming.waiting = False
+        array = incoming.arrays[seq % incoming.slots]
+        self.ledger.received(array.nbytes)
+        return array
 
     def _start_recv(self, key: Key) -> Future:
         return self._submit(self._recv_and_wait, key, None)

@@ -28,7 +28,7 @@ from bench.experiments.stream import accept, connect, host_port, listen, recv_in
 from bench.ground.memory import rss_mb
 from bench.ground.sizes import format_size
 from bench.launch import RankContext
-from transports import Cluster, Key, Transport, TransportStats
+from transports import Cluster, Inbound, Outbound, Transport, TransportStats
 from transports.placement import Placement
 
 #: the receiver reports its progress at least this often (and after every transfer slower than that), so the
@@ -41,13 +41,15 @@ STARTUP_S = 60.0
 @runtime_checkable
 class TimedLink(Protocol):
     """What the loops drive: a :class:`transports.Transport`, or a peer library's link
-    (:class:`bench.experiments.peers.PeerLink`). ``recv`` returns the tensor, valid until the next ``recv``."""
+    (:class:`bench.experiments.peers.PeerLink`). A point's transfers go through its persistent send and receive
+    (:class:`transports.Outbound`, :class:`transports.Inbound`), the fast path a user's loop takes; ``recv`` returns
+    the tensor, valid until the next ``recv``."""
 
     placement: Placement
 
-    def send(self, key: Key, tensor: np.ndarray) -> None: ...
+    def outbound(self, name: str, dst: int) -> Outbound: ...
 
-    def recv(self, key: Key) -> np.ndarray: ...
+    def inbound(self, name: str, src: int) -> Inbound: ...
 
     def stats(self) -> TransportStats: ...
 
@@ -292,6 +294,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
             spec = point.spec
             rss0 = rss_mb()
             tensor, flat, scratch = _source(transport, point)
+            outbound = transport.outbound(spec.name, RECEIVER)
             starts = []
             cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             i = 0
@@ -302,19 +305,18 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
                 _mark(flat, point, i)
                 if i == point.warmup:
                     cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
-                key = Key(spec.name, i, SENDER, RECEIVER)
                 timed = point.timed(i)
                 t_send = clock_ns()
                 for _ in range(point.extra_copies):
                     np.copyto(scratch, tensor)
-                transport.send(key, tensor)
+                outbound.send(i, tensor)
                 if timed:
                     starts.append(t_send)
                 i += 1
             report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
                         transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
                         rss_end_mb=rss_mb()))
-            del tensor, flat
+            del tensor, flat, outbound
 
 
 def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
@@ -329,6 +331,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
             dones = []
             corrupted = 0
             total = point.transfers
+            inbound = transport.inbound(spec.name, SENDER)
             reported = time.monotonic()
             ends = None if point.seconds is None else float("inf")
             i = 0
@@ -337,9 +340,8 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
                     cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
                     if point.seconds is not None:
                         ends = time.monotonic() + point.seconds
-                key = Key(spec.name, i, SENDER, RECEIVER)
                 ctrl.send(i)
-                tensor = transport.recv(key)
+                tensor = inbound.recv(i)
                 t_received = clock_ns()
                 largest = tensor.max()
                 t_done = clock_ns()
@@ -383,16 +385,17 @@ def _check(tensor: np.ndarray, point: Point, i: int, largest: Any) -> bool:
 def solo_loop(sender: Transport, receiver: Transport, points: list[Point], report: Callable[[Any], None]) -> None:
     """Both sides of ``points`` in this one thread (``local``, whose transfer is a hand-over inside the process):
     per transfer, the two loops' steps without the wait between them: the sender's marker (a checked transfer's
-    stamps), the clock and the send; then the receive, the clock, the reduce-max, the clock and the check. No thread
-    waits on another (two threads handing over took 25 µs at 1KB, the GIL's turn), so its time is the floor every
-    line's stands on: the harness's own work and the reduce-max, without a transfer. The thread's CPU time is
-    the receiver's; the sender's is not told apart (NaN)."""
+    stamps), the clock and the persistent send (local's is done at the hand-over); then the receive, the clock, the
+    reduce-max, the clock and the check. No thread waits on another (two threads handing over took 25 µs at 1KB,
+    the GIL's turn), so its time is the floor every line's stands on: the harness's own work and the reduce-max,
+    without a transfer. The thread's CPU time is the receiver's; the sender's is not told apart (NaN)."""
     with _uncollected(points):
         for point in points:
             gc.collect()  # the last point's garbage, outside any timed transfer
             spec = point.spec
             rss0 = rss_mb()
             tensor, flat, scratch = _source(sender, point)
+            outbound, inbound = sender.outbound(spec.name, RECEIVER), receiver.inbound(spec.name, SENDER)
             starts, dones, corrupted = [], [], 0
             total = point.transfers
             cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
@@ -401,17 +404,15 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                 if i == point.warmup:
                     cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
                 _mark(flat, point, i)
-                key = Key(spec.name, i, SENDER, RECEIVER)
                 timed = point.timed(i)
                 t_send = clock_ns()
                 for _ in range(point.extra_copies):
                     np.copyto(scratch, tensor)
-                sending = sender.send_async(key, tensor)
-                arrived = receiver.recv(key)
+                outbound.send(i, tensor)  # a hand-over, done at once (local's persistent send)
+                arrived = inbound.recv(i)
                 t_received = clock_ns()
                 largest = arrived.max()
                 t_done = clock_ns()
-                sending.result()
                 if timed:
                     starts.append(t_send)
                     dones.append((t_received, t_done))
@@ -425,7 +426,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                         transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
             report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
                         corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
-            del tensor, flat
+            del tensor, flat, outbound, inbound
 
 
 def bind_timing_thread(rank: int) -> int | None:

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import (
+    RECEIVER,
     SENDER,
     DirectSignals,
     MicroLine,
@@ -47,7 +48,7 @@ from bench.experiments.micro import (
 )
 from bench.launch import RankContext, RankSpec
 from bench.results import lines as catalogue
-from transports import Cluster, Key, TransportStats
+from transports import Cluster, Inbound, Key, Outbound, TransportStats
 from transports.common import Availability, Registry
 from transports.placement import Placement
 
@@ -85,6 +86,15 @@ class PeerLink(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """What carried the data: ``{"fabric": library, "used": [...]}`` (``transports.fabric.label`` reads it)."""
+
+    def outbound(self, name: str, dst: int) -> Outbound:
+        """The persistent send of tensor ``name`` (what the loops call per transfer): ``send`` of its key, unless the
+        link has a leaner way (as a user's loop of the library has)."""
+        return Outbound(self, name, SENDER, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        """The persistent receive of tensor ``name``: ``recv`` of its key, unless the link has a leaner way."""
+        return Inbound(self, name, src, RECEIVER)
 
     def close(self) -> None:  # noqa: B027 (a link that holds nothing needs no close)
         """Release what the link holds."""

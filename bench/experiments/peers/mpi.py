@@ -57,7 +57,7 @@ from bench.launch.messages import TOKEN_VARIABLE, Hello, describe_error
 from bench.launch.mpi import mpirun_path
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from bench.launch.wire import receive_message, send_message
-from transports import Cluster, Key
+from transports import Cluster, Inbound, Key, Outbound
 from transports.common import Availability
 
 #: the signals' tag (the data goes on DATA_TAG)
@@ -141,6 +141,59 @@ class MpiLink(PeerLink):
 
     def describe(self) -> dict[str, Any]:
         return {"fabric": "mpi", "used": [_library()]}
+
+    # (mpi_rma's link, a subclass, moves by puts: there its send and recv per transfer)
+    def outbound(self, name: str, dst: int) -> Outbound:
+        return _MpiOutbound(self, name, dst) if type(self) is MpiLink else super().outbound(name, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        return _MpiInbound(self, name, src) if type(self) is MpiLink else super().inbound(name, src)
+
+
+class _MpiOutbound(Outbound):
+    """The ``mpi`` line's send per transfer, as a user's loop writes it: ``comm.Send`` of each piece of the tensor
+    (one below :data:`CHUNK_BYTES`), the pieces made once per tensor."""
+
+    __slots__ = ("_link", "_pieces", "_send", "_tensor")
+
+    def __init__(self, link: MpiLink, name: str, dst: int) -> None:
+        super().__init__(link, name, SENDER, dst)
+        self._link, self._send = link, link.comm.Send
+        self._tensor: np.ndarray | None = None
+        self._pieces: list[np.ndarray] = []
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        if array is not self._tensor:
+            self._pieces, self._tensor = _pieces(_bytes(array)), array
+        send = self._send
+        for piece in self._pieces:
+            send(piece, RECEIVER, DATA_TAG)
+        self._link._sent(array)
+
+
+class _MpiInbound(Inbound):
+    """The ``mpi`` line's receive per transfer: ``comm.Recv`` into each piece of the tensor's buffer. The byte count
+    is not asked of MPI here (``MpiLink.recv`` asks it): a longer message is MPI's error (truncation), and a shorter
+    one leaves the tensor's last element, the transfer's marker, unwritten, which the harness's check finds."""
+
+    __slots__ = ("_buffer", "_link", "_pieces", "_recv")
+
+    def __init__(self, link: MpiLink, name: str, src: int) -> None:
+        super().__init__(link, name, src, RECEIVER)
+        self._link, self._recv = link, link.comm.Recv
+        self._buffer: np.ndarray | None = None
+        self._pieces: list[np.ndarray] = []
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = self._link.buffer(Key(self.name, step, self.src, self.dst))
+            self._pieces = _pieces(_bytes(buffer))
+        recv = self._recv
+        for piece in self._pieces:
+            recv(piece, SENDER, DATA_TAG)
+        self._link._received(buffer)
+        return buffer
 
 
 class MpiRmaLink(MpiLink):

@@ -23,13 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from bench.experiments.micro import FULL_CHECK_BYTES, RECEIVER, STARTUP_S, DirectSignals, Point, content, marker
+from bench.experiments.micro import (
+    FULL_CHECK_BYTES,
+    RECEIVER,
+    SENDER,
+    STARTUP_S,
+    DirectSignals,
+    Point,
+    content,
+    marker,
+)
 from bench.experiments.micro.shared import make_shared, open_shared
 from bench.experiments.peers import PeerLink, drive
 from bench.experiments.references.lines import ReferenceLine
 from bench.launch import RankContext, RankSpec
 from bench.results import MicroRecord
-from transports import Key
+from transports import Inbound, Key, Outbound
 
 #: the shared word: the number of the last transfer sent, plus one (a page: what mmap maps anyway)
 _WORD_BYTES = 4096
@@ -71,9 +80,56 @@ class NullLink(PeerLink):
     def describe(self) -> dict[str, Any]:
         return {"fabric": "none", "used": ["shared memory word"]}
 
+    def outbound(self, name: str, dst: int) -> Outbound:
+        return _NullOutbound(self, name, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        return _NullInbound(self, name, src)
+
     def close(self) -> None:
         del self._word
         self._map.close()
+
+
+class _NullOutbound(Outbound):
+    """The null send per transfer: the transfer's number into the word (what :meth:`NullLink.send` does, without a
+    key), as lean as the leanest line's send, so that the line's time is the harness's, not its link's."""
+
+    __slots__ = ("_link", "_word")
+
+    def __init__(self, link: NullLink, name: str, dst: int) -> None:
+        super().__init__(link, name, SENDER, dst)
+        self._link, self._word = link, link._word
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        self._word[0] = step + 1
+        self._link._sent(array)
+
+
+class _NullInbound(Inbound):
+    """The null receive per transfer: a spin until the word says the transfer came, then the tensor (filled once,
+    at its first transfer) with the transfer's marker written into it."""
+
+    __slots__ = ("_buffer", "_flat", "_link", "_word")
+
+    def __init__(self, link: NullLink, name: str, src: int) -> None:
+        super().__init__(link, name, src, RECEIVER)
+        self._link, self._word = link, link._word
+        self._buffer: np.ndarray | None = None
+        self._flat: np.ndarray | None = None
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        word, want = self._word, step + 1
+        if word[0] != want:
+            self._link.await_flag(word, want, Key(self.name, step, self.src, self.dst))
+        buffer = self._buffer
+        if buffer is None:  # at its first (warm-up) transfer: what the sender fills
+            buffer = self._buffer = self._link.buffer(Key(self.name, step, self.src, self.dst))
+            self._flat = buffer.reshape(-1)
+            self._flat[:] = content(Point(buffer.nbytes, 0, 0))
+        self._flat[-1] = marker(step, buffer.dtype)
+        self._link._received(buffer)
+        return buffer
 
 
 @dataclass

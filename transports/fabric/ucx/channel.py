@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import resource
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -260,7 +262,7 @@ class UcxChannel(Channel):
                 raise FabricError(f"ucx: put on a failed connection: {reason}")
             _lib.tt_write_mapped(_ffi.cast("void *", mapped), _ffi.from_buffer(data), data.nbytes,
                                  _ffi.cast("uint8_t *", trailer_mapped), trailer_pointer, trailer_bytes)
-            device.mapped_writes += 1
+            device._mapped_elsewhere += 1
             return
         status = _lib.tt_put_flagged(self.worker.handle, self.ep, _ffi.from_buffer(data), data.nbytes, remote.addr,
                                      rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
@@ -352,9 +354,11 @@ class UcxSendPlan(SendPlan):
         device = channel.worker.device
         plan.spin_ns, plan.stop, plan.failed = _SPIN_NS, device._stop, channel._error
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
+        plan.mapped_writes = device._mapped_by_plans
         self._plan, self._channel, self._device = plan, channel, device
         # what the plan points into stays alive with it
-        self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles)
+        self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles,
+                        device._mapped_by_plans)
         #: the array last sent and its buffer as cffi passes it (mostly the same array every time)
         self._source: tuple[np.ndarray | None, Any] = (None, None)
         #: the waits (seconds) the plan holds in nanoseconds (mostly the same every time)
@@ -372,19 +376,20 @@ class UcxSendPlan(SendPlan):
         """The transfers the peer pulled itself."""
         return int(self._plan.pulled)
 
+    def _set_waits(self, credit_wait: float, timeout: float) -> None:
+        """The waits every send through the plan makes (its sends and persistent calls share them)."""
+        if (credit_wait, timeout) != self._waits:
+            self._plan.credit_wait_ns, self._plan.timeout_ns = int(credit_wait * 1e9), int(timeout * 1e9)
+            self._waits = credit_wait, timeout
+
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
         source, buffer = self._source
         if data is not source:
             buffer = _ffi.from_buffer(data)
             self._source = data, buffer
-        waits = self._waits
-        if credit_wait != waits[0] or timeout != waits[1]:
-            self._plan.credit_wait_ns, self._plan.timeout_ns = int(credit_wait * 1e9), int(timeout * 1e9)
-            self._waits = credit_wait, timeout
+        self._set_waits(credit_wait, timeout)
         status = _lib.tt_send_planned(self._plan, buffer, seq, step)
         if status == 0:  # UCS_OK
-            if self.mapped:
-                self._device.mapped_writes += 1
             return True
         device = self._device
         if status == _lib.TT_NO_CREDIT:
@@ -393,6 +398,12 @@ class UcxSendPlan(SendPlan):
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         device._outcome(status, "put", keep_alive=data)
         return False
+
+    def fast(self, data: np.ndarray, credit_wait: float, timeout: float = 60.0) -> Callable[[int, int], int]:
+        """``tt_send_planned`` itself, bound to the plan and ``data``'s buffer (see :meth:`SendPlan.fast`): its
+        status is 0 once written."""
+        self._set_waits(credit_wait, timeout)
+        return functools.partial(_lib.tt_send_planned, self._plan, _ffi.from_buffer(data))
 
 
 class UcxCounterPlan(CounterPlan):
@@ -406,17 +417,22 @@ class UcxCounterPlan(CounterPlan):
         plan.worker, plan.ep, plan.remote, plan.rkey = channel.worker.handle, channel.ep, remote.addr, rkey
         plan.local = _ffi.cast("uint64_t *", local.ctypes.data)
         plan.mapped = _ffi.cast("uint64_t *", at if at % 8 == 0 else 0)
-        self._plan, self._channel, self._device, self._local = plan, channel, channel.worker.device, local
+        device = channel.worker.device
+        plan.stop, plan.failed, plan.mapped_writes = device._stop, channel._error, device._mapped_by_plans
+        self._plan, self._channel, self._device, self._local = plan, channel, device, local
+        self._memory = (device._stop, channel._error, device._mapped_by_plans)  # what the plan points into
         self.mapped = bool(at) and at % 8 == 0
 
     def set(self, value: int, timeout: float = 60.0) -> None:
         device = self._device
         status = _lib.tt_set_counter(self._plan, value, int(timeout * 1e9), device._stop, self._channel._error)
-        if status == _lib.UCS_OK:
-            if self.mapped:
-                device.mapped_writes += 1
-            return
-        device._outcome(status, "put", keep_alive=self._local)
+        if status != _lib.UCS_OK:
+            device._outcome(status, "put", keep_alive=self._local)
+
+    def fast(self, timeout: float = 60.0) -> Callable[[int], int]:
+        """``tt_set_counter_planned`` itself, bound to the plan (see :meth:`CounterPlan.fast`)."""
+        self._plan.timeout_ns = int(timeout * 1e9)
+        return functools.partial(_lib.tt_set_counter_planned, self._plan)
 
 
 def _shared_room() -> int:
@@ -473,6 +489,10 @@ class UcxTakePlan(TakePlan):
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
         return None
+
+    def fast(self) -> Callable[[int, int, int], int]:
+        """``tt_take_planned`` itself, bound to the plan (see :meth:`TakePlan.fast`): its answers are the same."""
+        return functools.partial(_lib.tt_take_planned, self._plan)
 
     @property
     def last(self) -> tuple[int, int]:

@@ -514,8 +514,10 @@ class UcxDevice(Device):
         self._abandoned: list[object] = []
         #: every ucp_mem_map this device made (allocations and registrations), for the ledger
         self.mem_maps = 0
-        #: transfers written by this process's own copy into peer memory mapped here (shared memory)
-        self.mapped_writes = 0
+        #: transfers written by this process's own copy into peer memory mapped here (shared memory): those of
+        #: plans (counted in C) and the others (``_mapped_elsewhere``): :attr:`mapped_writes`
+        self._mapped_by_plans = _ffi.new("uint64_t *")
+        self._mapped_elsewhere = 0
         self._workers = [_Worker(self, i) for i in range(progress_threads)]
         #: the workers' handles, for the waits in C to progress them (see tt_progress_all)
         self._worker_handles = _ffi.new("ucp_worker_h[]", [worker.handle for worker in self._workers])
@@ -531,6 +533,11 @@ class UcxDevice(Device):
             except OSError as exc:
                 self.close()
                 raise FabricError(f"tcp: cannot listen on {_listen_host(interfaces)}: {exc}") from None
+
+    @property
+    def mapped_writes(self) -> int:
+        """Transfers written by this process's own copy into peer memory mapped here (shared memory)."""
+        return self._mapped_elsewhere + int(self._mapped_by_plans[0])
 
     @classmethod
     def availability(cls, fabric_transport: str = "auto") -> Availability:

@@ -570,6 +570,8 @@ typedef struct {
     int pulling;
     unsigned since_pull_timed;
     int64_t pull_took_ns[2];
+    /* the device's count of transfers written by this process's own copy into mapped memory, or NULL */
+    uint64_t *mapped_writes;
 } tt_send_plan;
 
 #define TT_NO_CREDIT 1
@@ -783,6 +785,9 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
         if (bell != NULL) {
             plan->rung += (uint64_t)tt_ring(&bell->doorbell);
         }
+        if (plan->mapped_writes != NULL) {
+            __atomic_fetch_add(plan->mapped_writes, 1, __ATOMIC_RELAXED);
+        }
         status = UCS_OK;
     } else {
         status = tt_put_flagged(plan->worker, plan->ep, data, plan->length, plan->remote[slot], plan->rkey[slot],
@@ -801,6 +806,12 @@ typedef struct {
     uint64_t remote;
     ucp_rkey_h rkey;
     uint64_t *mapped;
+    /* the waits of tt_set_counter_planned: how long a put may take, the device's stop word, the endpoint's error
+       slot; the device's count of writes into mapped memory, or NULL */
+    int64_t timeout_ns;
+    volatile int *stop;
+    volatile int *failed;
+    uint64_t *mapped_writes;
 } tt_counter_plan;
 
 /* Set the counter to `value`: here, then at the peer (one aligned 8-byte store where it is mapped here, else a
@@ -811,10 +822,19 @@ static ucs_status_t tt_set_counter(tt_counter_plan *plan, uint64_t value, int64_
     *plan->local = value;
     if (plan->mapped != NULL) {
         __atomic_store_n(plan->mapped, value, __ATOMIC_RELEASE);
+        if (plan->mapped_writes != NULL) {
+            __atomic_fetch_add(plan->mapped_writes, 1, __ATOMIC_RELAXED);
+        }
         return UCS_OK;
     }
     return tt_put_flagged(plan->worker, plan->ep, plan->local, sizeof(value), plan->remote, plan->rkey, NULL, 0, 0,
                           NULL, timeout_ns, stop, failed);
+}
+
+/* tt_set_counter with the plan's own waits: a persistent receive's grant in one call */
+static ucs_status_t tt_set_counter_planned(tt_counter_plan *plan, uint64_t value)
+{
+    return tt_set_counter(plan, value, plan->timeout_ns, plan->stop, plan->failed);
 }
 
 #define TT_MAX_LANES 16

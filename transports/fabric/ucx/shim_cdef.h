@@ -112,6 +112,7 @@ typedef struct {
     int pulling;
     unsigned since_pull_timed;
     int64_t pull_took_ns[2];
+    uint64_t *mapped_writes;
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
@@ -123,9 +124,14 @@ typedef struct {
     uint64_t remote;
     ucp_rkey_h rkey;
     uint64_t *mapped;
+    int64_t timeout_ns;
+    volatile int *stop;
+    volatile int *failed;
+    uint64_t *mapped_writes;
 } tt_counter_plan;
 ucs_status_t tt_set_counter(tt_counter_plan *plan, uint64_t value, int64_t timeout_ns, volatile int *stop,
                             volatile int *failed);
+ucs_status_t tt_set_counter_planned(tt_counter_plan *plan, uint64_t value);
 #define TT_MAX_LANES ...
 ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, size_t length, uint64_t remote,
                          ucp_rkey_h rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);

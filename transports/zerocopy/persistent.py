@@ -1,0 +1,178 @@
+"""zerocopy's persistent transfers (:meth:`Transport.outbound` / :meth:`Transport.inbound`, as MPI's
+``Send_init``/``Recv_init``): a planned static tensor's transfer through one call into C per side, with what a
+key's send checks paid once.
+
+A send of a static tensor whose slots the sender maps (shared memory) is ``tt_send_planned`` itself (the
+fabric's :meth:`SendPlan.fast`): the credit's wait, the copy into the slot and the trailer. A receive is the
+credit's grant (:meth:`CounterPlan.fast`) and the take (:meth:`TakePlan.fast`). What :meth:`ZeroCopyTransport.send`
+and ``recv`` check per call (the key's types and ranks, the array's shape, strides and dtype, the claim) is checked
+once: the name and peer when the object is made, the array when it is first sent from (an array object keeps its
+buffer, and its byte count, for life). The counts go into a tally of the object's own in the ledger.
+
+Everything else goes the way ``send``/``recv`` go, which the objects call: the first transfer (it connects), a
+tensor sent from another array, a plan that is not one copy into mapped memory (tcp's stream, a put over UCX:
+those are watched against the peer's death), a credit that does not come within a slice, a transfer that is not
+the one asked for, a step out of range. Bound measured at 1KB over shared memory, one run on a loaded machine:
+the send's call took 3.8 µs through ``send`` and 0.9 through the plan's call alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from transports.base import MAX_STEP, Inbound, Key, Outbound, TransportClosed
+from transports.fabric.base import TakePlan
+from transports.fabric_transport import LIVENESS_EVERY_S
+
+if TYPE_CHECKING:
+    from transports.zerocopy.transport import ZeroCopyTransport
+
+#: a planned send waits for its credit in C this long before it checks the peer (and then waits again); a
+#: persistent send, before it goes the general way (which does)
+CREDIT_SLICE_S = 0.05
+#: what a fast take's answer means to the general path's rest of a receive (``_after_first_take``)
+_TAKEN_AS = {TakePlan.TAKEN_OTHER: False, TakePlan.NOT_RAISED: None}
+
+
+class PlannedOutbound(Outbound):
+    """zerocopy's persistent send (see the module docstring)."""
+
+    __slots__ = ("_array", "_call", "_nbytes", "_outgoing", "_source", "_tally", "_transport")
+
+    def __init__(self, transport: ZeroCopyTransport, name: str, dst: int) -> None:
+        super().__init__(transport, name, transport.rank, dst)
+        self._transport = transport
+        #: the tensor's sender-side state once it goes the planned way, the array it is sent from, the plan's
+        #: call bound to that array, its size and its ledger count (a registration-cache hit or miss)
+        self._outgoing: Any = None
+        self._array: np.ndarray | None = None
+        self._call: Any = None
+        self._nbytes = 0
+        self._source = ""
+        self._tally = transport.ledger.tally()
+
+    def _adopt(self, array: Any) -> bool:
+        """Whether ``array`` goes the planned way from now on (then its call is made)."""
+        transport = self._transport
+        outgoing = transport._outgoing.get((self.name, self.dst))
+        plan = None if outgoing is None else outgoing.plan
+        if (plan is None or not plan.mapped or type(array) is not np.ndarray or array.shape != outgoing.shape
+                or array.strides != outgoing.strides or array.dtype != outgoing.dtype):
+            return False
+        self._call = None  # the last array's call goes before the next is made
+        self._call = plan.fast(array, CREDIT_SLICE_S, transport.timeout_s)
+        self._outgoing, self._array, self._nbytes = outgoing, array, array.nbytes
+        self._source = transport._source_count(outgoing, array)
+        return True
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        outgoing = self._outgoing
+        if (array is not self._array and not self._adopt(array)) or type(step) is not int \
+                or not 0 <= step <= MAX_STEP:
+            super().send(step, array, timeout)
+            return
+        outgoing = self._outgoing
+        lock = outgoing.lock
+        if not lock.acquire(False):  # another send of this tensor is under way: after it, the general way
+            super().send(step, array, timeout)
+            return
+        operation = self._transport._operation
+        inflight = operation.inflight
+        inflight.append(None)  # (see _Operation: counted, then the close looked at)
+        try:
+            if operation.closed:
+                raise TransportClosed(f"{self._transport.name} rank {self.src} was closed")
+            seq = outgoing.seq
+            if self._call(seq, step):  # not written: no credit yet, or a failure the general way says
+                written = False
+            else:
+                outgoing.seq = seq + 1
+                written = True
+        finally:
+            inflight.pop()
+            lock.release()
+        if not written:
+            super().send(step, array, timeout)
+            return
+        tally = self._tally
+        tally["tensors_sent"] += 1
+        tally["payload_bytes_sent"] += self._nbytes
+        tally[self._source] += 1
+
+
+class PlannedInbound(Inbound):
+    """zerocopy's persistent receive (see the module docstring)."""
+
+    __slots__ = ("_grant", "_incoming", "_slice_ns", "_take", "_tally", "_transport")
+
+    def __init__(self, transport: ZeroCopyTransport, name: str, src: int) -> None:
+        super().__init__(transport, name, src, transport.rank)
+        self._transport = transport
+        #: the tensor's receiver-side state once it goes the planned way, and the plans' calls
+        self._incoming: Any = None
+        self._grant: Any = None
+        self._take: Any = None
+        #: the first slice of a wait, in ns (then the general wait's checks between slices)
+        self._slice_ns = int(min(LIVENESS_EVERY_S, transport.timeout_s) * 1e9)
+        self._tally = transport.ledger.tally()
+
+    def _adopt(self) -> bool:
+        """Whether the tensor's receives go the planned way from now on: static, its sender connected, its credit a
+        store into memory mapped here."""
+        incoming = self._transport._incoming.get((self.name, self.src))
+        if (incoming is None or incoming.take is None or incoming.mirror is None or incoming.credit is None
+                or not incoming.credit.mapped):
+            return False
+        self._grant = incoming.credit.fast(self._transport.timeout_s)
+        self._take = incoming.take.fast()
+        self._incoming = incoming
+        return True
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        incoming = self._incoming
+        if ((incoming is None and not self._adopt()) or type(step) is not int or not 0 <= step <= MAX_STEP
+                or timeout is not None):
+            return super().recv(step, timeout)
+        incoming = self._incoming
+        lock = incoming.lock
+        if not lock.acquire(False):  # another receive of this tensor is under way: after it, the general way
+            return super().recv(step, timeout)
+        transport = self._transport
+        operation = transport._operation
+        inflight = operation.inflight
+        inflight.append(None)  # (see _Operation: counted, then the close looked at)
+        try:
+            if operation.closed:
+                raise TransportClosed(f"{transport.name} rank {self.dst} was closed")
+            tally = self._tally
+            if not incoming.waiting:  # (a receive that timed out is posted still: it holds its credit already)
+                self._post(incoming)
+                tally["control_messages"] += 1
+            seq = incoming.seq
+            found = self._take(seq, step, self._slice_ns)
+            if found != TakePlan.TAKEN:
+                key = Key(self.name, step, self.src, self.dst)
+                if found == TakePlan.INTERRUPTED:
+                    raise transport._closed_during(key)
+                return transport._after_first_take(incoming, key, _TAKEN_AS[found], timeout)
+            incoming.seq = seq + 1
+            incoming.waiting = False
+            array = incoming.arrays[seq % incoming.slots]
+        finally:
+            inflight.pop()
+            lock.release()
+        tally["tensors_received"] += 1
+        tally["payload_bytes_received"] += array.nbytes
+        return array
+
+    def _post(self, incoming: Any) -> None:
+        """One more receive posted on ``incoming`` (held), its credit granted: ``Credits.post_one`` in one call."""
+        incoming.waiting = True
+        with incoming.grant_lock:
+            incoming.posted += 1
+        mirror = incoming.mirror
+        with mirror.lock:  # no span write of the same table in between, with an older value of this entry
+            if self._grant(incoming.posted):
+                incoming.credit.set(incoming.posted, self._transport.timeout_s)  # says what went wrong
