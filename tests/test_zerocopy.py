@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import functools
 import multiprocessing as mp
 import threading
@@ -640,5 +641,21 @@ def test_closing_while_a_persistent_receive_waits_is_an_error_not_a_hang(fabric)
         thread.join(15)
         assert not thread.is_alive() and len(failures) == 1
         assert isinstance(failures[0], transports.TransportClosed), failures
+    finally:
+        close(pair)
+
+
+def test_a_persistent_transfer_s_counts_outlive_it_and_its_tally_goes(fabric):
+    spec = TensorSpec("kept", (16,), np.float32, 0, 1)
+    pair = pair_of("zerocopy", fabric, [spec])
+    try:
+        tensor = pair[0].placement.allocate(spec)
+        tallies = len(pair[0].ledger._threads)
+        for step in range(20):  # a fresh pair of objects each time
+            pair[0].outbound("kept", 1).send(step, tensor)
+            pair[1].inbound("kept", 0).recv(step)
+        gc.collect()
+        assert pair[0].stats().tensors_sent == pair[1].stats().tensors_received == 20
+        assert len(pair[0].ledger._threads) <= tallies + 2  # the folded counts, and at most one thread's
     finally:
         close(pair)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, as_completed
@@ -165,6 +166,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._threads: list[dict[str, int]] = []  # every counting thread's counts, kept after it ends
+        self._retired: dict[str, int] | None = None  # the counts of tallies whose owners are gone
 
     def _counts(self) -> dict[str, int]:
         """This thread's counts (made at its first count)."""
@@ -200,13 +202,27 @@ class Ledger:
         counts["tensors_received"] += 1
         counts["payload_bytes_received"] += nbytes
 
-    def tally(self) -> dict[str, int]:
-        """Counts of their own for one caller that counts on the per-transfer path without the thread's lookup (a
-        persistent transfer: :class:`Outbound`, used by one thread at a time), added into every snapshot."""
+    def tally(self, owner: object) -> dict[str, int]:
+        """Counts of their own for ``owner``, which counts on the per-transfer path without the thread's lookup (a
+        persistent transfer: :class:`Outbound`, used by one thread at a time), added into every snapshot; once
+        ``owner`` is gone they are folded into the counts of the threads gone (the list stays as long as the
+        number of owners alive)."""
         counts = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
         with self._lock:
             self._threads.append(counts)
+        weakref.finalize(owner, self._retire, counts)
         return counts
+
+    def _retire(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            threads = self._threads
+            del threads[next(i for i, kept in enumerate(threads) if kept is counts)]  # (remove() compares contents)
+            retired = self._retired
+            if retired is None:
+                retired = self._retired = dict.fromkeys(TransportStats.__dataclass_fields__, 0)
+                self._threads.append(retired)
+            for name, value in counts.items():
+                retired[name] += value
 
     def snapshot(self) -> TransportStats:
         total = dict.fromkeys(TransportStats.__dataclass_fields__, 0)

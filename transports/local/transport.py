@@ -56,7 +56,8 @@ class LocalTransport(Transport):
         with _inboxes_lock:
             _inboxes.pop((self.cluster.addresses, self.rank), None)
         for _array, sent in self._inbox.close():
-            settle(sent, error=TransportClosed(f"local rank {self.rank} closed before receiving"))
+            if sent is not None:  # (a persistent send's was done at its hand-over)
+                settle(sent, error=TransportClosed(f"local rank {self.rank} closed before receiving"))
 
     def _start_send(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")

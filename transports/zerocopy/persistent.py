@@ -39,7 +39,7 @@ _TAKEN_AS = {TakePlan.TAKEN_OTHER: False, TakePlan.NOT_RAISED: None}
 class PlannedOutbound(Outbound):
     """zerocopy's persistent send (see the module docstring)."""
 
-    __slots__ = ("_array", "_call", "_nbytes", "_outgoing", "_source", "_tally", "_transport")
+    __slots__ = ("__weakref__", "_array", "_call", "_nbytes", "_outgoing", "_source", "_tally", "_transport")
 
     def __init__(self, transport: ZeroCopyTransport, name: str, dst: int) -> None:
         super().__init__(transport, name, transport.rank, dst)
@@ -51,7 +51,7 @@ class PlannedOutbound(Outbound):
         self._call: Any = None
         self._nbytes = 0
         self._source = ""
-        self._tally = transport.ledger.tally()
+        self._tally = transport.ledger.tally(self)
 
     def _adopt(self, array: Any) -> bool:
         """Whether ``array`` goes the planned way from now on (then its call is made)."""
@@ -105,7 +105,7 @@ class PlannedOutbound(Outbound):
 class PlannedInbound(Inbound):
     """zerocopy's persistent receive (see the module docstring)."""
 
-    __slots__ = ("_grant", "_incoming", "_slice_ns", "_take", "_tally", "_transport")
+    __slots__ = ("__weakref__", "_grant", "_incoming", "_slice_ns", "_take", "_tally", "_transport")
 
     def __init__(self, transport: ZeroCopyTransport, name: str, src: int) -> None:
         super().__init__(transport, name, src, transport.rank)
@@ -116,7 +116,7 @@ class PlannedInbound(Inbound):
         self._take: Any = None
         #: the first slice of a wait, in ns (then the general wait's checks between slices)
         self._slice_ns = int(min(LIVENESS_EVERY_S, transport.timeout_s) * 1e9)
-        self._tally = transport.ledger.tally()
+        self._tally = transport.ledger.tally(self)
 
     def _adopt(self) -> bool:
         """Whether the tensor's receives go the planned way from now on: static, its sender connected, its credit a
