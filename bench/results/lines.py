@@ -43,8 +43,9 @@ class Line:
     label: str
     #: its look in every figure (matplotlib line and marker options)
     style: Mapping[str, Any] = field(default_factory=dict)
-    #: reference lines without a per-transfer median: what the time figure says of their time, drawn from the mean
-    time_from_mean: str | None = None
+    #: a reference tool's one micro figure: "time" for a latency tool, "throughput" for a bandwidth tool (its puts
+    #: are pipelined: size / bandwidth is no time per transfer); None: both figures draw it
+    figure: str | None = None
     #: the fabric whose bandwidth this reference line is (``of_reference`` divides by it), if any
     bandwidth_of: str | None = None
     #: bars of it are hatched: it moves no tensor between processes
@@ -90,21 +91,21 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
     Line("zerocopy", "transport", "RDMA.zerocp", "RDMA.zerocp", {"color": "#1f77b4", "marker": "D"}),
     Line("ucx_perftest", "reference", "ucx_perftest put_bw", "ucx_perftest put_bw (library limit)",
          {"color": "#9467bd", "linestyle": ":", "marker": "x"},
-         time_from_mean="ucx_perftest put_bw: size / bandwidth (pipelined puts, not a latency)", bandwidth_of="ucx",
+         figure="throughput", bandwidth_of="ucx",
          implementation="bench.experiments.references.ucx_perftest:UcxPerftest",
          about="UCX's put bandwidth (ucx_perftest -t ucp_put_bw)"),
     Line("ucx_perftest_lat", "reference", "ucx_perftest put_lat",
          "ucx_perftest put_lat (half a round trip: latency floor)",
-         {"color": "#e377c2", "linestyle": ":", "marker": "1"},
+         {"color": "#e377c2", "linestyle": ":", "marker": "1"}, figure="time",
          implementation="bench.experiments.references.ucx_perftest:UcxPerftestLatency",
          about="UCX's put latency (ucx_perftest -t ucp_put_lat), up to 1 MiB"),
     Line("ib_write_bw", "reference", "ib_write_bw", "ib_write_bw (the NIC's write bandwidth)",
          {"color": "#9467bd", "linestyle": ":", "marker": "x"},
-         time_from_mean="ib_write_bw: size / bandwidth (pipelined writes, not a latency)", bandwidth_of="verbs",
+         figure="throughput", bandwidth_of="verbs",
          implementation="bench.experiments.references.ib_write:IbWriteBw",
          about="perftest's RDMA write bandwidth (verbs fabric)"),
     Line("ib_write_lat", "reference", "ib_write_lat", "ib_write_lat (the NIC's write latency)",
-         {"color": "#e377c2", "linestyle": ":", "marker": "1"},
+         {"color": "#e377c2", "linestyle": ":", "marker": "1"}, figure="time",
          implementation="bench.experiments.references.ib_write:IbWriteLat",
          about="perftest's RDMA write latency (verbs fabric)"),
     Line("memcpy", "reference", "memcpy", "memcpy in one process",

@@ -33,7 +33,8 @@ from bench.results import lines as catalogue
 
 
 class Line(NamedTuple):
-    """One line of the time figure: a transport's sizes and times, with the spread of each (or None)."""
+    """One line of the time or throughput figure: a transport's sizes and times (or MB/s), with the spread of each
+    (or None)."""
 
     transport: str
     label: str
@@ -47,26 +48,45 @@ def micro_time_lines(points: pd.DataFrame) -> list[Line]:
     """What the time figure draws, one :class:`Line` per transport in legend order, from a micro run's points
     (:meth:`bench.results.Run.points`, one row per transport and size).
 
-    The time is the median (``p50_us``) with its spread (``p50_us_low``/``_high``). ``ucx_perftest``
-    (put_bw) has none, its puts being pipelined: it is drawn from ``mean_us``, size / bandwidth, and labelled
-    so (bench/experiments/references/ucx_perftest.py says why it is no latency). ``ucx_perftest_lat`` is drawn
-    from its median, half a round trip: the floor of a send/receive.
+    The time is the median (``p50_us``) with its spread (``p50_us_low``/``_high``). A bandwidth tool
+    (``ucx_perftest`` put_bw: pipelined puts, no time per transfer) is left to the throughput figure;
+    ``ucx_perftest_lat`` is drawn from its median, half a round trip: the floor of a send/receive.
     """
     lines = []
     for name in _transports_in_order(points):
+        if catalogue.line(name).figure == "throughput":
+            continue
         rows = points[points["transport"] == name].sort_values("size_bytes")
-        from_mean = catalogue.line(name).time_from_mean
-        if from_mean and rows["p50_us"].isna().all():
-            lines.append(Line(name, from_mean, rows["size_bytes"], rows["mean_us"], None, None))
-        else:
-            lines.append(Line(name, _label(name), rows["size_bytes"], rows["p50_us"],
-                              _column(rows, "p50_us_low"), _column(rows, "p50_us_high")))
+        lines.append(Line(name, _label(name), rows["size_bytes"], rows["p50_us"],
+                          _column(rows, "p50_us_low"), _column(rows, "p50_us_high")))
+    return lines
+
+
+def micro_throughput_lines(points: pd.DataFrame) -> list[Line]:
+    """What the throughput figure draws (MB/s in ``time``): the time figure's statistic, size over the median time,
+    with the spread of the median; a bandwidth tool's own bandwidth (``throughput_MBps``: it has no median); a
+    latency tool (half a round trip) is left to the time figure."""
+    lines = []
+    for name in _transports_in_order(points):
+        figure = catalogue.line(name).figure
+        if figure == "time":
+            continue
+        rows = points[points["transport"] == name].sort_values("size_bytes")
+        megabytes = rows["size_bytes"] / 2**20
+        if figure == "throughput" or rows["p50_us"].isna().all():
+            lines.append(Line(name, _label(name), rows["size_bytes"], rows["throughput_MBps"],
+                              _column(rows, "throughput_MBps_low"), _column(rows, "throughput_MBps_high")))
+            continue
+        low, high = _column(rows, "p50_us_high"), _column(rows, "p50_us_low")  # the longer time, the lower rate
+        lines.append(Line(name, _label(name), rows["size_bytes"], megabytes / (rows["p50_us"] / 1e6),
+                          None if low is None else megabytes / (low / 1e6),
+                          None if high is None else megabytes / (high / 1e6)))
     return lines
 
 
 def micro_time_figure(run: Run) -> Figure:
     """Figure 8 of the paper: time per transfer against size, one line per transport, with the reference
-    lines: ucx_perftest put_bw (pipelined: size / bandwidth), put_lat (up to 1MB) and memcpy."""
+    lines: ucx_perftest put_lat (up to 1MB) and memcpy (the bandwidth tools are in the throughput figure)."""
     points = _points(run).sort_values("size_bytes")
     fig, ax = plt.subplots(figsize=(8, 5))
     for line in micro_time_lines(points):
@@ -81,16 +101,15 @@ def micro_time_figure(run: Run) -> Figure:
 
 
 def micro_throughput_figure(run: Run) -> Figure:
-    """Throughput against size, one line per transport and reference line."""
+    """Throughput against size, one line per transport and bandwidth reference: size over the median time, the
+    time figure's statistic (a bandwidth tool: its bandwidth)."""
     points = _points(run).sort_values("size_bytes")
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in _transports_in_order(points):
-        rows = points[points["transport"] == name]
-        _line(ax, name, _label(name), rows["size_bytes"], rows["throughput_MBps"],
-              _column(rows, "throughput_MBps_low"), _column(rows, "throughput_MBps_high"))
+    for line in micro_throughput_lines(points):
+        _line(ax, line.transport, line.label, line.sizes, line.time, line.low, line.high)
     _log_y(ax)
     _size_axis(ax, points["size_bytes"])
-    ax.set_ylabel("throughput (MB/s, MB = 2^20 bytes, log scale)")
+    ax.set_ylabel("throughput: size / median time (MB/s, MB = 2^20 bytes, log scale)")
     ax.grid(True, which="major", alpha=0.3)
     _title(fig, "Send/receive micro-benchmark: throughput, higher is better", run, [spread_note(points)])
     return _finish(fig, [ax])
