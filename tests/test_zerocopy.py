@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import functools
+import gc
 import multiprocessing as mp
 import threading
 import time
