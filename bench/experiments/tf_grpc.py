@@ -99,8 +99,10 @@ def run_tf_grpc(
     ``compute_s`` and ``comm_s`` NaN: TensorFlow does not split them) plus diagnostics:
     ``isolated_network`` and ``isolation_note``, peak memory (MB) of worker, PS, chief and of every
     process, ``variable_devices`` (variable path -> device of its value), ``worker_batches_last_step``
-    (batches taken so far by the workers that ran the last step: all ``warmup + steps`` when every
-    step gave each worker one closure), losses, the cluster and versions. ``record_row`` keeps only
+    (batches taken so far by the workers that ran the last step's closures: all ``warmup + steps`` when every
+    step gave each worker one; TensorFlow's coordinator hands a closure to whichever worker is free, so on a
+    busy machine one worker may take two of a step and another none: [4, 6] for 2 workers and 5 steps),
+    losses, the cluster and versions. ``record_row`` keeps only
     the columns ``records.csv`` takes.
 
     Raises ``TfGrpcError`` naming the failing rank (``TfGrpcTimeout`` when the run fell silent);
