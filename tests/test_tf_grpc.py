@@ -118,7 +118,6 @@ def _check_record(record: dict, servers: int, steps: int = 4) -> None:
     # when each took one; the coordinator gives a closure to whichever worker is free (a busy machine: [4, 6])
     batches = record["worker_batches_last_step"]
     assert len(batches) == servers and all(1 <= b <= servers * (1 + steps) for b in batches)
-    assert len(set(batches)) == servers or servers == 1  # a batch is taken once
     assert [len(record["cluster"][job]) for job in ("chief", "ps", "worker")] == [1, servers, servers]
 
     # every variable lived on a PS task, round-robin over all of them
