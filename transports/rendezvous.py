@@ -34,11 +34,12 @@ class Rendezvous:
         self._closed: TransportClosed | None = None
 
     def put(self, key: Key, item: Any) -> None:
-        """Hand ``item`` to the waiting request for ``key``, or park it until one comes."""
+        """Hand ``item`` to the waiting request for ``key``, or park it until one comes (``key`` may be the plain
+        tuple of a key's fields: it is equal to the key, and hashes alike)."""
         with self._lock:
             self._raise_if_closed()
             if key in self._parked and not isinstance(self._parked[key], _Failed):  # a retry replaces a failure
-                raise ValueError(f"{self._owner}: {key} was already sent and has not been received yet")
+                raise ValueError(f"{self._owner}: {Key(*key)} was already sent and has not been received yet")
             waiter = self._waiting.pop(key, None)
             if waiter is None:
                 self._parked[key] = item

@@ -112,14 +112,15 @@ class _HandOver(Outbound):
     """``local``'s persistent send: the array handed over to the receiver's table, done at once (the receiver gets
     this very array, which the producer treats as read-only until the consumer is done with it, as every local
     send's array). So one thread may send and then receive it (bench micro's Local line does), and a send costs
-    what a hand-over costs: no future, no key checked again."""
+    what a hand-over costs: no future, no key made (a plain tuple is equal to the :class:`Key` of its fields, and
+    hashes alike: the table matches it with keyed receives), counted in a tally of its own."""
 
-    __slots__ = ("_inbox", "_ledger")
+    __slots__ = ("__weakref__", "_inbox", "_tally")
 
     def __init__(self, transport: LocalTransport, name: str, dst: int) -> None:
         super().__init__(transport, name, transport.rank, dst)
         self._inbox = _inbox(transport.cluster, dst)
-        self._ledger = transport.ledger
+        self._tally = transport.ledger.tally(self)
 
     def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
         if type(array) is not np.ndarray or array.dtype not in PLAIN_DTYPES:
@@ -127,21 +128,31 @@ class _HandOver(Outbound):
             array = np.asarray(array)
         if type(step) is not int or not 0 <= step <= MAX_STEP:
             self.link._check_key(Key(self.name, step, self.src, self.dst), "send")  # says what is wrong
-        self._inbox.put(Key(self.name, step, self.src, self.dst), (array, None))
-        self._ledger.sent(array.nbytes)
+        self._inbox.put((self.name, step, self.src, self.dst), (array, None))
+        tally = self._tally
+        tally["tensors_sent"] += 1
+        tally["payload_bytes_sent"] += array.nbytes
 
 
 class _TakeOver(Inbound):
-    """``local``'s persistent receive: a tensor handed over already is taken from the table at once; else the receive
-    waits as :meth:`LocalTransport.recv` does."""
+    """``local``'s persistent receive: a tensor handed over already is taken from the table at once (by a plain
+    tuple, as :class:`_HandOver` puts it); else the receive waits as :meth:`LocalTransport.recv` does."""
 
-    __slots__ = ("_inbox",)
+    __slots__ = ("__weakref__", "_inbox", "_tally")
 
     def __init__(self, transport: LocalTransport, name: str, src: int) -> None:
         super().__init__(transport, name, src, transport.rank)
         self._inbox = transport._inbox
+        self._tally = transport.ledger.tally(self)
 
     def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
-        key = Key(self.name, step, self.src, self.dst)
-        parked = self._inbox.take_parked(key) if type(step) is int else None
-        return self.link._taken(parked) if parked is not None else self.link.recv(key, timeout)
+        parked = self._inbox.take_parked((self.name, step, self.src, self.dst)) if type(step) is int else None
+        if parked is None:
+            return self.link.recv(Key(self.name, step, self.src, self.dst), timeout)
+        array, sent = parked
+        if sent is not None:  # a keyed send's: done now
+            settle(sent)
+        tally = self._tally
+        tally["tensors_received"] += 1
+        tally["payload_bytes_received"] += array.nbytes
+        return array
