@@ -307,8 +307,9 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
                     cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
                 timed = point.timed(i)
                 t_send = clock_ns()
-                for _ in range(point.extra_copies):
-                    np.copyto(scratch, tensor)
+                if scratch is not None:  # --extra-copy (no range() made in the timed interval without it)
+                    for _ in range(point.extra_copies):
+                        np.copyto(scratch, tensor)
                 outbound.send(i, tensor)
                 if timed:
                     starts.append(t_send)
