@@ -25,6 +25,10 @@ The line leaves nothing however it ends: mpirun's session directory (``TMPDIR``)
 (Open MPI's ``sm_segment.*``, its windows', UCX's: every ``*_backing_directory``) go into two 0700 directories of the
 relay's, one in /tmp and one in /dev/shm, removed when it ends, or by a reaper outside its emulated host when it is
 killed; mpirun gets SIGTERM when the relay dies. A failure while /dev/shm has no room says so.
+
+Why one module of 600 lines: mpirun starts it as ``__main__`` in both MPI processes, which take from it the
+links, their persistent sends and receives, the plain loop and the signals; the relay that starts them is the
+line's other half, and shares its protocol (hello, points, reports).
 """
 
 from __future__ import annotations
