@@ -18,16 +18,13 @@ the send's call took 3.8 µs through ``send`` and 0.9 through the plan's call al
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from transports.base import MAX_STEP, Inbound, Key, Outbound, TransportClosed
 from transports.fabric.base import TakePlan
-from transports.fabric_transport import LIVENESS_EVERY_S
-
-if TYPE_CHECKING:
-    from transports.zerocopy.transport import ZeroCopyTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, FabricTransport
 
 #: a planned send waits for its credit in C this long before it checks the peer (and then waits again); a
 #: persistent send, before it goes the general way (which does)
@@ -37,11 +34,12 @@ _TAKEN_AS = {TakePlan.TAKEN_OTHER: False, TakePlan.NOT_RAISED: None}
 
 
 class PlannedOutbound(Outbound):
-    """zerocopy's persistent send (see the module docstring)."""
+    """zerocopy's persistent send (see the module docstring), of a ``ZeroCopyTransport`` (typed by its base here:
+    the transport imports this module)."""
 
     __slots__ = ("__weakref__", "_array", "_call", "_nbytes", "_outgoing", "_source", "_tally", "_transport")
 
-    def __init__(self, transport: ZeroCopyTransport, name: str, dst: int) -> None:
+    def __init__(self, transport: FabricTransport, name: str, dst: int) -> None:
         super().__init__(transport, name, transport.rank, dst)
         self._transport = transport
         #: the tensor's sender-side state once it goes the planned way, the array it is sent from, the plan's
@@ -107,7 +105,7 @@ class PlannedInbound(Inbound):
 
     __slots__ = ("__weakref__", "_grant", "_incoming", "_slice_ns", "_take", "_tally", "_transport")
 
-    def __init__(self, transport: ZeroCopyTransport, name: str, src: int) -> None:
+    def __init__(self, transport: FabricTransport, name: str, src: int) -> None:
         super().__init__(transport, name, src, transport.rank)
         self._transport = transport
         #: the tensor's receiver-side state once it goes the planned way, and the plans' calls
