@@ -66,7 +66,6 @@ class PlannedOutbound(Outbound):
         return True
 
     def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
-        outgoing = self._outgoing
         if (array is not self._array and not self._adopt(array)) or type(step) is not int \
                 or not 0 <= step <= MAX_STEP:
             super().send(step, array, timeout)
