@@ -21,12 +21,16 @@ from bench.launch.messages import RankFailed
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench_with_limit(limit: int, value: int, *args: str) -> subprocess.CompletedProcess:
+def bench_with_limit(limit: int, value: int, *args: str, stack: int | None = None,
+                     env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``bench *args`` with the soft limit ``limit`` at ``value`` (and the stack limit at ``stack`` bytes, if given)
+    in the child, as ``ulimit`` gives them: its ranks inherit them."""
     def lower() -> None:
-        hard = resource.getrlimit(limit)[1]
-        resource.setrlimit(limit, (value, hard))
+        for which, soft in ((limit, value), (resource.RLIMIT_STACK, stack)):
+            if soft is not None:
+                resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env=env, preexec_fn=lower)
 
@@ -60,15 +64,29 @@ def test_too_few_open_files_for_a_rank_names_the_limit(tmp_path):
     assert "ulimit -n, RLIMIT_NOFILE) is 24: raise it with ulimit -n 4096" in line
 
 
+#: each thread's stack under the address-space test: the stack limit is glibc's default size of a thread's stack
+_THREAD_STACK = 512 << 20
+
+
 def test_a_rank_that_dies_under_an_address_space_limit_gives_its_cause_and_the_limit(tmp_path):
-    """``ulimit -v 600000``: gRPC's threads cannot start and it aborts; the error line says why (its log's
-    ``pthread_create failed``), not only ``killed by SIGABRT``, and names the limit and the fix."""
-    done = bench_with_limit(resource.RLIMIT_AS, 600000 * 1024, *micro(tmp_path / "run", "grpc_tcp"))
+    """``ulimit -s 524288 -v 3932160``: gRPC's threads cannot start and it aborts; the error line says why (its log's
+    ``pthread_create failed``), not only ``killed by SIGABRT``, and names the limit and the fix.
+
+    The limit must fall between threads, not inside the libraries' layout, or the rank fails anywhere (a library
+    that cannot map, glibc's thread-local data) or not at all, as it did on a machine whose mappings were a little
+    smaller: with every thread's stack 512 MiB and malloc's arenas kept to one, a rank holds 7.5 stacks' worth
+    (imports, the run's threads and gRPC's first) and gRPC's pool, about ten threads, cannot start."""
+    hard_stack = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    if hard_stack != resource.RLIM_INFINITY and hard_stack < _THREAD_STACK:
+        pytest.skip("the hard stack limit is below 512 MiB: ulimit -Hs unlimited lets this run")
+    space_kb = (_THREAD_STACK * 15 // 2) >> 10
+    done = bench_with_limit(resource.RLIMIT_AS, space_kb << 10, *micro(tmp_path / "run", "grpc_tcp"),
+                            stack=_THREAD_STACK, env={"MALLOC_ARENA_MAX": "1", "OPENBLAS_NUM_THREADS": "1"})
     assert done.returncode == 1, done.stderr[-3000:]
     line = error_line(done.stderr)
     assert re.search(r"died \(killed by SIGABRT\): pthread_create failed: Resource temporarily unavailable", line), \
         line
-    assert "the limit on address space (ulimit -v, RLIMIT_AS) is 600000 KB" in line
+    assert f"the limit on address space (ulimit -v, RLIMIT_AS) is {space_kb} KB" in line
     assert "raise it with ulimit -v unlimited" in line
 
 
@@ -121,6 +139,7 @@ def test_a_death_gets_its_cause_in_its_first_line_before_what_followed(tmp_path)
     ("OSError: [Errno 24] Too many open files", resource.RLIMIT_NOFILE, 64, "ulimit -n, RLIMIT_NOFILE) is 64"),
     ("RuntimeError: can't start new thread", resource.RLIMIT_AS, 512 << 20, "ulimit -v, RLIMIT_AS) is 524288 KB"),
     ("MemoryError", resource.RLIMIT_AS, 1 << 30, "ulimit -v"),
+    ("ImportError: cygrpc.so: failed to map segment from shared object", resource.RLIMIT_AS, 1 << 30, "ulimit -v"),
 ])
 def test_a_limit_is_named_only_when_it_is_set(monkeypatch, text, limit, value, named):
     unlimited = resource.RLIM_INFINITY

@@ -119,7 +119,7 @@ def limit_hint(text: str) -> str | None:
             f" (its hard limit is {hard}: above that as root, or in /etc/security/limits.conf)")
         return f"the limit on open files (ulimit -n, RLIMIT_NOFILE) is {files}: raise it with ulimit -n {enough}{above}"
     threads = re.search(r"pthread_create|can't start new thread|thread", text, re.IGNORECASE) is not None
-    memory = re.search(r"Cannot allocate memory|MemoryError|bad_alloc|out of memory|mmap|allocat",
+    memory = re.search(r"Cannot allocate memory|MemoryError|bad_alloc|out of memory|mmap|allocat|failed to map",
                        text, re.IGNORECASE) is not None
     if not (threads or memory or "Resource temporarily unavailable" in text):
         return None
