@@ -330,20 +330,26 @@ def test_the_report_holds_every_transport_against_the_best_peer_and_compare_trea
 
 
 @needs_mpi
-def test_calibrate_measures_the_mpi_line_beside_its_plain_loop(tmp_path):
-    """``--calibrate``: the mpi line's plain loop (mpi_plain) runs beside it, a reference record of a transport's
-    columns per size, never the best peer; the harness line runs in every run below 64KB."""
+def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
+    """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain) runs beside it, a
+    reference record of a transport's columns per size, never the best peer; the harness line runs in every run
+    below 64KB."""
     out = tmp_path / "run"
     result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--transports", "local",
-                   "--peers", "mpi", "--calibrate", "--no-plot", "--out", str(out))
+                   "--peers", "mpi,mpi_rma,socket", "--calibrate", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
     records = run.records.set_index("transport")
-    assert {"mpi", "mpi_plain", "harness", "local"} <= set(records.index)
-    assert records.loc["mpi_plain", "line_kind"] == records.loc["harness", "line_kind"] == "reference"
-    assert records.loc["mpi_plain", "iters"] == 20 and records.loc["mpi_plain", "p50_us"] > 0
+    plain = ["mpi_plain", "mpi_rma_plain", "socket_plain"]
+    assert {"mpi", "mpi_rma", "socket", *plain, "harness", "local"} <= set(records.index)
+    for name in plain:
+        assert records.loc[name, "line_kind"] == "reference"
+        assert records.loc[name, "iters"] == 20 and records.loc[name, "p50_us"] > 0
+    assert records.loc["harness", "line_kind"] == "reference"
     assert records.loc["mpi_plain", "fabric"].startswith("mpi:")
+    assert records.loc["mpi_rma_plain", "fabric"].startswith("mpi:")
+    assert records.loc["socket_plain", "fabric"] == "socket"
     assert run.meta["settings"]["calibrate"] is True
-    # of_peer divides by the mpi line's p50, not its plain loop's
-    best = records.loc["mpi", "p50_us"]
+    # of_peer divides by the best peer line's p50, never a plain loop's
+    best = records.loc[["mpi", "mpi_rma", "socket"], "p50_us"].min()
     assert records.loc["local", "of_peer"] == pytest.approx(records.loc["local", "p50_us"] / best)

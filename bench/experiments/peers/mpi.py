@@ -247,6 +247,13 @@ class MpiRmaLink(MpiLink):
         self._received(self._data)
         return self._data
 
+    # (a subclass that changes send or recv, as the tests' faulty links do, gets them per transfer)
+    def outbound(self, name: str, dst: int) -> Outbound:
+        return _MpiRmaOutbound(self, name, dst) if type(self) is MpiRmaLink else PeerLink.outbound(self, name, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        return _MpiRmaInbound(self, name, src) if type(self) is MpiRmaLink else PeerLink.inbound(self, name, src)
+
     def _free(self) -> None:
         if self._window is not None:
             self._flag = self._data = None
@@ -256,6 +263,57 @@ class MpiRmaLink(MpiLink):
 
     def close(self) -> None:
         self._free()
+
+
+class _MpiRmaOutbound(Outbound):
+    """The ``mpi_rma`` line's send per transfer, as a user's loop writes it: ``Put`` of each piece, ``Flush``,
+    ``Put`` of the flag, ``Flush``; the pieces and the window's methods taken once per tensor (the window is opened
+    at the tensor's first transfer, collectively)."""
+
+    __slots__ = ("_flush", "_link", "_pieces", "_put", "_tensor", "_window")
+
+    def __init__(self, link: MpiRmaLink, name: str, dst: int) -> None:
+        super().__init__(link, name, SENDER, dst)
+        self._link, self._tensor, self._window = link, None, None
+        self._pieces: list[tuple[int, np.ndarray]] = []
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        link = self._link
+        if link._window_of != self.name or link._window is not self._window or array is not self._tensor:
+            link._open(Key(self.name, step, SENDER, RECEIVER))
+            self._window, self._tensor = link._window, array
+            self._put, self._flush = self._window.Put, self._window.Flush
+            self._pieces = [(_FLAG_BYTES + offset * CHUNK_BYTES, piece)
+                            for offset, piece in enumerate(_pieces(_bytes(array)))]
+        put, flush, mark = self._put, self._flush, link._mark
+        for target, piece in self._pieces:
+            put(piece, RECEIVER, target)
+        flush(RECEIVER)
+        mark[0] = step + 1
+        put(mark, RECEIVER, 0)
+        flush(RECEIVER)
+        link._sent(array)
+
+
+class _MpiRmaInbound(Inbound):
+    """The ``mpi_rma`` line's receive per transfer: poll the flag (``Win.Sync`` between reads) until the sender put
+    this transfer's, then the tensor in the window."""
+
+    __slots__ = ("_link",)
+
+    def __init__(self, link: MpiRmaLink, name: str, src: int) -> None:
+        super().__init__(link, name, src, RECEIVER)
+        self._link = link
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        link = self._link
+        if link._window_of != self.name:
+            link._open(Key(self.name, step, SENDER, RECEIVER))
+        flag, want = link._flag, step + 1
+        if flag[0] != want:
+            link.await_flag(flag, want, Key(self.name, step, SENDER, RECEIVER), link._window.Sync)
+        link._received(link._data)
+        return link._data
 
 
 def _bytes(tensor: np.ndarray) -> np.ndarray:
@@ -275,7 +333,8 @@ class PlainLoop:
     """The ``mpi`` line's calibration (``mpi_plain``): what mpi4py moves in the ten lines a user would write, with
     the protocol of every line (the receiver's ready signal outside the timed interval, its reduce-max inside) and
     none of the harness: no link, no ledger, no data check beyond the marker. The distance from the ``mpi`` line to
-    this one is what the harness costs MPI; the ``harness`` line, what it costs every line.
+    this one is what the harness costs MPI; the ``harness`` line, what it costs every line. :class:`PlainRmaLoop`
+    is the ``mpi_rma`` line's.
 
     Its two processes are placed as every line's ranks are (:func:`bind_timing_thread`: the sender on the first
     CPU, the receiver on the second). Left where the kernel puts them, both often ran on one core (the woken
@@ -286,45 +345,110 @@ class PlainLoop:
 
     #: told apart from a link class by this, not by identity: the MPI processes run this module as ``__main__``
     plain = True
+    name = "mpi_plain"
 
-    @staticmethod
-    def run(comm: Any, points: list[Point], report: Any) -> None:
+    @classmethod
+    def run(cls, comm: Any, points: list[Point], report: Any) -> None:
         """Time ``points`` between the two processes of ``comm``; the receiver reports a record per point."""
-        from bench.experiments.micro import Measured, bind_timing_thread, clock_ns, fill, marker
-        from bench.experiments.references.running import record
-        from bench.results import latency_summary
+        from bench.experiments.micro import bind_timing_thread, fill
 
-        rank, ready = comm.Get_rank(), np.zeros(1, np.int64)
+        rank = comm.Get_rank()
         bind_timing_thread(rank)
         for point in points:
             if point.size_bytes > CHUNK_BYTES:  # one message carries at most CHUNK_BYTES: no longer ten lines
                 continue
             tensor = np.empty(point.spec.shape, point.dtype)
             fill(tensor)  # data in every page, as a user's tensor holds (np.zeros' untouched pages are one zero page)
-            total, times = point.warmup + point.iters, np.zeros(point.warmup + point.iters, np.int64)
+            times = cls.loop(comm, rank, tensor, point.warmup + point.iters)
+            cls.report_point(comm, rank, point, times, report)
+
+    @staticmethod
+    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
+        """``total`` transfers of ``tensor``: the sender's clock at each send, or the receiver's once consumed."""
+        from bench.experiments.micro import clock_ns, marker
+
+        ready, times, kind = np.zeros(1, np.int64), np.zeros(total, np.int64), tensor.dtype
+        for i in range(total):
+            if rank == RECEIVER:
+                comm.Send(ready, dest=SENDER, tag=SIGNAL_TAG)
+                comm.Recv(tensor, source=SENDER, tag=DATA_TAG)
+                if tensor.max() != marker(i, kind):
+                    raise PeerLineError(f"mpi_plain: transfer {i} of {tensor.nbytes} bytes arrived wrong")
+                times[i] = clock_ns()
+            else:
+                comm.Recv(ready, source=RECEIVER, tag=SIGNAL_TAG)
+                tensor[-1] = marker(i, kind)
+                times[i] = clock_ns()
+                comm.Send(tensor, dest=RECEIVER, tag=DATA_TAG)
+        return times
+
+    @classmethod
+    def report_point(cls, comm: Any, rank: int, point: Point, times: np.ndarray, report: Any) -> None:
+        """The sender's clocks to the receiver, which reports the point's record."""
+        from bench.experiments.micro import Measured
+        from bench.experiments.references.running import record
+        from bench.results import latency_summary
+
+        if rank == SENDER:
+            comm.Send(times, dest=RECEIVER, tag=SIGNAL_TAG)
+            return
+        starts = np.zeros_like(times)
+        comm.Recv(starts, source=SENDER, tag=SIGNAL_TAG)
+        summary = latency_summary((times - starts)[point.warmup:] / 1e3)
+        report(Measured(point.size_bytes, record(
+            cls.name, point.size_bytes, point.warmup, point.iters, **summary,
+            throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
+            sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0,
+            fabric=f"mpi:{_library()}")))
+
+
+class PlainRmaLoop(PlainLoop):
+    """The ``mpi_rma`` line's calibration (``mpi_rma_plain``): the same one-sided protocol in a plain loop (a window
+    of flag and tensor on the receiver; ``Put``, ``Flush``, ``Put`` of the flag, ``Flush``; the receiver polls the
+    flag with ``Win.Sync`` between reads)."""
+
+    name = "mpi_rma_plain"
+
+    @staticmethod
+    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
+        from mpi4py import MPI
+
+        from bench.experiments.micro import clock_ns, marker
+
+        ready, times, kind = np.zeros(1, np.int64), np.zeros(total, np.int64), tensor.dtype
+        window = MPI.Win.Allocate(_FLAG_BYTES + tensor.nbytes if rank == RECEIVER else 0, 1, comm=comm)
+        try:
+            if rank == RECEIVER:
+                memory = np.frombuffer(window.tomemory(), dtype=np.uint8)
+                flag = memory[:_FLAG_BYTES].view(np.int64)
+                flag[0] = 0
+                data = memory[_FLAG_BYTES:].view(kind)
+            window.Lock_all()
+            comm.Barrier()  # the receiver's flag is zero before the first put
+            mark, payload = np.zeros(1, np.int64), tensor.reshape(-1).view(np.uint8)
             for i in range(total):
                 if rank == RECEIVER:
                     comm.Send(ready, dest=SENDER, tag=SIGNAL_TAG)
-                    comm.Recv(tensor, source=SENDER, tag=DATA_TAG)
-                    if tensor.max() != marker(i, point.dtype):
-                        raise PeerLineError(f"mpi_plain: transfer {i} of {point.size_bytes} bytes arrived wrong")
+                    while flag[0] != i + 1:
+                        window.Sync()
+                    if data.max() != marker(i, kind):
+                        raise PeerLineError(f"mpi_rma_plain: transfer {i} of {tensor.nbytes} bytes arrived wrong")
                     times[i] = clock_ns()
                 else:
                     comm.Recv(ready, source=RECEIVER, tag=SIGNAL_TAG)
-                    tensor[-1] = marker(i, point.dtype)
+                    tensor[-1] = marker(i, kind)
                     times[i] = clock_ns()
-                    comm.Send(tensor, dest=RECEIVER, tag=DATA_TAG)
-            if rank == SENDER:
-                comm.Send(times, dest=RECEIVER, tag=SIGNAL_TAG)
-                continue
-            starts = np.zeros_like(times)
-            comm.Recv(starts, source=SENDER, tag=SIGNAL_TAG)
-            summary = latency_summary((times - starts)[point.warmup:] / 1e3)
-            report(Measured(point.size_bytes, record(
-                "mpi_plain", point.size_bytes, point.warmup, point.iters, **summary,
-                throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
-                sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0,
-                fabric=f"mpi:{_library()}")))
+                    window.Put(payload, RECEIVER, target=_FLAG_BYTES)
+                    window.Flush(RECEIVER)
+                    mark[0] = i + 1
+                    window.Put(mark, RECEIVER, target=0)
+                    window.Flush(RECEIVER)
+            window.Unlock_all()
+        finally:
+            if rank == RECEIVER:
+                del memory, flag, data
+            window.Free()
+        return times
 
 
 # -- the line: a relay rank and the MPI pair it starts ---------------------------------------------------
@@ -375,6 +499,14 @@ class MpiPlainLine(MpiLine):
     name: str = "mpi_plain"
     link_class: ClassVar[type] = PlainLoop
     time_reference: ClassVar[bool] = False
+
+
+@dataclass
+class MpiRmaPlainLine(MpiPlainLine):
+    """The ``mpi_rma`` line's calibration: its one-sided protocol in a plain loop (:class:`PlainRmaLoop`)."""
+
+    name: str = "mpi_rma_plain"
+    link_class: ClassVar[type] = PlainRmaLoop
 
 
 def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
@@ -594,7 +726,7 @@ def _mpi_process(hub: str) -> int:
     link_class, points, timeout_s = receive_message(conn)
     if getattr(link_class, "plain", False):  # the calibration: no link, no harness
         try:
-            PlainLoop.run(comm, points, lambda message: send_message(conn, message))
+            link_class.run(comm, points, lambda message: send_message(conn, message))
         except Exception as exc:
             with contextlib.suppress(OSError):
                 send_message(conn, ("failed", describe_error(exc)))

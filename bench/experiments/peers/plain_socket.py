@@ -4,18 +4,33 @@ The receiver listens on its rank's address; the sender connects (and proves it k
 A send is one ``sendmsg`` of an 8-byte length and the tensor's bytes (``TCP_NODELAY``: no waiting for more);
 a receive reads the length, checks it against the plan, and ``recv_into`` a buffer preallocated per tensor.
 No copy in user space on either side (the kernel's are not counted, as for the transports).
+
+Its calibration (``socket_plain``, ``bench micro --calibrate``) is the same stream in a plain loop
+(:func:`plain_loop`): no link, no ledger, no harness loop.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER
+from bench.experiments.micro import (
+    RECEIVER,
+    SENDER,
+    DirectSignals,
+    Measured,
+    Point,
+    bind_timing_thread,
+    clock_ns,
+    fill,
+    marker,
+)
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
+from bench.experiments.references.running import record
 from bench.experiments.stream import (
     StreamError,
     accept,
@@ -26,7 +41,9 @@ from bench.experiments.stream import (
     recv_into,
     recv_length,
 )
-from transports import Cluster, Key
+from bench.launch import RankContext, RankSpec
+from bench.results import latency_summary
+from transports import Cluster, Inbound, Key, Outbound
 
 
 def open_stream(cluster: Cluster, rank: int, timeout_s: float) -> socket.socket:
@@ -58,34 +75,111 @@ class SocketLink(PeerLink):
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         view = memoryview(np.ascontiguousarray(tensor)).cast("B")
+        self._send([length_prefix(view.nbytes), view], key)
+        self._sent(tensor)
+
+    def recv(self, key: Key) -> np.ndarray:
+        buffer = self.buffer(key)
+        self._receive(memoryview(buffer.reshape(-1)).cast("B"), key)
+        self._received(buffer)
+        return buffer
+
+    def _send(self, parts: list[Any], key: Any) -> None:
+        """One ``sendmsg`` of ``parts`` (the length, the bytes); the rest as a stream where the kernel took part.
+        ``key`` names the tensor in an error."""
         try:
-            prefix = length_prefix(view.nbytes)
-            sent = self._sock.sendmsg([prefix, view])
-            if sent < len(prefix) + view.nbytes:  # the kernel took part: the rest as a stream
+            sent = self._sock.sendmsg(parts)
+            whole = len(parts[0]) + parts[1].nbytes
+            if sent < whole:
+                prefix, view = parts
                 if sent < len(prefix):
                     self._sock.sendall(prefix[sent:])
                 self._sock.sendall(view[max(0, sent - len(prefix)):])
         except (TimeoutError, OSError) as exc:
             raise PeerLineError(f"socket: sending {key} to the receiver at {self._peer} failed: {exc}") from None
-        self._sent(tensor)
 
-    def recv(self, key: Key) -> np.ndarray:
-        buffer = self.buffer(key)
+    def _receive(self, view: memoryview, key: Any) -> None:
+        """The length, checked against ``view``'s, then the bytes into ``view``. ``key`` names the tensor in an
+        error."""
         try:
             length = recv_length(self._sock)
-            if length != buffer.nbytes:
-                raise PeerLineError(f"socket: {key} announced {length} bytes, the plan says {buffer.nbytes}")
-            recv_into(self._sock, memoryview(buffer.reshape(-1)).cast("B"))
+            if length != view.nbytes:
+                raise PeerLineError(f"socket: {key} announced {length} bytes, the plan says {view.nbytes}")
+            recv_into(self._sock, view)
         except (TimeoutError, OSError, EOFError) as exc:
             raise PeerLineError(f"socket: receiving {key} from the sender at {self._peer} failed: {exc}") from None
-        self._received(buffer)
-        return buffer
 
     def describe(self) -> dict[str, Any]:
         return {"fabric": "socket", "used": ["tcp"]}
 
+    # (a subclass that changes send or recv, as the tests' faulty links do, gets them per transfer)
+    def outbound(self, name: str, dst: int) -> Outbound:
+        return _SocketOutbound(self, name, dst) if type(self) is SocketLink else super().outbound(name, dst)
+
+    def inbound(self, name: str, src: int) -> Inbound:
+        return _SocketInbound(self, name, src) if type(self) is SocketLink else super().inbound(name, src)
+
     def close(self) -> None:
         self._sock.close()
+
+
+class _Named:
+    """A transfer as an error names it (``name`` step ``step``), made into text only when one is raised."""
+
+    __slots__ = ("name", "step")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.step = name, 0
+
+    def __str__(self) -> str:
+        return f"{self.name} step {self.step}"
+
+
+class _SocketOutbound(Outbound):
+    """The ``socket`` line's send per transfer, as a user's loop writes it: one ``sendmsg`` of the length and the
+    tensor's bytes, both made once per tensor (a tensor that is not contiguous goes through ``send``)."""
+
+    __slots__ = ("_link", "_named", "_parts", "_tensor")
+
+    def __init__(self, link: SocketLink, name: str, dst: int) -> None:
+        super().__init__(link, name, SENDER, dst)
+        self._link, self._named = link, _Named(name)
+        self._tensor: np.ndarray | None = None
+        self._parts: list[Any] = []
+
+    def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
+        if array is not self._tensor:
+            if not array.flags.c_contiguous:
+                self._link.send(Key(self.name, step, self.src, self.dst), array)
+                return
+            view = memoryview(array.reshape(-1)).cast("B")
+            self._parts, self._tensor = [length_prefix(view.nbytes), view], array
+        self._named.step = step
+        self._link._send(self._parts, self._named)
+        self._link._sent(array)
+
+
+class _SocketInbound(Inbound):
+    """The ``socket`` line's receive per transfer: the length, checked against the plan, then ``recv_into`` the
+    tensor's buffer, made at its first receive."""
+
+    __slots__ = ("_buffer", "_link", "_named", "_view")
+
+    def __init__(self, link: SocketLink, name: str, src: int) -> None:
+        super().__init__(link, name, src, RECEIVER)
+        self._link, self._named = link, _Named(name)
+        self._buffer: np.ndarray | None = None
+        self._view: memoryview | None = None
+
+    def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = self._link.buffer(Key(self.name, step, self.src, self.dst))
+            self._view = memoryview(buffer.reshape(-1)).cast("B")
+        self._named.step = step
+        self._link._receive(self._view, self._named)
+        self._link._received(buffer)
+        return buffer
 
 
 @dataclass
@@ -94,3 +188,64 @@ class SocketLine(PeerLine):
 
     def link(self, cluster: Cluster, rank: int) -> SocketLink:
         return SocketLink(cluster, rank, self.timeout_s)
+
+
+# -- the calibration: the same stream as a user's plain loop writes it ----------------------------------------
+
+
+def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
+    """``total`` transfers of ``tensor`` over ``sock`` in the ten lines a user writes (the ready signal is every
+    line's, :class:`DirectSignals`): the sender's clock at each send, or the receiver's once it consumed it."""
+    times, kind = np.zeros(total, np.int64), tensor.dtype
+    view = memoryview(tensor.reshape(-1)).cast("B")
+    prefix = length_prefix(view.nbytes)
+    for i in range(total):
+        if rank == RECEIVER:
+            signals.send(i)
+            if recv_length(sock) != view.nbytes:
+                raise PeerLineError(f"socket_plain: transfer {i} announced another length than {view.nbytes}")
+            recv_into(sock, view)
+            if tensor.max() != marker(i, kind):
+                raise PeerLineError(f"socket_plain: transfer {i} of {view.nbytes} bytes arrived wrong")
+            times[i] = clock_ns()
+        else:
+            signals.recv()
+            tensor[-1] = marker(i, kind)
+            times[i] = clock_ns()
+            if sock.sendmsg([prefix, view]) < len(prefix) + view.nbytes:
+                raise PeerLineError("socket_plain: the kernel took part of a send: the plain loop sends whole")
+    return times
+
+
+def _plain_job(line: PlainSocketLine, points: list[Point], ctx: RankContext) -> None:
+    """One side of the socket line's plain loop; the receiver reports a record per point."""
+    sock = open_stream(ctx.cluster, ctx.rank, line.timeout_s)
+    with sock, DirectSignals(ctx) as signals:
+        bind_timing_thread(ctx.rank)  # as every line's ranks are
+        for point in points:
+            tensor = np.empty(point.spec.shape, point.dtype)
+            fill(tensor)  # data in every page, as a user's tensor holds
+            times = plain_loop(sock, signals, ctx.rank, tensor, point.warmup + point.iters)
+            if ctx.rank == SENDER:
+                sock.sendall(times.tobytes())
+                continue
+            starts = np.zeros_like(times)
+            recv_into(sock, memoryview(starts).cast("B"))
+            summary = latency_summary((times - starts)[point.warmup:] / 1e3)
+            ctx.report(Measured(point.size_bytes, record(
+                line.name, point.size_bytes, point.warmup, point.iters, **summary,
+                throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
+                sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0, fabric="socket")))
+
+
+@dataclass
+class PlainSocketLine(SocketLine):
+    """The ``socket`` line's calibration (``bench micro --calibrate``): its stream in a plain loop
+    (:func:`plain_loop`), measured beside it and never a candidate for ``of_peer``."""
+
+    name: str = "socket_plain"
+    time_reference: ClassVar[bool] = False
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        job = functools.partial(_plain_job, self, points)
+        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
