@@ -337,6 +337,46 @@ def test_a_receiver_asleep_is_woken_by_the_senders_doorbell_over_shared_memory(f
         close(pair)
 
 
+@pytest.mark.parametrize("shares", [False, True])
+def test_a_process_that_shares_its_cores_waits_without_spinning_past_a_moment(shares):
+    """``share_cores`` (training: TensorFlow computes beside the waits): the waits of the device, and the plans made
+    after it, spin :data:`SHARED_SPIN_S` before they sleep; a latency run's keep the backend's spin. A receive past
+    that spin sleeps on its slot's doorbell and the send wakes it (the tensor arrives)."""
+    from transports.fabric.base import SHARED_SPIN_S
+    from transports.fabric.ucx.channel import SPIN_S
+
+    spec = TensorSpec("w", (256,), np.float32, 0, 1)
+    pair = start_pair("zerocopy", fabric_transport="shm")
+    try:
+        if shares:
+            for transport in pair:
+                transport.share_cores()
+        for transport in pair:
+            transport.placement.plan([spec])
+        spin = SHARED_SPIN_S if shares else SPIN_S
+        assert pair[0].device.spin_s == pair[1].device.spin_s == spin
+        array = pair[0].placement.allocate(spec)
+        array[:] = 1
+        pair[0].send(Key("w", 0, 0, 1), array)  # connects: the plans are made
+        assert (pair[1].recv(Key("w", 0, 0, 1)) == 1).all()
+        incoming, outgoing = pair[1]._incoming[("w", 0)], pair[0]._outgoing[("w", 1)]
+        assert incoming.take._plan.spin_ns == outgoing.plan._plan.spin_ns == int(spin * 1e9)
+        receiving = []
+        waiter = threading.Thread(target=lambda: receiving.append(pair[1].recv(Key("w", 1, 0, 1), timeout=30)))
+        waiter.start()
+        doorbell = incoming.bells[incoming.next_slot][:4].view(np.uint32)
+        deadline = time.monotonic() + 30
+        while doorbell[0] != 1:  # asleep on its doorbell
+            assert time.monotonic() < deadline, "the receiver never went to sleep on its doorbell"
+            time.sleep(0.001)
+        array[:] = 2
+        pair[0].send(Key("w", 1, 0, 1), array)
+        waiter.join(30)
+        assert len(receiving) == 1 and (receiving[0] == 2).all()
+    finally:
+        close(pair)
+
+
 def test_a_large_tensor_is_pulled_by_a_receiver_waiting_for_it_over_shared_memory(fabric):
     """A static tensor of 16MB or more whose receiver already waits is copied by the receiver where the two share
     memory (shm: the sender asks, counted), written by the sender otherwise (tcp); it arrives whole either way."""

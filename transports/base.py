@@ -441,6 +441,11 @@ class Transport(ABC):
         """What carries the bytes (fabric, its transports), for results' meta-data."""
         return {"fabric": "none"}
 
+    def share_cores(self) -> None:  # noqa: B027 (a transport with no waits of its own has nothing to change)
+        """This process computes beside its transfers (training: TensorFlow's compute, a parameter server's apply):
+        from now on a wait gives its core back at once rather than spinning for a transfer (``bench micro``'s
+        loops, which have nothing else to run, keep spinning). Call it after :meth:`start`, before the plan."""
+
     def peer_name(self, rank: int) -> str:
         address = self.cluster.addresses[rank] if self.cluster else "?"
         return f"rank {rank} at {address}"

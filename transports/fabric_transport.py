@@ -54,7 +54,7 @@ from transports.base import (
 )
 from transports.common import Availability
 from transports.control import ControlClient, ControlServer
-from transports.fabric.base import Channel, Device, FabricError, FabricInterrupted, FabricTimeout
+from transports.fabric.base import SHARED_SPIN_S, Channel, Device, FabricError, FabricInterrupted, FabricTimeout
 from transports.fabric.netdev import cluster_interfaces
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.settings import SettingsError, read_settings
@@ -147,6 +147,8 @@ class FabricTransport(Transport):
         self._peers: dict[int, ControlClient] = {}
         self._peer_devices: dict[int, list[bytes]] = {}
         self.device: Device | None = None
+        #: how long a poller of this transport's own (grpc_rdma's) spins before it sleeps (see share_cores)
+        self.poller_spin_s = SPIN_S
         self._registrations_at_close = 0
         #: brackets a send or recv (``with self._operation:``) so that close() waits for it before tearing the
         #: device down
@@ -200,6 +202,11 @@ class FabricTransport(Transport):
             self.device.close()
             self.device = None
             raise
+
+    def share_cores(self) -> None:
+        self.poller_spin_s = SHARED_SPIN_S
+        if self.device is not None:
+            self.device.share_cores()
 
     def close(self) -> None:
         if self._closed.is_set() or self.device is None:

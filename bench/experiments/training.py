@@ -76,6 +76,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     stopping = Stopping(config, ctx)
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
+        transport.share_cores()  # its waits yield to TensorFlow's compute and the servers' apply
         transport.placement.plan(plan.specs(ctx.rank))
         if config.watch is not None:
             transport = config.watch(transport, ctx)

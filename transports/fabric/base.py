@@ -340,6 +340,13 @@ class Tool:
 Exchange = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+#: how long a wait spins, holding its core, before it sleeps: a transfer that lands within it is seen at once
+DEFAULT_SPIN_S = 0.0005
+#: ... where the process shares the machine's cores with compute (:meth:`Device.share_cores`): a moment, then the
+#: core goes back to the compute and the wait is woken by the write (a doorbell) or its naps
+SHARED_SPIN_S = 0.00002
+
+
 class Device(ABC):
     """One process's endpoint on the fabric.
 
@@ -357,9 +364,19 @@ class Device(ABC):
     path), a description of the backend's name alone. ``docs/fabric-backend.md`` walks through one.
     """
 
+    #: how long this device's waits spin before they sleep (the backend's default; :meth:`share_cores` shortens it)
+    spin_s: float = DEFAULT_SPIN_S
+
     def __init__(self) -> None:
         #: set by :meth:`interrupt_waits`: every wait of this device then raises FabricInterrupted
         self.interrupted = threading.Event()
+
+    def share_cores(self) -> None:
+        """This process's waits share the machine's cores with compute (TensorFlow's, a parameter server's apply):
+        from now on a wait spins :data:`SHARED_SPIN_S` at most, then gives its core back and sleeps until the write
+        rings its doorbell (where the peer maps the memory) or its naps end. A spinning waiter took a core from the
+        compute beside it for as long as it spun. Plans made before keep the spin they were made with."""
+        self.spin_s = min(self.spin_s, SHARED_SPIN_S)
 
     #: the backend's name in the fabric registry
     name: ClassVar[str]

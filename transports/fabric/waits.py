@@ -17,10 +17,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from transports.fabric.base import FabricInterrupted, FlagSet
+from transports.fabric.base import DEFAULT_SPIN_S, FabricInterrupted, FlagSet
 
-#: how long a waiter polls without sleeping
-SPIN_S = 0.0005
+#: how long a waiter polls without sleeping (unless its device says otherwise: ``Device.spin_s``)
+SPIN_S = DEFAULT_SPIN_S
 #: the first nap after the spin, doubled on every idle round up to MAX_NAP_S
 FIRST_NAP_S = 0.00005
 MAX_NAP_S = 0.001
@@ -28,14 +28,16 @@ MAX_NAP_S = 0.001
 T = TypeVar("T")
 
 
-def poll_until(check: Callable[[], T | None], timeout: float, stop: threading.Event, who: str) -> T | None:
-    """``check()``'s first result that is not None, or None after ``timeout`` seconds.
+def poll_until(check: Callable[[], T | None], timeout: float, stop: threading.Event, who: str,
+               spin_s: float = SPIN_S) -> T | None:
+    """``check()``'s first result that is not None, or None after ``timeout`` seconds (polled without sleeping for
+    ``spin_s`` first).
 
     FabricInterrupted (naming ``who``, the backend) once ``stop`` is set.
     """
     start = time.monotonic()
     deadline = start + max(timeout, 0.0)
-    spin_until = start + SPIN_S
+    spin_until = start + spin_s
     nap = FIRST_NAP_S
     while True:
         if stop.is_set():
@@ -53,13 +55,14 @@ def poll_until(check: Callable[[], T | None], timeout: float, stop: threading.Ev
             nap = min(nap * 2, MAX_NAP_S)
 
 
-def wait_counter(counter: np.ndarray, above: int, timeout: float, stop: threading.Event, who: str) -> bool:
+def wait_counter(counter: np.ndarray, above: int, timeout: float, stop: threading.Event, who: str,
+                 spin_s: float = SPIN_S) -> bool:
     """Whether the uint64 ``counter[0]`` exceeded ``above`` within ``timeout`` seconds."""
-    return poll_until(lambda: True if int(counter[0]) > above else None, timeout, stop, who) is not None
+    return poll_until(lambda: True if int(counter[0]) > above else None, timeout, stop, who, spin_s) is not None
 
 
 def wait_counters(counters: list[np.ndarray], above: list[int], timeout: float, stop: threading.Event,
-                  who: str) -> int | None:
+                  who: str, spin_s: float = SPIN_S) -> int | None:
     """The index of a counter that exceeds its ``above`` (the first such), or None after ``timeout``."""
     if len(counters) != len(above):
         raise ValueError(f"{len(counters)} counters but {len(above)} thresholds")
@@ -70,17 +73,18 @@ def wait_counters(counters: list[np.ndarray], above: list[int], timeout: float, 
                 return index
         return None
 
-    return poll_until(raised, timeout, stop, who)
+    return poll_until(raised, timeout, stop, who, spin_s)
 
 
 class PolledFlagSet(FlagSet):
     """Flag bytes (one-byte views of registered memory; a nonzero byte is raised) polled together."""
 
-    def __init__(self, flags: list[np.ndarray], stop: threading.Event, who: str) -> None:
+    def __init__(self, flags: list[np.ndarray], stop: threading.Event, who: str, spin_s: float = SPIN_S) -> None:
         self._flags = flags
         self._done = [False] * len(flags)
         self._stop = stop
         self._who = who
+        self._spin_s = spin_s
 
     def _raised(self) -> int | None:
         for index, flag in enumerate(self._flags):
@@ -89,7 +93,7 @@ class PolledFlagSet(FlagSet):
         return None
 
     def wait_any(self, timeout: float) -> int | None:
-        return poll_until(self._raised, timeout, self._stop, self._who)
+        return poll_until(self._raised, timeout, self._stop, self._who, self._spin_s)
 
     def done(self, index: int) -> None:
         self._done[index] = True
@@ -104,12 +108,13 @@ class PolledWaits:
 
     name: str
     interrupted: threading.Event
+    spin_s: float
 
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        return PolledFlagSet(flags, self.interrupted, self.name)
+        return PolledFlagSet(flags, self.interrupted, self.name, self.spin_s)
 
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
-        return wait_counter(counter, above, timeout, self.interrupted, self.name)
+        return wait_counter(counter, above, timeout, self.interrupted, self.name, self.spin_s)
 
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
-        return wait_counters(counters, above, timeout, self.interrupted, self.name)
+        return wait_counters(counters, above, timeout, self.interrupted, self.name, self.spin_s)

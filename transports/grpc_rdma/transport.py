@@ -61,7 +61,7 @@ from transports.base import Key, PeerError, TransportClosed, TransportError, Tra
 from transports.common import aligned_empty, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
-from transports.fabric_transport import LIVENESS_EVERY_S, MAX_BACKOFF_S, SPIN_S, FabricTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, MAX_BACKOFF_S, FabricTransport
 from transports.grpc_rdma.protocol import (
     MESSAGE,
     LinkRequest,
@@ -638,7 +638,7 @@ class GrpcRdmaTransport(FabricTransport):
             if handled:
                 idle_since, backoff = time.perf_counter(), 20e-6
                 continue
-            if time.perf_counter() - idle_since < SPIN_S:
+            if time.perf_counter() - idle_since < self.poller_spin_s:
                 os.sched_yield()  # let the other threads have the GIL while we spin
                 continue
             if time.monotonic() > next_check:

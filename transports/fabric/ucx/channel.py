@@ -35,9 +35,9 @@ from transports.fabric.base import (
 MAX_BLOB = 8192
 #: remote targets a channel remembers as checked (static slots, counters: a few per tensor)
 MAX_TARGETS = 4096
-#: a waiter for a flag or counter spins (yielding its core) this long before it naps
+#: a waiter for a flag or counter spins (yielding its core) this long before it naps, unless its device shares
+#: the cores with compute (``Device.share_cores``)
 SPIN_S = 0.002
-_SPIN_NS = int(SPIN_S * 1e9)
 
 #: the loaded binding (cffi's ffi and lib): set by :func:`bind` when ``device.load`` has loaded it
 _ffi = _lib = None
@@ -352,7 +352,7 @@ class UcxSendPlan(SendPlan):
         plan.trailer = _ffi.cast("uint8_t *", trailer.ctypes.data)
         plan.posted = _ffi.cast("uint64_t *", credits.ctypes.data)
         device = channel.worker.device
-        plan.spin_ns, plan.stop, plan.failed = _SPIN_NS, device._stop, channel._error
+        plan.spin_ns, plan.stop, plan.failed = int(device.spin_s * 1e9), device._stop, channel._error
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
         plan.mapped_writes = device._mapped_by_plans
         self._plan, self._channel, self._device = plan, channel, device
@@ -468,7 +468,7 @@ class UcxTakePlan(TakePlan):
             if bells is not None and slots is not None and slots[k].nbytes >= _lib.TT_PULL_FROM:  # asked of these
                 plan.slot[k] = _ffi.cast("void *", slots[k].ctypes.data)
                 plan.length = slots[k].nbytes
-        plan.pid, plan.spin_ns, plan.stop = os.getpid(), _SPIN_NS, device._stop
+        plan.pid, plan.spin_ns, plan.stop = os.getpid(), int(device.spin_s * 1e9), device._stop
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
         # what the plan points into stays alive with it
         self._plan, self._memory = plan, (trailers, bells, slots, device._stop, device._worker_handles)
@@ -511,7 +511,8 @@ class UcxFlagSet(FlagSet):
 
     def wait_any(self, timeout: float) -> int | None:
         device = self._device
-        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(SPIN_S * 1e9), int(timeout * 1e9),
+        found = _lib.tt_wait_flags(self._pointers, self._done, self._count, int(device.spin_s * 1e9),
+                                   int(timeout * 1e9),
                                    device._stop, device._worker_handles, len(device._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")

@@ -461,6 +461,7 @@ class UcxDevice(Device):
     """
 
     name = "ucx"
+    spin_s = SPIN_S  # (its waits are in C: a latency run's receiver sees a transfer landing within 2 ms at once)
     fabric_transports: ClassVar[dict[str, str]] = {
         "auto": "UCX chooses among all it offers but sysv", "shm": "shared memory only (posix, cma; never sysv)",
         "tcp": "TCP only, over the fabric's own stream that checks every access (never UCX's tcp)",
@@ -637,7 +638,7 @@ class UcxDevice(Device):
         return UcxFlagSet(self, flags)
 
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
-        found = _lib.tt_wait_counter(_ffi.cast("uint64_t *", counter.ctypes.data), above, int(SPIN_S * 1e9),
+        found = _lib.tt_wait_counter(_ffi.cast("uint64_t *", counter.ctypes.data), above, int(self.spin_s * 1e9),
                                      int(timeout * 1e9), self._stop, self._worker_handles, len(self._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")
@@ -645,7 +646,7 @@ class UcxDevice(Device):
 
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
         words = _ffi.new("uint64_t *[]", [_ffi.cast("uint64_t *", counter.ctypes.data) for counter in counters])
-        found = _lib.tt_wait_counters(words, _ffi.new("uint64_t[]", above), len(counters), int(SPIN_S * 1e9),
+        found = _lib.tt_wait_counters(words, _ffi.new("uint64_t[]", above), len(counters), int(self.spin_s * 1e9),
                                       int(timeout * 1e9), self._stop, self._worker_handles, len(self._workers))
         if found == _lib.TT_WAIT_STOPPED:
             raise FabricInterrupted("ucx: the wait was interrupted (the device is closing)")

@@ -44,7 +44,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transports.common import Availability, aligned_empty, settle
-from transports.fabric import waits
 from transports.fabric.base import (
     Channel,
     Device,
@@ -708,7 +707,7 @@ class VerbsDevice(PolledWaits, Device):
     def _await(self, future: Future, deadline: float | None, poller: _Poller, what: str):
         """``future``'s result; polls the CQ from this thread for a moment first. FabricTimeout at ``deadline``,
         FabricInterrupted after :meth:`interrupt_waits`."""
-        spin_until = time.monotonic() + waits.SPIN_S
+        spin_until = time.monotonic() + self.spin_s
         while not future.done() and time.monotonic() < spin_until:
             if not poller.poll_once(wait=False):
                 time.sleep(0)
