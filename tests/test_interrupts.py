@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.experiments.micro import SILENCE_SLACK_S
 from bench.results import load_run
 
 from .processes import gone, rank_processes
@@ -272,20 +273,26 @@ def test_the_receiver_reports_progress_often_in_time_however_long_the_point(monk
     assert gaps.max() <= bound + 1e-6, (gaps.max(), bound)
 
 
+@pytest.mark.skipif(not _netns_available(), reason="no network namespaces here (the point's length is the link's)")
 def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
-    """``--timeout 2`` bounds one transfer and the silence of the ranks (plus a few seconds), not a point: a
+    """``--timeout 1`` bounds one transfer and the silence of the ranks (plus a few seconds), not a point: a
     point that lasts far longer completes (before, the watchdog gave up on points longer than 20 x its
-    bound: 'no progress for 63 s' while transfers took 45 ms)."""
+    bound: 'no progress for 63 s' while transfers took 45 ms).
+
+    The point's length is the link's, not the machine's: 1500 transfers of 1KB over a link shaped to 1 Mbit/s
+    (about 10 ms each) take about 16 s, against a bound of 6 s. Counted in transfers over a local pair, its length
+    was the CPU's: a minute on a busy machine, a second or two on a quiet one, shorter than the bound."""
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "micro", "--sizes", "1KB", "--iters", "10000",
-                           "--warmup", "0", "--transports", "grpc_tcp", "--timeout", "2", "--no-references",
-                           "--no-peers",
-                           "--no-plot", "--out", str(out)], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "micro", "--sizes", "1KB", "--iters", "1500",
+                           "--warmup", "0", "--transports", "grpc_tcp", "--timeout", "1", "--no-references",
+                           "--no-peers", "--no-plot", "--launcher", "netns", "--link-rate", "1mbit", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stdout + done.stderr
     run = load_run(out)
     assert run.meta["status"] == "complete"
-    assert list(run.records["iters"]) == [10000]
+    assert list(run.records["iters"]) == [1500]
+    assert run.records["mean_us"].iloc[0] * 1500 / 1e6 > 2 * (1 + SILENCE_SLACK_S)  # the point outlasted the bound
 
 
 def test_a_timed_point_reports_about_once_a_second_not_every_transfer(monkeypatch):
