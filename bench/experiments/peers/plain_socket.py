@@ -62,6 +62,16 @@ def open_stream(cluster: Cluster, rank: int, timeout_s: float) -> socket.socket:
     return sock
 
 
+def send_message(sock: socket.socket, parts: list[Any]) -> None:
+    """``parts`` (the length, the bytes) in one ``sendmsg``; the rest as a stream where the kernel took part."""
+    sent = sock.sendmsg(parts)
+    prefix, view = parts
+    if sent < len(prefix) + view.nbytes:
+        if sent < len(prefix):
+            sock.sendall(prefix[sent:])
+        sock.sendall(view[max(0, sent - len(prefix)):])
+
+
 class SocketLink(PeerLink):
     """One side of a TCP stream between the sender and the receiver."""
 
@@ -88,13 +98,7 @@ class SocketLink(PeerLink):
         """One ``sendmsg`` of ``parts`` (the length, the bytes); the rest as a stream where the kernel took part.
         ``key`` names the tensor in an error."""
         try:
-            sent = self._sock.sendmsg(parts)
-            whole = len(parts[0]) + parts[1].nbytes
-            if sent < whole:
-                prefix, view = parts
-                if sent < len(prefix):
-                    self._sock.sendall(prefix[sent:])
-                self._sock.sendall(view[max(0, sent - len(prefix)):])
+            send_message(self._sock, parts)
         except (TimeoutError, OSError) as exc:
             raise PeerLineError(f"socket: sending {key} to the receiver at {self._peer} failed: {exc}") from None
 
@@ -198,7 +202,7 @@ def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: n
     line's, :class:`DirectSignals`): the sender's clock at each send, or the receiver's once it consumed it."""
     times, kind = np.zeros(total, np.int64), tensor.dtype
     view = memoryview(tensor.reshape(-1)).cast("B")
-    prefix = length_prefix(view.nbytes)
+    parts = [length_prefix(view.nbytes), view]
     for i in range(total):
         if rank == RECEIVER:
             signals.send(i)
@@ -212,8 +216,7 @@ def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: n
             signals.recv()
             tensor[-1] = marker(i, kind)
             times[i] = clock_ns()
-            if sock.sendmsg([prefix, view]) < len(prefix) + view.nbytes:
-                raise PeerLineError("socket_plain: the kernel took part of a send: the plain loop sends whole")
+            send_message(sock, parts)
     return times
 
 
