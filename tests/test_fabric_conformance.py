@@ -27,7 +27,7 @@ import pytest
 from transports import fabric
 from transports.fabric.base import BELL_BYTES, Device, FabricError, FabricInterrupted, FabricTimeout, RemoteRegion
 
-from .conftest import fabric_marks
+from .conftest import REQUIRE_RDMA, fabric_marks
 from .processes import held_resources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -615,7 +615,9 @@ def test_close_releases_registrations_segments_and_descriptors(mode):
 
     cycle()  # let the backend load its modules once
     before = held_resources()
-    for _ in range(50):
+    # a resource a cycle keeps shows after one cycle; many catch one kept now and then. Under emulation (the
+    # Soft-RoCE guest) a cycle over UCX costs a second of the machine's CPU: fewer there
+    for _ in range(20 if REQUIRE_RDMA else 50):
         cycle()
     after = held_resources()
     # no growth (other tests' leftovers may be released meanwhile, so fewer is fine)

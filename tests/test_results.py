@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -262,3 +264,14 @@ def test_one_round_takes_its_spread_from_the_samples(tmp_path):
     assert point["spread"] == "samples"
     assert (point["p50_us_low"], point["p50_us_high"]) == median_interval(times) == (41.0, 60.0)
     assert point["p50_us_low"] < point["p50_us"] < point["p50_us_high"]
+
+
+def test_a_rank_that_writes_records_never_loads_pandas():
+    """pandas is for reading runs: a rank's process (a micro line's, a training rank's) imports what it writes
+    records with and not pandas, whose import costs every rank a quarter of a second here, seconds under
+    emulation."""
+    code = ("import sys; import bench.launch.rank, bench.experiments.micro, bench.experiments.training, bench.results; "
+            "print('pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]

@@ -21,12 +21,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from bench.results.lines import kind_of
+
+if TYPE_CHECKING:  # pandas is imported where frames are made: a rank that only writes records never loads it
+    import pandas as pd
 
 
 class ResultsError(ValueError):
@@ -370,6 +372,8 @@ def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None 
 
     ``spread`` says which (``rounds``, ``samples`` or ``none``).
     """
+    import pandas as pd
+
     cls = record_type(experiment)
     if not cls.key or cls.measure is None or records.empty:
         return records.copy()
@@ -414,6 +418,8 @@ def points(records: pd.DataFrame, experiment: str, samples: pd.DataFrame | None 
 def _sample_intervals(samples: pd.DataFrame | None, cls: type[Record], key: list[str]) -> pd.DataFrame | None:
     """Per point (the ``key`` columns), ``low`` and ``high``: the 95% interval of the median of its per-iteration
     measure (one sample per iteration: a model run's workers averaged); None without samples."""
+    import pandas as pd
+
     value = {"p50_us": "time_us", "step_time_s": "step_time_s"}.get(cls.measure or "")
     if samples is None or samples.empty or value not in samples or any(k not in samples for k in key):
         return None

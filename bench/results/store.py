@@ -34,14 +34,15 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from bench.results.files import DiskError, append_whole, make_dir, replace_file
 from bench.results.lines import bandwidth_references, kind_of
 from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
 from bench.results.text import NAME_LIMIT, TEXT_LIMIT, printable, shown
+
+if TYPE_CHECKING:  # pandas is imported where runs are read: a rank that only writes records never loads it
+    import pandas as pd
 
 #: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
 #: that time iterations keep them in ``samples.csv``; 3: records of lines (micro, model, scale) have ``line_kind``.
@@ -498,6 +499,8 @@ def _sample_kinds(cls: type[Record]) -> dict[str, str]:
 def _checked(frame: pd.DataFrame, path: Path, kinds: dict[str, str]) -> pd.DataFrame:
     """``frame`` with numbers where ``kinds`` says so (a cell that is none is a ResultsError naming the file, the
     column and the row), text as text, and every string shown escaped and cut."""
+    import pandas as pd
+
     for column in frame.columns:
         series = frame[column]
         kind = kinds.get(column)
@@ -532,6 +535,8 @@ def _cell(value: Any) -> Any:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         data = path.read_bytes()
     except OSError as exc:
