@@ -42,22 +42,23 @@ def test_tensorflow_says_nothing_at_start_up_in_benchs_processes(tmp_path):
     assert done.stdout.splitlines()[-2].startswith("fcn5")
 
 
-#: a process of bench's (the hook installed) that imports TensorFlow, then scikit-learn itself
+#: a process of bench's (the hook installed) that imports TensorFlow or Keras first, then scikit-learn itself
 TENSORFLOW_THEN_SKLEARN = """
-import sys
+import importlib, sys
 from bench.ground import quiet_tensorflow
 quiet_tensorflow.install()
-import tensorflow
+importlib.import_module(sys.argv[1])
 print(sorted(name for name in ("sklearn", "scipy.stats") if name in sys.modules))
 from sklearn.datasets import load_digits
 print(len(load_digits().target))
 """
 
 
-def test_tensorflow_starts_in_benchs_processes_without_kerass_scikit_learn_wrappers():
+@pytest.mark.parametrize("first", ["tensorflow", "keras"])
+def test_tensorflow_starts_in_benchs_processes_without_kerass_scikit_learn_wrappers(first):
     pytest.importorskip("tensorflow")
     pytest.importorskip("sklearn")
-    done = subprocess.run([sys.executable, "-c", TENSORFLOW_THEN_SKLEARN], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", TENSORFLOW_THEN_SKLEARN, first], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     # neither was loaded by TensorFlow's import; scikit-learn still imports afterwards, for the digits task

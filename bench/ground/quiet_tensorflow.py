@@ -9,11 +9,12 @@ sends file descriptor 2 to a temporary file while TensorFlow loads and finds its
 was not start-up noise. Only ``bench``'s entry points (``bench.cli``, the ranks' ``bench.launch.rank``) install
 it; a program that imports the package sees TensorFlow as it is.
 
-The same loader keeps the start short: Keras, which TensorFlow loads, loads its scikit-learn wrappers whenever
-scikit-learn can be imported, and scikit-learn loads SciPy's statistics with it. That is about a second of CPU
-in every training rank, a quarter of TensorFlow's start, for wrappers ``bench`` never uses. While TensorFlow
-loads, scikit-learn is held back (unless the process has imported it already); afterwards it imports as ever
-(the ``digits`` task's data comes from it). Keras' scikit-learn wrappers then say scikit-learn is missing.
+The same finder keeps the start short: Keras (which TensorFlow loads, and which loads TensorFlow) loads its
+scikit-learn wrappers whenever scikit-learn can be imported, and scikit-learn loads SciPy's statistics with it.
+That is about a second of CPU in every training rank, a quarter of TensorFlow's start, for wrappers ``bench``
+never uses. While TensorFlow or Keras loads, scikit-learn is held back (unless the process has imported it
+already); afterwards it imports as ever (the ``digits`` task's data comes from it). Keras' scikit-learn wrappers
+then say scikit-learn is missing.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def start_up_noise_held_back() -> Iterator[None]:
                 os.write(2, "".join(kept).encode())
 
 
+#: the packages whose first import the finder takes: either may be imported first, and each loads the other
+LOADED_QUIETLY = ("tensorflow", "keras")
 #: what Keras loads at TensorFlow's import when it can, for wrappers bench never uses (see the module docstring)
 HELD_BACK = "sklearn"
 
@@ -96,18 +99,20 @@ class _QuietLoader(importlib.abc.Loader):
         module.__loader__ = module.__spec__.loader = self.loader  # the module is the real loader's, as ever
         with start_up_noise_held_back(), keras_wrappers_held_back():
             self.loader.exec_module(module)
-            module.config.list_physical_devices()  # the device query, where "failed call to cuInit" is written
+            if module.__name__ == "tensorflow":
+                module.config.list_physical_devices()  # the device query, where "failed call to cuInit" is written
 
 
 class _QuietFinder(importlib.abc.MetaPathFinder):
-    """Finds ``tensorflow`` as the other finders do (a look without import, ``importlib.util.find_spec``,
-    included), with a loader that holds back its start-up lines."""
+    """Finds ``tensorflow`` and ``keras`` as the other finders do (a look without import,
+    ``importlib.util.find_spec``, included), with a loader that holds back their start-up lines and
+    scikit-learn."""
 
     def __init__(self) -> None:
         self._finding = False
 
     def find_spec(self, name: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if name != "tensorflow" or self._finding:
+        if name not in LOADED_QUIETLY or self._finding:
             return None
         self._finding = True
         try:
