@@ -64,15 +64,16 @@ def rdma_files() -> list[str]:
     return files
 
 
-def run_session(guest) -> tuple[int, str, float]:
-    """``pytest -m rdma`` in ``guest``: (exit code, output, seconds)."""
+def run_session(guest, files: list[str] | None = None) -> tuple[int, str, float]:
+    """``pytest -m rdma`` over ``files`` in ``guest`` (none given: :func:`rdma_files`): (exit code, output,
+    seconds)."""
     chunks: list[bytes] = []
     started = time.monotonic()
     env = {"TENSOR_BENCH_REQUIRE_RDMA": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     if not os.environ.get("TENSOR_BENCH_UCX_HOME"):
         env["TENSOR_BENCH_UCX_HOME"] = "/usr"  # Debian's UCX with verbs, for the ucx fabric's rdma cases
     code = guest.run([sys.executable, "-m", "pytest", "-q", "-m", "rdma and not long", "-p", "no:cacheprovider",
-                      "-rfEs", *rdma_files()], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env,
+                      "-rfEs", *(files or rdma_files())], timeout=SESSION_TIMEOUT_S, cwd=str(ROOT), env=env,
                      output=chunks.append)
     return code, b"".join(chunks).decode(errors="replace"), time.monotonic() - started
 
@@ -92,7 +93,9 @@ class Outcome:
 class EarlySession:
     """The guest booted and the RDMA session run beside the host's tests (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, files: list[str] | None = None) -> None:
+        #: the test modules of the run's own collection that hold rdma cases (none: every module that does)
+        self.files = files
         self.top, self.nested, self._made = make_shares()
         self.guest = None
         self.outcome = Outcome()
@@ -120,7 +123,7 @@ class EarlySession:
     def _run(self) -> None:
         try:
             self.guest.wait_ready()
-            self.outcome.code, self.outcome.text, self.outcome.seconds = run_session(self.guest)
+            self.outcome.code, self.outcome.text, self.outcome.seconds = run_session(self.guest, self.files)
         except BaseException as exc:  # the test reports it
             self.outcome.error = exc
         finally:

@@ -331,17 +331,18 @@ def test_the_report_holds_every_transport_against_the_best_peer_and_compare_trea
 
 @needs_mpi
 def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
-    """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain) runs beside it, a
-    reference record of a transport's columns per size, never the best peer; the harness line runs in every run
-    below 64KB."""
+    """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain, and nixl_plain where
+    NIXL is installed) runs beside it, a reference record of a transport's columns per size, never the best peer;
+    the harness line runs in every run below 64KB."""
     out = tmp_path / "run"
+    peers = ["mpi", "mpi_rma", "socket", *(["nixl"] if HAVE_NIXL else [])]
     result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--transports", "local",
-                   "--peers", "mpi,mpi_rma,socket", "--calibrate", "--no-plot", "--out", str(out))
+                   "--peers", ",".join(peers), "--calibrate", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
     records = run.records.set_index("transport")
-    plain = ["mpi_plain", "mpi_rma_plain", "socket_plain"]
-    assert {"mpi", "mpi_rma", "socket", *plain, "harness", "local"} <= set(records.index)
+    plain = [f"{peer}_plain" for peer in peers]
+    assert {*peers, *plain, "harness", "local"} <= set(records.index)
     for name in plain:
         assert records.loc[name, "line_kind"] == "reference"
         assert records.loc[name, "iters"] == 20 and records.loc[name, "p50_us"] > 0
@@ -349,7 +350,9 @@ def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
     assert records.loc["mpi_plain", "fabric"].startswith("mpi:")
     assert records.loc["mpi_rma_plain", "fabric"].startswith("mpi:")
     assert records.loc["socket_plain", "fabric"] == "socket"
+    if HAVE_NIXL:
+        assert records.loc["nixl_plain", "fabric"] == "nixl"
     assert run.meta["settings"]["calibrate"] is True
     # of_peer divides by the best peer line's p50, never a plain loop's
-    best = records.loc[["mpi", "mpi_rma", "socket"], "p50_us"].min()
+    best = records.loc[peers, "p50_us"].min()
     assert records.loc["local", "of_peer"] == pytest.approx(records.loc["local", "p50_us"] / best)

@@ -128,6 +128,13 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
          implementation="bench.experiments.peers.plain_socket:PlainSocketLine",
          about="sendmsg and recv_into in a plain loop: what the harness costs the socket line",
          calibrates="socket"),
+    Line("nixl_plain", "reference", "NIXL plain loop",
+         "NIXL write + notification in a plain loop (the nixl line's calibration)",
+         {"color": "#76b900", "linestyle": ":", "marker": "P", "markerfacecolor": "none"},
+         implementation="bench.experiments.peers.nixl:PlainNixlLine",
+         about="NIXL's transfer, its state polled, and the receiver's notifications in a plain loop: what the "
+               "harness costs the nixl line",
+         calibrates="nixl"),
     Line("harness", "reference", "harness (null transfer)", "the harness alone (a transfer that moves nothing)",
          {"color": "#bbbbbb", "linestyle": ":", "marker": "."}, hatched=True,
          implementation="bench.experiments.references.null:NullLine",

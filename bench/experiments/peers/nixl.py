@@ -16,16 +16,18 @@ Install: NIXL's wheels declare torch and CUDA packages that host memory does not
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER
+from bench.experiments.micro import RECEIVER, DirectSignals, Point, bind_timing_thread, clock_ns, fill, marker
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
-from bench.experiments.peers.plain_socket import open_stream
+from bench.experiments.peers.plain_socket import open_stream, report_plain_point
 from bench.experiments.stream import recv_message, send_message
+from bench.launch import RankContext, RankSpec
 from transports import Cluster, Key
 
 #: the install line of a missing NIXL
@@ -64,10 +66,18 @@ class NixlLink(PeerLink):
         self._release()
         if self._rank == RECEIVER:
             shape, dtype, _ = self.planned(key)
-            self._buffer = np.empty(shape, dtype)
-            self._buffer.reshape(-1).view(np.uint8)[::4096] = 0  # resident before it is registered
-            self._registered = self._agent.register_memory([(*_region(self._buffer), "")], "DRAM")
-            descs = self._agent.get_xfer_descs([_region(self._buffer)], "DRAM")
+            tensor = np.empty(shape, dtype)
+            tensor.reshape(-1).view(np.uint8)[::4096] = 0  # resident before it is registered
+        self._register(tensor)
+        self._tensor_of = key.name
+
+    def _register(self, tensor: np.ndarray) -> None:
+        """Register ``tensor``: the receiver's buffer, whose descriptors go to the sender, or the sender's tensor,
+        with the transfer into the receiver's buffer made."""
+        if self._rank == RECEIVER:
+            self._buffer = tensor
+            self._registered = self._agent.register_memory([(*_region(tensor), "")], "DRAM")
+            descs = self._agent.get_xfer_descs([_region(tensor)], "DRAM")
             # the sender learns of the new registration (its remote keys), then where to write
             send_message(self._sock, self._agent.get_partial_agent_metadata(self._registered, False, ["UCX"]))
             send_message(self._sock, self._agent.get_serialized_descs(descs))
@@ -77,7 +87,6 @@ class NixlLink(PeerLink):
             remote = self._agent.deserialize_descs(recv_message(self._sock))
             self._local = self._agent.get_xfer_descs([_region(tensor)], "DRAM")
             self._xfer = self._agent.initialize_xfer("WRITE", self._local, remote, self._remote, b"0")
-        self._tensor_of = key.name
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         self._open(key, tensor)
@@ -138,3 +147,66 @@ class NixlLine(PeerLine):
 
     def link(self, cluster: Cluster, rank: int) -> NixlLink:
         return NixlLink(cluster, rank, self.timeout_s)
+
+
+# -- the calibration: the same writes as a user's plain loop writes them ---------------------------------------
+
+
+def plain_loop(link: NixlLink, signals: DirectSignals, tensor: np.ndarray, total: int) -> np.ndarray:
+    """``total`` transfers of ``tensor`` (registered, the sender's transfer made: :meth:`NixlLink._register`) in
+    the lines a user writes with NIXL's agent, and every line's ready signal: the sender's clock at each
+    ``transfer``, or the receiver's once it consumed the tensor. No ledger, no deadline checks, no key."""
+    agent, xfer, remote = link._agent, link._xfer, link._remote
+    times, kind = np.zeros(total, np.int64), tensor.dtype
+    notes: set[bytes] = set()
+    for i in range(total):
+        note = str(i + 1).encode()
+        if link._rank == RECEIVER:
+            signals.send(i)
+            while note not in notes:
+                notes.update(agent.get_new_notifs().get(remote, ()))
+            notes.discard(note)
+            if tensor.max() != marker(i, kind):
+                raise PeerLineError(f"nixl_plain: transfer {i} of {tensor.nbytes} bytes arrived wrong")
+            times[i] = clock_ns()
+        else:
+            signals.recv()
+            tensor[-1] = marker(i, kind)
+            times[i] = clock_ns()
+            state = agent.transfer(xfer, note)
+            while state == "PROC":
+                state = agent.check_xfer_state(xfer)
+            if state != "DONE":
+                raise PeerLineError(f"nixl_plain: transfer {i} failed ({state})")
+    return times
+
+
+def _plain_job(line: PlainNixlLine, points: list[Point], ctx: RankContext) -> None:
+    """One side of the nixl line's plain loop: the agents and registrations made as the line makes them, outside
+    the loop; the receiver reports a record per point."""
+    link = NixlLink(ctx.cluster, ctx.rank, line.timeout_s)
+    try:
+        with DirectSignals(ctx) as signals:
+            bind_timing_thread(ctx.rank)  # as every line's ranks are
+            for point in points:
+                tensor = np.empty(point.spec.shape, point.dtype)
+                fill(tensor)  # data in every page, as a user's tensor holds
+                link._release()
+                link._register(tensor)
+                times = plain_loop(link, signals, tensor, point.warmup + point.iters)
+                report_plain_point(link._sock, ctx, line.name, point, times, "nixl")
+    finally:
+        link.close()
+
+
+@dataclass
+class PlainNixlLine(NixlLine):
+    """The ``nixl`` line's calibration (``bench micro --calibrate``): its writes in a plain loop
+    (:func:`plain_loop`), measured beside it and never a candidate for ``of_peer``."""
+
+    name: str = "nixl_plain"
+    time_reference: ClassVar[bool] = False
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        job = functools.partial(_plain_job, self, points)
+        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]

@@ -229,16 +229,23 @@ def _plain_job(line: PlainSocketLine, points: list[Point], ctx: RankContext) -> 
             tensor = np.empty(point.spec.shape, point.dtype)
             fill(tensor)  # data in every page, as a user's tensor holds
             times = plain_loop(sock, signals, ctx.rank, tensor, point.warmup + point.iters)
-            if ctx.rank == SENDER:
-                sock.sendall(times.tobytes())
-                continue
-            starts = np.zeros_like(times)
-            recv_into(sock, memoryview(starts).cast("B"))
-            summary = latency_summary((times - starts)[point.warmup:] / 1e3)
-            ctx.report(Measured(point.size_bytes, record(
-                line.name, point.size_bytes, point.warmup, point.iters, **summary,
-                throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
-                sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0, fabric="socket")))
+            report_plain_point(sock, ctx, line.name, point, times, "socket")
+
+
+def report_plain_point(sock: socket.socket, ctx: RankContext, name: str, point: Point, times: np.ndarray,
+                       fabric: str) -> None:
+    """After a plain loop's ``point``: the sender's clocks (``times``) go to the receiver over ``sock``, and the
+    receiver reports the point's record as line ``name``'s."""
+    if ctx.rank == SENDER:
+        sock.sendall(times.tobytes())
+        return
+    starts = np.zeros_like(times)
+    recv_into(sock, memoryview(starts).cast("B"))
+    summary = latency_summary((times - starts)[point.warmup:] / 1e3)
+    ctx.report(Measured(point.size_bytes, record(
+        name, point.size_bytes, point.warmup, point.iters, **summary,
+        throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
+        sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0, fabric=fabric)))
 
 
 @dataclass
