@@ -170,8 +170,12 @@ class PeerLine(MicroLine):
         """This rank's side of the link, connected to the other side's."""
 
     def ranks(self, points: list[Point]) -> list[RankSpec]:
-        job = functools.partial(_peer_job, self, points)
-        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+        return self.pair_ranks(_peer_job, points)
+
+    def pair_ranks(self, job: Callable[..., None], points: list[Point]) -> list[RankSpec]:
+        """The sender and the receiver, on hosts 0 and 1, each running ``job(self, points, ctx)``."""
+        side = functools.partial(job, self, points)
+        return [RankSpec(side, "sender", host=0), RankSpec(side, "receiver", host=1)]
 
 
 def drive(link: PeerLink, points: list[Point], rank: int, ctrl: Any, report: Any) -> None:

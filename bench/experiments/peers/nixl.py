@@ -16,7 +16,6 @@ Install: NIXL's wheels declare torch and CUDA packages that host memory does not
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -208,5 +207,4 @@ class PlainNixlLine(NixlLine):
     time_reference: ClassVar[bool] = False
 
     def ranks(self, points: list[Point]) -> list[RankSpec]:
-        job = functools.partial(_plain_job, self, points)
-        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+        return self.pair_ranks(_plain_job, points)

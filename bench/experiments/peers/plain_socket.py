@@ -11,7 +11,6 @@ Its calibration (``socket_plain``, ``bench micro --calibrate``) is the same stre
 
 from __future__ import annotations
 
-import functools
 import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -257,5 +256,4 @@ class PlainSocketLine(SocketLine):
     time_reference: ClassVar[bool] = False
 
     def ranks(self, points: list[Point]) -> list[RankSpec]:
-        job = functools.partial(_plain_job, self, points)
-        return [RankSpec(job, "sender", host=0), RankSpec(job, "receiver", host=1)]
+        return self.pair_ranks(_plain_job, points)
