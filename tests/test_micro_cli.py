@@ -248,3 +248,41 @@ def test_the_timing_thread_is_bound_to_a_core_of_its_own_and_only_it():
         thread.join()
     assert seen[0] == (cpus[0], {cpus[0]}) and seen[1] == (cpus[1], {cpus[1]})
     assert sorted(os.sched_getaffinity(0)) == cpus  # this (another) thread keeps every CPU
+
+
+@pytest.mark.parametrize("poll_s, naps_before_the_signal", [(0.0, 1), (60.0, 0)])
+def test_a_ready_signal_is_napped_for_at_once_or_polled_for_first(monkeypatch, poll_s, naps_before_the_signal):
+    """A sender whose transport completes sends on threads of its own waits for the next ready signal in naps from
+    the first look (a poll in Python would hold the GIL those threads need); any other polls first. The signal
+    comes on the first nap, or, polled for, on the third look at the ring."""
+    import numpy as np
+
+    from bench.experiments.micro import loops
+
+    ring = np.zeros(3, np.int64)
+    naps, looks = [], []
+
+    class Ring:
+        def __getitem__(self, index):
+            looks.append(index)
+            if len(looks) == 3:
+                ring[0] = 1  # the receiver's signal, written while the sender polls
+            return ring[index]
+
+    def nap(seconds):
+        naps.append(seconds)
+        ring[0] = 1  # written while the sender naps
+
+    monkeypatch.setattr(loops.time, "sleep", nap)
+    loops.wait_above(Ring(), 0, poll_s)
+    assert len(naps) == naps_before_the_signal
+    assert len(looks) == (2 if naps_before_the_signal else 3)
+
+
+def test_the_grpc_transports_complete_sends_on_their_own_threads_and_the_fabric_ones_in_the_caller():
+    """What ``bench micro``'s sender reads to choose how it waits (``DirectSignals(spin=...)`` in ``role_job``)."""
+    import transports
+
+    on_threads = {name for name in ("grpc_tcp", "grpc_rdma", "zerocopy", "rdma_cp", "local")
+                  if transports.transport_class(name).completes_on_threads}
+    assert on_threads == {"grpc_tcp", "grpc_rdma"}

@@ -296,6 +296,10 @@ class Transport(ABC):
     same_process_only: ClassVar[bool] = False
     #: True when the transport runs on the RDMA fabric and takes ``fabric_transport`` and friends
     uses_fabric: ClassVar[bool] = False
+    #: True when a send completes on threads of the transport's own (gRPC's event loop, a poller that serves the
+    #: receiver's requests), after :meth:`send` returned: a caller that then waits by spinning in Python holds the
+    #: GIL they need and the core they could run on, so it should block (``bench micro``'s sender naps)
+    completes_on_threads: ClassVar[bool] = False
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if timeout_s <= 0:

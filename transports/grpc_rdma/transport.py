@@ -137,6 +137,7 @@ class GrpcRdmaTransport(FabricTransport):
     """gRPC for setup, RDMA message buffers for the protocol; see the module docstring."""
 
     name = "grpc_rdma"
+    completes_on_threads = True  # the poller thread serves the receiver's requests
 
     def __init__(self, *, mode: str = "buffered", validate: bool = False, **options: Any) -> None:
         super().__init__(**options)

@@ -88,6 +88,7 @@ class GrpcTcpTransport(Transport):
     """TensorFlow-style RecvTensor over gRPC and TCP; one asyncio loop thread per transport."""
 
     name = "grpc_tcp"
+    completes_on_threads = True  # the asyncio loop's thread serves RecvTensor
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         super().__init__(timeout_s=timeout_s)

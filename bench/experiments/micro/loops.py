@@ -101,6 +101,16 @@ class Side:
     rss_end_mb: float = float("nan")
 
 
+def wait_above(words: np.ndarray, seen: int, poll_s: float) -> None:
+    """Until ``words[0]`` (written by another process) is above ``seen``: polled for ``poll_s``, then in naps
+    growing to a millisecond."""
+    until, nap = time.monotonic() + poll_s, 0.0
+    while words[0] <= seen:
+        if nap or poll_s <= 0 or time.monotonic() > until:
+            nap = min(0.001, max(nap * 2, 0.00005))
+            time.sleep(nap)
+
+
 class DirectSignals:
     """The ready signals between sender and receiver, outside the transport: set up once through the coordinator
     (the receiver's port), then no third process is woken per transfer, as MPI's own signals wake none. A signal is
@@ -124,7 +134,12 @@ class DirectSignals:
     #: signals the ring holds (the receiver is at most two ahead: done, then the next point's first)
     RING = 64
 
-    def __init__(self, ctx: RankContext) -> None:
+    def __init__(self, ctx: RankContext, *, spin: bool = True) -> None:
+        #: whether a wait polls first (POLL_S); a sender whose transport completes sends on threads of its own
+        #: (``Transport.completes_on_threads``) naps or blocks at once: a wait spinning in Python held the GIL
+        #: those threads need (the interpreter hands it over every 5 ms) and the core they run on: a 1KB
+        #: transfer over grpc_tcp took 6.5 ms spun for, 1.0 ms napped for
+        self.poll_s = self.POLL_S if spin else 0.0
         other = RECEIVER - ctx.rank  # the rank of the other side
         host = host_port(ctx.cluster.addresses[ctx.rank])[0]
         if ctx.rank == RECEIVER:
@@ -197,8 +212,8 @@ class DirectSignals:
         return "done" if value == self._DONE else value
 
     def _poll(self, view: memoryview) -> int:
-        """Bytes of ``view`` filled from the stream by polling it (never blocking) for up to :attr:`POLL_S`."""
-        got, until = 0, time.monotonic() + self.POLL_S
+        """Bytes of ``view`` filled from the stream by polling it (never blocking) for up to :attr:`poll_s`."""
+        got, until = 0, time.monotonic() + self.poll_s
         while got < len(view) and time.monotonic() < until:
             try:
                 n = self.sock.recv_into(view[got:], 0, socket.MSG_DONTWAIT)
@@ -210,13 +225,9 @@ class DirectSignals:
         return got
 
     def _take(self) -> Any:
-        """The next signal of the ring: polled for :attr:`POLL_S`, then in naps growing to a millisecond."""
+        """The next signal of the ring: polled for :attr:`poll_s`, then in naps growing to a millisecond."""
         ring, taken = self._ring, self._taken
-        until, nap = time.monotonic() + self.POLL_S, 0.0
-        while ring[0] <= taken:
-            if nap or time.monotonic() > until:
-                nap = min(0.001, max(nap * 2, 0.00005))
-                time.sleep(nap)
+        wait_above(ring, taken, self.poll_s)
         value = int(ring[2 + taken % self.RING])
         self._taken = taken + 1
         return "done" if value == self._DONE else value
@@ -451,7 +462,7 @@ def role_job(label: str, options: dict, points: list[Point], ctx: RankContext) -
         transport.start(ctx.cluster, ctx.rank)
         transport.placement.plan([p.spec for p in points])
         loop = sender_loop if ctx.rank == SENDER else receiver_loop
-        with DirectSignals(ctx) as signals:
+        with DirectSignals(ctx, spin=not transport.completes_on_threads) as signals:
             if options.get("fabric_transport") != "tcp":
                 # over UCX's tcp a write lands only when the receiver's progress threads run, and a receiver bound
                 # to one core doubled its mean time at 1MB here (p50 alike): its threads need the cores free
