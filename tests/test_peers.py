@@ -331,11 +331,12 @@ def test_the_report_holds_every_transport_against_the_best_peer_and_compare_trea
 
 @needs_mpi
 def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
-    """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain, and nixl_plain where
-    NIXL is installed) runs beside it, a reference record of a transport's columns per size, never the best peer;
-    the harness line runs in every run below 64KB."""
+    """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain, and nixl_plain and
+    mooncake_plain where their libraries are installed) runs beside it, a reference record of a transport's columns
+    per size, never the best peer; the harness line runs in every run below 64KB."""
     out = tmp_path / "run"
-    peers = ["mpi", "mpi_rma", "socket", *(["nixl"] if HAVE_NIXL else [])]
+    peers = ["mpi", "mpi_rma", "socket", *(["nixl"] if HAVE_NIXL else []),
+             *(["mooncake"] if MOONCAKE_MISSING is None else [])]
     result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--transports", "local",
                    "--peers", ",".join(peers), "--calibrate", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -352,6 +353,8 @@ def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
     assert records.loc["socket_plain", "fabric"] == "socket"
     if HAVE_NIXL:
         assert records.loc["nixl_plain", "fabric"] == "nixl"
+    if MOONCAKE_MISSING is None:
+        assert records.loc["mooncake_plain", "fabric"] == "mooncake"
     assert run.meta["settings"]["calibrate"] is True
     # of_peer divides by the best peer line's p50, never a plain loop's
     best = records.loc[peers, "p50_us"].min()

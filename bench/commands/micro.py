@@ -79,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="measure beside each peer line its library in a plain loop of its own, the ten lines "
                         "a user writes (mpi: mpi_plain, mpi_rma: mpi_rma_plain, socket: socket_plain, nixl: "
-                        "nixl_plain): how far the harness is from the library's own cost (the harness reference line, "
-                        "in every run, is the harness alone)")
+                        "nixl_plain, mooncake: mooncake_plain): how far the harness is from the library's own cost "
+                        "(the harness reference line, in every run, is the harness alone)")
     parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
                         help="measure every point of every line a second time with N busy processes spinning on "
                         "this machine (another job on a shared machine): each record then also carries "

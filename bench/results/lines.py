@@ -135,6 +135,13 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
          about="NIXL's transfer, its state polled, and the receiver's notifications in a plain loop: what the "
                "harness costs the nixl line",
          calibrates="nixl"),
+    Line("mooncake_plain", "reference", "Mooncake TE plain loop",
+         "Mooncake write + flag in a plain loop (the mooncake line's calibration)",
+         {"color": "#e7298a", "linestyle": ":", "marker": "*", "markerfacecolor": "none"},
+         implementation="bench.experiments.peers.mooncake:PlainMooncakeLine",
+         about="Mooncake's transfer_sync_write of the tensor, then of a flag the receiver polls, in a plain loop: "
+               "what the harness costs the mooncake line",
+         calibrates="mooncake"),
     Line("harness", "reference", "harness (null transfer)", "the harness alone (a transfer that moves nothing)",
          {"color": "#bbbbbb", "linestyle": ":", "marker": "."}, hatched=True,
          implementation="bench.experiments.references.null:NullLine",

@@ -23,11 +23,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER
+from bench.experiments.micro import RECEIVER, DirectSignals, Point, bind_timing_thread, clock_ns, fill, marker
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
-from bench.experiments.peers.plain_socket import open_stream
+from bench.experiments.peers.plain_socket import open_stream, report_plain_point
 from bench.experiments.stream import recv_message, send_message
-from bench.launch import Launcher
+from bench.launch import Launcher, RankContext, RankSpec
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Key
 from transports.common import Availability
@@ -75,17 +75,27 @@ class MooncakeLink(PeerLink):
             return
         self._release()
         if self._rank == RECEIVER:
-            shape, dtype, nbytes = self.planned(key)
-            self._buffer = np.zeros(_FLAG_BYTES + nbytes, np.uint8)
-            self._flag_in = self._buffer[:_FLAG_BYTES].view(np.int64)
-            self._data = self._buffer[_FLAG_BYTES:].view(dtype).reshape(shape)
-            self._register(self._buffer)
-            send_message(self._sock, _WHERE.pack(self._buffer.ctypes.data, self._engine.get_rpc_port()))
+            shape, dtype, _ = self.planned(key)
+            self._place(shape, dtype)
         else:
-            self._register(tensor)
-            self._remote, port = _WHERE.unpack(recv_message(self._sock, _WHERE.size))
-            self._target = f"{self._receiver_host}:{port}"
+            self._attach(tensor)
         self._tensor_of = key.name
+
+    def _place(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """The receiver's side of a new tensor: its buffer (the flag, then the tensor) made and registered, and its
+        address sent to the sender."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self._buffer = np.zeros(_FLAG_BYTES + nbytes, np.uint8)
+        self._flag_in = self._buffer[:_FLAG_BYTES].view(np.int64)
+        self._data = self._buffer[_FLAG_BYTES:].view(dtype).reshape(shape)
+        self._register(self._buffer)
+        send_message(self._sock, _WHERE.pack(self._buffer.ctypes.data, self._engine.get_rpc_port()))
+
+    def _attach(self, tensor: np.ndarray) -> None:
+        """The sender's side of a new tensor: ``tensor`` registered, and the receiver's buffer address received."""
+        self._register(tensor)
+        self._remote, port = _WHERE.unpack(recv_message(self._sock, _WHERE.size))
+        self._target = f"{self._receiver_host}:{port}"
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
         self._open(key, tensor)
@@ -143,3 +153,70 @@ class MooncakeLine(PeerLine):
 
     def link(self, cluster: Cluster, rank: int) -> MooncakeLink:
         return MooncakeLink(cluster, rank, self.timeout_s)
+
+
+# -- the calibration: the same writes as a user's plain loop writes them ---------------------------------------
+
+
+def plain_loop(link: MooncakeLink, signals: DirectSignals, tensor: np.ndarray, total: int) -> np.ndarray:
+    """``total`` transfers of ``tensor`` (the sender's, registered: :meth:`MooncakeLink._attach`; the receiver's
+    buffer: :meth:`MooncakeLink._place`) in the lines a user writes with the engine, and every line's ready signal:
+    the sender's clock at each write, or the receiver's once it consumed the tensor. No ledger, no deadline, no
+    key."""
+    times, kind = np.zeros(total, np.int64), tensor.dtype
+    if link._rank == RECEIVER:
+        flag = link._flag_in
+        for i in range(total):
+            signals.send(i)
+            while flag[0] != i + 1:
+                pass
+            if tensor.max() != marker(i, kind):
+                raise PeerLineError(f"mooncake_plain: transfer {i} of {tensor.nbytes} bytes arrived wrong")
+            times[i] = clock_ns()
+        return times
+    engine, target, mark = link._engine, link._target, link._mark
+    source, data_at, flag_at, mark_at, nbytes = tensor.ctypes.data, link._remote + _FLAG_BYTES, link._remote, \
+        mark.ctypes.data, tensor.nbytes
+    for i in range(total):
+        signals.recv()
+        tensor[-1] = marker(i, kind)
+        times[i] = clock_ns()
+        mark[0] = i + 1
+        if engine.transfer_sync_write(target, source, data_at, nbytes) != 0 \
+                or engine.transfer_sync_write(target, mark_at, flag_at, _FLAG_BYTES) != 0:
+            raise PeerLineError(f"mooncake_plain: transfer {i} to the receiver at {target} failed")
+    return times
+
+
+def _plain_job(line: PlainMooncakeLine, points: list[Point], ctx: RankContext) -> None:
+    """One side of the mooncake line's plain loop: the engines, registrations and addresses made as the line makes
+    them, outside the loop; the receiver reports a record per point."""
+    link = MooncakeLink(ctx.cluster, ctx.rank, line.timeout_s)
+    try:
+        with DirectSignals(ctx) as signals:
+            bind_timing_thread(ctx.rank)  # as every line's ranks are
+            for point in points:
+                link._release()
+                if ctx.rank == RECEIVER:
+                    link._place(point.spec.shape, point.dtype)
+                    tensor = link._data
+                else:
+                    tensor = np.empty(point.spec.shape, point.dtype)
+                    fill(tensor)  # data in every page, as a user's tensor holds
+                    link._attach(tensor)
+                times = plain_loop(link, signals, tensor, point.warmup + point.iters)
+                report_plain_point(link._sock, ctx, line.name, point, times, "mooncake")
+    finally:
+        link.close()
+
+
+@dataclass
+class PlainMooncakeLine(MooncakeLine):
+    """The ``mooncake`` line's calibration (``bench micro --calibrate``): its writes in a plain loop
+    (:func:`plain_loop`), measured beside it and never a candidate for ``of_peer``."""
+
+    name: str = "mooncake_plain"
+    time_reference: ClassVar[bool] = False
+
+    def ranks(self, points: list[Point]) -> list[RankSpec]:
+        return self.pair_ranks(_plain_job, points)
