@@ -17,15 +17,16 @@ driver library); at run time it needs ``libibverbs1`` and ``libnl-route-3-200`` 
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER, DirectSignals, Point, bind_timing_thread, clock_ns, fill, marker
+from bench.experiments.micro import RECEIVER, DirectSignals, Point, clock_ns, marker
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
-from bench.experiments.peers.plain_socket import open_stream, report_plain_point
+from bench.experiments.peers.plain_socket import filled_tensor, open_stream, run_plain_points
 from bench.experiments.stream import recv_message, send_message
 from bench.launch import Launcher, RankContext, RankSpec
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
@@ -192,20 +193,19 @@ def _plain_job(line: PlainMooncakeLine, points: list[Point], ctx: RankContext) -
     """One side of the mooncake line's plain loop: the engines, registrations and addresses made as the line makes
     them, outside the loop; the receiver reports a record per point."""
     link = MooncakeLink(ctx.cluster, ctx.rank, line.timeout_s)
+
+    def registered(point: Point) -> np.ndarray:
+        link._release()
+        if ctx.rank == RECEIVER:
+            link._place(point.spec.shape, point.dtype)
+            return link._data
+        tensor = filled_tensor(point)
+        link._attach(tensor)
+        return tensor
+
     try:
-        with DirectSignals(ctx) as signals:
-            bind_timing_thread(ctx.rank)  # as every line's ranks are
-            for point in points:
-                link._release()
-                if ctx.rank == RECEIVER:
-                    link._place(point.spec.shape, point.dtype)
-                    tensor = link._data
-                else:
-                    tensor = np.empty(point.spec.shape, point.dtype)
-                    fill(tensor)  # data in every page, as a user's tensor holds
-                    link._attach(tensor)
-                times = plain_loop(link, signals, tensor, point.warmup + point.iters)
-                report_plain_point(link._sock, ctx, line.name, point, times, "mooncake")
+        run_plain_points(ctx, line.name, points, "mooncake", link._sock, registered,
+                         functools.partial(plain_loop, link))
     finally:
         link.close()
 

@@ -16,15 +16,16 @@ Install: NIXL's wheels declare torch and CUDA packages that host memory does not
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER, DirectSignals, Point, bind_timing_thread, clock_ns, fill, marker
+from bench.experiments.micro import RECEIVER, DirectSignals, Point, clock_ns, marker
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
-from bench.experiments.peers.plain_socket import open_stream, report_plain_point
+from bench.experiments.peers.plain_socket import filled_tensor, open_stream, run_plain_points
 from bench.experiments.stream import recv_message, send_message
 from bench.launch import RankContext, RankSpec
 from transports import Cluster, Key
@@ -184,16 +185,15 @@ def _plain_job(line: PlainNixlLine, points: list[Point], ctx: RankContext) -> No
     """One side of the nixl line's plain loop: the agents and registrations made as the line makes them, outside
     the loop; the receiver reports a record per point."""
     link = NixlLink(ctx.cluster, ctx.rank, line.timeout_s)
+
+    def registered(point: Point) -> np.ndarray:
+        tensor = filled_tensor(point)
+        link._release()
+        link._register(tensor)
+        return tensor
+
     try:
-        with DirectSignals(ctx) as signals:
-            bind_timing_thread(ctx.rank)  # as every line's ranks are
-            for point in points:
-                tensor = np.empty(point.spec.shape, point.dtype)
-                fill(tensor)  # data in every page, as a user's tensor holds
-                link._release()
-                link._register(tensor)
-                times = plain_loop(link, signals, tensor, point.warmup + point.iters)
-                report_plain_point(link._sock, ctx, line.name, point, times, "nixl")
+        run_plain_points(ctx, line.name, points, "nixl", link._sock, registered, functools.partial(plain_loop, link))
     finally:
         link.close()
 

@@ -12,6 +12,7 @@ Its calibration (``socket_plain``, ``bench micro --calibrate``) is the same stre
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -221,14 +222,31 @@ def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: n
 
 def _plain_job(line: PlainSocketLine, points: list[Point], ctx: RankContext) -> None:
     """One side of the socket line's plain loop; the receiver reports a record per point."""
-    sock = open_stream(ctx.cluster, ctx.rank, line.timeout_s)
-    with sock, DirectSignals(ctx) as signals:
+    with open_stream(ctx.cluster, ctx.rank, line.timeout_s) as sock:
+        run_plain_points(ctx, line.name, points, "socket", sock, filled_tensor,
+                         lambda signals, tensor, total: plain_loop(sock, signals, ctx.rank, tensor, total))
+
+
+def filled_tensor(point: Point) -> np.ndarray:
+    """A plain loop's tensor for ``point``, with data in every page, as a user's tensor holds (``np.zeros``' untouched
+    pages are one zero page, which a copy reads from the cache)."""
+    tensor = np.empty(point.spec.shape, point.dtype)
+    fill(tensor)
+    return tensor
+
+
+def run_plain_points(ctx: RankContext, name: str, points: list[Point], fabric: str, sock: socket.socket,
+                     tensor_for: Callable[[Point], np.ndarray],
+                     loop: Callable[[DirectSignals, np.ndarray, int], np.ndarray]) -> None:
+    """One side of plain loop ``name``: the ready signals made and the timing thread bound as every line's; per
+    point, its tensor (``tensor_for``: made, and registered where the library wants), ``loop(signals, tensor,
+    transfers)`` and its record (:func:`report_plain_point` over ``sock``)."""
+    with DirectSignals(ctx) as signals:
         bind_timing_thread(ctx.rank)  # as every line's ranks are
         for point in points:
-            tensor = np.empty(point.spec.shape, point.dtype)
-            fill(tensor)  # data in every page, as a user's tensor holds
-            times = plain_loop(sock, signals, ctx.rank, tensor, point.warmup + point.iters)
-            report_plain_point(sock, ctx, line.name, point, times, "socket")
+            tensor = tensor_for(point)
+            times = loop(signals, tensor, point.warmup + point.iters)
+            report_plain_point(sock, ctx, name, point, times, fabric)
 
 
 def report_plain_point(sock: socket.socket, ctx: RankContext, name: str, point: Point, times: np.ndarray,
