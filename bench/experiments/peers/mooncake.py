@@ -192,22 +192,19 @@ def plain_loop(link: MooncakeLink, signals: DirectSignals, tensor: np.ndarray, t
 def _plain_job(line: PlainMooncakeLine, points: list[Point], ctx: RankContext) -> None:
     """One side of the mooncake line's plain loop: the engines, registrations and addresses made as the line makes
     them, outside the loop; the receiver reports a record per point."""
-    link = MooncakeLink(ctx.cluster, ctx.rank, line.timeout_s)
+    with MooncakeLink(ctx.cluster, ctx.rank, line.timeout_s) as link:
 
-    def registered(point: Point) -> np.ndarray:
-        link._release()
-        if ctx.rank == RECEIVER:
-            link._place(point.spec.shape, point.dtype)
-            return link._data
-        tensor = filled_tensor(point)
-        link._attach(tensor)
-        return tensor
+        def registered(point: Point) -> np.ndarray:
+            link._release()
+            if ctx.rank == RECEIVER:
+                link._place(point.spec.shape, point.dtype)
+                return link._data
+            tensor = filled_tensor(point)
+            link._attach(tensor)
+            return tensor
 
-    try:
         run_plain_points(ctx, line.name, points, "mooncake", link._sock, registered,
                          functools.partial(plain_loop, link))
-    finally:
-        link.close()
 
 
 @dataclass

@@ -184,18 +184,16 @@ def plain_loop(link: NixlLink, signals: DirectSignals, tensor: np.ndarray, total
 def _plain_job(line: PlainNixlLine, points: list[Point], ctx: RankContext) -> None:
     """One side of the nixl line's plain loop: the agents and registrations made as the line makes them, outside
     the loop; the receiver reports a record per point."""
-    link = NixlLink(ctx.cluster, ctx.rank, line.timeout_s)
+    with NixlLink(ctx.cluster, ctx.rank, line.timeout_s) as link:
 
-    def registered(point: Point) -> np.ndarray:
-        tensor = filled_tensor(point)
-        link._release()
-        link._register(tensor)
-        return tensor
+        def registered(point: Point) -> np.ndarray:
+            tensor = filled_tensor(point)
+            link._release()
+            link._register(tensor)
+            return tensor
 
-    try:
-        run_plain_points(ctx, line.name, points, "nixl", link._sock, registered, functools.partial(plain_loop, link))
-    finally:
-        link.close()
+        run_plain_points(ctx, line.name, points, "nixl", link._sock, registered,
+                         functools.partial(plain_loop, link))
 
 
 @dataclass
