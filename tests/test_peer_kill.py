@@ -40,7 +40,7 @@ from .processes import children_of, open_files
 #: the survivor's timeout: the bound within which a dead peer must be named
 TIMEOUT_S = 30.0
 #: in phase setup the survivor may not have heard from the victim: it is named when this expires
-SETUP_TIMEOUT_S = 6.0
+SETUP_TIMEOUT_S = 2.0
 #: how long the test waits for a stage of the victim (the machine may be busy)
 STAGE_S = 120.0
 

@@ -20,7 +20,9 @@ computes the gradients of one batch and applies plain SGD (``w -= lr * g``) on t
 Timing: every step is timed on the chief from its first schedule to the end of its last closure,
 as in synchronous training; ``warmup`` steps are left out. The chief reports each step to the
 launcher, so ``timeout_s`` bounds silence, not the length of the run; a chief that stays silent
-dumps its Python stacks into its log just before, and the timeout's error ends with them.
+dumps its Python stacks into its log just before, and the timeout's error ends with them. Start-up,
+until the run's first report, may be silent :data:`STARTUP_S` longer: every process imports TensorFlow
+first, which on a busy machine takes longer than any silence after it.
 
 Data: ``make_batch(batch_size, seed=0)`` is called once on the chief and becomes a repeated
 ``tf.data`` dataset that ``coordinator.create_per_worker_dataset`` builds on every worker; the
@@ -66,6 +68,10 @@ _NAN = float("nan")
 _KINDS = ("ps", "worker")
 
 
+#: seconds of silence allowed beyond ``timeout_s`` until the run's first report: every process imports TensorFlow
+STARTUP_S = 120.0
+
+
 class TfGrpcError(RuntimeError):
     """The tf_grpc reference run failed; the message names the failing rank (and ends with its log tail)."""
 
@@ -92,7 +98,8 @@ def run_tf_grpc(
     ``(x, y)`` pair of numpy arrays and ``loss_fn()`` a Keras loss; all three must be picklable
     (module-level callables: the chief's process imports them by name). ``servers`` workers and as
     many PS tasks run ``warmup`` untimed steps, then ``steps`` timed ones; ``timeout_s`` is the
-    longest the run's processes may all stay silent. ``launcher``: see the module docstring.
+    longest the run's processes may all stay silent (:data:`STARTUP_S` more until the first report).
+    ``launcher``: see the module docstring.
 
     The record has the ``model`` columns of ``bench.results`` (``step_time_s`` is the median
     seconds per step, ``throughput_batches_per_s`` the batches per second one worker sees,
@@ -128,7 +135,7 @@ def run_tf_grpc(
     ranks += [RankSpec(functools.partial(_server, kind, i), f"{kind} {i}", host=0 if private else i, service=True)
               for kind in _KINDS for i in range(servers)]
     try:
-        results = chosen.run(ranks, timeout_s, label=f"tf_grpc-b{batch_size}-s{servers}")
+        results = chosen.run(ranks, timeout_s, label=f"tf_grpc-b{batch_size}-s{servers}", startup_s=STARTUP_S)
     except RankFailed as exc:
         raise (TfGrpcTimeout if exc.kind == "silent" else TfGrpcError)(f"tf_grpc: {exc}") from None
     finally:
