@@ -119,8 +119,8 @@ def test_a_model_run_stopped_by_sigterm_says_so_and_leaves_no_rank(tmp_path, com
 
 def test_a_soak_stopped_by_sigterm_keeps_the_points_it_checked(tmp_path):
     out = tmp_path / "run"
-    # two points of 20 s each: the signal comes during the second
-    bench = start_bench("soak", "--transports", "local", "--sizes", "1KB,4KB", "--duration", "40", "--steps", "0",
+    # two points of 8 s each: the signal comes during the second, as soon as its ranks run (a look every 0.1 s)
+    bench = start_bench("soak", "--transports", "local", "--sizes", "1KB,4KB", "--duration", "16", "--steps", "0",
                         "--out", str(out))
     pids = wait_for_a_record(bench, out, 1)
     os.kill(bench.pid, signal.SIGTERM)
