@@ -83,7 +83,7 @@ class WatchedNetns(NetnsLauncher):
         self.victim = victim
         self.pids: dict[str, int] = {}
 
-    def run(self, ranks, timeout_s, on_report=None, label="run"):
+    def run(self, ranks, timeout_s, on_report=None, label="run", startup_s=0.0):
         def watch(rank, payload):
             if payload[0] == "serving":
                 self.pids[payload[1]] = payload[2]
@@ -92,7 +92,7 @@ class WatchedNetns(NetnsLauncher):
             elif payload[:2] == ("step", 1) and self.victim:
                 os.kill(self.pids[self.victim], signal.SIGKILL)
 
-        return super().run(ranks, timeout_s, watch, label)
+        return super().run(ranks, timeout_s, watch, label, startup_s)
 
 
 def _train(servers: int, steps: int = 4, launcher=None) -> dict:
@@ -241,7 +241,7 @@ def test_the_ranks_are_the_chief_then_the_ps_tasks_then_the_workers_on_their_ser
         name = "recording"
         private_hosts = True
 
-        def run(self, ranks, timeout_s, on_report=None, label="run"):
+        def run(self, ranks, timeout_s, on_report=None, label="run", startup_s=0.0):
             seen.extend(ranks)
             raise LaunchError("recorded")
 
