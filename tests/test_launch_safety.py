@@ -139,14 +139,15 @@ def test_task_0_publishes_into_a_directory_only_it_may_write(tmp_path, monkeypat
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_task_0_stopped_while_it_waits_removes_its_rendezvous_file(tmp_path, signum):
     folder = tmp_path / "rendezvous"
-    code = ("from bench.launch.slurm import SlurmChannel, SlurmStep; "
+    # SIGINT as a terminal gives it: a test run in the background of a shell (CI) has it ignored, which a child
+    # inherits (Python then installs no KeyboardInterrupt for it). Set in the child's own code, not in preexec_fn:
+    # that forks this process, and gRPC's fork handlers can abort the child before its exec
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from bench.launch.slurm import SlurmChannel, SlurmStep; "
             "SlurmChannel(SlurmStep('41', '0', 0, 2, ('localhost',), 'localhost'))")
     env = {**os.environ, RENDEZVOUS_VARIABLE: str(folder), "PYTHONPATH": str(ROOT)}
     env.pop("TENSOR_BENCH_TOKEN", None)
-    # SIGINT as a terminal gives it: a test run in the background of a shell (CI) has it ignored, which a child
-    # inherits (Python then installs no KeyboardInterrupt for it)
-    task0 = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    task0 = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while not (folder / "slurm-41.0").exists():

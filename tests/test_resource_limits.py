@@ -1,7 +1,10 @@
 """A failure a resource limit causes names the limit, its value and the fix, in the one error line; a rank that dies
 gives its fatal cause (the line of its log that says why) in that line too, not only in its log.
 
-Each run gets its limit in the child (``preexec_fn``), as ``ulimit`` in a shell would give it: the ranks inherit it.
+Each run gets its limit as ``ulimit`` in a shell gives it: a small Python sets it, then execs bench in its place;
+the ranks inherit it. Not in ``preexec_fn``: that forks this process, which has run gRPC, and gRPC's fork handlers
+start its poller in the child; closing the child's descriptors before the exec pulls its epoll out from under it,
+and the child aborts (``epoll_wait error: Bad file descriptor``) before bench starts: 3 children in 200 here.
 """
 
 from __future__ import annotations
@@ -25,14 +28,22 @@ def bench_with_limit(limit: int, value: int, *args: str, stack: int | None = Non
                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``bench *args`` with the soft limit ``limit`` at ``value`` (and the stack limit at ``stack`` bytes, if given)
     in the child, as ``ulimit`` gives them: its ranks inherit them."""
-    def lower() -> None:
-        for which, soft in ((limit, value), (resource.RLIMIT_STACK, stack)):
-            if soft is not None:
-                resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
-
+    limits = ",".join(f"{which}={soft}" for which, soft in ((limit, value), (resource.RLIMIT_STACK, stack))
+                      if soft is not None)
     env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT, env=env, preexec_fn=lower)
+    return subprocess.run([sys.executable, "-c", _UNDER_LIMITS, limits, "-m", "bench.cli", *args], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT, env=env)
+
+
+#: ``python -c _UNDER_LIMITS WHICH=SOFT[,WHICH=SOFT] ARGS...``: lowers those soft limits, then runs ``python ARGS...``
+#: in its own place
+_UNDER_LIMITS = """
+import os, resource, sys
+for pair in sys.argv[1].split(","):
+    which, soft = map(int, pair.split("="))
+    resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
 
 
 def micro(out: Path, transport: str) -> list[str]:
