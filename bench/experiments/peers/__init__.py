@@ -58,6 +58,10 @@ class PeerLineError(RuntimeError):
     line. (Not ``transports.PeerError``: there a peer is another rank of the run.)"""
 
 
+#: the polls of a flag between two looks at the clock (:meth:`PeerLink.await_flag`)
+_POLLS = range(4096)
+
+
 class PeerLink(ABC):
     """One side of a peer library's link between the sender (rank 0) and the receiver (rank 1).
 
@@ -123,11 +127,12 @@ class PeerLink(ABC):
         """Poll ``flag[0]`` until the sender wrote ``want`` into it (``sync`` between reads: a memory barrier the
         library asks for); ``PeerLineError`` after ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
-        polls = 0
         while flag[0] != want:
-            sync()
-            polls += 1
-            if polls % 4096 == 0 and time.monotonic() > deadline:
+            for _ in _POLLS:  # a poll costs what a user's loop's does: the clock is read once per 4096
+                sync()
+                if flag[0] == want:
+                    return
+            if time.monotonic() > deadline:
                 raise PeerLineError(f"{key}: the sender wrote no flag within {self.timeout_s:.0f} s")
 
     def planned(self, key: Key) -> tuple[tuple[int, ...], np.dtype, int]:
