@@ -35,15 +35,24 @@ class Rendezvous:
 
     def put(self, key: Key, item: Any) -> None:
         """Hand ``item`` to the waiting request for ``key``, or park it until one comes (``key`` may be the plain
-        tuple of a key's fields: it is equal to the key, and hashes alike)."""
-        with self._lock:
-            self._raise_if_closed()
-            if key in self._parked and not isinstance(self._parked[key], _Failed):  # a retry replaces a failure
-                raise ValueError(f"{self._owner}: {Key(*key)} was already sent and has not been received yet")
-            waiter = self._waiting.pop(key, None)
+        tuple of a key's fields: it is equal to the key, and hashes alike). The per-transfer path of a persistent
+        send's hand-over (the Local line's floor): one lookup of the key when nobody waits, and the lock taken by
+        its methods (``with`` costs 150 ns a pair on CPython 3.11, against 70)."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed is not None:
+                raise TransportClosed(str(self._closed))
+            waiter = self._waiting.pop(key, None) if self._waiting else None
             if waiter is None:
-                self._parked[key] = item
+                parked = self._parked.setdefault(key, item)
+                if parked is not item:
+                    if not isinstance(parked, _Failed):
+                        raise ValueError(f"{self._owner}: {Key(*key)} was already sent and has not been received yet")
+                    self._parked[key] = item  # a retry replaces a failure
                 return
+        finally:
+            lock.release()
         settle(waiter, item)
 
     def take(self, key: Key) -> Future:
@@ -65,14 +74,19 @@ class Rendezvous:
 
     def take_parked(self, key: Key) -> Any:
         """The item parked under ``key``, taken, or None when none is (no request is left waiting; a failure parked
-        there is left for :meth:`take`)."""
-        with self._lock:
-            self._raise_if_closed()
-            item = self._parked.get(key)
-            if item is None or isinstance(item, _Failed):
+        there is left for :meth:`take`). A persistent receive's per-transfer path: the lock as in :meth:`put`."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed is not None:
+                raise TransportClosed(str(self._closed))
+            item = self._parked.pop(key, None)
+            if type(item) is _Failed:
+                self._parked[key] = item
                 return None
-            del self._parked[key]
             return item
+        finally:
+            lock.release()
 
     def fail(self, key: Key, error: BaseException) -> None:
         """The sender of ``key`` failed: the request waiting for it (or the next one) gets ``error``."""

@@ -113,40 +113,46 @@ class _HandOver(Outbound):
     this very array, which the producer treats as read-only until the consumer is done with it, as every local
     send's array). So one thread may send and then receive it (bench micro's Local line does), and a send costs
     what a hand-over costs: no future, no key made (a plain tuple is equal to the :class:`Key` of its fields, and
-    hashes alike: the table matches it with keyed receives), counted in a tally of its own."""
+    hashes alike: the table matches it with keyed receives), the array's checks made once per array object (as
+    zerocopy's persistent send: an array keeps its dtype's kind and its byte count for life), counted in a tally of
+    its own."""
 
-    __slots__ = ("__weakref__", "_inbox", "_tally")
+    __slots__ = ("__weakref__", "_array", "_nbytes", "_put", "_tally")
 
     def __init__(self, transport: LocalTransport, name: str, dst: int) -> None:
         super().__init__(transport, name, transport.rank, dst)
-        self._inbox = _inbox(transport.cluster, dst)
+        self._put = _inbox(transport.cluster, dst).put
         self._tally = transport.ledger.tally(self)
+        self._array: np.ndarray | None = None
+        self._nbytes = 0
 
     def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
-        if type(array) is not np.ndarray or array.dtype not in PLAIN_DTYPES:
-            self.link._check_outgoing(Key(self.name, step, self.src, self.dst), array)  # says what is wrong
-            array = np.asarray(array)
+        if array is not self._array:
+            if type(array) is not np.ndarray or array.dtype not in PLAIN_DTYPES:
+                self.link._check_outgoing(Key(self.name, step, self.src, self.dst), array)  # says what is wrong
+                array = np.asarray(array)
+            self._array, self._nbytes = array, array.nbytes
         if type(step) is not int or not 0 <= step <= MAX_STEP:
             self.link._check_key(Key(self.name, step, self.src, self.dst), "send")  # says what is wrong
-        self._inbox.put((self.name, step, self.src, self.dst), (array, None))
+        self._put((self.name, step, self.src, self.dst), (array, None))
         tally = self._tally
         tally["tensors_sent"] += 1
-        tally["payload_bytes_sent"] += array.nbytes
+        tally["payload_bytes_sent"] += self._nbytes
 
 
 class _TakeOver(Inbound):
     """``local``'s persistent receive: a tensor handed over already is taken from the table at once (by a plain
     tuple, as :class:`_HandOver` puts it); else the receive waits as :meth:`LocalTransport.recv` does."""
 
-    __slots__ = ("__weakref__", "_inbox", "_tally")
+    __slots__ = ("__weakref__", "_take_parked", "_tally")
 
     def __init__(self, transport: LocalTransport, name: str, src: int) -> None:
         super().__init__(transport, name, src, transport.rank)
-        self._inbox = transport._inbox
+        self._take_parked = transport._inbox.take_parked
         self._tally = transport.ledger.tally(self)
 
     def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
-        parked = self._inbox.take_parked((self.name, step, self.src, self.dst)) if type(step) is int else None
+        parked = self._take_parked((self.name, step, self.src, self.dst)) if type(step) is int else None
         if parked is None:
             return self.link.recv(Key(self.name, step, self.src, self.dst), timeout)
         array, sent = parked
