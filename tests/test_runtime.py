@@ -9,7 +9,7 @@ import pytest
 
 import transports
 from bench.experiments.training import model_config, model_record, train
-from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_key, weight_key
+from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_buckets, gradient_key, weight_key
 from bench.runtime.ps import TrainConfig, apply_sgd, train_locally
 
 pytest.importorskip("tensorflow")
@@ -67,6 +67,33 @@ def test_zerocopy_training_copies_no_payload():
     # the record names the fabric and the UCX transports that carried the tensors (shared memory here)
     backend, _, carriers = record["fabric"].partition(":")
     assert backend == "ucx" and carriers and set(carriers.split(",")) <= {"cma", "posix", "sysv", "self", "tcp"}
+
+
+def test_a_worker_sends_each_dense_gradient_while_its_step_computes():
+    """Every gradient of the tiny model (dense) is handed to the transport by TensorFlow's threads during the
+    backward pass, none after it; the weights still end as local training's."""
+    run = config("zerocopy", {"fabric_transport": "shm"})
+    result = train(run)
+    [worker] = [times for role, times in result["outcome"].values() if role == "worker"]
+    assert worker.extra["updates_sent_early"] == 4 * run.steps  # two kernels and two biases, every timed step
+    assert worker.extra["stats"]["tensors_sent"] == 4 * run.steps
+    assert model_record(run, result["outcome"]).row()["updates_sent_early_per_step"] == 4
+    _, local = train_locally(run)
+    for index, weight in final_weights(result).items():
+        np.testing.assert_allclose(weight, local[index], rtol=1e-5, atol=1e-6)
+
+
+def test_dense_gradients_are_handed_over_in_buckets_last_weights_first():
+    """One call into the step's graph per bucket of about the bucket's bytes, not per gradient; a sparse gradient
+    (IndexedSlices) is sent after the step, in no bucket."""
+    tf = pytest.importorskip("tensorflow")
+    mb = 1 << 20
+    sparse = tf.IndexedSlices(tf.zeros([2, 4]), tf.constant([0, 3]), tf.constant([8, 4]))
+    kb = 256  # float32s
+    gradients = [tf.zeros([256 * kb]), sparse, tf.zeros([256 * kb]), tf.zeros([512 * kb]), tf.zeros([768 * kb])]
+    assert gradient_buckets(gradients, bucket_bytes=mb) == [[4, 3], [2, 0]]
+    assert gradient_buckets(gradients, bucket_bytes=4 * mb) == [[4, 3, 2, 0]]
+    assert gradient_buckets(gradients, bucket_bytes=1) == [[4], [3], [2], [0]]
 
 
 def test_grpc_tcp_training_shows_where_copies_remain():

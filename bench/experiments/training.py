@@ -261,6 +261,7 @@ def model_record(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]])
         site_regions=sum(site["regions"] for site in sites) if sites else None,
         unregistered_tensors=",".join(f"{name}:{count}" for site in sites[:1] for name, count in
                                       site["missed"].items()) if sites else None,
+        updates_sent_early_per_step=float(np.mean([t.extra.get("updates_sent_early", 0) for t in workers])) / steps,
     )
 
 

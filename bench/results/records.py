@@ -211,6 +211,9 @@ class ModelRecord(_OfALine, Record):
     registration_hit_rate: float | None = None
     site_regions: int | None = None
     unregistered_tensors: str | None = None
+    #: updates a worker sent while its step's backward pass still ran (dense gradients, as TensorFlow's dataflow
+    #: sends them), per step and worker
+    updates_sent_early_per_step: float | None = None
 
 
 @dataclass(kw_only=True)

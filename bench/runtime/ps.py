@@ -44,7 +44,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +240,11 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
     parts, or a state's new value). In the first step it traces where the tensors it sends were produced
     (:class:`AllocationSites`), when the transport sends from registered memory without copies.
 
+    Dense gradients are sent as soon as TensorFlow has computed their bucket, while the rest of the backward pass
+    runs (:class:`StepSends`): the parameter server applies them and sends their next values meanwhile, as
+    TensorFlow's own dataflow overlaps a step's transfers with its compute; the other updates are sent once the
+    step's compute is done. ``times.compute`` is the step's compute with the sends it posted; ``comm`` the rest.
+
     ``on_step(step)`` is called as each step begins, and with the number of steps run at the end.
     ``on_loss(step, loss, trained_s)`` gets each step's training loss (real compute only) and the
     seconds trained before the step began (leaving out evaluations). Worker 0 evaluates the held-out
@@ -278,14 +283,14 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
             on_eval({"step": step, "wall_s": trained_s, **evaluate(values[:len(plan.trainable)])})
             evaluated = time.perf_counter() - received
             evaluating += evaluated
-        loss, updates = compute(step, values, copies)
+        sends = StepSends(transport, plan, rank, step)
+        loss, updates = compute(step, values, copies, sends)
         computed = time.perf_counter()
-        sends = [transport.send_async(Key(name, step, rank, layout.ps_of(v)), array)
-                 for v, parts in zip(variables, updates, strict=True) for name, array in parts]
+        sends.post_rest(updates)
         if on_loss is not None and loss is not None:
             on_loss(step, float(loss), trained_s)
-        for sending in sends:
-            sending.result(config.timeout_s)
+        sends.wait(config.timeout_s)
+        times.extra["updates_sent_early"] = times.extra.get("updates_sent_early", 0) + sends.early
         if sites is not None:  # where TensorFlow put what was sent: its regions registered for the next steps
             misses = transport.stats().sends_unregistered
             if step == 0 or misses > sites.misses_seen:  # nothing missed: nothing to look up (the steady state)
@@ -312,25 +317,86 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
 Updates = list[list[tuple[str, np.ndarray]]]
 
 
+class StepSends:
+    """One step's sends of a worker's updates, each posted as soon as it is ready: dense gradients by TensorFlow's
+    threads the moment the backward pass has computed their bucket (:func:`step_function`'s ``on_gradients``), the
+    others by :meth:`post_rest` once the step's compute is done. Each array is held until its send is done. A send
+    that fails to start on TensorFlow's threads is not raised into TensorFlow: its error waits in :meth:`wait`."""
+
+    def __init__(self, transport, plan: Plan, rank: int, step: int) -> None:
+        self._transport, self._rank, self.step = transport, rank, step
+        self._variables, self._layout = plan.variables, plan.layout
+        #: (variable position, update name) -> the send, and the array it reads
+        self._posted: dict[tuple[int, str], tuple[Future, np.ndarray]] = {}
+        self._lock = threading.Lock()
+        #: how many were posted before the step's compute was done
+        self.early = 0
+
+    def post(self, position: int, name: str, array: np.ndarray) -> None:
+        """Send update ``name`` of the variable at ``position`` of the plan's variables, now."""
+        key = Key(name, self.step, self._rank, self._layout.ps_of(self._variables[position]))
+        try:
+            sending = self._transport.send_async(key, array)
+        except BaseException as exc:  # raised by wait(), in the worker's own thread
+            sending = Future()
+            sending.set_exception(exc)
+        with self._lock:
+            self._posted[(position, name)] = (sending, array)
+
+    def post_rest(self, updates: Updates) -> None:
+        """The step's compute is done: send every update of ``updates`` not sent yet."""
+        self.early = len(self._posted)
+        for position, parts in enumerate(updates):
+            for name, array in parts:
+                if (position, name) not in self._posted:
+                    self.post(position, name, array)
+
+    def wait(self, timeout_s: float) -> None:
+        """Until every send is done (each may take ``timeout_s``)."""
+        for sending, _ in self._posted.values():
+            sending.result(timeout_s)
+
+
 def _model_compute(config: TrainConfig, transport, plan: Plan,
-                   server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies], tuple[Any, Updates]]:
+                   server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies, StepSends], tuple[Any, Updates]]:
     """One forward and backward pass of the real model on the values received (entering TF through DLPack):
-    ``compute(step, values, copies) -> (loss, updates)``."""
+    ``compute(step, values, copies, sends) -> (loss, updates)``; dense gradients go to ``sends`` as soon as their
+    bucket is computed."""
     model = build_model(config)
-    step_fn = step_function(model, config.workload.loss_fn())
+    step_sends: list[StepSends] = []  # the step under way's, for the gradients' hand-over
+
+    def hand_over(positions: list[int], gradients: list[np.ndarray]) -> None:
+        sends = step_sends[0]
+        for position, gradient in zip(positions, gradients, strict=True):
+            sends.post(position, gradient_key(plan.trainable[position]), gradient)
+
+    step_fn = step_function(model, config.workload.loss_fn(), on_gradients=hand_over)
     rows = SparseRows(transport, plan, plan.layout.worker(server))
     trainable = len(plan.trainable)
     if isinstance(config.workload, RealData):  # trace the step now: a convergence run's clock leaves the tracing out
         state = [v.value for v in model.non_trainable_variables]
+        step_sends[:] = [_Unsent()]
         step_fn([v.value for v in model.trainable_variables], state, *worker_batch(config, server, 0))
 
-    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies) -> tuple[Any, Updates]:
+    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies,
+                sends: StepSends) -> tuple[Any, Updates]:
         x, y = worker_batch(config, server, step)
         tensors = [copies.tensor(value) for value in values]
-        loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
+        step_sends[:] = [sends]
+        try:
+            loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
+        finally:
+            step_sends[:] = [_Unsent()]
         return loss, rows.updates(plan, grads, new_state)
 
     return compute
+
+
+class _Unsent:
+    """Where the gradients of a step that sends nothing go (the tracing step): nowhere."""
+
+    def post(self, position: int, name: str, array: np.ndarray) -> None:
+        pass
 
 
 class SparseRows:
@@ -420,7 +486,7 @@ def _replayed_compute(config: TrainConfig, transport, plan: Plan,
             parts.append((name, tensor))
         updates.append(parts)
 
-    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies) -> tuple[None, Updates]:
+    def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies, sends: StepSends) -> tuple[None, Updates]:
         for value in values:  # what entering TensorFlow would copy, it copies here too
             copies.adoptable(value)
         time.sleep(config.compute_s)
@@ -633,7 +699,7 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         replayed = _replayed_compute(config, local, plan, plan.layout.worker(0))
 
         def compute(server: int, step: int) -> Updates:
-            return replayed(step, values, RuntimeCopies())[1]
+            return replayed(step, values, RuntimeCopies(), None)[1]
     else:
         model = build_model(config)
         step_fn = step_function(model, config.workload.loss_fn())
