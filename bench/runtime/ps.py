@@ -363,30 +363,29 @@ def _model_compute(config: TrainConfig, transport, plan: Plan,
     ``compute(step, values, copies, sends) -> (loss, updates)``; dense gradients go to ``sends`` as soon as their
     bucket is computed."""
     model = build_model(config)
-    step_sends: list[StepSends] = []  # the step under way's, for the gradients' hand-over
+    under_way: StepSends | _Unsent = _Unsent()  # the sends of the step under way, for the gradients' hand-over
 
     def hand_over(positions: list[int], gradients: list[np.ndarray]) -> None:
-        sends = step_sends[0]
         for position, gradient in zip(positions, gradients, strict=True):
-            sends.post(position, gradient_key(plan.trainable[position]), gradient)
+            under_way.post(position, gradient_key(plan.trainable[position]), gradient)
 
     step_fn = step_function(model, config.workload.loss_fn(), on_gradients=hand_over)
     rows = SparseRows(transport, plan, plan.layout.worker(server))
     trainable = len(plan.trainable)
     if isinstance(config.workload, RealData):  # trace the step now: a convergence run's clock leaves the tracing out
         state = [v.value for v in model.non_trainable_variables]
-        step_sends[:] = [_Unsent()]
         step_fn([v.value for v in model.trainable_variables], state, *worker_batch(config, server, 0))
 
     def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies,
                 sends: StepSends) -> tuple[Any, Updates]:
+        nonlocal under_way
         x, y = worker_batch(config, server, step)
         tensors = [copies.tensor(value) for value in values]
-        step_sends[:] = [sends]
+        under_way = sends
         try:
             loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
         finally:
-            step_sends[:] = [_Unsent()]
+            under_way = _Unsent()
         return loss, rows.updates(plan, grads, new_state)
 
     return compute
