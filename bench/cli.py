@@ -17,7 +17,15 @@ from types import ModuleType
 from bench.commands import COMMANDS
 from bench.commands.common import signal_of
 from bench.ground import quiet_tensorflow
-from bench.options import EXIT_USAGE, HelpFormatter, Parser, examples_epilog, extras_problem, fabric_problem
+from bench.options import (
+    EXIT_USAGE,
+    HelpFormatter,
+    Parser,
+    examples_epilog,
+    extras_problem,
+    fabric_problem,
+    memory_kinds_problem,
+)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -117,7 +125,8 @@ def _main(raw: list[str], saved: dict[int, object]) -> int:
     args = build_parser().parse_args(raw)
     module = args.module
     problem = extras_problem(args.command, getattr(module, "EXTRAS", ()))
-    if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))):
+    if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))) \
+            or (hasattr(args, "memory_kinds") and (problem := memory_kinds_problem(args.memory_kinds))):
         print(f"bench {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if not getattr(module, "STARTS_RANKS", False):

@@ -101,6 +101,37 @@ def sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def memory_kinds(text: str) -> tuple[Any, Any]:
+    """``--memory``: ``host``, ``cuda`` or ``cuda:N`` for both sides, or ``SENDER,RECEIVER`` (e.g. ``cuda:0,host``)."""
+    from transports.memory import parse_sides
+
+    try:
+        return parse_sides(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_memory_option(parser: argparse.ArgumentParser) -> None:
+    """``--memory``: where the tensors live on each side, as nixlbench's initiator and target segment types."""
+    parser.add_argument("--memory", dest="memory_kinds", type=memory_kinds, default="host", metavar="KIND[,KIND]",
+                        help="where the tensors live: host, cuda (device 0) or cuda:N, for both sides or as "
+                        "SENDER,RECEIVER (e.g. cuda:0,host); a transport that moves host memory only stages device "
+                        "memory through the host, each crossing counted (records: sender_memory, receiver_memory, "
+                        "device_to_host_bytes_per_transfer, host_to_device_bytes_per_transfer). Without a GPU, cuda is "
+                        "refused before any rank starts (default: host)")
+
+
+def memory_kinds_problem(kinds: tuple[Any, Any]) -> str | None:
+    """Why ``--memory`` cannot be used on this machine (no GPU, no device of that number, no CuPy), in one line
+    naming the fix; None when it can (always for host memory)."""
+    from transports.memory import cuda_problem
+
+    for side in dict.fromkeys(kinds):
+        if (problem := cuda_problem(side)) is not None:
+            return f"--memory {','.join(map(str, dict.fromkeys(kinds)))}: {problem}; here use --memory host"
+    return None
+
+
 def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)

@@ -9,7 +9,10 @@ from concurrent.futures import wait
 import numpy as np
 import pytest
 
+from tests.frameworks import framework_pointer, framework_tensor
 from transports import Key, TensorSpec, TransportClosed, TransportError, TransportTimeout
+from transports.memory import Memory, array_module, cuda_problem, memory_of
+from transports.tensors import as_framework
 
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.bool_]
 
@@ -304,3 +307,102 @@ def test_persistent_transfers_refuse_what_a_key_would(pair):
     outbound, _inbound = planned_pair(pair, spec)
     with pytest.raises(ValueError, match="step"):
         outbound.send(-1, np.ones(4))
+
+
+# -- where a tensor lives: host or device memory on each side ----------------------------------------------------
+
+#: (sender's memory, receiver's memory): host always; device memory where a GPU and CuPy are (skipped saying why)
+MEMORY_SIDES = [("host", "host"), ("cuda", "cuda"), ("cuda", "host"), ("host", "cuda")]
+
+
+@pytest.fixture(params=MEMORY_SIDES, ids=lambda sides: "-".join(sides))
+def memory(request):
+    for side in request.param:
+        problem = cuda_problem(Memory.parse(side))
+        if problem is not None:
+            pytest.skip(problem)
+    return tuple(Memory.parse(side) for side in request.param)
+
+
+def on_host(array):
+    """A received array's values in host memory (a device array's copied off for the comparison)."""
+    return array if type(array) is np.ndarray else array_module().asnumpy(array)
+
+
+def staged_bytes(pair, memory, nbytes, transfers):
+    """The crossings of the bus the ledgers should show: device memory is staged through host memory on each side
+    whose transport moves host memory only."""
+    src, dst = memory
+    return ((nbytes * transfers if src.is_device and not pair[0].device_memory else 0),
+            (nbytes * transfers if dst.is_device and not pair[1].device_memory else 0))
+
+
+def test_keyed_transfers_arrive_in_the_memory_planned(pair, memory):
+    spec = TensorSpec("m", (3, 1000), np.float32, 0, 1, *memory)
+    for transport in pair:
+        transport.placement.plan([spec])
+    tensor = pair[0].placement.allocate(spec)
+    assert memory_of(tensor) == memory[0]
+    values = sample(spec.shape, np.float32)
+    tensor[...] = values if type(tensor) is np.ndarray else array_module().asarray(values)
+    before = [t.stats() for t in pair]
+    for step in range(3):
+        received = transfer(pair, tensor, name="m", step=step)
+        assert memory_of(received) == memory[1] and received.shape == spec.shape
+        np.testing.assert_array_equal(on_host(received), values)
+    sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, memory, spec.nbytes, 3)
+    assert sender.host_to_device_bytes == receiver.device_to_host_bytes == 0
+
+
+def test_persistent_transfers_arrive_in_the_memory_planned(pair, memory):
+    spec = TensorSpec("pm", (4096,), np.float32, 0, 1, *memory)
+    outbound, inbound = planned_pair(pair, spec)
+    tensor = pair[0].placement.allocate(spec)
+    before = [t.stats() for t in pair]
+    steps = range(5)
+    done = threading.Event()
+
+    def fill(target, step):
+        if step:
+            assert done.wait(10)
+            done.clear()
+        target[:] = step
+
+    thread, failures = sending_steps(outbound, tensor, steps, fill)
+    for step in steps:
+        received = inbound.recv(step)
+        assert memory_of(received) == memory[1]
+        assert (on_host(received) == step).all(), step
+        done.set()
+    thread.join(10)
+    assert not failures and not thread.is_alive()
+    sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+    assert sender.tensors_sent == receiver.tensors_received == len(steps)
+    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, memory, spec.nbytes,
+                                                                                        len(steps))
+
+
+#: frameworks whose host tensors go in through DLPack (each skipped where it is not installed)
+FRAMEWORKS = ["tensorflow", "torch", "jax"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_host_tensors_of_other_frameworks_go_in_and_out_without_a_copy(pair, framework):
+    """A framework's CPU tensor is sent from its own memory (the sender's ledger shows no more copies than for the
+    same NumPy array) and a received array goes to the framework over the receive's memory."""
+    values = sample((64, 16), np.float32)
+    tensor = framework_tensor(framework, values)
+    before = pair[0].stats()
+    np.testing.assert_array_equal(transfer(pair, values, name="np"), values)
+    numpy_copies = (pair[0].stats() - before).copied_bytes
+    before = pair[0].stats()
+    received = transfer(pair, tensor, name="fw")
+    assert (pair[0].stats() - before).copied_bytes == numpy_copies
+    np.testing.assert_array_equal(received, values)
+    try:
+        handed = as_framework(received, framework)
+    except ValueError:  # only a receive into memory the caller may not write is refused (it would need a copy)
+        assert not received.flags.writeable
+        return
+    assert framework_pointer(framework, handed) == received.ctypes.data

@@ -5,6 +5,13 @@ matched by a :class:`Key` (name, step, source rank, destination rank), in
 whichever order the sender and the receiver arrive, as TensorFlow's
 rendezvous does. Each transport keeps a :class:`Ledger` of the payload bytes
 it copies in user space, so that experiments report copies, not just time.
+
+Tensors of any framework go in (NumPy, or anything with ``__dlpack__`` or ``__cuda_array_interface__``: TensorFlow,
+PyTorch, JAX, CuPy) over their own memory, without a copy (``transports/tensors.py``). *Staging*: a transport that
+moves host memory only (every one, until its fabric moves device memory itself: :attr:`Transport.device_memory`)
+copies a device tensor to host memory before it sends it and a received tensor to the device its plan names
+(``TensorSpec.dst_memory``) after it arrives, as TensorFlow's GPU RecvTensor does over gRPC; the ledger counts
+each crossing of the bus apart from host copies.
 """
 
 from __future__ import annotations
@@ -17,14 +24,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, as_completed
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from transports.common import Availability
+from transports.memory import Memory
 from transports.placement import Placement
 from transports.ports import free_port
+from transports.tensors import adopt, empty, to_device, to_host
 
 DEFAULT_TIMEOUT_S = 120.0
 #: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
@@ -146,6 +155,11 @@ class TransportStats:
     sends_unregistered: int = 0
     #: tensors sent by dynamic allocation (meta-data, then the receiver reads), not into a preallocated slot
     dynamic_transfers: int = 0
+    #: payload bytes copied between device memory and host memory (staging; not in ``copied_bytes``), and from
+    #: device memory to device memory
+    device_to_host_bytes: int = 0
+    host_to_device_bytes: int = 0
+    device_to_device_bytes: int = 0
 
     def __sub__(self, other: TransportStats) -> TransportStats:
         return TransportStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
@@ -273,6 +287,48 @@ class Inbound:
         return self.link.recv(key) if timeout is None else self.link.recv(key, timeout)
 
 
+class StagedOutbound(Outbound):
+    """The persistent send of a tensor planned in device memory over a transport that moves host memory: each send
+    copies the device tensor into one host buffer (where the transport's placement puts a tensor it sends: its
+    registered pool on the fabric), counted, then sends that through the transport's own persistent send."""
+
+    __slots__ = ("_host", "_inner", "_ledger")
+
+    def __init__(self, inner: Outbound, host: np.ndarray, ledger: Ledger) -> None:
+        super().__init__(inner.link, inner.name, inner.src, inner.dst)
+        self._inner, self._host, self._ledger = inner, host, ledger
+
+    def send(self, step: int, array: Any, timeout: float | None = None) -> None:
+        if type(array) is not np.ndarray:
+            array = adopt(array)
+            if type(array) is not np.ndarray:
+                host = self._host
+                if array.shape == host.shape and array.dtype == host.dtype:
+                    array = to_host(array, self._ledger, out=host)
+        self._inner.send(step, array, timeout)
+
+
+class StagedInbound(Inbound):
+    """The persistent receive of a tensor planned in device memory over a transport that moves host memory: each
+    tensor received into host memory is copied to one device buffer, counted (:class:`StagedOutbound`'s mirror)."""
+
+    __slots__ = ("_device", "_inner", "_ledger", "_memory")
+
+    def __init__(self, inner: Inbound, memory: Memory, ledger: Ledger) -> None:
+        super().__init__(inner.link, inner.name, inner.src, inner.dst)
+        self._inner, self._memory, self._ledger = inner, memory, ledger
+        self._device: Any = None
+
+    def recv(self, step: int, timeout: float | None = None) -> Any:
+        array = self._inner.recv(step, timeout)
+        if type(array) is not np.ndarray:  # on the device already (the transport's recv staged it)
+            return array
+        device = self._device
+        if device is None or device.shape != array.shape or device.dtype != array.dtype:
+            device = self._device = empty(array.shape, array.dtype, self._memory)
+        return to_device(array, self._memory, self._ledger, out=device)
+
+
 def keys_text(keys: Iterable[Key]) -> str:
     """The keys a message names: the first :data:`KEYS_NAMED` of them, then how many more."""
     keys = list(keys)
@@ -296,6 +352,9 @@ class Transport(ABC):
     same_process_only: ClassVar[bool] = False
     #: True when the transport runs on the RDMA fabric and takes ``fabric_transport`` and friends
     uses_fabric: ClassVar[bool] = False
+    #: True when the transport moves device memory itself; False: it stages device memory through host memory (see
+    #: the module's docstring)
+    device_memory: ClassVar[bool] = False
     #: True when a send completes on threads of the transport's own (gRPC's event loop, a poller that serves the
     #: receiver's requests), after :meth:`send` returned: a caller that then waits by spinning in Python holds the
     #: GIL they need and the core they could run on, so it should block (``bench micro``'s sender naps)
@@ -336,28 +395,40 @@ class Transport(ABC):
 
     #: modes left out of the runs that take every transport by default (``bench micro``): asked for by name only
     optional_modes: ClassVar[tuple[str, ...]] = ()
-    def send_async(self, key: Key, array: np.ndarray) -> Future:
+    def send_async(self, key: Key, array: Any) -> Future:
         """Offer ``array`` under ``key``; the future is done once the transport no longer reads ``array``.
 
-        The array is checked here (:meth:`_check_array`), then the transport's :meth:`_start_send` runs."""
-        self._check_outgoing(key, array)
-        return self._start_send(key, array)
+        The array is taken in and checked here (:meth:`_check_outgoing`), then the transport's :meth:`_start_send`
+        runs."""
+        return self._start_send(key, self._check_outgoing(key, array))
 
     def recv_async(self, key: Key) -> Future:
-        """Ask for the tensor under ``key``; the future's result is the received array.
+        """Ask for the tensor under ``key``; the future's result is the received array (on the device its plan
+        names, staged there: see the module's docstring).
 
         The key is checked here (:meth:`_check_key`), then the transport's :meth:`_start_recv` runs."""
         self._check_key(key, "recv")
-        return self._start_recv(key)
+        future = self._start_recv(key)
+        if not self.placement.device_receives:
+            return future
+        staged: Future = Future()
+
+        def deliver(done: Future) -> None:
+            try:
+                staged.set_result(self._delivered(key, done.result()))
+            except BaseException as exc:  # the receive's failure, or the copy's, is the staged future's
+                staged.set_exception(exc)
+
+        future.add_done_callback(deliver)
+        return staged
 
     @abstractmethod
     def _start_recv(self, key: Key) -> Future:
         """The transport's receive of a checked key (see :meth:`recv_async`)."""
 
-    def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
-        """Send and wait until ``array`` may be reused (checked as :meth:`send_async` checks)."""
-        self._check_outgoing(key, array)
-        self._send_and_wait(key, array, timeout)
+    def send(self, key: Key, array: Any, timeout: float | None = None) -> None:
+        """Send and wait until ``array`` may be reused (taken in and checked as :meth:`send_async` does)."""
+        self._send_and_wait(key, self._check_outgoing(key, array), timeout)
 
     @abstractmethod
     def _start_send(self, key: Key, array: np.ndarray) -> Future:
@@ -372,7 +443,16 @@ class Transport(ABC):
         """Receive the tensor under ``key``, waiting at most ``timeout`` seconds (checked as :meth:`recv_async`
         checks)."""
         self._check_key(key, "recv")
-        return self._recv_and_wait(key, timeout)
+        array = self._recv_and_wait(key, timeout)
+        return self._delivered(key, array) if self.placement.device_receives else array
+
+    def _delivered(self, key: Key, array: np.ndarray) -> Any:
+        """A received ``array`` where its plan puts it: copied to the device of a tensor planned in device memory
+        at this rank (counted), else itself."""
+        spec = self.placement.spec(key.name, key.src, key.dst)
+        if spec is None or not spec.dst_memory.is_device or self.device_memory:
+            return array
+        return to_device(array, spec.dst_memory, self.ledger)
 
     def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
         """The transport's receive of a checked key, waiting for it: :meth:`_start_recv`, then wait; a transport
@@ -383,12 +463,21 @@ class Transport(ABC):
         """The persistent send of tensor ``name`` to ``dst`` (:class:`Outbound`): ``send(step, array)`` per transfer,
         the fast path of a planned tensor (what a key's checks and lookups cost, paid once here)."""
         self._check_key(Key(name, 0, self.rank, dst), "send")
-        return self._outbound(name, dst)
+        outbound = self._outbound(name, dst)
+        spec = self.placement.spec(name, self.rank, dst)
+        if spec is None or not spec.src_memory.is_device or self.device_memory or spec.shape is None:
+            return outbound
+        host = self.placement.allocate(replace(spec, src_memory=Memory()))  # the transport's own send memory
+        return StagedOutbound(outbound, host, self.ledger)
 
     def inbound(self, name: str, src: int) -> Inbound:
         """The persistent receive of tensor ``name`` from ``src`` (:class:`Inbound`): ``recv(step)`` per transfer."""
         self._check_key(Key(name, 0, src, self.rank), "recv")
-        return self._inbound(name, src)
+        inbound = self._inbound(name, src)
+        spec = self.placement.spec(name, src, self.rank)
+        if spec is None or not spec.dst_memory.is_device or self.device_memory:
+            return inbound
+        return StagedInbound(inbound, spec.dst_memory, self.ledger)
 
     def _outbound(self, name: str, dst: int) -> Outbound:
         """Hook: a transport's own persistent send of a checked name and peer."""
@@ -412,9 +501,11 @@ class Transport(ABC):
         keys = self._check_keys(keys)
         timeout = self.timeout_s if timeout is None else timeout
         pending = {self._start_recv(key): key for key in keys}
+        staging = self.placement.device_receives
         try:
             for future in as_completed(pending, timeout):
-                yield pending.pop(future), future.result()
+                key = pending.pop(future)
+                yield key, self._delivered(key, future.result()) if staging else future.result()
         except FutureTimeout:
             raise TransportTimeout(
                 f"{self.name}: recv of {keys_text(pending.values())} did not complete within {timeout:g} s "
@@ -489,20 +580,39 @@ class Transport(ABC):
         """Refuse an array whose dtype cannot travel as raw bytes (see :func:`dtype_problem`)."""
         if type(array) is np.ndarray and array.dtype in PLAIN_DTYPES:  # the common case, checked per transfer
             return
-        try:
-            dtype = np.asarray(array).dtype
-        except Exception as exc:  # whatever the object, the answer is a clear ValueError
-            raise ValueError(f"{self.name}: cannot send {_show(key)}: not an array ({type(exc).__name__}: {exc})") \
-                from None
+        dtype = getattr(array, "dtype", None)  # a NumPy array, or a device array this transport moves itself
+        if not isinstance(dtype, np.dtype):
+            try:
+                dtype = np.asarray(array).dtype
+            except Exception as exc:  # whatever the object, the answer is a clear ValueError
+                raise ValueError(f"{self.name}: cannot send {_show(key)}: not an array "
+                                 f"({type(exc).__name__}: {exc})") from None
         problem = dtype_problem(dtype)
         if problem is not None:
             raise ValueError(f"{self.name}: cannot send {_show(key)}: {problem}")
 
-    def _check_outgoing(self, key: Key, array: Any) -> None:
-        """Every send checks its array once, here: a ValueError for one that cannot travel, after telling a
-        receiver that may wait for ``key`` already (:meth:`_refused`) when the key itself is sound."""
+    def _take_in(self, key: Key, tensor: Any) -> Any:
+        """A tensor that is not a NumPy array as the array this transport sends, over its memory (DLPack, the array
+        interfaces: ``transports/tensors.py``); device memory staged to host memory here (counted) unless the
+        transport moves device memory itself. ValueError says why it cannot be taken."""
         try:
+            array = adopt(tensor)
+        except Exception as exc:  # whatever the object, the answer is a clear ValueError
+            raise ValueError(f"{self.name}: cannot send {_show(key)}: not an array this can take in "
+                             f"({type(exc).__name__}: {exc})") from None
+        if type(array) is not np.ndarray and not self.device_memory:
+            array = to_host(array, self.ledger)
+        return array
+
+    def _check_outgoing(self, key: Key, array: Any) -> Any:
+        """Every send takes in (:meth:`_take_in`) and checks its array once, here, and returns the array it sends:
+        a ValueError for one that cannot travel, after telling a receiver that may wait for ``key`` already
+        (:meth:`_refused`) when the key itself is sound."""
+        try:
+            if type(array) is not np.ndarray:
+                array = self._take_in(key, array)
             self._check_array(key, array)
+            return array
         except ValueError as exc:
             try:
                 self._check_key(key, "send")

@@ -1,5 +1,6 @@
 """Versions of the software underneath, the transports, the fabric backends (with what UCX offers here), the RDMA
-devices (ports, states, GIDs) and which fabric reaches them, and the launchers, and for each whether it can run on
+devices (ports, states, GIDs) and which fabric reaches them, the GPUs (driver, CUDA runtime, UCX's CUDA transports,
+cuda_ipc between two processes, GPUDirect RDMA's prerequisites), and the launchers, and for each whether it can run on
 this machine and, if not, why."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import transports
 from bench.results import package_versions
 from transports.common import Availability
 
-HELP = "versions, transports, fabrics, RDMA devices and launchers: whether each can run here"
+HELP = "versions, transports, fabrics, RDMA devices, GPUs and launchers: whether each can run here"
 #: shown at the end of --help: each command line and what it does
 EXAMPLES = (
     ('bench info', 'versions, and whether each transport, fabric, launcher and peer line can run here'),
@@ -36,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     print("\nRDMA devices:")
     for line in _rdma_info():
         print(f"  {line}")
+    print("\nGPUs (bench micro --memory cuda):")
+    for line in _gpu_info():
+        print(f"  {line}")
     print("\nlaunchers (--launcher):")
     for name, status in _launcher_info().items():
         print(f"  {name:6} {status.line()}")
@@ -45,6 +49,21 @@ def run(args: argparse.Namespace) -> int:
     for line in peer_lines():
         print(f"  {line.name:8} {line.availability().line()}")
     return 0
+
+
+def _gpu_info() -> list[str]:
+    """The GPUs, the driver's and CuPy's CUDA, UCX's CUDA transports, whether cuda_ipc works between two processes
+    here, and GPUDirect RDMA's prerequisites (``bench.experiments.gpus``)."""
+    from bench.experiments.doctor import ucx_library
+    from bench.experiments.gpus import describe, gpu_facts
+    from transports import fabric
+    from transports.fabric.rdma_devices import active_ports, read_devices, sysfs_root
+
+    ports = [port.name for port in active_ports(read_devices(sysfs_root()))]
+    library = ucx_library(fabric.backend("ucx")) if fabric.availability("ucx").ok else None
+    transports_listed = library.transports if library is not None and library.error is None else {}
+    has_verbs = library is not None and library.error is None and "--without-verbs" not in library.without
+    return describe(gpu_facts(ports, transports_listed, has_verbs))
 
 
 def _launcher_info() -> dict[str, Availability]:

@@ -32,6 +32,7 @@ EXAMPLES = (
     ('bench micro --fabric-transport tcp --contend 2', 'over tcp, every point again beside 2 busy processes'),
     ('mpirun -np 2 bench micro --launcher mpi --sizes 1KB-1MB', 'the two sides as ranks of an MPI job'),
     ('bench micro --sizes 1KB-1MB --peers mpi --calibrate', 'the mpi line beside mpi4py in a plain loop'),
+    ('bench micro --memory cuda --sizes 1KB-1GB', 'tensors in GPU memory on both sides (the paper\'s Table 3)'),
 )
 STARTS_RANKS = True
 DEFAULT_SIZES = "1KB-1GB"
@@ -56,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-copy", type=options.transport_choices, default=[], metavar="TRANSPORTS",
                         help="over these transports the sender copies each tensor once more before sending it: a "
                         "known slow-down (counted as a copy), e.g. to check that 'bench compare' catches one")
+    options.add_memory_option(parser)
     options.add_timeout(parser, 120.0, "one transfer")
     options.add_fabric_options(parser, "the links of the fabric transports (zerocopy, rdma_cp, grpc_rdma): shm "
                                "(shared memory, cma one-sided copies), tcp (the fabric's own stream, checked at the "
@@ -144,6 +146,7 @@ def memory_problem(sizes: list[int], chosen: list[Choice], slowed: set[str], lau
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
     from bench.experiments.micro import plan_points
+    from transports.memory import HOST
 
     chosen: list[Choice] = args.transports or options.default_choices()
     slowed = {choice.label for choice in args.extra_copy}
@@ -152,9 +155,11 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
                             f"({', '.join(options.labels(chosen))})")
     if too_big := memory_problem(args.sizes, chosen, slowed, launcher):  # what the run holds, against what is free
         return options.fail("micro", too_big)
-    points = plan_points(args.sizes, args.iters, args.warmup)
+    memory = args.memory_kinds
+    points = plan_points(args.sizes, args.iters, args.warmup, memory)
     settings = {
         "sizes": [p.size_bytes for p in points],
+        "memory": [str(side) for side in memory],
         "transports": options.labels(chosen),
         "iters": {str(p.size_bytes): p.iters for p in points},
         "warmup": {str(p.size_bytes): p.warmup for p in points},
@@ -176,10 +181,11 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     print(f"bench micro: {len(points)} sizes ({span}) over {', '.join(options.labels(chosen))}"
           + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
           + (f", each point again beside {args.contend} busy processes" if args.contend else "")
+          + (f", tensors in {memory[0]} -> {memory[1]} memory" if memory != (HOST, HOST) else "")
           + f", launcher {launcher.name} -> {out}", flush=True)  # before any line on stderr, in a log too
     from bench.experiments.micro.sweep import Sweep, SweepSettings
 
-    sweep = Sweep(SweepSettings(args.rounds, args.contend, args.timeout), launcher, writer,
+    sweep = Sweep(SweepSettings(args.rounds, args.contend, args.timeout, memory), launcher, writer,
                   lines_of(args, launcher, chosen, slowed))
     sweep.say_left_out(out)
     started = time.monotonic()

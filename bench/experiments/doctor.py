@@ -27,6 +27,7 @@ import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transports import fabric
 from transports.fabric.base import Device, FabricError
@@ -41,6 +42,10 @@ from transports.fabric.rdma_devices import (
     sysfs_root,
 )
 from transports.fabric.settings import RdmaSettings, SettingsError, read_settings
+from transports.memory import extra_hint
+
+if TYPE_CHECKING:
+    from bench.experiments.gpus import GpuFacts
 
 #: the capability that lifts the locked-memory limit (bit 14 of CapEff)
 CAP_IPC_LOCK = 14
@@ -451,7 +456,7 @@ def diagnose(name: str, fabric_transport: str, memory: int, paths: Paths | None 
     except OSError:
         free = total = None
     checks.append(shm_check(free, total, memory, needs))
-    unavailable = _availability("ucx")  # whether the binding loads; what it reaches is the line's own finding
+    unavailable = unavailable_ucx = _availability("ucx")  # whether the binding loads; what it reaches: its finding
     library = Library() if unavailable else ucx_library(fabric.backend("ucx"))
     checks.append(ucx_check(unavailable, library, ports, reach["ucx"], needs))
     error, version, origin = _pyverbs()
@@ -459,6 +464,40 @@ def diagnose(name: str, fabric_transport: str, memory: int, paths: Paths | None 
     checks.append(pyverbs_check(error, version, origin, rdma_core_version(), reach["verbs"], unavailable, ports,
                                 needs))
     checks.append(perftest_check({tool: shutil.which(tool) for tool in PERFTEST}, needs))
+    from bench.experiments.gpus import gpu_facts
+
+    has_verbs = not unavailable_ucx and library.error is None and "--without-verbs" not in library.without
+    checks += gpu_checks(gpu_facts([port.name for port in ports], library.transports, has_verbs))
+    return checks
+
+
+def gpu_checks(facts: GpuFacts) -> list[Check]:
+    """The GPU lines: the devices and CuPy, cuda_ipc between two processes, GPUDirect RDMA's prerequisites. Only
+    ``--memory cuda`` runs need them: without a GPU they are skipped, and none fails the fabric's readiness."""
+    found = facts.driver
+    if found.problem is not None:
+        return [Check("gpu", "skip", f"{found.problem}: --memory cuda is refused, host memory runs")]
+    devices = ", ".join(f"cuda:{gpu.index} {gpu.name}" for gpu in found.gpus)
+    cuda = f"CUDA {found.cuda_version[0]}.{found.cuda_version[1]}" if found.cuda_version else "CUDA ?"
+    if facts.cupy_problem is not None:
+        checks = [Check("gpu", "warn", f"{devices} ({cuda}); {facts.cupy_problem}", extra_hint())]
+    else:
+        checks = [Check("gpu", "ok", f"{devices} ({cuda}); CuPy {facts.cupy}, runtime {facts.runtime}")]
+    if facts.cuda_ipc == "works":
+        checks.append(Check("cuda_ipc", "ok", "a device buffer exported here is read by a second process"))
+    elif facts.cuda_ipc.startswith("not tried"):
+        checks.append(Check("cuda_ipc", "skip", facts.cuda_ipc))
+    else:
+        checks.append(Check("cuda_ipc", "warn", facts.cuda_ipc,
+                            "both processes must see the same GPU (CUDA_VISIBLE_DEVICES), and in a container share "
+                            "its IPC namespace (--ipc=host); without cuda_ipc UCX stages through cuda_copy"))
+    missing = [p for p in facts.gpudirect if not p.met]
+    if not missing:
+        checks.append(Check("gpudirect", "ok", "; ".join(p.finding for p in facts.gpudirect)))
+    else:
+        checks.append(Check("gpudirect", "warn", "would not work: " + "; ".join(p.finding for p in missing),
+                            "; ".join(p.fix for p in missing) + " (without it, device memory is staged through the "
+                            "host across hosts)"))
     return checks
 
 

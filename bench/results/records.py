@@ -153,6 +153,14 @@ class MicroRecord(_OfALine, Record):
     fabric: str | None = None
     #: copies of the payload the sender made on purpose before each send (--extra-copy: a known slow-down)
     extra_copies: int = 0
+    #: where the tensor lived on each side (--memory: host, cuda:N)
+    sender_memory: str = "host"
+    receiver_memory: str = "host"
+    #: payload bytes per transfer copied between device and host memory (staging through the host), and from
+    #: device to device, both sides together (apart from copied_bytes_per_transfer: host copies)
+    device_to_host_bytes_per_transfer: float | None = None
+    host_to_device_bytes_per_transfer: float | None = None
+    device_to_device_bytes_per_transfer: float | None = None
     #: --contend N: busy processes beside the same point measured again (0: not measured so), and that
     #: measurement's p50 and p99, its p50 over the quiet one (steadiness: 1.0 is unmoved), and over the best
     #: peer's contended p50 at this size in this round

@@ -129,8 +129,8 @@ class _HandOver(Outbound):
     def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
         if array is not self._array:
             if type(array) is not np.ndarray or array.dtype not in PLAIN_DTYPES:
-                self.link._check_outgoing(Key(self.name, step, self.src, self.dst), array)  # says what is wrong
-                array = np.asarray(array)
+                # taken in (another framework's tensor) and checked: a ValueError says what is wrong
+                array = self.link._check_outgoing(Key(self.name, step, self.src, self.dst), array)
             self._array, self._nbytes = array, array.nbytes
         if type(step) is not int or not 0 <= step <= MAX_STEP:
             self.link._check_key(Key(self.name, step, self.src, self.dst), "send")  # says what is wrong

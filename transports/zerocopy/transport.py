@@ -57,7 +57,7 @@ import weakref
 import zlib
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -765,7 +765,8 @@ class ZeroCopyTransport(FabricTransport):
         if (incoming is None or incoming.take is None or key.dst != self.rank or type(key.step) is not int
                 or not 0 <= key.step <= MAX_STEP):
             return super().recv(key, timeout)
-        return self._take_planned(incoming, key, timeout)
+        array = self._take_planned(incoming, key, timeout)
+        return self._delivered(key, array) if self.placement.device_receives else array
 
     def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
         """One receive: :meth:`recv_each` of one key, without its generator (the micro-benchmark's path)."""
@@ -851,7 +852,8 @@ class ZeroCopyTransport(FabricTransport):
                     index = self._await(flags.wait_any, what, peers, deadline, timeout)
                     flags.done(index)
                     key = pending.pop(index)
-                    yield key, self._take(incomings[index], key)
+                    array = self._take(incomings[index], key)
+                    yield key, self._delivered(key, array) if self.placement.device_receives else array
 
     def _take(self, incoming: _Incoming, key: Key) -> np.ndarray:
         """The transfer whose flag is up in ``incoming`` (held by the caller), checked, as an array."""
@@ -919,7 +921,7 @@ class PoolPlacement(FabricPlacement):
         transport = self._zerocopy
         specs = list(specs)
         if not transport.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
-            specs = [TensorSpec(s.name, None, s.dtype, s.src, s.dst) for s in specs]
+            specs = [replace(s, shape=None) for s in specs]
         incoming = [s for s in specs if s.dst == transport.rank and s.shape is not None]
         outgoing = [s for s in specs if s.src == transport.rank and s.shape is not None]
         for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
@@ -938,6 +940,6 @@ class PoolPlacement(FabricPlacement):
     def allocate(self, spec: TensorSpec) -> np.ndarray:
         if spec.shape is None:
             raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        if not self.zero_copy_sends:  # tensors live in ordinary memory (the analysis off, or rdma_cp)
-            return super().allocate(spec)
+        if not self.zero_copy_sends or spec.src_memory.is_device:  # ordinary memory (the analysis off, rdma_cp) or
+            return super().allocate(spec)  # device memory (staged through the pool: transports/base.py)
         return self._zerocopy.pool.alloc(spec.nbytes, source=True, peer=spec.dst).view(spec.dtype, spec.shape)

@@ -20,6 +20,7 @@ from bench.launch.private import PrivateHosts
 from bench.results import MicroRecord, latency_summary
 from transports import fabric
 from transports.common import Availability
+from transports.memory import Memory
 
 #: seconds of silence allowed beyond --timeout: one progress interval and scheduling on a busy machine
 SILENCE_SLACK_S = 5.0
@@ -70,6 +71,13 @@ class MicroLine(ABC):
         """The points it measures of those asked (a latency test stops at 1 MiB)."""
         return points
 
+    def memory_problem(self, memory: tuple[Memory, Memory]) -> str | None:
+        """Why it cannot measure tensors in ``memory`` (the sender's, the receiver's: ``--memory``), in one line;
+        None when it can. A line measures host memory unless it says more."""
+        if any(side.is_device for side in memory):
+            return f"measures host memory only, not --memory {memory[0]},{memory[1]}"
+        return None
+
     def hosts(self, launcher: Launcher) -> PrivateHosts:
         """Where its ranks run: the run's launcher, unless it needs hosts of its own (private ones, say).
         Raises ``LaunchError`` when it cannot run under ``launcher``."""
@@ -93,6 +101,9 @@ class TransportLine(MicroLine):
 
     def points(self, points: list[Point]) -> list[Point]:
         return [replace(p, extra_copies=self.extra_copies) for p in points]
+
+    def memory_problem(self, memory: tuple[Memory, Memory]) -> str | None:
+        return None  # every transport takes device memory (one that moves host memory only stages it, counted)
 
     def jobs(self) -> tuple[Callable[..., None], Callable[..., None]]:
         """Its rank jobs, each taking ``(points, ctx)``: one side's (a rank per side), and both sides' in one
@@ -170,4 +181,7 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side, round: in
         deserialisations_per_transfer=both.deserialisations / moved,
         control_messages_per_transfer=both.control_messages / moved, registrations=both.registrations,
         registrations_per_transfer=both.registrations / moved, fabric=fabric.label(sender.fabric),
-        extra_copies=point.extra_copies)
+        extra_copies=point.extra_copies, sender_memory=str(point.sender_memory),
+        receiver_memory=str(point.receiver_memory), device_to_host_bytes_per_transfer=both.device_to_host_bytes / moved,
+        host_to_device_bytes_per_transfer=both.host_to_device_bytes / moved,
+        device_to_device_bytes_per_transfer=both.device_to_device_bytes / moved)

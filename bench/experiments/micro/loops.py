@@ -5,6 +5,7 @@ the timed interval (:class:`ReadySignals`), what each side reports, and the rank
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import mmap
 import multiprocessing as mp
@@ -22,7 +23,17 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 import transports
-from bench.experiments.micro.points import RECEIVER, SENDER, Point, fill, first_wrong, marker, prepare
+from bench.experiments.micro.points import (
+    RECEIVER,
+    SENDER,
+    DeviceSource,
+    Point,
+    fill,
+    first_wrong,
+    marker,
+    on_host,
+    prepare,
+)
 from bench.experiments.micro.shared import make_shared, open_shared
 from bench.experiments.stream import accept, connect, host_port, listen, recv_into, recv_message, send_message
 from bench.ground.memory import rss_mb
@@ -280,13 +291,26 @@ def _uncollected(points: list[Point]) -> Any:
             gc.enable()
 
 
-def _source(link: TimedLink, point: Point) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The sender's tensor of ``point`` (where ``link`` places one), filled; its flat view; and the scratch tensor
-    of ``--extra-copy`` (None without)."""
+def _source(link: TimedLink, point: Point) -> tuple[Any, Callable[[int], None], Any]:
+    """The sender's tensor of ``point`` (where ``link`` places one, in the point's sender memory), filled; what
+    marks it before transfer ``i`` (:func:`_mark`; a device tensor's through its host mirror); and the scratch
+    tensor of ``--extra-copy`` (None without)."""
     tensor = link.placement.allocate(point.spec)
-    flat = tensor.reshape(-1)
-    fill(flat)
-    return tensor, flat, np.empty_like(tensor) if point.extra_copies else None
+    if type(tensor) is np.ndarray:
+        flat = tensor.reshape(-1)
+        fill(flat)
+        mark = functools.partial(_mark, flat, point)
+    else:
+        mark = functools.partial(DeviceSource(tensor).mark, point)
+    return tensor, mark, np.empty_like(tensor) if point.extra_copies else None
+
+
+def _reduce_max(point: Point) -> Callable[[Any], Any]:
+    """How the receiver consumes a tensor of ``point``: a reduce-max where it lives (a device's runs on the device
+    and is waited for: its one-element result read back)."""
+    if point.receiver_memory.is_device:
+        return lambda tensor: tensor.max().item()
+    return np.ndarray.max
 
 
 def _mark(flat: np.ndarray, point: Point, i: int) -> None:
@@ -306,7 +330,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
             gc.collect()  # the last point's garbage, outside any timed transfer
             spec = point.spec
             rss0 = rss_mb()
-            tensor, flat, scratch = _source(transport, point)
+            tensor, mark, scratch = _source(transport, point)
             outbound = transport.outbound(spec.name, RECEIVER)
             starts = []
             cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
@@ -315,7 +339,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
                 if signal != i:  # the receiver is done with transfer i - 1
                     raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
                                        f"{format_size(point.size_bytes)}, it said {signal!r}")
-                _mark(flat, point, i)
+                mark(i)
                 if i == point.warmup:
                     cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
                 timed = point.timed(i)
@@ -330,7 +354,7 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
             report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
                         transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
                         rss_end_mb=rss_mb()))
-            del tensor, flat, outbound
+            del tensor, mark, outbound
 
 
 def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
@@ -346,6 +370,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
             corrupted = 0
             total = point.transfers
             inbound = transport.inbound(spec.name, SENDER)
+            reduce_max = _reduce_max(point)
             reported = time.monotonic()
             ends = None if point.seconds is None else float("inf")
             i = 0
@@ -357,7 +382,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
                 ctrl.send(i)
                 tensor = inbound.recv(i)
                 t_received = clock_ns()
-                largest = tensor.max()
+                largest = reduce_max(tensor)
                 t_done = clock_ns()
                 if point.timed(i):
                     dones.append((t_received, t_done))
@@ -386,7 +411,7 @@ def _check(tensor: np.ndarray, point: Point, i: int, largest: Any) -> bool:
     wrong = tensor.shape != spec.shape or tensor.dtype != spec.dtype or largest != marker(i, point.dtype)
     where = None
     if not wrong and point.checked(i):  # every byte compared, else the marker only
-        where = first_wrong(tensor.reshape(-1), point, i)
+        where = first_wrong(on_host(tensor).reshape(-1), point, i)
         wrong = where is not None
     if wrong and not point.check:
         found = (f"element {where} of {tensor.size} differs from what the sender wrote" if where is not None
@@ -408,8 +433,9 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
             gc.collect()  # the last point's garbage, outside any timed transfer
             spec = point.spec
             rss0 = rss_mb()
-            tensor, flat, scratch = _source(sender, point)
+            tensor, mark, scratch = _source(sender, point)
             outbound, inbound = sender.outbound(spec.name, RECEIVER), receiver.inbound(spec.name, SENDER)
+            reduce_max = _reduce_max(point)
             starts, dones, corrupted = [], [], 0
             total = point.transfers
             cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
@@ -417,7 +443,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
             for i in range(total):
                 if i == point.warmup:
                     cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
-                _mark(flat, point, i)
+                mark(i)
                 timed = point.timed(i)
                 t_send = clock_ns()
                 if scratch is not None:  # --extra-copy (no range() made in the timed interval without it)
@@ -426,7 +452,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                 outbound.send(i, tensor)  # a hand-over, done at once (local's persistent send)
                 arrived = inbound.recv(i)
                 t_received = clock_ns()
-                largest = arrived.max()
+                largest = reduce_max(arrived)
                 t_done = clock_ns()
                 if timed:
                     starts.append(t_send)
@@ -441,7 +467,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                         transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
             report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
                         corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
-            del tensor, flat, outbound, inbound
+            del tensor, mark, outbound, inbound
 
 
 def bind_timing_thread(rank: int) -> int | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from transports import TensorSpec
+from transports.memory import HOST, Memory
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes
 BYTES_PER_POINT = 2 << 30
@@ -41,6 +43,7 @@ class Point:
     byte of transfers of ``FULL_CHECK_BYTES`` or more and the marker (the maximum) of smaller ones.
     ``extra_copies``: the sender copies the tensor this many more times per transfer, after reading the
     clock (``--extra-copy``: a known slow-down, counted as copied bytes, to check that comparisons catch one).
+    ``sender_memory``, ``receiver_memory``: where the tensor lives on each side (``--memory``).
     """
 
     size_bytes: int
@@ -49,6 +52,8 @@ class Point:
     seconds: float | None = None
     check: bool = False
     extra_copies: int = 0
+    sender_memory: Memory = HOST
+    receiver_memory: Memory = HOST
 
     @property
     def dtype(self) -> np.dtype:
@@ -88,17 +93,46 @@ class Point:
     @property
     def spec(self) -> TensorSpec:
         shape = (self.size_bytes // self.dtype.itemsize,)
-        return TensorSpec(f"tensor_{self.size_bytes}", shape, self.dtype, SENDER, RECEIVER)
+        return TensorSpec(f"tensor_{self.size_bytes}", shape, self.dtype, SENDER, RECEIVER, self.sender_memory,
+                          self.receiver_memory)
 
 
-def plan_points(sizes: list[int], iters: int | None = None, warmup: int | None = None) -> list[Point]:
-    """Iteration counts per size: ``iters`` for all when given, else about 2 GiB of traffic per size."""
+def plan_points(sizes: list[int], iters: int | None = None, warmup: int | None = None,
+                memory: tuple[Memory, Memory] = (HOST, HOST)) -> list[Point]:
+    """Iteration counts per size: ``iters`` for all when given, else about 2 GiB of traffic per size; the tensor
+    in ``memory`` (the sender's, the receiver's)."""
     points = []
     for size in sizes:
         n = iters if iters is not None else max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_POINT // size))
         w = warmup if warmup is not None else max(1, min(10, n // 10))
-        points.append(Point(size, w, n))
+        points.append(Point(size, w, n, sender_memory=memory[0], receiver_memory=memory[1]))
     return points
+
+
+def on_host(tensor: Any) -> np.ndarray:
+    """``tensor``'s values in host memory: itself, or a device tensor's copied off its device (outside any timed
+    interval: the data check)."""
+    return tensor if type(tensor) is np.ndarray else tensor.get()
+
+
+class DeviceSource:
+    """The sender's tensor in device memory, written as :func:`fill` and :func:`prepare` write a host one: they
+    write a host mirror, and what changed crosses to the device before the clock is read (the whole tensor for a
+    checked transfer, else the marker)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.flat = tensor.reshape(-1)
+        self.mirror = np.empty(self.flat.shape, self.flat.dtype)
+        fill(self.mirror)
+        self.flat.set(self.mirror)
+
+    def mark(self, point: Point, i: int) -> None:
+        if point.checked(i):
+            prepare(self.mirror, point, i)
+            self.flat.set(self.mirror)
+        else:
+            self.mirror[-1] = marker(i, self.mirror.dtype)
+            self.flat[-1:].set(self.mirror[-1:])
 
 
 def marker(i: int, dtype: np.dtype) -> float:

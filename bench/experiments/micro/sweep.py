@@ -19,6 +19,7 @@ from bench.experiments.micro.points import Point
 from bench.launch import Launcher, LaunchError
 from bench.launch.private import PrivateHosts
 from bench.results import MicroRecord, RunWriter
+from transports.memory import HOST, Memory
 
 if TYPE_CHECKING:
     from tqdm import tqdm as ProgressBar
@@ -34,6 +35,8 @@ class SweepSettings:
     contend: int = 0
     #: seconds one transfer may take
     timeout_s: float = 120.0
+    #: where the tensors live: the sender's memory, the receiver's (--memory)
+    memory: tuple[Memory, Memory] = (HOST, HOST)
 
 
 #: each timed transfer's times (µs) by column of samples.csv (:func:`transfer_times`)
@@ -65,7 +68,7 @@ class Sweep:
         cannot is left out, and why is kept for ``say_left_out`` and meta.json (a transport cannot fail so: the
         command checked the transports before)."""
         status = line.availability()
-        why = None if status.ok else status.reason
+        why = status.reason if not status.ok else line.memory_problem(self.settings.memory)
         if why is None:
             try:
                 self.hosts[line.name] = line.hosts(self.launcher)

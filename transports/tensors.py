@@ -1,0 +1,126 @@
+"""Tensors of any framework in and out of a transport without a copy, and the counted copies between memories.
+
+In: :func:`adopt` takes what a caller sends (a NumPy array, or a tensor of TensorFlow, PyTorch, JAX or CuPy) and
+gives the array a transport moves, over the same memory: host memory as a NumPy array, device memory as a CuPy
+array. It asks ``__dlpack__`` first (every framework speaks it; TensorFlow's eager tensors, PyTorch's, JAX's), then
+``__cuda_array_interface__`` (Numba, older CuPy), then the array interface and the buffer protocol.
+
+Out: a receive returns a NumPy array (host memory) or a CuPy array (device memory), as the plan says;
+:func:`as_framework` hands it to a framework through DLPack, over the same memory.
+
+Between memories: :func:`to_host` and :func:`to_device` copy a tensor across the PCIe bus and count it in the
+ledger (``device_to_host_bytes``, ``host_to_device_bytes``), apart from host copies (``copied_bytes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from transports.memory import Memory, array_module
+
+#: DLPack's device types (dlpack.h): host memory, CUDA device memory, pinned host memory, managed memory
+DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
+#: the frameworks :func:`as_framework` hands a received array to
+FRAMEWORKS = ("numpy", "cupy", "torch", "tensorflow", "jax")
+
+
+def adopt(tensor: Any) -> Any:
+    """``tensor`` as the array a transport moves, over the same memory (no copy): NumPy's arrays as they are, a
+    host tensor of another framework as a NumPy array, a device tensor as a CuPy array. ValueError when it is not
+    an array of any kind this knows."""
+    if type(tensor) is np.ndarray:
+        return tensor
+    device_of = getattr(tensor, "__dlpack_device__", None)
+    if device_of is not None and hasattr(tensor, "__dlpack__"):
+        kind = int(device_of()[0])
+        if kind in (DL_CPU, DL_CUDA_HOST):
+            return np.from_dlpack(tensor)
+        if kind in (DL_CUDA, DL_CUDA_MANAGED):
+            return array_module().from_dlpack(tensor)
+        raise ValueError(f"a {type(tensor).__name__} in DLPack device memory {kind} (neither host nor CUDA) "
+                         "cannot be sent; move it to host or CUDA memory first")
+    if hasattr(tensor, "__cuda_array_interface__"):
+        return array_module().asarray(tensor)
+    if isinstance(tensor, np.ndarray):  # a subclass: its memory as a plain array
+        return tensor.view(np.ndarray)
+    return np.asarray(tensor)
+
+
+def as_framework(array: Any, framework: str) -> Any:
+    """A received ``array`` (NumPy or CuPy) as a tensor of ``framework`` (one of :data:`FRAMEWORKS`) over the same
+    memory, through DLPack. A read-only NumPy array (a receive into memory the caller must not write) is handed
+    over writable when the memory under it is, since DLPack before 1.0 cannot say read-only; ValueError when it
+    cannot be handed over without a copy."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    if framework == "numpy":
+        if type(array) is np.ndarray:
+            return array
+        raise ValueError(f"a {type(array).__name__} in device memory has no NumPy view; use 'cupy' or to_host()")
+    if type(array) is np.ndarray and not array.flags.writeable:
+        writable = array.view()
+        try:
+            writable.flags.writeable = True
+        except ValueError:
+            raise ValueError(f"a read-only array cannot go to {framework} without a copy (the memory under it is "
+                             "read-only); copy it first") from None
+        array = writable
+    if framework == "cupy":
+        return array_module().from_dlpack(array)
+    if framework == "torch":
+        import torch
+
+        return torch.from_dlpack(array)
+    if framework == "tensorflow":
+        import tensorflow as tf
+
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    import jax.dlpack
+
+    return jax.dlpack.from_dlpack(array)
+
+
+def data_pointer(array: Any) -> int:
+    """The address of ``array``'s first byte, host or device."""
+    if type(array) is np.ndarray:
+        return array.ctypes.data
+    return int(array.__cuda_array_interface__["data"][0])
+
+
+def to_host(array: Any, ledger: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """``array``'s bytes in host memory: itself when it is there already, else copied off its device (into ``out``
+    when given), the copy counted as ``device_to_host_bytes``."""
+    if type(array) is np.ndarray:
+        return array
+    cupy = array_module()
+    if out is None:
+        out = np.empty(array.shape, array.dtype)
+    cupy.asnumpy(cupy.ascontiguousarray(array), out=out)
+    ledger.add(device_to_host_bytes=array.nbytes)
+    return out
+
+
+def to_device(array: np.ndarray, memory: Memory, ledger: Any, out: Any = None) -> Any:
+    """``array`` (host memory) copied to ``memory``'s device (into ``out`` when given), counted as
+    ``host_to_device_bytes``; host memory asked: ``array`` itself."""
+    if not memory.is_device:
+        return array
+    cupy = array_module()
+    with cupy.cuda.Device(memory.device):
+        if out is None:
+            out = cupy.empty(array.shape, array.dtype)
+        out.set(np.ascontiguousarray(array))
+        cupy.cuda.get_current_stream().synchronize()
+    ledger.add(host_to_device_bytes=array.nbytes)
+    return out
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype, memory: Memory) -> Any:
+    """Uninitialised memory of ``memory``'s kind: a NumPy array on the host, a CuPy array on a device."""
+    if not memory.is_device:
+        return np.empty(shape, dtype)
+    cupy = array_module()
+    with cupy.cuda.Device(memory.device):
+        return cupy.empty(shape, dtype)
