@@ -9,6 +9,9 @@ authenticated with the run's token), once per tensor, outside the timed transfer
 a warm-up one). The sender's tensor is registered at its first send; both sides' registrations are released at
 the next tensor's and on close.
 
+With ``--memory cuda`` the tensors are NIXL's ``VRAM`` segments (nixlbench's ``--initiator_seg_type`` and
+``--target_seg_type``): each side's in the memory its plan names, registered and written device to device.
+
 Install: NIXL's wheels declare torch and CUDA packages that host memory does not need:
 ``pip install --no-deps nixl nixl-cu12`` (NIXL's UCX comes inside ``nixl-cu12``).
 """
@@ -23,12 +26,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.experiments.micro import RECEIVER, DirectSignals, Point, clock_ns, marker
+from bench.experiments.micro import RECEIVER, DirectSignals, MicroLine, Point, clock_ns, marker
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.peers.plain_socket import filled_tensor, open_stream, run_plain_points
 from bench.experiments.stream import recv_message, send_message
 from bench.launch import RankContext, RankSpec
 from transports import Cluster, Key
+from transports.memory import Memory, memory_of
+from transports.tensors import data_pointer, empty
 
 #: the install line of a missing NIXL
 INSTALL = "pip install --no-deps nixl nixl-cu12 (its wheels declare torch and CUDA, which host memory does not need)"
@@ -66,26 +71,29 @@ class NixlLink(PeerLink):
         self._release()
         if self._rank == RECEIVER:
             shape, dtype, _ = self.planned(key)
-            tensor = np.empty(shape, dtype)
-            tensor.reshape(-1).view(np.uint8)[::4096] = 0  # resident before it is registered
+            spec = self.placement.spec(key.name, key.src, key.dst)
+            tensor = empty(shape, dtype, spec.dst_memory)
+            if type(tensor) is np.ndarray:
+                tensor.reshape(-1).view(np.uint8)[::4096] = 0  # resident before it is registered
         self._register(tensor)
         self._tensor_of = key.name
 
     def _register(self, tensor: np.ndarray) -> None:
         """Register ``tensor``: the receiver's buffer, whose descriptors go to the sender, or the sender's tensor,
         with the transfer into the receiver's buffer made."""
+        segment = _segment(tensor)
         if self._rank == RECEIVER:
             self._buffer = tensor
-            self._registered = self._agent.register_memory([(*_region(tensor), "")], "DRAM")
-            descs = self._agent.get_xfer_descs([_region(tensor)], "DRAM")
+            self._registered = self._agent.register_memory([(*_region(tensor), "")], segment)
+            descs = self._agent.get_xfer_descs([_region(tensor)], segment)
             # the sender learns of the new registration (its remote keys), then where to write
             send_message(self._sock, self._agent.get_partial_agent_metadata(self._registered, False, ["UCX"]))
             send_message(self._sock, self._agent.get_serialized_descs(descs))
         else:
-            self._registered = self._agent.register_memory([(*_region(tensor), "")], "DRAM")
+            self._registered = self._agent.register_memory([(*_region(tensor), "")], segment)
             self._agent.add_remote_agent(recv_message(self._sock))
             remote = self._agent.deserialize_descs(recv_message(self._sock))
-            self._local = self._agent.get_xfer_descs([_region(tensor)], "DRAM")
+            self._local = self._agent.get_xfer_descs([_region(tensor)], segment)
             self._xfer = self._agent.initialize_xfer("WRITE", self._local, remote, self._remote, b"0")
 
     def send(self, key: Key, tensor: np.ndarray) -> None:
@@ -133,9 +141,14 @@ class NixlLink(PeerLink):
         self._sock.close()
 
 
-def _region(array: np.ndarray) -> tuple[int, int, int]:
-    """NIXL's descriptor of host memory: address, length, device 0."""
-    return array.ctypes.data, array.nbytes, 0
+def _region(array: Any) -> tuple[int, int, int]:
+    """NIXL's descriptor of a tensor: address, length, device (0 for host memory)."""
+    return data_pointer(array), array.nbytes, memory_of(array).device
+
+
+def _segment(array: Any) -> str:
+    """NIXL's segment type of a tensor's memory: DRAM or VRAM."""
+    return "VRAM" if memory_of(array).is_device else "DRAM"
 
 
 @dataclass
@@ -147,6 +160,9 @@ class NixlLine(PeerLine):
 
     def link(self, cluster: Cluster, rank: int) -> NixlLink:
         return NixlLink(cluster, rank, self.timeout_s)
+
+    def memory_problem(self, memory: tuple[Memory, Memory]) -> str | None:
+        return None  # DRAM or VRAM segments on each side
 
 
 # -- the calibration: the same writes as a user's plain loop writes them ---------------------------------------
@@ -203,6 +219,8 @@ class PlainNixlLine(NixlLine):
 
     name: str = "nixl_plain"
     time_reference: ClassVar[bool] = False
+    #: its loop writes and reads host memory (the calibration of host runs)
+    memory_problem = MicroLine.memory_problem
 
     def ranks(self, points: list[Point]) -> list[RankSpec]:
         return self.pair_ranks(_plain_job, points)

@@ -18,6 +18,7 @@ import numpy as np
 from bench.results import MicroRecord
 from transports import fabric
 from transports.fabric.base import FabricError, Tool
+from transports.memory import HOST, Memory
 
 #: the latency reference runs up to this size (bytes): beyond it a send/receive is a bandwidth question
 LATENCY_MAX_SIZE = 1 << 20
@@ -140,11 +141,12 @@ def count(value: int, what: str, size: int) -> int:
 
 def record(name: str, size: int, warmup: int, iters: int, *, p50_us: float, p99_us: float, mean_us: float,
             min_us: float, max_us: float, throughput_MBps: float, sender_cpu_s: float, receiver_cpu_s: float,
-            copied_bytes: int, fabric: str) -> MicroRecord:
-    """A ``micro`` record of a reference line; what a line does not measure is NaN."""
+            copied_bytes: int, fabric: str, memory: tuple[Memory, Memory] = (HOST, HOST)) -> MicroRecord:
+    """A ``micro`` record of a reference line (over ``memory``: the sender's, the receiver's); what a line does not
+    measure is NaN."""
     return MicroRecord(
         transport=name, size_bytes=size, dtype="uint8", warmup=warmup, iters=iters, p50_us=p50_us, p99_us=p99_us,
         mean_us=mean_us, min_us=min_us, max_us=max_us, throughput_MBps=throughput_MBps, sender_cpu_s=sender_cpu_s,
         receiver_cpu_s=receiver_cpu_s, sender_cpu_us_per_transfer=sender_cpu_s / iters * 1e6,
         receiver_cpu_us_per_transfer=receiver_cpu_s / iters * 1e6, copied_bytes_per_transfer=copied_bytes,
-        fabric=fabric)
+        fabric=fabric, sender_memory=str(memory[0]), receiver_memory=str(memory[1]))

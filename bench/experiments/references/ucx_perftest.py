@@ -31,6 +31,10 @@
   - ``throughput_MBps``: ``size / mean_us`` (what perftest prints as bandwidth): one transfer at a
     time, like the transports' throughput;
   - ``p99_us``, ``min_us``, ``max_us``: empty, perftest reports no other percentile.
+
+With ``--memory cuda`` both lines put from and into device memory (``ucx_perftest -m cuda``, each side's kind;
+the device chosen with ``CUDA_VISIBLE_DEVICES``, UCX's CUDA transports added to a ``UCX_TLS`` the fabric set):
+the references the GPU targets are set against.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from bench.experiments.references.lines import PerftestLine
 from bench.experiments.references.running import LATENCY_MAX_SIZE, NAN, ReferenceUnavailable
 from bench.results import MicroRecord
 from bench.results import lines as catalogue
+from transports.memory import HOST, Memory
 
 PERFTEST_TEST = "ucp_put_bw"
 PERFTEST_LATENCY_TEST = "ucp_put_lat"
@@ -98,9 +103,26 @@ def fabric_label(env: dict[str, str]) -> str:
     return f"ucx:{env.get('UCX_TLS') or 'auto'}"
 
 
+def memory_arguments(memory: tuple[Memory, Memory], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """What ``ucx_perftest`` needs to put between ``memory`` (the sender's, the receiver's): its ``-m`` option, and
+    its environment with the device chosen and UCX's CUDA transports allowed (host memory: nothing changes).
+    ReferenceUnavailable for two different devices (one perftest process holds both sides' buffers)."""
+    if not any(side.is_device for side in memory):
+        return [], env
+    devices = {side.device for side in memory if side.is_device}
+    if len(devices) > 1:
+        raise ReferenceUnavailable(f"ucx_perftest puts between buffers of one device, not {memory[0]} and "
+                                   f"{memory[1]}")
+    env = {**env, "CUDA_VISIBLE_DEVICES": str(devices.pop())}
+    if env.get("UCX_TLS"):
+        env["UCX_TLS"] = f"{env['UCX_TLS']},cuda_copy,cuda_ipc"
+    return ["-m", ",".join(side.kind for side in memory)], env
+
+
 def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Callable[[int], int],
                          timeout_s: float = 120, *, warmup_for: Callable[[int], int] | None = None,
-                         test: str = PERFTEST_TEST, port: int = _PERFTEST_PORT) -> list[MicroRecord]:
+                         test: str = PERFTEST_TEST, port: int = _PERFTEST_PORT,
+                         memory: tuple[Memory, Memory] = (HOST, HOST)) -> list[MicroRecord]:
     """Run ``ucx_perftest -t <test>`` once per size, server and client in this process's network namespace
     (the line's rank runs it in a private one: :class:`UcxPerftest`); one record per size.
 
@@ -111,7 +133,8 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
     ``iters_for(size)`` gives the timed puts (bandwidth) or round trips (latency) per size,
     ``warmup_for(size)`` the untimed ones (default: a tenth of the timed ones, 1 to 10).
     ``timeout_s`` bounds each size's run; on timeout both processes are killed. The server listens on
-    ``port``. Raises ReferenceUnavailable if ucx_perftest cannot run.
+    ``port``. ``memory``: the sender's and the receiver's (:func:`memory_arguments`). Raises ReferenceUnavailable
+    if ucx_perftest cannot run.
     """
     if test not in PERFTEST_LINES:
         raise ValueError(f"unknown perftest test '{test}' (known: {', '.join(PERFTEST_LINES)})")
@@ -120,18 +143,20 @@ def ucx_perftest_records(sizes: list[int], fabric_transport: str, iters_for: Cal
     if not sizes:
         return []
     tool = running.tool("ucx", "ucx_perftest", fabric_transport)
-    binary, env = tool.path, tool.environment
+    binary = tool.path
+    placed, env = memory_arguments(memory, tool.environment)
     records = []
     for size in sizes:
         iters = running.count(iters_for(size), "iters_for", size)
         warmup = running.count(warmup_for(size), "warmup_for", size) if warmup_for else max(1, min(10, iters // 10))
         result = run_perftest(binary, env, size, iters, warmup, timeout_s, port, test=test,
-                              cpus=running.cpu_pair() if test == PERFTEST_LATENCY_TEST else None)
-        records.append(perftest_record(result, size, warmup, iters, fabric_label(env)))
+                              cpus=running.cpu_pair() if test == PERFTEST_LATENCY_TEST else None, placed=placed)
+        records.append(perftest_record(result, size, warmup, iters, fabric_label(env), memory))
     return records
 
 
-def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str) -> MicroRecord:
+def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, fabric: str,
+                    memory: tuple[Memory, Memory] = (HOST, HOST)) -> MicroRecord:
     """The ``micro`` record of one perftest result: ``ucx_perftest`` for a bandwidth test,
     ``ucx_perftest_lat`` for a latency test (the module docstring says what each column means)."""
     time_us = result.time_us
@@ -146,15 +171,16 @@ def perftest_record(result: PerftestResult, size: int, warmup: int, iters: int, 
         throughput_MBps=result.bandwidth_MBps,
         # Both sides busy-poll for the whole process life, not only the timed loop: not comparable.
         sender_cpu_s=NAN, receiver_cpu_s=NAN,
-        copied_bytes=0, fabric=fabric,
+        copied_bytes=0, fabric=fabric, memory=memory,
     )
 
 
 def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmup: int,
                  timeout_s: float, port: int = _PERFTEST_PORT, *, test: str = PERFTEST_TEST,
-                 cpus: tuple[int, int] | None = None) -> PerftestResult:
+                 cpus: tuple[int, int] | None = None, placed: list[str] | None = None) -> PerftestResult:
     """One ucx_perftest server (on ``port``) and client pair running ``test`` in this network namespace;
-    ``cpus``: the CPU the server and the one the client are pinned to (``ucx_perftest -c``)."""
+    ``cpus``: the CPU the server and the one the client are pinned to (``ucx_perftest -c``); ``placed``: the
+    client's memory option (:func:`memory_arguments`)."""
     server_pin, client_pin = (["-c", str(cpus[0])], ["-c", str(cpus[1])]) if cpus else ([], [])
     with tempfile.TemporaryFile("w+") as server_out, tempfile.TemporaryFile("w+") as client_out:
         server = client = None
@@ -169,7 +195,7 @@ def run_perftest(binary: Path, env: dict[str, str], size: int, iters: int, warmu
                     )
                 raise _failed("server", server.returncode, server_out, binary, env, port=port)
             command = [str(binary), "127.0.0.1", "-p", str(port), "-t", test,
-                       "-s", str(size), "-n", str(iters), "-w", str(warmup), *client_pin]
+                       "-s", str(size), "-n", str(iters), "-w", str(warmup), *(placed or []), *client_pin]
             client = running.spawn(command, env, client_out)
             try:
                 client.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -270,8 +296,12 @@ class UcxPerftest(PerftestLine):
     def measure(self, point: Point, port: int) -> MicroRecord:
         [record] = ucx_perftest_records([point.size_bytes], self.fabric_transport, lambda size: point.iters,
                                         self.timeout_s, warmup_for=lambda size: max(1, point.warmup),
-                                        test=self.test, port=port)
+                                        test=self.test, port=port,
+                                        memory=(point.sender_memory, point.receiver_memory))
         return record
+
+    def memory_problem(self, memory: tuple[Memory, Memory]) -> str | None:
+        return None  # ucx_perftest -m: host, cuda (memory_arguments)
 
 
 @dataclass
