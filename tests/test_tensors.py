@@ -99,9 +99,22 @@ def test_a_host_tensor_of_a_framework_is_taken_over_its_memory(framework):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_received_array_goes_to_a_framework_over_its_memory(framework):
     framework_module(framework)
-    array = np.zeros(4096, np.float32)[:1024]  # NumPy's allocation: aligned as every framework wants it
+    array = aligned(1024)
     handed = as_framework(array, framework)
     assert framework_pointer(framework, handed) == array.ctypes.data == data_pointer(array)
+
+
+def aligned(count: int, offset: int = 0) -> np.ndarray:
+    """``count`` float32 zeros starting ``offset`` bytes past a 64-byte boundary (NumPy aligns to 16 only)."""
+    raw = np.zeros(count * 4 + 128, np.uint8)
+    start = -raw.ctypes.data % 64 + offset
+    return raw[start : start + count * 4].view(np.float32)
+
+
+def test_jax_is_refused_memory_it_would_copy():
+    pytest.importorskip("jax")
+    with pytest.raises(ValueError, match="64-byte alignment"):
+        as_framework(aligned(256, offset=16), "jax")
 
 
 def test_a_read_only_array_is_handed_over_writable_only_where_the_memory_is():

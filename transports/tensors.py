@@ -24,6 +24,8 @@ from transports.memory import Memory, array_module
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 #: the frameworks :func:`as_framework` hands a received array to
 FRAMEWORKS = ("numpy", "cupy", "torch", "tensorflow", "jax")
+#: JAX takes host memory over as it is only at this alignment (XLA's); elsewhere it copies, silently
+JAX_ALIGNMENT = 64
 
 
 def adopt(tensor: Any) -> Any:
@@ -52,7 +54,7 @@ def as_framework(array: Any, framework: str) -> Any:
     """A received ``array`` (NumPy or CuPy) as a tensor of ``framework`` (one of :data:`FRAMEWORKS`) over the same
     memory, through DLPack. A read-only NumPy array (a receive into memory the caller must not write) is handed
     over writable when the memory under it is, since DLPack before 1.0 cannot say read-only; ValueError when it
-    cannot be handed over without a copy."""
+    cannot be handed over without a copy (read-only memory; for JAX, memory not aligned to 64 bytes)."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
     if framework == "numpy":
@@ -77,6 +79,9 @@ def as_framework(array: Any, framework: str) -> Any:
         import tensorflow as tf
 
         return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    if type(array) is np.ndarray and array.ctypes.data % JAX_ALIGNMENT:
+        raise ValueError(f"JAX takes host memory without a copy only at {JAX_ALIGNMENT}-byte alignment, and this "
+                         f"array starts {array.ctypes.data % JAX_ALIGNMENT} bytes past it; copy it first")
     import jax.dlpack
 
     return jax.dlpack.from_dlpack(array)
