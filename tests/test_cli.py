@@ -142,6 +142,12 @@ def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
         assert records.loc[("grpc_tcp", size), "copied_bytes_per_transfer"] == 3 * size
         assert records.loc[("grpc_tcp", size), "serialisations_per_transfer"] == 1
         assert records.loc[("local", size), "copied_bytes_per_transfer"] == 0
+    # host memory on both sides (no --memory): nothing crossed a bus, every line says where its tensors were
+    assert run.meta["settings"]["memory"] == ["host", "host"]
+    assert (records["sender_memory"] == "host").all() and (records["receiver_memory"] == "host").all()
+    moved = records.loc[["grpc_tcp", "local"]]
+    assert (moved["device_to_host_bytes_per_transfer"] == 0).all()
+    assert (moved["host_to_device_bytes_per_transfer"] == 0).all()
     for figure in ("micro_time.png", "micro_time.svg", "micro_throughput.png", "micro_throughput.svg"):
         assert (out / figure).is_file()
 

@@ -75,6 +75,9 @@ SAFE = {
     (["model", "fcn5", "--batch-size", "99999999999"], "--batch-size 99999999999: one batch of fcn5's input alone"),
     (["soak", "--steps", "-1"], "--steps: expected a number of at least 0"),
     (["soak", "--transports", "nope"], "unknown transport 'nope'"),
+    # where tensors live
+    (["micro", "--memory", "gpu"], "--memory: memory 'gpu' is not one of host, cuda, cuda:N"),
+    (["micro", "--memory", "cuda,host,host"], "sender's and receiver's, joined by a comma"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, fragment):
     # should the check under test be missing, the command runs: make that run tiny (a default micro run measures
@@ -95,6 +98,21 @@ def test_durations_take_units_and_parts_of_them(text, seconds):
 def test_no_run_directory_is_left_by_a_bind_address_not_here(tmp_path):
     one_line_error(bench("micro", *SAFE["micro"], "--out", str(tmp_path / "out"), "--bind", "198.51.100.77"),
                    "it is not an address of this host")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("memory", ["cuda", "cuda:0,host", "host,cuda:7"])
+def test_device_memory_without_a_gpu_is_one_line_exit_2_and_no_run(tmp_path, memory):
+    """``--memory cuda`` on a machine without a GPU (or without that device, or without CuPy): refused in one line
+    before any rank starts, and no results directory is made. Where the device is usable, it skips saying so."""
+    from transports.memory import Memory, cuda_problem, parse_sides
+
+    problems = [cuda_problem(side) for side in parse_sides(memory)]
+    if not any(problems):
+        pytest.skip(f"--memory {memory} can run here: a GPU and CuPy are present")
+    result = bench("micro", *SAFE["micro"], "--out", str(tmp_path / "out"), "--memory", memory)
+    one_line_error(result, f"--memory {','.join(dict.fromkeys(str(Memory.parse(side)) for side in memory.split(',')))}")
+    assert next(p for p in problems if p) in result.stderr and "--memory host" in result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -332,7 +332,7 @@ def test_info_lists_the_devices_of_a_fake_tree_and_what_reaches_them(tmp_path, s
                      "GIDs: 0 fe80::5054:ff:fe12:3456 RoCE v2; 1 ::ffff:10.0.2.15 RoCE v2", "--fabric ucx",
                      "--fabric verbs"):
         assert fragment in shown, shown
-    assert "none:" not in shown.split("RDMA devices:")[1].split("launchers")[0]
+    assert "none:" not in shown.split("RDMA devices:")[1].split("GPUs")[0]
     absent = bench("info", sysfs_root=tmp_path / "nope").stdout
     assert f"none: {tmp_path / 'nope'} does not exist" in absent
 
@@ -410,3 +410,97 @@ def test_verbs_reaches_nothing_it_cannot_list():
     if fabric.availability("verbs").ok:
         pytest.skip("this machine has an RDMA device")
     assert fabric.backend("verbs").rdma_reach(["rxe0:1"]) == []
+
+
+# -- GPUs: bench info's section, bench doctor's checks ---------------------------------------------------------
+
+
+def _driver(gpus=1):
+    from transports.memory import Driver, Gpu
+
+    if not gpus:
+        return Driver(None, (), "there is no NVIDIA driver here (libcuda.so.1 is not installed)")
+    return Driver((13, 0), tuple(Gpu(i, "NVIDIA H100 80GB HBM3", 80 << 30, f"0000:0{i}:00.0") for i in range(gpus)),
+                  None)
+
+
+def _root(tmp_path, peermem=False, open_module=False):
+    if peermem:
+        (tmp_path / "sys/module/nvidia_peermem").mkdir(parents=True, exist_ok=True)
+    version = tmp_path / "proc/driver/nvidia/version"
+    version.parent.mkdir(parents=True, exist_ok=True)
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95\n" if open_module else
+                       "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("peermem", "open_module", "kernel", "met"), [
+    (True, False, "5.4.0", True),     # nvidia_peermem loaded
+    (False, True, "6.8.0", True),     # dma-buf: a new kernel and NVIDIA's open module
+    (False, True, "5.10.0", False),   # the open module on a kernel before dma-buf
+    (False, False, "6.8.0", False),   # the proprietary module without nvidia_peermem
+])
+def test_gpudirect_needs_peer_memory_from_nvidia_peermem_or_dmabuf(tmp_path, peermem, open_module, kernel, met):
+    from bench.experiments.gpus import gpudirect_prerequisites
+
+    found = gpudirect_prerequisites(_driver(), ["mlx5_0:1"], True, _root(tmp_path, peermem, open_module), kernel)
+    assert {p.name: p.met for p in found} == {"gpu": True, "rdma port": True, "peer memory": met, "ucx verbs": True}
+
+
+def test_gpudirect_names_each_missing_prerequisite_and_its_fix(tmp_path):
+    from bench.experiments.gpus import gpudirect_prerequisites
+
+    found = gpudirect_prerequisites(_driver(0), [], False, _root(tmp_path), "6.8.0")
+    assert not any(p.met for p in found)
+    assert all(p.fix for p in found)
+    assert "no NVIDIA driver" in found[0].finding and "no active RDMA port" in found[1].finding
+
+
+def _facts(tmp_path, gpus=1, cupy_problem=None, ipc="works", ports=("mlx5_0:1",)):
+    from bench.experiments.gpus import GpuFacts, gpudirect_prerequisites
+
+    driver = _driver(gpus)
+    return GpuFacts(driver, None if cupy_problem else "14.0.0", None if cupy_problem else "13.0", cupy_problem,
+                    None, ("cuda_copy", "cuda_ipc") if gpus else (), ipc,
+                    gpudirect_prerequisites(driver, list(ports), True, _root(tmp_path, peermem=True), "6.8.0"))
+
+
+def test_without_a_gpu_the_gpu_line_is_skipped_and_says_cuda_is_refused(tmp_path):
+    from bench.experiments.doctor import exit_status, gpu_checks
+
+    checks = gpu_checks(_facts(tmp_path, gpus=0, ipc="not tried: no GPU"))
+    assert [(c.name, c.state) for c in checks] == [("gpu", "skip")]
+    assert "--memory cuda is refused" in checks[0].finding
+    assert exit_status(checks) == 0
+
+
+def test_a_gpu_with_everything_is_ok_on_every_line(tmp_path):
+    from bench.experiments.doctor import gpu_checks
+
+    checks = gpu_checks(_facts(tmp_path))
+    assert [(c.name, c.state) for c in checks] == [("gpu", "ok"), ("cuda_ipc", "ok"), ("gpudirect", "ok")]
+    assert "cuda:0 NVIDIA H100" in checks[0].finding and "CUDA 13.0" in checks[0].finding
+
+
+def test_a_gpu_without_cupy_ipc_or_a_nic_warns_with_the_fixes(tmp_path):
+    from bench.experiments.doctor import exit_status, gpu_checks
+
+    checks = gpu_checks(_facts(tmp_path, cupy_problem="device memory needs CuPy", ipc="fails: no access",
+                               ports=()))
+    states = {c.name: c for c in checks}
+    assert {name: c.state for name, c in states.items()} == {"gpu": "warn", "cuda_ipc": "warn", "gpudirect": "warn"}
+    assert "cuda13" in states["gpu"].fix and "cuda12" not in states["gpu"].fix  # the driver's CUDA major picks it
+    assert "--ipc=host" in states["cuda_ipc"].fix and "rdma port" not in states["gpudirect"].fix
+    assert "no active RDMA port" in states["gpudirect"].finding
+    assert exit_status(checks) == 0  # only --memory cuda runs need them: never a failure of the fabric's readiness
+
+
+def test_bench_info_lists_the_gpus_or_says_there_are_none(tmp_path):
+    from bench.experiments.gpus import describe
+
+    lines = describe(_facts(tmp_path))
+    assert lines[0] == "driver: CUDA 13.0 (libcuda.so.1)"
+    assert any(line.startswith("cuda:0 NVIDIA H100 80GB HBM3, 80.0 GiB") for line in lines)
+    assert "cuda_ipc between two processes: works" in lines
+    lines = describe(_facts(tmp_path, gpus=0, ipc="not tried: no GPU", cupy_problem="device memory needs CuPy"))
+    assert lines[0].startswith("none: there is no NVIDIA driver here") and any("would not" in line for line in lines)

@@ -764,3 +764,39 @@ def test_the_null_line_times_the_harness_over_a_link_that_moves_nothing():
         assert sender.stats.tensors_sent == receiver.stats.tensors_received == 20
         assert sender.stats.copied_bytes == receiver.stats.copied_bytes == 0
         assert sender.fabric == {"fabric": "none", "used": ["shared memory word"]}
+
+
+# -- device memory (--memory cuda) --------------------------------------------------------------------------------
+
+
+def test_ucx_perftest_puts_on_device_memory_with_its_device_and_cuda_transports():
+    from bench.experiments.references.running import ReferenceUnavailable
+    from bench.experiments.references.ucx_perftest import memory_arguments
+    from transports.memory import HOST, Memory
+
+    env = {"UCX_TLS": "sm,self", "PATH": "/bin"}
+    assert memory_arguments((HOST, HOST), env) == ([], env)
+    args, placed = memory_arguments((Memory("cuda", 1), Memory("cuda", 1)), env)
+    assert args == ["-m", "cuda,cuda"] and placed["CUDA_VISIBLE_DEVICES"] == "1"
+    assert placed["UCX_TLS"] == "sm,self,cuda_copy,cuda_ipc" and env["UCX_TLS"] == "sm,self"  # the caller's kept
+    args, placed = memory_arguments((Memory("cuda", 0), HOST), {})
+    assert args == ["-m", "cuda,host"] and "UCX_TLS" not in placed  # UCX chooses: its CUDA transports among them
+    with pytest.raises(ReferenceUnavailable, match="one device"):
+        memory_arguments((Memory("cuda", 0), Memory("cuda", 1)), env)
+
+
+def test_lines_that_move_host_memory_only_say_so_for_device_memory():
+    """A cuda run leaves out, with one line, every line that cannot put its tensors in device memory; transports
+    (staging when they must), ucx_perftest and NIXL's VRAM line stay."""
+    from bench.experiments.micro import TransportLine
+    from bench.experiments.peers import calibration_lines, peer_lines
+    from bench.experiments.references import reference_lines
+    from transports.memory import HOST, Memory
+
+    cuda = (Memory("cuda", 0), Memory("cuda", 0))
+    lines = [*reference_lines("ucx", "auto", 60), *peer_lines(None, 60), *calibration_lines(None, 60),
+             TransportLine("zerocopy"), TransportLine("grpc_tcp")]
+    kept = {line.name for line in lines if line.memory_problem(cuda) is None}
+    assert kept == {"ucx_perftest", "ucx_perftest_lat", "nixl", "zerocopy", "grpc_tcp"}
+    assert all("host memory only" in line.memory_problem(cuda) for line in lines if line.name not in kept)
+    assert all(line.memory_problem((HOST, HOST)) is None for line in lines)

@@ -148,9 +148,9 @@ def gpus() -> tuple[Gpu, ...]:
     return driver().gpus
 
 
-def extra_hint() -> str:
-    """The install that brings CuPy for this driver's CUDA major."""
-    extra = EXTRAS.get(driver().cuda_major or 0)
+def extra_hint(found: Driver | None = None) -> str:
+    """The install that brings CuPy for the CUDA major of ``found`` (this machine's driver when not given)."""
+    extra = EXTRAS.get((found or driver()).cuda_major or 0)
     if extra is None:
         return "pip install -e '.[cuda12]' or '.[cuda13]', the one of the driver's CUDA major"
     return f"pip install -e '.[{extra}]'"

@@ -480,7 +480,7 @@ def gpu_checks(facts: GpuFacts) -> list[Check]:
     devices = ", ".join(f"cuda:{gpu.index} {gpu.name}" for gpu in found.gpus)
     cuda = f"CUDA {found.cuda_version[0]}.{found.cuda_version[1]}" if found.cuda_version else "CUDA ?"
     if facts.cupy_problem is not None:
-        checks = [Check("gpu", "warn", f"{devices} ({cuda}); {facts.cupy_problem}", extra_hint())]
+        checks = [Check("gpu", "warn", f"{devices} ({cuda}); {facts.cupy_problem}", extra_hint(found))]
     else:
         checks = [Check("gpu", "ok", f"{devices} ({cuda}); CuPy {facts.cupy}, runtime {facts.runtime}")]
     if facts.cuda_ipc == "works":

@@ -185,7 +185,7 @@ def describe(facts: GpuFacts) -> list[str]:
     module = facts.ucx_cuda_module
     listed = ", ".join(facts.ucx_cuda_transports)
     lines.append("ucx cuda transports: " + (
-        f"{listed} ({module.name})" if listed else
+        listed + (f" ({module.name})" if module else "") if listed else
         f"built ({module.name}: cuda_copy, cuda_ipc), none listed without a GPU" if module and found.problem else
         f"built ({module.name}), none listed by ucx_info" if module else
         "not built into the UCX in use"))
@@ -196,5 +196,5 @@ def describe(facts: GpuFacts) -> list[str]:
                                        "would not: " + "; ".join(p.finding for p in missing)
                                        + " ('bench doctor' says the fixes)"))
     if found.problem is None and facts.cupy_problem is not None:
-        lines.append(f"to use the GPU: {extra_hint()}")
+        lines.append(f"to use the GPU: {extra_hint(found)}")
     return lines
