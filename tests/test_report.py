@@ -675,3 +675,36 @@ def test_in_a_1300_px_window_nothing_needs_a_sideways_scroll_bar(tmp_path):
     scales = [float(v) for v in values["scales"].split()]
     assert len(scales) >= 10 and max(scales) <= 0.64 + 0.01  # at most the drawn size (150 dpi at 96 CSS px/inch)
     assert min(scales) >= 0.45  # the widest (micro's distribution) scaled to the page, 8-point text still legible
+
+
+def gpu_micro_run(path: Path) -> Path:
+    """--memory cuda: zerocopy and grpc_tcp staged through the host (2 crossings per transfer), ucx_perftest -m
+    cuda beside them; grpc_tcp 20x zerocopy's time."""
+    writer = RunWriter(path, "micro", {"fabric": "ucx", "fabric_transport": "auto", "memory": ["cuda:0", "cuda:0"]})
+    device = {"sender_memory": "cuda:0", "receiver_memory": "cuda:0"}
+    for size, base in ((1024, 20.0), (1 << 20, 200.0)):
+        for transport, factor in (("zerocopy", 1.0), ("grpc_tcp", 20.0)):
+            time_us = base * factor
+            writer.add(micro_record(transport=transport, size_bytes=size, p50_us=time_us, p99_us=2 * time_us,
+                                    mean_us=time_us, throughput_MBps=size / 2**20 / time_us * 1e6,
+                                    device_to_host_bytes_per_transfer=float(size),
+                                    host_to_device_bytes_per_transfer=float(size), of_reference=0.5, **device))
+        writer.add(micro_record(transport="ucx_perftest", size_bytes=size, p50_us=float("nan"), p99_us=float("nan"),
+                                mean_us=base / 4, throughput_MBps=size / 2**20 / base * 4e6, fabric="ucx:auto",
+                                **device))
+    writer.finish()
+    return path
+
+
+def test_a_gpu_run_is_set_beside_the_papers_table3(tmp_path, monkeypatch):
+    text, markdown = _page_of([gpu_micro_run(tmp_path / "gpu"), micro_run(tmp_path / "host")], tmp_path, monkeypatch)
+    tables = parse_page(text).tables
+    here = tables["table3-here"]
+    assert cell(here, "1KB", f"{line_name('zerocopy')} p50 (µs)") == "20"
+    assert cell(here, "1MB", f"{line_name('zerocopy')} bus crossings") == "2"
+    assert cell(here, "1MB", f"{line_name('grpc_tcp')} / {line_name('zerocopy')}").startswith("20")
+    assert cell(here, "1KB", "of UCX's own on device memory (put bw)") == "0.5"
+    assert cell(tables["table3-paper"], "FCN-5", "improvement") == "+54%"
+    assert "Table 3: tensors in GPU memory (cuda:0 to cuda:0)" in text
+    assert "Staged through host memory here" in markdown
+    assert text.count('data-table="table3-here"') == 1  # the host run has no Table 3 section

@@ -84,6 +84,14 @@ def micro_throughput_lines(points: pd.DataFrame) -> list[Line]:
     return lines
 
 
+def memory_note(run: Run) -> str:
+    """Where the tensors lived, when not in host memory (``--memory``; the paper's Table 3 moves GPU memory)."""
+    memory = run.meta.get("settings", {}).get("memory")
+    if not isinstance(memory, list) or all(side == "host" for side in memory):
+        return ""
+    return f"tensors in GPU memory: {' to '.join(map(str, memory))} (lines that move host memory only stage it)"
+
+
 def micro_time_figure(run: Run) -> Figure:
     """Figure 8 of the paper: time per transfer against size, one line per transport, with the reference
     lines: ucx_perftest put_lat (up to 1MB) and memcpy (the bandwidth tools are in the throughput figure)."""
@@ -96,7 +104,7 @@ def micro_time_figure(run: Run) -> Figure:
     ax.set_ylabel("time per transfer, median (µs, log scale)")
     ax.grid(True, which="major", alpha=0.3)
     _title(fig, "Send/receive micro-benchmark (Figure 8): time per transfer, lower is better", run,
-           [spread_note(points)])
+           [memory_note(run), spread_note(points)])
     return _finish(fig, [ax])
 
 
@@ -111,7 +119,8 @@ def micro_throughput_figure(run: Run) -> Figure:
     _size_axis(ax, points["size_bytes"])
     ax.set_ylabel("throughput: size / median time (MB/s, MB = 2^20 bytes, log scale)")
     ax.grid(True, which="major", alpha=0.3)
-    _title(fig, "Send/receive micro-benchmark: throughput, higher is better", run, [spread_note(points)])
+    _title(fig, "Send/receive micro-benchmark: throughput, higher is better", run,
+           [memory_note(run), spread_note(points)])
     return _finish(fig, [ax])
 
 

@@ -12,7 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.readers.report.page import Section
-from bench.readers.report.sections import converge, copy_overhead, micro, plan, scale, soak, table2, throughput
+from bench.readers.report.sections import (
+    converge,
+    copy_overhead,
+    gpu,
+    micro,
+    plan,
+    scale,
+    soak,
+    table2,
+    throughput,
+)
 from bench.results import Run
 
 
@@ -38,6 +48,7 @@ class Kind:
 #: every section, in the order of the page
 SECTIONS: tuple[Kind, ...] = (
     Kind("figure8", ("micro",), micro.figure8, figures=("micro_",)),
+    Kind("table3", ("micro",), gpu.table3),
     Kind("table2", ("models",), table2.table2, figures=("models_",), once=True),
     Kind("table2", ("model",), table2.model_size, once=True),
     Kind("figure7", ("analysis",), plan.figure7, figures=("analysis_",)),
