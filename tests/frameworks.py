@@ -20,8 +20,8 @@ def framework_tensor(framework: str, values: np.ndarray) -> Any:
     if framework == "tensorflow":
         with module.device("CPU:0"):
             return module.constant(values)
-    if framework == "torch":
-        return module.tensor(values, device="cpu")
+    if framework == "torch":  # through DLPack, then a copy of the torch's own (Debian's PyTorch 1.13 has no
+        return module.from_dlpack(np.ascontiguousarray(values)).clone()  # NumPy 2 interop)
     import jax
 
     return jax.device_put(values, jax.devices("cpu")[0])
