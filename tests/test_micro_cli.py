@@ -286,3 +286,18 @@ def test_the_grpc_transports_complete_sends_on_their_own_threads_and_the_fabric_
     on_threads = {name for name in ("grpc_tcp", "grpc_rdma", "zerocopy", "rdma_cp", "local")
                   if transports.transport_class(name).completes_on_threads}
     assert on_threads == {"grpc_tcp", "grpc_rdma"}
+
+
+def test_the_summary_of_a_device_memory_run_counts_each_lines_crossings_of_the_bus():
+    import pandas as pd
+
+    from bench.commands.micro import _crossings_line
+
+    points = pd.DataFrame({"transport": ["zerocopy", "grpc_tcp", "ucx_perftest"], "size_bytes": [1024] * 3,
+                           "sender_memory": ["cuda:0"] * 3, "receiver_memory": ["host"] * 3,
+                           "device_to_host_bytes_per_transfer": [1024.0, 1024.0, float("nan")],
+                           "host_to_device_bytes_per_transfer": [0.0, 0.0, float("nan")]})
+    line = _crossings_line(points)
+    assert line.startswith("tensors in cuda:0 -> host memory") and line.endswith("zerocopy 1, grpc_tcp 1")
+    points["sender_memory"] = "host"
+    assert _crossings_line(points) == ""

@@ -280,7 +280,28 @@ def print_summary(out: Path) -> None:
                        "size", [(format_size(int(size)), {row.transport: row._asdict() for row in points[
                            points["size_bytes"] == size].itertuples()}) for size in baseline],
                        others, BASELINE, "p50_us", extra)
+    if line := _crossings_line(points):
+        print(f"\n{line}")
     print(f"\nresults: {out} (every column of every point: records.csv)")
+
+
+def _crossings_line(points: Any) -> str:
+    """For a run on device memory: where the tensors lived, and each line's crossings of the bus per transfer
+    (device to host plus host to device, both sides, over the size: 2 is staged through the host at each end)."""
+    if "sender_memory" not in points or "host_to_device_bytes_per_transfer" not in points:
+        return ""
+    device = points[(points["sender_memory"] != "host") | (points["receiver_memory"] != "host")]
+    if not len(device):
+        return ""
+    first = device.iloc[0]
+    crossings = {}
+    for row in device.itertuples():
+        moved = (row.device_to_host_bytes_per_transfer, row.host_to_device_bytes_per_transfer)
+        if all(_finite(value) for value in moved) and row.size_bytes:
+            crossings.setdefault(row.transport, []).append(sum(moved) / row.size_bytes)
+    counted = ", ".join(f"{name} {max(values):g}" for name, values in crossings.items())
+    return (f"tensors in {first.sender_memory} -> {first.receiver_memory} memory; crossings of the bus per "
+            f"transfer (2: staged through host memory at both ends, 0: device to device): {counted or 'none counted'}")
 
 
 def _finite(value: Any) -> bool:
