@@ -240,13 +240,10 @@ def sending_steps(outbound, array, steps, fill):
     return thread, failures
 
 
-def test_persistent_transfers_arrive_in_order_and_are_counted(pair):
-    spec = TensorSpec("p", (256,), np.float32, 0, 1)
-    outbound, inbound = planned_pair(pair, spec)
-    array = pair[0].placement.allocate(spec)
-    before = [t.stats() for t in pair]
-    steps = range(12)
-    done = threading.Event()  # the receiver took transfer step before the sender overwrites the array
+def lockstep():
+    """A sender's fill of step ``step`` into its tensor that waits, from the second step on, until the receiver took
+    the last one (it sets the event returned) before overwriting the tensor."""
+    done = threading.Event()
 
     def fill(target, step):
         if step:
@@ -254,6 +251,16 @@ def test_persistent_transfers_arrive_in_order_and_are_counted(pair):
             done.clear()
         target[:] = step
 
+    return fill, done
+
+
+def test_persistent_transfers_arrive_in_order_and_are_counted(pair):
+    spec = TensorSpec("p", (256,), np.float32, 0, 1)
+    outbound, inbound = planned_pair(pair, spec)
+    array = pair[0].placement.allocate(spec)
+    before = [t.stats() for t in pair]
+    steps = range(12)
+    fill, done = lockstep()
     thread, failures = sending_steps(outbound, array, steps, fill)
     for step in steps:
         received = inbound.recv(step)
@@ -361,14 +368,7 @@ def test_persistent_transfers_arrive_in_the_memory_planned(pair, memory):
     tensor = pair[0].placement.allocate(spec)
     before = [t.stats() for t in pair]
     steps = range(5)
-    done = threading.Event()
-
-    def fill(target, step):
-        if step:
-            assert done.wait(10)
-            done.clear()
-        target[:] = step
-
+    fill, done = lockstep()
     thread, failures = sending_steps(outbound, tensor, steps, fill)
     for step in steps:
         received = inbound.recv(step)
