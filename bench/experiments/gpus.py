@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from transports import fabric
 from transports.memory import Driver, array_module, driver, extra_hint
 
 #: what the second process of the cuda_ipc probe runs: map the exported buffer, read its first word back
@@ -79,19 +80,13 @@ def _cupy() -> tuple[str | None, str | None, str | None]:
 
 
 def ucx_cuda_module() -> Path | None:
-    """UCX's CUDA transports (``libuct_cuda.so``: cuda_copy, cuda_ipc) in the UCX the fabric loads, if built."""
-    home = os.environ.get("TENSOR_BENCH_UCX_HOME")
-    candidates = []
-    if home:
-        candidates += [Path(home) / "lib" / "ucx", Path(home) / "lib" / "x86_64-linux-gnu" / "ucx"]
-    else:
-        try:
-            from transports.fabric.ucx.build import wheel_home
-
-            candidates.append(wheel_home() / "lib" / "ucx")
-        except ImportError:
-            pass
-    for directory in candidates:
+    """UCX's CUDA transports (``libuct_cuda.so``: cuda_copy, cuda_ipc) in the UCX the fabric loads, if built: found
+    beside the ``ucx_info`` of that UCX (the wheel's, or the system's with TENSOR_BENCH_UCX_HOME)."""
+    try:
+        home = fabric.backend("ucx").tool("ucx_info").path.parent.parent
+    except Exception:  # no UCX, or no ucx_info beside it: nothing to say of its CUDA transports
+        return None
+    for directory in (home / "lib" / "ucx", home / "lib" / "x86_64-linux-gnu" / "ucx"):
         found = sorted(directory.glob("libuct_cuda.so*"))
         if found:
             return found[0]
