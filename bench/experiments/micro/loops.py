@@ -305,12 +305,13 @@ def _source(link: TimedLink, point: Point) -> tuple[Any, Callable[[int], None], 
     return tensor, mark, np.empty_like(tensor) if point.extra_copies else None
 
 
-def _reduce_max(point: Point) -> Callable[[Any], Any]:
-    """How the receiver consumes a tensor of ``point``: a reduce-max where it lives (a device's runs on the device
-    and is waited for: its one-element result read back)."""
+def _reduce_max(point: Point) -> Callable[[Any], Any] | None:
+    """How the receiver consumes a tensor of ``point`` in device memory: a reduce-max on the device, waited for (its
+    one-element result read back); None in host memory, where the loop calls ``tensor.max()`` itself (the bound
+    method: 50 ns less than calling ``np.ndarray.max`` on it, inside the timed interval)."""
     if point.receiver_memory.is_device:
         return lambda tensor: tensor.max().item()
-    return np.ndarray.max
+    return None
 
 
 def _mark(flat: np.ndarray, point: Point, i: int) -> None:
@@ -382,7 +383,7 @@ def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals,
                 ctrl.send(i)
                 tensor = inbound.recv(i)
                 t_received = clock_ns()
-                largest = reduce_max(tensor)
+                largest = tensor.max() if reduce_max is None else reduce_max(tensor)
                 t_done = clock_ns()
                 if point.timed(i):
                     dones.append((t_received, t_done))
@@ -452,7 +453,7 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                 outbound.send(i, tensor)  # a hand-over, done at once (local's persistent send)
                 arrived = inbound.recv(i)
                 t_received = clock_ns()
-                largest = reduce_max(arrived)
+                largest = arrived.max() if reduce_max is None else reduce_max(arrived)
                 t_done = clock_ns()
                 if timed:
                     starts.append(t_send)
