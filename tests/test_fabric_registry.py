@@ -187,6 +187,41 @@ def test_the_registration_cache_evicts_the_least_recently_used_it_may_and_expire
     assert cache.count() == 1 and newest.released  # expired with its owner, released at the next call
 
 
+def test_a_registration_being_withdrawn_is_never_found_for_new_memory():
+    """While one thread releases a registration whose owner died, another thread's lookup of the same addresses
+    (new memory there) must miss: a hit handed a peer a key being withdrawn (an RDMA read's remote access error)."""
+    import threading
+
+    import numpy as np
+
+    from transports.fabric.registrations import RegistrationCache, span_of
+
+    cache = RegistrationCache()
+    withdrawing, finish = threading.Event(), threading.Event()
+
+    class Slow(_Region):
+        def release(self):  # the key's withdrawal takes a while (ibv_dereg_mr); the entry must be gone before it
+            withdrawing.set()
+            assert finish.wait(10)
+            super().release()
+
+    owner = np.zeros(64, np.uint8)
+    span = span_of(owner)
+    region = Slow(cache)
+    cache.track(region)
+    cache.add(*span, region, owner)
+    del owner  # the owner dies: its registration expires
+    releasing = threading.Thread(target=cache.release_expired)
+    releasing.start()
+    assert withdrawing.wait(10)
+    try:
+        assert cache.find(*span) is None
+    finally:
+        finish.set()
+        releasing.join(10)
+    assert region.released and cache.count() == 0
+
+
 # -- the contract a backend writes ------------------------------------------------------------------------------
 
 

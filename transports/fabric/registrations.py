@@ -109,9 +109,21 @@ class RegistrationCache(Generic[Region]):
         return evicted
 
     def release_expired(self) -> None:
-        """Release the registrations whose owners died (deferred to here: a finalizer may run in any thread)."""
-        while self._expired:
-            self._expired.pop().release()
+        """Release the registrations whose owners died (deferred to here: a finalizer may run in any thread).
+
+        Each leaves the entries under the lock before it is released: a thread that popped a registration and
+        was withdrawing its key while another thread's :meth:`find` still handed it out (for new memory at the
+        same address, the dead owner's) gave a peer a key being withdrawn, and its RDMA read a remote access error
+        (verbs, the Soft-RoCE guest, five sends in flight at once)."""
+        while True:
+            with self._lock:
+                if not self._expired:
+                    return
+                region = self._expired.pop()
+                for key, value in list(self._entries.items()):
+                    if value is region:
+                        del self._entries[key]
+            region.release()
 
     def forget(self, region: Region) -> None:
         """Drop ``region`` (it was released)."""
