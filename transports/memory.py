@@ -7,7 +7,7 @@ pointers and IPC handles, in a wheel of a hundred megabytes with no framework be
 come in through DLPack without a copy (``transports/tensors.py``).
 
 What the machine has is asked of the NVIDIA driver itself (``libcuda.so.1`` through ctypes), so that ``bench info``
-and the refusal of ``--memory cuda`` need no GPU library: :func:`gpus` lists the devices, :func:`cuda_problem` says
+and the refusal of ``--memory cuda`` need no GPU library: ``driver().gpus`` lists the devices, :func:`cuda_problem` says
 in one line why device memory cannot be used here (None when it can).
 """
 
@@ -141,11 +141,6 @@ def driver() -> Driver:
         cuda.cuDeviceGetPCIBusId(bus, 64, handle)
         found.append(Gpu(index, name.value.decode(errors="replace"), total.value, bus.value.decode(errors="replace")))
     return Driver(cuda_version, tuple(found), None)
-
-
-def gpus() -> tuple[Gpu, ...]:
-    """The CUDA devices the driver shows this process (none without a driver)."""
-    return driver().gpus
 
 
 def extra_hint(found: Driver | None = None) -> str:
