@@ -336,12 +336,15 @@ def on_host(array):
     return array if type(array) is np.ndarray else array_module().asnumpy(array)
 
 
-def staged_bytes(pair, memory, nbytes, transfers):
-    """The crossings of the bus the ledgers should show: device memory is staged through host memory on each side
-    whose transport moves host memory only."""
-    src, dst = memory
-    return ((nbytes * transfers if src.is_device and not pair[0].device_memory else 0),
-            (nbytes * transfers if dst.is_device and not pair[1].device_memory else 0))
+def staged_bytes(pair, spec, transfers):
+    """The crossings of the bus the ledgers should show: a device side is staged through host memory unless the
+    transfer goes from device to device on a transport that moves device memory itself (then none: zerocopy and
+    rdma_cp where the fabric does)."""
+    moved = [transport.moves_device(spec) for transport in pair]
+    assert moved[0] == moved[1]  # both ends decide alike, from the one plan
+    staged = spec.nbytes * transfers
+    return ((staged if spec.src_memory.is_device and not moved[0] else 0),
+            (staged if spec.dst_memory.is_device and not moved[1] else 0))
 
 
 # the memory and framework cases test what every transport does around its wire (taking tensors in, staging):
@@ -361,8 +364,10 @@ def test_keyed_transfers_arrive_in_the_memory_planned(pair, memory):
         assert memory_of(received) == memory[1] and received.shape == spec.shape
         np.testing.assert_array_equal(on_host(received), values)
     sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
-    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, memory, spec.nbytes, 3)
+    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, spec, 3)
     assert sender.host_to_device_bytes == receiver.device_to_host_bytes == 0
+    if pair[0].moves_device(spec):  # device to device: nothing in host memory on the way (rdma_cp copies on the GPU)
+        assert sender.copied_bytes == receiver.copied_bytes == 0
 
 
 @pytest.mark.long
@@ -383,8 +388,7 @@ def test_persistent_transfers_arrive_in_the_memory_planned(pair, memory):
     assert not failures and not thread.is_alive()
     sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
     assert sender.tensors_sent == receiver.tensors_received == len(steps)
-    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, memory, spec.nbytes,
-                                                                                        len(steps))
+    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, spec, len(steps))
 
 
 #: frameworks whose host tensors go in through DLPack (each skipped where it is not installed)

@@ -7,11 +7,13 @@ rendezvous does. Each transport keeps a :class:`Ledger` of the payload bytes
 it copies in user space, so that experiments report copies, not just time.
 
 Tensors of any framework go in (NumPy, or anything with ``__dlpack__`` or ``__cuda_array_interface__``: TensorFlow,
-PyTorch, JAX, CuPy) over their own memory, without a copy (``transports/tensors.py``). *Staging*: a transport that
-moves host memory only (every one, until its fabric moves device memory itself: :attr:`Transport.device_memory`)
-copies a device tensor to host memory before it sends it and a received tensor to the device its plan names
-(``TensorSpec.dst_memory``) after it arrives, as TensorFlow's GPU RecvTensor does over gRPC; the ledger counts
-each crossing of the bus apart from host copies.
+PyTorch, JAX, CuPy) over their own memory, without a copy (``transports/tensors.py``). *Device to device*: a
+transport that moves device memory itself (:attr:`Transport.device_memory`: zerocopy and rdma_cp where the fabric
+registers GPU memory) puts a tensor planned on a device at both ends from the sender's GPU into the receiver's
+(:meth:`Transport.moves_device`). *Staging*: every other transfer of a device tensor (on the other transports, a
+side planned in host memory, a tensor without a planned shape) is copied to host memory before it is sent and to
+the device its plan names (``TensorSpec.dst_memory``) after it arrives, as TensorFlow's GPU RecvTensor does over
+gRPC; the ledger counts each crossing of the bus apart from host copies.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from transports.common import Availability
+from transports.common import Availability, in_device_memory
 from transports.ledger import Ledger, TransportStats
 from transports.memory import Memory
-from transports.placement import Placement
+from transports.placement import Placement, TensorSpec
 from transports.ports import free_port
-from transports.tensors import adopt, empty, to_device, to_host
+from transports.tensors import adopt, empty, ready, ready_copy, to_device, to_host
 
 DEFAULT_TIMEOUT_S = 120.0
 #: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
@@ -329,12 +331,22 @@ class Transport(ABC):
         return self._delivered(key, array) if self.placement.device_receives else array
 
     def _delivered(self, key: Key, array: np.ndarray) -> Any:
-        """A received ``array`` where its plan puts it: copied to the device of a tensor planned in device memory
-        at this rank (counted), else itself."""
+        """A received ``array`` where its plan puts it: a host array of a tensor planned in device memory at this
+        rank copied to that device (counted), else itself."""
+        if type(array) is not np.ndarray:  # on its device already (moved there, or staged by the transport)
+            return array
         spec = self.placement.spec(key.name, key.src, key.dst)
-        if spec is None or not spec.dst_memory.is_device or self.device_memory:
+        if spec is None or not spec.dst_memory.is_device:
             return array
         return to_device(array, spec.dst_memory, self.ledger)
+
+    def moves_device(self, spec: TensorSpec | None) -> bool:
+        """Whether the planned transfer ``spec`` goes from device memory into device memory with no stop in host
+        memory: both its sides planned on a device, its shape known (a static transfer) and this transport moving
+        device memory itself (:attr:`device_memory`). Every other transfer of a device tensor is staged through host
+        memory (see the module's docstring), counted."""
+        return (self.device_memory and spec is not None and spec.shape is not None and spec.src_memory.is_device
+                and spec.dst_memory.is_device)
 
     def _recv_and_wait(self, key: Key, timeout: float | None) -> np.ndarray:
         """The transport's receive of a checked key, waiting for it: :meth:`_start_recv`, then wait; a transport
@@ -347,7 +359,7 @@ class Transport(ABC):
         self._check_key(Key(name, 0, self.rank, dst), "send")
         outbound = self._outbound(name, dst)
         spec = self.placement.spec(name, self.rank, dst)
-        if spec is None or not spec.src_memory.is_device or self.device_memory or spec.shape is None:
+        if spec is None or not spec.src_memory.is_device or self.moves_device(spec) or spec.shape is None:
             return outbound
         host = self.placement.allocate(replace(spec, src_memory=Memory()))  # the transport's own send memory
         return StagedOutbound(outbound, host, self.ledger)
@@ -357,7 +369,7 @@ class Transport(ABC):
         self._check_key(Key(name, 0, src, self.rank), "recv")
         inbound = self._inbound(name, src)
         spec = self.placement.spec(name, src, self.rank)
-        if spec is None or not spec.dst_memory.is_device or self.device_memory:
+        if spec is None or not spec.dst_memory.is_device or self.moves_device(spec):
             return inbound
         return StagedInbound(inbound, spec.dst_memory, self.ledger)
 
@@ -476,14 +488,18 @@ class Transport(ABC):
     def _take_in(self, key: Key, tensor: Any) -> Any:
         """A tensor that is not a NumPy array as the array this transport sends, over its memory (DLPack, the array
         interfaces: ``transports/tensors.py``); device memory staged to host memory here (counted) unless the
-        transport moves device memory itself. ValueError says why it cannot be taken."""
+        transport moves it itself for this transfer (:meth:`moves_device`: then the work queued on the device is
+        waited for, as a copy of it would). ValueError says why it cannot be taken."""
         try:
             array = adopt(tensor)
         except Exception as exc:  # whatever the object, the answer is a clear ValueError
             raise ValueError(f"{self.name}: cannot send {_show(key)}: not an array this can take in "
                              f"({type(exc).__name__}: {exc})") from None
-        if type(array) is not np.ndarray and not self.device_memory:
-            array = to_host(array, self.ledger)
+        if type(array) is not np.ndarray:
+            if self.moves_device(self.placement.spec(key.name, key.src, key.dst) if type(key) is Key else None):
+                ready(array)
+            else:
+                array = to_host(array, self.ledger)
         return array
 
     def _check_outgoing(self, key: Key, array: Any) -> Any:
@@ -577,7 +593,13 @@ def _show(key: Any) -> str:
 
 
 def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:
-    """``array`` as a C-contiguous array, counting the copy when its layout forces one."""
+    """``array`` as a C-contiguous array (host or device), counting the copy when its layout forces one."""
+    if type(array) is not np.ndarray and in_device_memory(array):
+        if array.flags.c_contiguous:
+            return array
+        ledger.add(device_to_device_bytes=array.nbytes)
+        return ready_copy(array)
+    array = np.asarray(array)
     if array.flags.c_contiguous:
         return array
     ledger.add(copied_bytes=array.nbytes)

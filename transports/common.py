@@ -117,6 +117,22 @@ def done_future(result: Any = None) -> Future:
     return future
 
 
+def data_pointer(array: Any) -> int:
+    """The address of ``array``'s first byte: host memory (NumPy's array interface) or device memory (a CuPy
+    array's ``__cuda_array_interface__``)."""
+    if type(array) is np.ndarray:
+        return array.ctypes.data
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    return array.__array_interface__["data"][0]
+
+
+def in_device_memory(array: Any) -> bool:
+    """Whether ``array`` is a device array (CuPy's, or any with ``__cuda_array_interface__``), not host memory."""
+    return type(array) is not np.ndarray and hasattr(array, "__cuda_array_interface__")
+
+
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
     """An uninitialised array whose data starts on an ``alignment``-byte boundary (TensorFlow wants 64)."""
     dtype = np.dtype(dtype)

@@ -31,12 +31,13 @@ waits for operations in flight before tearing the device down.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -52,14 +53,24 @@ from transports.base import (
     TransportStats,
     TransportTimeout,
 )
-from transports.common import Availability
+from transports.common import Availability, data_pointer
 from transports.control import ControlClient, ControlServer
-from transports.fabric.base import SHARED_SPIN_S, Channel, Device, FabricError, FabricInterrupted, FabricTimeout
+from transports.fabric.base import (
+    SHARED_SPIN_S,
+    Channel,
+    Device,
+    FabricError,
+    FabricInterrupted,
+    FabricTimeout,
+    RemoteRegion,
+)
 from transports.fabric.netdev import cluster_interfaces
 from transports.fabric.pool import RegisteredPool
 from transports.fabric.settings import SettingsError, read_settings
+from transports.memory import Memory
 from transports.placement import Placement
 from transports.ports import release_cluster_ports
+from transports.tensors import allocation
 
 #: grpc_rdma's poller: spin this long, then sleep in growing steps up to MAX_BACKOFF_S (flags and
 #: counters of the other fabric transports are waited for in the fabric, see Device.flag_set)
@@ -120,10 +131,46 @@ class _Operation:
                 idle.notify_all()
 
 
+class DeviceBlock:
+    """``nbytes`` of GPU memory in an allocation of its own, registered with the fabric device: zerocopy's receive
+    slots of a tensor planned in device memory at both ends, rdma_cp's staging buffer for a tensor it sends from
+    device memory. The device's counterpart of a pool block (``transports/fabric/pool.py``): typed views, and the
+    descriptor a peer writes with. Its own allocation (``cudaMalloc``, not CuPy's pool) because CUDA IPC hands a
+    peer the whole allocation an address lies in: the key to these slots reaches nothing else. Its registration
+    lives as long as the block (or until the device closes)."""
+
+    def __init__(self, device: Device, nbytes: int, memory: Memory) -> None:
+        self.nbytes = nbytes
+        self.array = allocation(nbytes, memory)
+        self.region = device.register(self.array)
+
+    def view(self, dtype: np.dtype, shape: tuple[int, ...], offset: int = 0) -> Any:
+        """A typed view of the block's device memory, starting ``offset`` bytes in."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        return self.array[offset: offset + nbytes].view(dtype).reshape(shape)
+
+    def remote(self, offset: int = 0, length: int | None = None) -> RemoteRegion:
+        """The descriptor a peer needs to reach ``[offset, offset + length)`` of this block."""
+        length = self.nbytes - offset if length is None else length
+        return self.region.export().at(data_pointer(self.array) - self.region.address + offset, length)
+
+
 class FabricTransport(Transport):
     """Base of the transports that move tensors with one-sided operations on the fabric."""
 
     uses_fabric = True
+    #: whether the transport's protocol writes a planned device tensor where it lies, into the receiver's device
+    #: memory, where its fabric moves device memory (zerocopy, rdma_cp); False: it stages device memory through
+    #: host memory on any fabric (grpc_rdma, whose message buffers are host memory)
+    writes_device_memory: ClassVar[bool] = False
+
+    @property
+    def device_memory(self) -> bool:
+        """Whether this transport moves device memory itself (see :attr:`writes_device_memory`): its protocol does,
+        and its fabric device registers GPU memory and puts into it (``Device.moves_device_memory``)."""
+        device = self.device
+        return self.writes_device_memory and device is not None and device.moves_device_memory
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, fabric: str = fabrics.DEFAULT,
                  fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1) -> None:

@@ -14,11 +14,16 @@ ledger (``device_to_host_bytes``, ``host_to_device_bytes``), apart from host cop
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
+from transports.common import data_pointer
 from transports.memory import Memory, array_module
+
+__all__ = ["FRAMEWORKS", "adopt", "allocation", "as_framework", "data_pointer", "empty", "ready", "ready_copy",
+           "to_device", "to_host"]
 
 #: DLPack's device types (dlpack.h): host memory, CUDA device memory, pinned host memory, managed memory
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
@@ -33,6 +38,9 @@ def adopt(tensor: Any) -> Any:
     host tensor of another framework as a NumPy array, a device tensor as a CuPy array. ValueError when it is not
     an array of any kind this knows."""
     if type(tensor) is np.ndarray:
+        return tensor
+    cupy = sys.modules.get("cupy")  # (not imported: no CuPy array exists)
+    if cupy is not None and type(tensor) is cupy.ndarray:  # as it is: the same object every send (no DLPack)
         return tensor
     device_of = getattr(tensor, "__dlpack_device__", None)
     if device_of is not None and hasattr(tensor, "__dlpack__"):
@@ -87,13 +95,6 @@ def as_framework(array: Any, framework: str) -> Any:
     return jax.dlpack.from_dlpack(array)
 
 
-def data_pointer(array: Any) -> int:
-    """The address of ``array``'s first byte, host or device."""
-    if type(array) is np.ndarray:
-        return array.ctypes.data
-    return int(array.__cuda_array_interface__["data"][0])
-
-
 def to_host(array: Any, ledger: Any, out: np.ndarray | None = None) -> np.ndarray:
     """``array``'s bytes in host memory: itself when it is there already, else copied off its device (into ``out``
     when given), the copy counted as ``device_to_host_bytes``."""
@@ -129,3 +130,31 @@ def empty(shape: tuple[int, ...], dtype: np.dtype, memory: Memory) -> Any:
     cupy = array_module()
     with cupy.cuda.Device(memory.device):
         return cupy.empty(shape, dtype)
+
+
+def allocation(nbytes: int, memory: Memory) -> Any:
+    """``nbytes`` (uint8) of ``memory``'s device in an allocation of their own (``cudaMalloc``, not CuPy's pool):
+    what a peer's key to them reaches (CUDA IPC opens the whole allocation an address lies in) holds nothing else."""
+    cupy = array_module()
+    with cupy.cuda.Device(memory.device):
+        own = cupy.cuda.memory.Memory(max(nbytes, 1))
+        return cupy.ndarray((nbytes,), np.uint8, cupy.cuda.MemoryPointer(own, 0))
+
+
+def ready(array: Any) -> None:
+    """Wait until the work queued on ``array``'s device (its current stream) is done, so that what it wrote there
+    can be read by a copy the transport starts elsewhere (UCX's own CUDA streams); host memory: nothing to wait for."""
+    if type(array) is np.ndarray:
+        return
+    cupy = array_module()
+    with cupy.cuda.Device(array.device.id):
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def ready_copy(array: Any) -> Any:
+    """A C-contiguous copy of device ``array`` on its device, finished before it is returned (see :func:`ready`)."""
+    cupy = array_module()
+    with cupy.cuda.Device(array.device.id):
+        copy = cupy.ascontiguousarray(array)
+        cupy.cuda.get_current_stream().synchronize()
+    return copy

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transports.common import Availability, done_future
+from transports.common import Availability, data_pointer, done_future
 from transports.fabric.settings import RdmaSettings
 
 #: the longest remote key a peer may send (UCX's are under 100 bytes here)
@@ -94,13 +94,15 @@ class RemoteRegion:
 
 
 class MemRegion(ABC):
-    """Registered memory: a numpy byte view plus what peers need to reach it."""
+    """Registered memory: a numpy byte view plus what peers need to reach it. A region of device memory (a GPU's,
+    registered by :meth:`Device.register` where the device :attr:`~Device.moves_device_memory`) has the device array
+    it was made for as ``array``: there is no host view of it."""
 
     array: np.ndarray  # uint8, C-contiguous
 
     @property
     def address(self) -> int:
-        return self.array.ctypes.data
+        return data_pointer(self.array)
 
     @property
     def nbytes(self) -> int:
@@ -116,7 +118,7 @@ class MemRegion(ABC):
 
     def contains(self, array: np.ndarray) -> bool:
         """Whether ``array``'s memory lies inside this region."""
-        start = array.__array_interface__["data"][0]
+        start = data_pointer(array)
         return self.address <= start and start + array.nbytes <= self.address + self.nbytes
 
 
@@ -389,6 +391,13 @@ class Device(ABC):
     #: carriers of the backend's library that the fabric never uses, each with why (``bench info`` says so)
     never_used: ClassVar[dict[str, str]] = {}
 
+    @property
+    def moves_device_memory(self) -> bool:
+        """Whether this device registers GPU memory (:meth:`register` of a device array) and writes into a peer's
+        with one-sided puts from a device array (CUDA IPC within a node, GPUDirect RDMA across): the transports
+        then move device tensors without staging them through host memory. Default: no."""
+        return False
+
     @classmethod
     @abstractmethod
     def availability(cls, fabric_transport: str = "auto") -> Availability:
@@ -468,7 +477,7 @@ class Device(ABC):
     def registered(self, array: np.ndarray) -> bool:
         """Whether ``array``'s bytes lie in memory registered with :meth:`register` that is still live."""
         self._cache.release_expired()
-        start = array.__array_interface__["data"][0]
+        start = data_pointer(array)
         return self._cache.find(start, start + array.nbytes) is not None
 
     @abstractmethod

@@ -20,6 +20,8 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from transports.common import data_pointer
+
 #: registrations of foreign memory a device keeps at most, the least recently used going first
 REGISTRATION_CACHE_SIZE = 256
 
@@ -33,15 +35,17 @@ Region = TypeVar("Region", bound=_Releasable)
 
 
 def owner_of(array: np.ndarray) -> np.ndarray:
-    """The array that holds ``array``'s memory: the last ndarray up its chain of bases."""
-    while isinstance(array.base, np.ndarray):
+    """The array that holds ``array``'s memory: the last array up its chain of bases (NumPy's, or a device array's
+    of its own kind)."""
+    kind = np.ndarray if isinstance(array, np.ndarray) else type(array)
+    while isinstance(array.base, kind):
         array = array.base
     return array
 
 
 def start_of(array: np.ndarray) -> int:
-    """The address of ``array``'s first byte."""
-    return array.__array_interface__["data"][0]
+    """The address of ``array``'s first byte (host or device memory)."""
+    return data_pointer(array)
 
 
 def span_of(array: np.ndarray) -> tuple[int, int]:

@@ -42,6 +42,14 @@ shared memory, a sender of a large static tensor that finds the receiver
 waiting for it asks the receiver (through the bell) to copy the data itself,
 which leaves it in the reader's cache (see ``Channel.send_plan``).
 
+*Device memory* (the paper's GPUDirect case): a static tensor planned on a GPU at both ends, where the fabric
+registers GPU memory (``Device.moves_device_memory``: UCX with its CUDA transports), has its slots in device
+memory of an allocation of their own (``DeviceBlock``): the sender puts from its device array (CUDA IPC within
+a node, the put complete on the GPU before the flush returns), then puts the trailer, which stays in host memory
+where polling it is cheap. No doorbell, no pull, no copy of the sender's own into mapped memory for such slots.
+rdma_cp stages such a tensor on its GPU (a device-to-device copy, counted). Any other transfer of a device tensor
+is staged through host memory by the base class (``transports/base.py``).
+
 Why one module of 900 lines: the sender's and the receiver's paths of one protocol (static, dynamic,
 pull), each reading the state the other's connect made; the wire format is ``protocol.py``, the credits
 ``credits.py``.
@@ -86,8 +94,10 @@ from transports.fabric.base import (
     TakePlan,
 )
 from transports.fabric.pool import Block
-from transports.fabric_transport import LIVENESS_EVERY_S, FabricPlacement, FabricTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricPlacement, FabricTransport
+from transports.memory import memory_of
 from transports.placement import TensorSpec
+from transports.tensors import ready
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
 from transports.zerocopy.protocol import (
@@ -143,7 +153,7 @@ class _Outgoing:
     strides: tuple[int, ...] | None = None  # a C-contiguous array's of that shape and dtype
     slots: int = 1
     seq: int = 0
-    copy_buffer: Block | None = None  # rdma_cp's registered staging buffer
+    copy_buffer: Block | DeviceBlock | None = None  # rdma_cp's registered staging buffer (device memory: a device's)
     #: the whole send in one call into the fabric (static, sent in place), where the fabric has one
     plan: SendPlan | None = None
     #: the array it was last sent from (weakly) and its ledger count (ZeroCopyTransport._source_count)
@@ -206,7 +216,8 @@ class _Incoming:
     src: int
     mode: str
     control: Block  # meta-data record (dynamic mode), then a trailer per slot: step (int64) and flag byte
-    data: Block | None = None  # the preallocated tensor's slots, one after the other (static mode)
+    #: the preallocated tensor's slots, one after the other (static mode): in the pool, or in device memory
+    data: Block | DeviceBlock | None = None
     shape: tuple[int, ...] | None = None
     dtype: np.dtype | None = None
     slots: int = 1
@@ -286,6 +297,9 @@ class ZeroCopyTransport(FabricTransport):
     optional_modes = ("no_analysis",)
     #: how a tensor leaves the sender (rdma_cp: :class:`StageEverySend`)
     sender: ClassVar[SendInPlace] = SendInPlace()
+    #: a tensor planned in device memory at both ends is put from the sender's device into slots on the receiver's
+    #: (where the fabric moves device memory: ``Device.moves_device_memory``); its trailer stays in host memory
+    writes_device_memory = True
 
     def __init__(self, *, analysis: bool = True, **options: Any) -> None:
         super().__init__(**options)
@@ -347,11 +361,14 @@ class ZeroCopyTransport(FabricTransport):
                 control.array[TRAILER_AT:] = 0
                 if spec is not None and spec.shape is not None:
                     slots = slots_for(spec.nbytes)
-                    incoming = _Incoming(name, src, "static", control,
-                                         self.pool.alloc(slots_bytes(spec.nbytes, slots), peer=src), spec.shape,
-                                         spec.dtype,
-                                         slots)
-                    incoming.take = self.device.take_plan(incoming.trailers, incoming.bells, incoming.arrays)
+                    on_device = self.moves_device(spec)
+                    data = (DeviceBlock(self.device, slots_bytes(spec.nbytes, slots), spec.dst_memory) if on_device
+                            else self.pool.alloc(slots_bytes(spec.nbytes, slots), peer=src))
+                    incoming = _Incoming(name, src, "static", control, data, spec.shape, spec.dtype, slots)
+                    # slots in device memory: the sender puts into them (never a copy of its own into memory it
+                    # maps, so no doorbell), and nothing is pulled into them; the trailers stay in host memory
+                    incoming.take = (self.device.take_plan(incoming.trailers) if on_device else
+                                     self.device.take_plan(incoming.trailers, incoming.bells, incoming.arrays))
                 else:
                     incoming = _Incoming(name, src, "dynamic", control)
                 self._incoming[key] = incoming
@@ -526,7 +543,7 @@ class ZeroCopyTransport(FabricTransport):
             outgoing = self._connect(key.name, key.dst)
         except FabricError as exc:
             raise PeerError(f"{self.name}: cannot reach {self.peer_name(key.dst)}: {exc}") from None
-        array = contiguous(np.asarray(array), self.ledger)
+        array = contiguous(array, self.ledger)
         if outgoing.mode != "static" and array.nbytes > MAX_DYNAMIC_BYTES:  # the receiver would refuse its meta-data
             raise ValueError(f"{self.name}: {key} is {array.nbytes} bytes; dynamic allocation moves at most "
                              f"{MAX_DYNAMIC_BYTES} (a tensor planned with its shape is placed statically, of any size)")
@@ -562,7 +579,7 @@ class ZeroCopyTransport(FabricTransport):
         if outgoing is None or outgoing.mode != "static":
             return self._submit(self._send_claimed, key, array)
         try:
-            array = contiguous(np.asarray(array), self.ledger)
+            array = contiguous(array, self.ledger)
             if self._closed.is_set():
                 raise TransportClosed(f"{self.name} rank {self.rank} was closed")
         except BaseException:
@@ -681,14 +698,23 @@ class ZeroCopyTransport(FabricTransport):
         return self.sender.source(self, outgoing, flat)
 
     def _stage(self, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
-        """A copy of ``flat`` in the tensor's registered staging buffer (grown when too small), counted."""
-        if outgoing.copy_buffer is None or outgoing.copy_buffer.nbytes < flat.nbytes:
-            if outgoing.copy_buffer is not None:
-                self.pool.free(outgoing.copy_buffer)
-            outgoing.copy_buffer = self.pool.alloc(flat.nbytes, peer=outgoing.dst)
-        staged = outgoing.copy_buffer.array[: flat.nbytes]
+        """A copy of ``flat`` in the tensor's registered staging buffer (grown when too small), counted: host
+        memory in the pool, device memory (a tensor this transport moves on its device) in a device block, the copy
+        finished before the buffer is sent from."""
+        on_device = type(flat) is not np.ndarray
+        buffer = outgoing.copy_buffer
+        if buffer is None or buffer.nbytes < flat.nbytes or isinstance(buffer, DeviceBlock) != on_device:
+            if isinstance(buffer, Block):
+                self.pool.free(buffer)
+            outgoing.copy_buffer = buffer = (DeviceBlock(self.device, flat.nbytes, memory_of(flat)) if on_device
+                                             else self.pool.alloc(flat.nbytes, peer=outgoing.dst))
+        staged = buffer.array[: flat.nbytes]
         staged[...] = flat
-        self.ledger.add(copied_bytes=flat.nbytes)
+        if on_device:
+            ready(staged)
+            self.ledger.add(device_to_device_bytes=flat.nbytes)
+        else:
+            self.ledger.add(copied_bytes=flat.nbytes)
         return staged
 
     def _readable(self, outgoing: _Outgoing, flat: np.ndarray) -> tuple[np.ndarray, RemoteRegion]:
@@ -924,16 +950,17 @@ class PoolPlacement(FabricPlacement):
             specs = [replace(s, shape=None) for s in specs]
         incoming = [s for s in specs if s.dst == transport.rank and s.shape is not None]
         outgoing = [s for s in specs if s.src == transport.rank and s.shape is not None]
+        in_pool = [s for s in incoming if not transport.moves_device(s)]  # (the others' slots: in device memory)
         for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
             if (nbytes := math.prod(spec.shape) * np.dtype(spec.dtype).itemsize) > transport.memory_bytes:
                 raise ValueError(f"{transport.name}: cannot place '{spec.name}' from rank {spec.src}: "
                                  f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
                                  f"rank's memory ({transport.memory_bytes} bytes)")
         super().plan(specs)
-        sizes = [slots_bytes(s.nbytes, slots_for(s.nbytes)) for s in incoming] + [CONTROL_BYTES] * len(incoming)
-        sources = [s.nbytes for s in outgoing] if transport.sender.places_sends else []
-        transport.pool.reserve(sizes, sources, peers=[s.src for s in incoming] * 2,
-                               source_peers=[s.dst for s in outgoing][: len(sources)])
+        sizes = [slots_bytes(s.nbytes, slots_for(s.nbytes)) for s in in_pool] + [CONTROL_BYTES] * len(incoming)
+        placed = [s for s in outgoing if not s.src_memory.is_device] if transport.sender.places_sends else []
+        transport.pool.reserve(sizes, [s.nbytes for s in placed], peers=[s.src for s in in_pool + incoming],
+                               source_peers=[s.dst for s in placed])
         for spec in incoming:
             transport._incoming_slot(spec.name, spec.src)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from transports.common import data_pointer
 from transports.fabric.base import (
     BELL_BYTES,
     Channel,
@@ -59,7 +60,14 @@ def _check(status: int, what: str) -> None:
 
 
 def _pointer(array: np.ndarray):
-    return _ffi.cast("void *", array.__array_interface__["data"][0])
+    """``array``'s first byte for UCX, host or device memory (the caller keeps ``array`` alive)."""
+    return _ffi.cast("void *", data_pointer(array))
+
+
+def _source(data: np.ndarray):
+    """The bytes a put reads, as cffi passes them: a NumPy array's buffer (cffi keeps it alive while the pointer
+    lives), a device array's address (UCX finds its memory type; the caller keeps it alive)."""
+    return _ffi.from_buffer(data) if type(data) is np.ndarray else _pointer(data)
 
 
 #: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
@@ -256,15 +264,16 @@ class UcxChannel(Channel):
         else:
             trailer_rkey, trailer_mapped, trailer_pointer, trailer_bytes, trailer_addr = _ffi.NULL, 0, _ffi.NULL, 0, 0
         device = self.worker.device
-        if (mapped or not data.nbytes) and (trailer_mapped or not trailer_bytes):
-            # the peer's memory is mapped here (shared memory): the transfer is this thread's own copy
+        if (mapped or not data.nbytes) and (trailer_mapped or not trailer_bytes) and type(data) is np.ndarray:
+            # the peer's memory is mapped here (shared memory): the transfer is this thread's own copy (never from
+            # device memory, which UCX copies)
             if (reason := self.failed()) is not None:
                 raise FabricError(f"ucx: put on a failed connection: {reason}")
-            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _ffi.from_buffer(data), data.nbytes,
+            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _source(data), data.nbytes,
                                  _ffi.cast("uint8_t *", trailer_mapped), trailer_pointer, trailer_bytes)
             device._mapped_elsewhere += 1
             return
-        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _ffi.from_buffer(data), data.nbytes, remote.addr,
+        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _source(data), data.nbytes, remote.addr,
                                      rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
                                      int(timeout * 1e9), device._stop, self._error)
         if status != _lib.UCS_OK:
@@ -385,7 +394,9 @@ class UcxSendPlan(SendPlan):
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
         source, buffer = self._source
         if data is not source:
-            buffer = _ffi.from_buffer(data)
+            if self.mapped and type(data) is not np.ndarray:
+                raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
+            buffer = _source(data)
             self._source = data, buffer
         self._set_waits(credit_wait, timeout)
         status = _lib.tt_send_planned(self._plan, buffer, seq, step)
@@ -402,8 +413,10 @@ class UcxSendPlan(SendPlan):
     def fast(self, data: np.ndarray, credit_wait: float, timeout: float = 60.0) -> Callable[[int, int], int]:
         """``tt_send_planned`` itself, bound to the plan and ``data``'s buffer (see :meth:`SendPlan.fast`): its
         status is 0 once written."""
+        if self.mapped and type(data) is not np.ndarray:
+            raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
         self._set_waits(credit_wait, timeout)
-        return functools.partial(_lib.tt_send_planned, self._plan, _ffi.from_buffer(data))
+        return functools.partial(_lib.tt_send_planned, self._plan, _source(data))
 
 
 class UcxCounterPlan(CounterPlan):

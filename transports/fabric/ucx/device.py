@@ -59,6 +59,7 @@ from transports.fabric.ucx.channel import (
     _pointer,
     _reason,
     _shared_room,
+    _source,
 )
 from transports.fabric.ucx.channel import (
     bind as bind_channels,
@@ -93,6 +94,10 @@ _SHARED_MEMORY_ALIASES = {
     "sm": ("posix", "sysv", "xpmem", "knem", "cma"),
     "shm": ("posix", "sysv", "xpmem", "knem", "cma"),
 }
+#: UCX's CUDA transports, added to a UCX_TLS the fabric chose where this UCX offers them (a GPU here): cuda_copy (UCX
+#: finds a buffer's memory type and copies between host and device) and cuda_ipc (a put or get between the GPU memory
+#: of two processes of one node, through the peer's mapped IPC handle)
+DEVICE_TRANSPORTS = ("cuda_copy", "cuda_ipc")
 #: the lock UCX takes around a worker's progress (thread mode MULTI: a progress thread and every waiting thread
 #: progress the same worker): a mutex, not UCX's default spinlock (USE_MT_MUTEX=n). On a loaded core a thread
 #: preempted while it holds the spinlock leaves the others spinning out their whole time slices; over UCX's tcp,
@@ -137,7 +142,7 @@ def load() -> tuple[Any, Any]:
             _load_error = (f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py "
                            f"builds it (it needs the libucx-cu12 wheel)")
         raise FabricError(_load_error) from None
-    if not hasattr(lib, "tt_offers_transport"):  # built by an older checkout: the shim has changed since
+    if not hasattr(lib, "tt_offers_tl"):  # built by an older checkout: the shim has changed since
         _load_error = (f"the UCX binding ({'system' if home else 'libucx-cu12'}) was built from an older shim "
                        f"(transports/fabric/ucx/build.py); reinstall with "
                        f"'{f'{UCX_HOME_VARIABLE}={home} ' if home else ''}pip install -e .' to rebuild it")
@@ -165,14 +170,36 @@ def accepts_setting(name: str, value: str) -> bool:
 
 
 _offered: dict[str, bool] = {}
+#: the UCT component of each transport asked about whose name is not the transport's own
+_COMPONENTS = {"cuda_copy": "cuda_cpy"}
 
 
 def offers_transport(name: str) -> bool:
-    """Whether this UCX offers the shared-memory transport ``name`` (posix, xpmem, knem, cma) here; cached."""
+    """Whether this UCX offers the transport ``name`` here: a shared-memory one (posix, xpmem, knem, cma) or a CUDA
+    one (cuda_copy, cuda_ipc: a GPU is here and this UCX was built with CUDA); cached."""
     load()
     if name not in _offered:
-        _offered[name] = bool(_lib.tt_offers_transport(name.encode()))
+        _offered[name] = bool(_lib.tt_offers_tl(_COMPONENTS.get(name, name).encode(), name.encode()))
     return _offered[name]
+
+
+def with_device_transports(tls: str, offers=offers_transport) -> str:
+    """``tls`` (a list the fabric chose, as :func:`owner_only_tls` gives it) with UCX's CUDA transports this UCX
+    offers here (:data:`DEVICE_TRANSPORTS`): put from and into GPU memory, within a node through CUDA IPC. An
+    exclusion list (``^sysv,tcp``) takes them in already."""
+    if tls.startswith("^"):
+        return tls
+    names = tls.split(",")
+    return ",".join([*names, *(name for name in DEVICE_TRANSPORTS if name not in names and offers(name))])
+
+
+def moves_device_memory(tls: str, offers=offers_transport) -> bool:
+    """Whether UCX under UCX_TLS ``tls`` moves GPU memory: it offers ``cuda_copy`` here (a GPU, a UCX built with
+    CUDA) and ``tls`` takes it in."""
+    names = [name.strip() for name in tls.lstrip("^").split(",")]
+    taken = not any(name in ("cuda", "cuda_copy") for name in names) if tls.startswith("^") else (
+        "cuda_copy" in names or "cuda" in names)
+    return taken and offers("cuda_copy")
 
 
 def owner_only_tls(requested: str, offers=offers_transport) -> str:
@@ -373,15 +400,23 @@ class _Worker:
 
 
 class UcxRegion(MemRegion):
-    """Memory registered with ``ucp_mem_map``; ``owner`` keeps the underlying buffer alive."""
+    """Memory registered with ``ucp_mem_map``; ``owner`` keeps the underlying buffer alive. Device memory
+    (``span``: its ``[start, end)``) is registered by address, UCX finding its memory type; it has no host view
+    (``array`` is None)."""
 
-    def __init__(self, device: UcxDevice, array: np.ndarray | None, owner: object, allocate: int = 0) -> None:
+    def __init__(self, device: UcxDevice, array: np.ndarray | None, owner: object, allocate: int = 0,
+                 span: tuple[int, int] | None = None) -> None:
         self.device = device
         self._owner = owner
+        self._span = span
         memh = _ffi.new("ucp_mem_h *")
         with device._lock:
             device.mem_maps += 1
-        if allocate:
+        if span is not None:
+            self._mapped = None
+            _check(_lib.tt_mem_map(device.context, _ffi.cast("void *", span[0]), max(span[1] - span[0], 1), memh),
+                   "registering device memory")
+        elif allocate:
             _check(_lib.tt_mem_map(device.context, _ffi.NULL, allocate, memh), f"allocating {allocate} bytes")
             length = _ffi.new("size_t *")
             address = _lib.tt_mem_address(memh[0], length)
@@ -397,6 +432,14 @@ class UcxRegion(MemRegion):
         self._owner_ref: weakref.ref | None = None
         self._exported: RemoteRegion | None = None
         self._released = False
+
+    @property
+    def address(self) -> int:
+        return self._span[0] if self._span is not None else self.array.ctypes.data
+
+    @property
+    def nbytes(self) -> int:
+        return self._span[1] - self._span[0] if self._span is not None else self.array.nbytes
 
     def export(self) -> RemoteRegion:
         """The region's one descriptor: made once, under the device's lock (two first exports at once, each
@@ -493,8 +536,10 @@ class UcxDevice(Device):
         self.config = {**lock, **self._network_config(fabric_transport, interfaces), **mapped, **(config or {})}
         #: UCX_TLS as given to UCX: ``config``'s TLS, else the fabric transport's (auto: the user's UCX_TLS, else
         #: all), never with sysv (see GROUP_SHARED_TRANSPORT)
-        self.tls = owner_only_tls(self.config.pop("TLS", None) or FABRIC_TRANSPORTS[fabric_transport]
-                                  or os.environ.get("UCX_TLS", ""))
+        chosen = FABRIC_TRANSPORTS[fabric_transport] if "TLS" not in self.config else ""
+        self.tls = owner_only_tls(self.config.pop("TLS", None) or chosen or os.environ.get("UCX_TLS", ""))
+        if chosen and fabric_transport != "tcp":  # a list the fabric chose: GPU memory too, where a GPU is
+            self.tls = with_device_transports(self.tls)
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
@@ -534,6 +579,19 @@ class UcxDevice(Device):
             except OSError as exc:
                 self.close()
                 raise FabricError(f"tcp: cannot listen on {_listen_host(interfaces)}: {exc}") from None
+
+    @property
+    def moves_device_memory(self) -> bool:
+        return self.device_memory_problem() is None
+
+    def device_memory_problem(self) -> str | None:
+        """Why this device does not register GPU memory and put into it (None: it does)."""
+        if self.stream is not None:
+            return "over --fabric-transport tcp the fabric's own stream carries host memory only"
+        if not moves_device_memory(self.tls):
+            return (f"UCX offers no CUDA transport under UCX_TLS={self.tls} here (it needs a GPU, and cuda_copy "
+                    "in UCX_TLS)")
+        return None
 
     @property
     def mapped_writes(self) -> int:
@@ -662,7 +720,8 @@ class UcxDevice(Device):
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
         checked = [channel._checked(remote, data.nbytes, "put") for channel in channels]
-        if checked[0][1] and channels[0]._checked(trailer_remote, trailer.nbytes, "put")[1]:
+        if (checked[0][1] and channels[0]._checked(trailer_remote, trailer.nbytes, "put")[1]
+                and type(data) is np.ndarray):
             # mapped here (shared memory): one copy by this thread; lanes would only split it
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
@@ -671,7 +730,7 @@ class UcxDevice(Device):
         status = _lib.tt_put_flagged_lanes(
             _ffi.new("ucp_worker_h[]", [channel.worker.handle for channel in channels]),
             _ffi.new("ucp_ep_h[]", [channel.ep for channel in channels]), _ffi.new("ucp_rkey_h[]", rkeys),
-            len(channels), _ffi.from_buffer(data), data.nbytes, remote.addr, _ffi.from_buffer(trailer),
+            len(channels), _source(data), data.nbytes, remote.addr, _ffi.from_buffer(trailer),
             trailer.nbytes, trailer_remote.addr, trailer_rkey, int(timeout * 1e9), self._stop, channels[0]._error)
         if status != _lib.UCS_OK:
             self._outcome(status, "put", keep_alive=(data, trailer))
@@ -733,7 +792,10 @@ class UcxDevice(Device):
         return region
 
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``)."""
+        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``): host
+        memory, or a device array's GPU memory where this device moves it (:attr:`moves_device_memory`)."""
+        if type(array) is not np.ndarray and (problem := self.device_memory_problem()) is not None:
+            raise FabricError(f"ucx: cannot register device memory here: {problem}")
         self._cache.release_expired()
         start = start_of(array)
         owner = owner_of(array)
@@ -743,11 +805,16 @@ class UcxDevice(Device):
         if found is not None and found._owner_ref is not None and found._owner_ref() is owner:
             return found
         start, end = span_of(array)
-        view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
-        region = UcxRegion(self, view, None)
+        if type(array) is np.ndarray:
+            view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
+            region = UcxRegion(self, view, None)
+        else:
+            region = UcxRegion(self, None, None, span=(start, end))
         region._owner_ref = weakref.ref(owner)
         self._cache.track(region)
-        for old in self._cache.add(start, end, region, owner_of(array)):
+        # device memory is never evicted: a receiver's slots are registered once, for a peer that writes into them
+        # all along (with GPUDirect a released key fails its writes); it dies with the memory, or at close
+        for old in self._cache.add(start, end, region, owner, evictable=lambda old: old._span is None):
             old.release()
         return region
 

@@ -86,10 +86,11 @@ static ucs_status_t tt_config_accepts(const char *name, const char *value)
     return status;
 }
 
-/* 1 when this UCX offers transport `name` on this host, else 0. Asked only of the shared-memory
-   transports (posix, sysv, xpmem, knem, cma), whose UCT component and memory domain bear the transport's
-   name: the component's memory domains are opened and their transports listed, as UCP does. */
-static int tt_offers_transport(const char *name)
+/* 1 when this UCX offers transport `name` of UCT component `component` on this host, else 0: the component's
+   memory domains are opened and their transports listed, as UCP does. Asked of the shared-memory transports
+   (posix, sysv, xpmem, knem, cma: each its own component's) and the CUDA ones (cuda_copy, of component cuda_cpy;
+   cuda_ipc), which a host without a GPU does not offer. */
+static int tt_offers_tl(const char *component, const char *name)
 {
     uct_component_h *components;
     unsigned count, c, m, t, resources;
@@ -102,7 +103,7 @@ static int tt_offers_transport(const char *name)
         uct_md_resource_desc_t *mds;
         memset(&attr, 0, sizeof(attr));
         attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME | UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT;
-        if (uct_component_query(components[c], &attr) != UCS_OK || strcmp(attr.name, name) != 0 ||
+        if (uct_component_query(components[c], &attr) != UCS_OK || strcmp(attr.name, component) != 0 ||
             attr.md_resource_count == 0) {
             continue;
         }

@@ -1,0 +1,110 @@
+"""The fabric on device memory: which transfers a transport moves from GPU to GPU itself, and what the ucx fabric
+asks of UCX for it. Everything here runs without a GPU; the transfers themselves are the conformance suite's
+``cuda-cuda`` cases (``tests/test_conformance.py``), which run where a GPU is and skip here saying why."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import start_pair
+from transports import TensorSpec
+from transports.fabric.base import FabricError
+from transports.memory import cuda_problem
+
+ucx = pytest.importorskip("transports.fabric.ucx.device")
+
+
+def offers(*names):
+    return lambda name: name in names
+
+
+@pytest.mark.parametrize(("tls", "offered", "given"), [
+    ("posix,cma", ("cuda_copy", "cuda_ipc"), "posix,cma,cuda_copy,cuda_ipc"),  # shm, a GPU here
+    ("rc", ("cuda_copy",), "rc,cuda_copy"),  # rdma: GPUDirect where rc registers GPU memory
+    ("posix,cma", (), "posix,cma"),  # no GPU: nothing named that UCX would warn about
+    ("posix,cuda_ipc", ("cuda_copy", "cuda_ipc"), "posix,cuda_ipc,cuda_copy"),  # none named twice
+    ("^sysv,tcp", ("cuda_copy", "cuda_ipc"), "^sysv,tcp"),  # auto: every transport but two takes them in already
+])
+def test_a_transport_list_the_fabric_chose_takes_in_the_cuda_transports_offered(tls, offered, given):
+    assert ucx.with_device_transports(tls, offers=offers(*offered)) == given
+
+
+@pytest.mark.parametrize(("tls", "offered", "moves"), [
+    ("^sysv,tcp", ("cuda_copy",), True),
+    ("^sysv,tcp,cuda", ("cuda_copy",), False),  # the user's exclusion
+    ("^sysv,tcp,cuda_copy", ("cuda_copy",), False),
+    ("posix,cma,cuda_copy,cuda_ipc", ("cuda_copy",), True),
+    ("posix,cma,cuda", ("cuda_copy",), True),  # UCX's alias
+    ("posix,cma", ("cuda_copy",), False),  # a user's list without them
+    ("^sysv,tcp", (), False),  # no GPU, or a UCX built without CUDA
+])
+def test_ucx_moves_device_memory_where_it_offers_and_is_given_cuda_copy(tls, offered, moves):
+    assert ucx.moves_device_memory(tls, offers=offers(*offered)) is moves
+
+
+def test_a_device_says_whether_it_moves_device_memory_here_and_why_not():
+    from transports.fabric import open_device
+
+    here = cuda_problem() is None and ucx.offers_transport("cuda_copy")
+    for fabric_transport in ("shm", "tcp"):
+        device = open_device("ucx", fabric_transport)
+        try:
+            moves = device.moves_device_memory
+            problem = device.device_memory_problem()
+            assert moves == (here and fabric_transport != "tcp") and (problem is None) == moves
+            if fabric_transport == "tcp":
+                assert "stream carries host memory only" in problem
+            elif not moves:
+                assert f"UCX_TLS={device.tls}" in problem and "GPU" in problem
+        finally:
+            device.close()
+
+
+def test_device_memory_is_refused_by_a_device_that_cannot_register_it_naming_why():
+    class DeviceTensor:  # what Numba or CuPy hand over: the interface of memory on a GPU
+        nbytes = 16
+
+        @property
+        def __cuda_array_interface__(self):
+            return {"shape": (4,), "typestr": "<f4", "data": (0x7F0000000000, False), "version": 3}
+
+    from transports.fabric import open_device
+
+    device = open_device("ucx", "tcp")
+    try:
+        with pytest.raises(FabricError, match="cannot register device memory here: over --fabric-transport tcp"):
+            device.register(DeviceTensor())
+        assert device.registrations() == 0
+    finally:
+        device.close()
+
+
+SPECS = {
+    "cuda-cuda": TensorSpec("t", (8,), np.float32, 0, 1, "cuda", "cuda"),
+    "cuda:0-cuda:1": TensorSpec("t", (8,), np.float32, 0, 1, "cuda:0", "cuda:1"),
+}
+STAGED = {
+    "host-host": TensorSpec("t", (8,), np.float32, 0, 1),
+    "cuda-host": TensorSpec("t", (8,), np.float32, 0, 1, "cuda", "host"),
+    "host-cuda": TensorSpec("t", (8,), np.float32, 0, 1, "host", "cuda"),
+    "dynamic": TensorSpec("t", None, np.float32, 0, 1, "cuda", "cuda"),  # no shape: the dynamic path reads it
+}
+
+
+@pytest.mark.parametrize("name", ["zerocopy", "rdma_cp", "grpc_rdma"])
+def test_only_a_static_transfer_from_device_to_device_goes_without_host_memory(name):
+    pair = start_pair(name, fabric_transport="shm")
+    try:
+        for transport in pair:
+            device_capable = transport.writes_device_memory and transport.device.moves_device_memory
+            assert transport.device_memory == device_capable
+            assert transport.writes_device_memory == (name != "grpc_rdma")
+            for label, spec in SPECS.items():
+                assert transport.moves_device(spec) == device_capable, label
+            for label, spec in STAGED.items():
+                assert not transport.moves_device(spec), label
+            assert not transport.moves_device(None)
+    finally:
+        for transport in pair:
+            transport.close()
