@@ -108,3 +108,13 @@ def test_only_a_static_transfer_from_device_to_device_goes_without_host_memory(n
     finally:
         for transport in pair:
             transport.close()
+
+
+def test_the_shim_holds_a_cuda_context_for_ucx_only_where_the_driver_gives_one():
+    ucx.load()
+    held = ucx._lib.tt_cuda_use(0)
+    if cuda_problem() is None:
+        assert held == 0
+    else:  # no driver here: nothing is held, and a thread entering UCX is left as it is
+        assert held != 0
+    ucx._lib.tt_cuda_enter()

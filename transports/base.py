@@ -29,12 +29,12 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from transports.common import Availability, in_device_memory
+from transports.common import Availability
 from transports.ledger import Ledger, TransportStats
 from transports.memory import Memory
 from transports.placement import Placement, TensorSpec
 from transports.ports import free_port
-from transports.tensors import adopt, empty, ready, ready_copy, to_device, to_host
+from transports.tensors import adopt, empty, ready, to_device, to_host
 
 DEFAULT_TIMEOUT_S = 120.0
 #: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
@@ -590,18 +590,3 @@ def _show(key: Any) -> str:
     except Exception:  # a lone surrogate, a broken __str__
         text = ascii(key)
     return text if len(text) <= 200 else text[:200] + "..."
-
-
-def contiguous(array: np.ndarray, ledger: Ledger) -> np.ndarray:
-    """``array`` as a C-contiguous array (host or device), counting the copy when its layout forces one."""
-    if type(array) is not np.ndarray and in_device_memory(array):
-        if array.flags.c_contiguous:
-            return array
-        ledger.add(device_to_device_bytes=array.nbytes)
-        return ready_copy(array)
-    array = np.asarray(array)
-    if array.flags.c_contiguous:
-        return array
-    ledger.add(copied_bytes=array.nbytes)
-    return np.ascontiguousarray(array)
-

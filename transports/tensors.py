@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from transports.common import data_pointer
+from transports.common import data_pointer, in_device_memory
 from transports.memory import Memory, array_module
 
-__all__ = ["FRAMEWORKS", "adopt", "allocation", "as_framework", "data_pointer", "empty", "ready", "ready_copy",
+__all__ = ["FRAMEWORKS", "adopt", "allocation", "as_framework", "contiguous", "data_pointer", "empty", "ready",
            "to_device", "to_host"]
 
 #: DLPack's device types (dlpack.h): host memory, CUDA device memory, pinned host memory, managed memory
@@ -151,10 +151,21 @@ def ready(array: Any) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def ready_copy(array: Any) -> Any:
-    """A C-contiguous copy of device ``array`` on its device, finished before it is returned (see :func:`ready`)."""
-    cupy = array_module()
-    with cupy.cuda.Device(array.device.id):
-        copy = cupy.ascontiguousarray(array)
-        cupy.cuda.get_current_stream().synchronize()
-    return copy
+def contiguous(array: Any, ledger: Any) -> Any:
+    """``array`` as a C-contiguous array, counting the copy when its layout forces one: a host array's in host memory
+    (``copied_bytes``), a device array's on its device (``device_to_device_bytes``, finished before it is returned:
+    see :func:`ready`)."""
+    if type(array) is not np.ndarray and in_device_memory(array):
+        if array.flags.c_contiguous:
+            return array
+        cupy = array_module()
+        with cupy.cuda.Device(array.device.id):
+            copy = cupy.ascontiguousarray(array)
+            cupy.cuda.get_current_stream().synchronize()
+        ledger.add(device_to_device_bytes=array.nbytes)
+        return copy
+    array = np.asarray(array)
+    if array.flags.c_contiguous:
+        return array
+    ledger.add(copied_bytes=array.nbytes)
+    return np.ascontiguousarray(array)

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import Key, PeerError, TransportClosed, TransportError, TransportTimeout, contiguous, memory_bytes
+from transports.base import Key, PeerError, TransportClosed, TransportError, TransportTimeout, memory_bytes
 from transports.common import aligned_empty, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
@@ -75,6 +75,7 @@ from transports.grpc_rdma.protocol import (
 )
 from transports.ports import release_port
 from transports.rendezvous import Rendezvous
+from transports.tensors import contiguous
 
 IMM_MESSAGE = 0xFFFFFFFF
 IMM_ACK = 0xFFFFFFFE

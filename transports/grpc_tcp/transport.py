@@ -50,7 +50,6 @@ from transports.base import (
     TransportClosed,
     TransportError,
     TransportTimeout,
-    contiguous,
     key_problem,
 )
 from transports.common import settle
@@ -58,6 +57,7 @@ from transports.grpc_tcp.tensor_pb2 import DESCRIPTOR, RecvTensorRequest
 from transports.grpc_tcp.wire import DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, TensorAssembler, WireError, encode_chunks
 from transports.ports import release_cluster_ports, release_port
 from transports.rendezvous import Rendezvous
+from transports.tensors import contiguous
 
 _SERVICE = DESCRIPTOR.services_by_name["TensorTransport"]
 RECV_TENSOR = f"/{_SERVICE.full_name}/RecvTensor"

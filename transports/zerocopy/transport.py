@@ -77,7 +77,6 @@ from transports.base import (
     TransportClosed,
     TransportError,
     TransportTimeout,
-    contiguous,
     keys_text,
     memory_bytes,
 )
@@ -97,7 +96,7 @@ from transports.fabric.pool import Block
 from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricPlacement, FabricTransport
 from transports.memory import memory_of
 from transports.placement import TensorSpec
-from transports.tensors import ready
+from transports.tensors import contiguous, ready
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
 from transports.zerocopy.protocol import (

@@ -101,7 +101,7 @@ def make_ffibuilder(home: Path | None = None) -> FFI:
         f'#define TT_BUILT_AGAINST "{quoted}"\n#include "{SHIM_SOURCE.name}"\n',
         include_dirs=[str(HERE)] + ([str(include)] if system_header else []),
         library_dirs=[str(lib)],
-        libraries=["ucp", "uct", "ucs"],
+        libraries=["ucp", "uct", "ucs", "dl"],  # (dl: the shim opens the CUDA driver itself, where UCX uses it)
         # warnings in UCX's headers are not ours to fix: they are included as system headers
         extra_compile_args=compile_args() + ([] if system_header else ["-isystem", str(include)]),
         extra_link_args=[f"-Wl,-rpath,{rpath}" for rpath in run_paths(home, lib)],

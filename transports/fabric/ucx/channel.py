@@ -64,10 +64,10 @@ def _pointer(array: np.ndarray):
     return _ffi.cast("void *", data_pointer(array))
 
 
-def _source(data: np.ndarray):
-    """The bytes a put reads, as cffi passes them: a NumPy array's buffer (cffi keeps it alive while the pointer
-    lives), a device array's address (UCX finds its memory type; the caller keeps it alive)."""
-    return _ffi.from_buffer(data) if type(data) is np.ndarray else _pointer(data)
+def _buffer(array: np.ndarray):
+    """The bytes a put reads or a get writes, as cffi passes them: a NumPy array's buffer (cffi keeps it alive while
+    the pointer lives), a device array's address (UCX finds its memory type; the caller keeps it alive)."""
+    return _ffi.from_buffer(array) if type(array) is np.ndarray else _pointer(array)
 
 
 #: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
@@ -178,6 +178,7 @@ class UcxChannel(Channel):
                 if not rkey or len(rkey) > MAX_BLOB:
                     raise FabricError(f"ucx: a remote key of {len(rkey)} bytes is malformed")
                 handle = _ffi.new("ucp_rkey_h *")
+                _lib.tt_cuda_enter()  # (a key to device memory opens the peer's IPC handle through the driver)
                 with _unpacking:
                     before = _shared_mappings()
                     _check(_lib.ucp_ep_rkey_unpack(self.ep, rkey, handle), "unpacking a remote key")
@@ -269,11 +270,11 @@ class UcxChannel(Channel):
             # device memory, which UCX copies)
             if (reason := self.failed()) is not None:
                 raise FabricError(f"ucx: put on a failed connection: {reason}")
-            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _source(data), data.nbytes,
+            _lib.tt_write_mapped(_ffi.cast("void *", mapped), _buffer(data), data.nbytes,
                                  _ffi.cast("uint8_t *", trailer_mapped), trailer_pointer, trailer_bytes)
             device._mapped_elsewhere += 1
             return
-        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _source(data), data.nbytes, remote.addr,
+        status = _lib.tt_put_flagged(self.worker.handle, self.ep, _buffer(data), data.nbytes, remote.addr,
                                      rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
                                      int(timeout * 1e9), device._stop, self._error)
         if status != _lib.UCS_OK:
@@ -291,7 +292,7 @@ class UcxChannel(Channel):
             return
         rkey, _ = self._checked(remote, local.nbytes, "get")
         device = self.worker.device
-        status = _lib.tt_get_sync(self.worker.handle, self.ep, _ffi.from_buffer(local), local.nbytes, remote.addr,
+        status = _lib.tt_get_sync(self.worker.handle, self.ep, _buffer(local), local.nbytes, remote.addr,
                                   rkey, int(timeout * 1e9), device._stop, self._error)
         if status != _lib.UCS_OK:
             device._outcome(status, "get", keep_alive=local)
@@ -396,7 +397,7 @@ class UcxSendPlan(SendPlan):
         if data is not source:
             if self.mapped and type(data) is not np.ndarray:
                 raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
-            buffer = _source(data)
+            buffer = _buffer(data)
             self._source = data, buffer
         self._set_waits(credit_wait, timeout)
         status = _lib.tt_send_planned(self._plan, buffer, seq, step)
@@ -416,7 +417,7 @@ class UcxSendPlan(SendPlan):
         if self.mapped and type(data) is not np.ndarray:
             raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
         self._set_waits(credit_wait, timeout)
-        return functools.partial(_lib.tt_send_planned, self._plan, _source(data))
+        return functools.partial(_lib.tt_send_planned, self._plan, _buffer(data))
 
 
 class UcxCounterPlan(CounterPlan):

@@ -54,12 +54,12 @@ from transports.fabric.ucx.channel import (
     UcxChannel,
     UcxFlagSet,
     UcxTakePlan,
+    _buffer,
     _check,
     _keep_mapped,
     _pointer,
     _reason,
     _shared_room,
-    _source,
 )
 from transports.fabric.ucx.channel import (
     bind as bind_channels,
@@ -142,7 +142,7 @@ def load() -> tuple[Any, Any]:
             _load_error = (f"the UCX binding is not built ({exc}); reinstall with 'pip install -e .' so setup.py "
                            f"builds it (it needs the libucx-cu12 wheel)")
         raise FabricError(_load_error) from None
-    if not hasattr(lib, "tt_offers_tl"):  # built by an older checkout: the shim has changed since
+    if not hasattr(lib, "tt_cuda_enter"):  # built by an older checkout: the shim has changed since
         _load_error = (f"the UCX binding ({'system' if home else 'libucx-cu12'}) was built from an older shim "
                        f"(transports/fabric/ucx/build.py); reinstall with "
                        f"'{f'{UCX_HOME_VARIABLE}={home} ' if home else ''}pip install -e .' to rebuild it")
@@ -350,6 +350,7 @@ class _Worker:
             self._pending = still
 
     def _run(self) -> None:
+        _lib.tt_cuda_enter()  # (a CUDA context for UCX's CUDA transports, where the device uses one: tt_cuda_use)
         spins = 0
         while not self._stop:
             progressed = _lib.tt_progress_burst(self.handle, _IDLE_ROUNDS)
@@ -374,6 +375,7 @@ class _Worker:
         saves the hand-off to the progress thread and back.
         """
         deadline = time.perf_counter() + spin_s
+        _lib.tt_cuda_enter()
         while not future.done() and time.perf_counter() < deadline:
             _lib.ucp_worker_progress(self.handle)
             if self._pending:
@@ -382,6 +384,7 @@ class _Worker:
 
     def drain(self, future: Future, timeout: float = 5.0) -> None:
         """Progress from the calling thread until ``future`` is done (used while closing)."""
+        _lib.tt_cuda_enter()
         for _ in range(int(timeout / 0.001)):
             if future.done():
                 return
@@ -453,6 +456,7 @@ class UcxRegion(MemRegion):
                 # over TCP the key is a capability the device's listener checks (transports/fabric/stream.py)
                 self._exported = RemoteRegion(self.address, self.nbytes, self.device.grants.grant(self.array))
             if self._exported is None:
+                _lib.tt_cuda_enter()  # (packing a key of device memory asks the driver for its IPC handle)
                 buffer, size = _ffi.new("void **"), _ffi.new("size_t *")
                 _check(_lib.ucp_rkey_pack(self.device.context, self.memh, buffer, size), "packing a remote key")
                 rkey = bytes(_ffi.buffer(buffer[0], size[0]))
@@ -540,6 +544,14 @@ class UcxDevice(Device):
         self.tls = owner_only_tls(self.config.pop("TLS", None) or chosen or os.environ.get("UCX_TLS", ""))
         if chosen and fabric_transport != "tcp":  # a list the fabric chose: GPU memory too, where a GPU is
             self.tls = with_device_transports(self.tls)
+        if fabric_transport != "tcp" and moves_device_memory(self.tls):
+            # UCX's CUDA transports call the driver from every thread that calls UCX: device 0's primary context
+            # (CUDA_VISIBLE_DEVICES chooses it) is made current on each that has none (shim.c: tt_cuda_enter)
+            status = _lib.tt_cuda_use(0)
+            if status != 0:
+                raise FabricError(f"ucx: UCX offers its CUDA transports, but CUDA device 0's context cannot be held "
+                                  f"(CUresult {status}; -1: libcuda.so.1 or one of its functions is missing); "
+                                  f"leave cuda_copy out of UCX_TLS to move host memory only")
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
@@ -730,7 +742,7 @@ class UcxDevice(Device):
         status = _lib.tt_put_flagged_lanes(
             _ffi.new("ucp_worker_h[]", [channel.worker.handle for channel in channels]),
             _ffi.new("ucp_ep_h[]", [channel.ep for channel in channels]), _ffi.new("ucp_rkey_h[]", rkeys),
-            len(channels), _source(data), data.nbytes, remote.addr, _ffi.from_buffer(trailer),
+            len(channels), _buffer(data), data.nbytes, remote.addr, _ffi.from_buffer(trailer),
             trailer.nbytes, trailer_remote.addr, trailer_rkey, int(timeout * 1e9), self._stop, channels[0]._error)
         if status != _lib.UCS_OK:
             self._outcome(status, "put", keep_alive=(data, trailer))
@@ -885,6 +897,7 @@ class UcxDevice(Device):
             "ucx_version": _ffi.string(_lib.ucp_get_version_string()).decode(),
             "fabric_transport": self.fabric_transport,
             "ucx_tls": self.tls,
+            "moves_device_memory": self.moves_device_memory,
             "progress_threads": len(self._workers),
             "lanes_per_peer": self.lanes_per_peer,
             "ucx_config": self.config,
@@ -903,6 +916,7 @@ class UcxDevice(Device):
             self.stream.close()
         for worker in self._workers:
             worker.stop()
+        _lib.tt_cuda_enter()  # (UCX's CUDA transports release their streams and events through the driver)
         for channel in channels:
             channel.close()
         for region in self._cache.live():

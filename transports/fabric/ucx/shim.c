@@ -9,6 +9,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* ppoll */
 #endif
+#include <dlfcn.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdint.h>
@@ -28,6 +29,59 @@
 #include <emmintrin.h>
 #endif
 #include <uct/api/uct.h>
+
+/* A CUDA context current on every thread that calls UCX. UCX's CUDA transports (cuda_copy, cuda_ipc) call the CUDA
+   driver from whichever thread calls UCX (progress, arm, put, get, flush), and the driver needs a context current
+   there: without one, arming a worker segfaults in cuEventQuery. tt_cuda_use(device) retains that device's primary
+   context (the one CuPy, PyTorch and CUDA's runtime use) once; tt_cuda_enter(), first thing in each entry point
+   that calls UCX, makes it current on a thread that has none, once per thread (a thread's own context is left
+   alone). The driver is opened with dlopen: the shim links no CUDA library, and without a GPU none of this runs. */
+static void *tt_cuda_context;
+static int (*tt_cu_ctx_get_current)(void **);
+static int (*tt_cu_ctx_set_current)(void *);
+static __thread int tt_cuda_entered;
+
+static void tt_cuda_enter(void)
+{
+    void *current = NULL;
+    if (tt_cuda_context == NULL || tt_cuda_entered) {
+        return;
+    }
+    tt_cuda_entered = 1;
+    if (tt_cu_ctx_get_current(&current) == 0 && current == NULL) {
+        tt_cu_ctx_set_current(tt_cuda_context);
+    }
+}
+
+/* Hold CUDA device `device`'s primary context for tt_cuda_enter: 0 once held (or held already), else the driver's
+   error (a CUresult), or -1 when the driver or one of its functions is missing. */
+static int tt_cuda_use(int device)
+{
+    int (*init)(unsigned), (*device_get)(int *, int), (*retain)(void **, int);
+    void *driver, *context = NULL;
+    int handle = 0, status;
+    if (tt_cuda_context != NULL) {
+        return 0;
+    }
+    driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (driver == NULL) {
+        return -1;
+    }
+    init = (int (*)(unsigned))dlsym(driver, "cuInit");
+    device_get = (int (*)(int *, int))dlsym(driver, "cuDeviceGet");
+    retain = (int (*)(void **, int))dlsym(driver, "cuDevicePrimaryCtxRetain");
+    tt_cu_ctx_get_current = (int (*)(void **))dlsym(driver, "cuCtxGetCurrent");
+    tt_cu_ctx_set_current = (int (*)(void *))dlsym(driver, "cuCtxSetCurrent");
+    if (!init || !device_get || !retain || !tt_cu_ctx_get_current || !tt_cu_ctx_set_current) {
+        return -1;
+    }
+    if ((status = init(0)) != 0 || (status = device_get(&handle, device)) != 0 ||
+        (status = retain(&context, handle)) != 0) {
+        return status;
+    }
+    tt_cuda_context = context;
+    return 0;
+}
 
 /* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
 static ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context)
@@ -65,6 +119,7 @@ static unsigned long tt_progress_burst(ucp_worker_h worker, unsigned idle_rounds
 {
     unsigned long total = 0;
     unsigned idle = 0;
+    tt_cuda_enter();
     while (idle < idle_rounds) {
         unsigned events = ucp_worker_progress(worker);
         total += events;
@@ -160,6 +215,7 @@ static ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker
     ucp_worker_params_t params;
     ucp_am_handler_param_t handler;
     ucs_status_t status;
+    tt_cuda_enter();
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     params.thread_mode = UCS_THREAD_MODE_MULTI;
@@ -199,6 +255,7 @@ static ucs_status_t tt_ep_create(ucp_worker_h worker, const void *address, int p
                                  ucp_ep_h *ep)
 {
     ucp_ep_params_t params;
+    tt_cuda_enter();
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -212,6 +269,7 @@ static ucs_status_t tt_ep_create(ucp_worker_h worker, const void *address, int p
 static ucs_status_ptr_t tt_ep_close(ucp_ep_h ep, int force)
 {
     ucp_request_param_t param;
+    tt_cuda_enter();
     memset(&param, 0, sizeof(param));
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
@@ -221,6 +279,7 @@ static ucs_status_ptr_t tt_ep_close(ucp_ep_h ep, int force)
 static ucs_status_ptr_t tt_ep_flush(ucp_ep_h ep)
 {
     ucp_request_param_t param;
+    tt_cuda_enter();
     memset(&param, 0, sizeof(param));
     return ucp_ep_flush_nbx(ep, &param);
 }
@@ -241,6 +300,7 @@ static char *tt_ep_info(ucp_ep_h ep)
 static ucs_status_t tt_mem_map(ucp_context_h context, void *address, size_t length, ucp_mem_h *memh)
 {
     ucp_mem_map_params_t params;
+    tt_cuda_enter();
     memset(&params, 0, sizeof(params));
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                         UCP_MEM_MAP_PARAM_FIELD_FLAGS;
@@ -265,6 +325,7 @@ static ucs_status_ptr_t tt_put(ucp_ep_h ep, const void *buffer, size_t length, u
                                ucp_rkey_h rkey)
 {
     ucp_request_param_t param;
+    tt_cuda_enter();
     param.op_attr_mask = 0;
     return ucp_put_nbx(ep, buffer, length, remote_addr, rkey, &param);
 }
@@ -273,6 +334,7 @@ static ucs_status_ptr_t tt_get(ucp_ep_h ep, void *buffer, size_t length, uint64_
                                ucp_rkey_h rkey)
 {
     ucp_request_param_t param;
+    tt_cuda_enter();
     param.op_attr_mask = 0;
     return ucp_get_nbx(ep, buffer, length, remote_addr, rkey, &param);
 }
@@ -343,6 +405,7 @@ static ucs_status_t tt_finish(ucp_worker_h worker, ucs_status_ptr_t request, int
 {
     ucs_status_t status;
     unsigned idle = 0;
+    tt_cuda_enter();
     if (request == NULL) {
         return UCS_OK;
     }
@@ -400,6 +463,7 @@ static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void 
     int64_t deadline = tt_now_ns() + timeout_ns;
     ucs_status_t status;
     ucs_status_ptr_t put;
+    tt_cuda_enter();
     if (length == 0 || trailer_length == 0) {
         return length ? tt_put_flushed(worker, ep, data, length, remote, rkey, deadline, stop, failed)
                       : tt_put_flushed(worker, ep, trailer, trailer_length, trailer_remote, trailer_rkey, deadline,
@@ -856,6 +920,7 @@ static ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, u
     size_t chunk, offset;
     int i, used = 0, busy;
     unsigned idle = 0, events;
+    tt_cuda_enter();
     if (lanes < 1 || lanes > TT_MAX_LANES) {
         return UCS_ERR_INVALID_PARAM;
     }
@@ -941,6 +1006,7 @@ static ucs_status_t tt_get_sync(ucp_worker_h worker, ucp_ep_h ep, void *buffer, 
 static void tt_progress_all(ucp_worker_h *workers, int nworkers)
 {
     int i;
+    tt_cuda_enter();
     for (i = 0; i < nworkers; i++) {
         ucp_worker_progress(workers[i]);
     }
@@ -955,6 +1021,7 @@ static void tt_progress_all(ucp_worker_h *workers, int nworkers)
 static int tt_arm(ucp_worker_h *workers, int nworkers, struct pollfd *fds)
 {
     int i;
+    tt_cuda_enter();
     if (nworkers > TT_MAX_WORKERS) {
         return -1;
     }

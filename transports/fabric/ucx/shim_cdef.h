@@ -28,6 +28,8 @@ const char *ucp_get_version_string(void);
 ucs_status_t tt_init(const char *tls, char **names, char **values, int count, ucp_context_h *context);
 ucs_status_t tt_config_accepts(const char *name, const char *value);
 int tt_offers_tl(const char *component, const char *name);
+int tt_cuda_use(int device);
+void tt_cuda_enter(void);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
