@@ -3,14 +3,16 @@ UCX's own tcp transport on any fabric transport (its target writes any address a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 
 import numpy as np
 import pytest
 
 from transports.fabric.base import FabricError, RemoteRegion
-from transports.fabric.stream import _REQUEST, KEY_BYTES, Grants, StreamChannel, StreamListener
+from transports.fabric.stream import _ADDRESS_PREFIX, _REQUEST, KEY_BYTES, Grants, StreamChannel, StreamListener
 
 
 @pytest.fixture
@@ -150,6 +152,12 @@ def test_with_the_run_s_token_required_a_connection_that_cannot_prove_it_reaches
                 continue  # refused at the handshake
             with pytest.raises(FabricError):
                 stranger.write_flagged(np.full(64, 0x5A, np.uint8), region, timeout=10)
+            # the stranger may learn of its failure (the nonce read as no answer) before the listener has counted
+            # it: the listener ends the connection once it has
+            stranger._socket.settimeout(30)
+            with contextlib.suppress(ConnectionResetError):  # (closed with the stranger's request unread)
+                while stranger._socket.recv(1 << 16):
+                    pass
             stranger.close()
         assert not memory.any() and listener.unproven == 2
         member = StreamChannel(listener.address, stopped=lambda: False,
@@ -159,3 +167,31 @@ def test_with_the_run_s_token_required_a_connection_that_cannot_prove_it_reaches
         assert memory.tolist() == [1] * 64
     finally:
         listener.close()
+
+
+def test_bytes_that_are_no_answer_fail_the_write_that_waits_for_one():
+    """A listener that asks for the run's token sends its nonce first; a connector that proved none read the nonce's
+    first byte as the status of its write, and took a 0 (1 time in 256) for done. Any answer but "done" (status 0,
+    no reason) or a refusal with its reason fails the write and the channel."""
+    server = socket.create_server(("127.0.0.1", 0))
+    host, port = server.getsockname()
+
+    def listener():
+        connection, _ = server.accept()
+        connection.sendall(b"\x00\x07" + bytes(14))  # a nonce whose first byte is 0
+        connection.recv(1 << 16)
+        connection.close()
+
+    thread = threading.Thread(target=listener, daemon=True)
+    thread.start()
+    channel = StreamChannel(_ADDRESS_PREFIX + f"{host}:{port}".encode(), stopped=lambda: False,
+                            wait_counter=lambda counter, above, timeout: True)
+    try:
+        with pytest.raises(FabricError, match="no answer"):
+            channel.write_flagged(np.ones(8, np.uint8), RemoteRegion(4096, 8, bytes(16)), timeout=10)
+        with pytest.raises(FabricError, match="failed connection"):
+            channel.write_flagged(np.ones(8, np.uint8), RemoteRegion(4096, 8, bytes(16)), timeout=10)
+    finally:
+        channel.close()
+        server.close()
+        thread.join(5)

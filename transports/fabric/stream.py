@@ -405,10 +405,16 @@ class StreamChannel(Channel):
         answer = bytearray(_ANSWER.size)
         self._receive(memoryview(answer), deadline, what)
         status, length = _ANSWER.unpack(answer)
-        if status:
-            reason = bytearray(min(length, MAX_REASON))
-            self._receive(memoryview(reason), deadline, what)
-            raise FabricError(f"tcp: the peer at {self.peer} refused {reason.decode(errors='replace')}")
+        if status == 0 and length == 0:
+            return
+        if status != 1 or length > MAX_REASON:
+            # not an answer of a listener serving this channel: a listener that asks for the run's token sends its
+            # nonce first, whose bytes a connector that proved none would otherwise take for "done" 1 time in 256
+            raise ConnectionError(f"the peer answered with bytes that are no answer (status {status}, {length} bytes "
+                                  "of reason): does its fabric ask for a token this channel did not prove?")
+        reason = bytearray(length)
+        self._receive(memoryview(reason), deadline, what)
+        raise FabricError(f"tcp: the peer at {self.peer} refused {reason.decode(errors='replace')}")
 
     def _run(self, what: str, timeout: float | None, steps: Callable[[float], None]) -> None:
         """Run ``steps(deadline)`` on the connection; a broken connection fails the channel."""
