@@ -92,14 +92,18 @@ STAGED = {
 }
 
 
-@pytest.mark.parametrize("name", ["zerocopy", "rdma_cp", "grpc_rdma"])
-def test_only_a_static_transfer_from_device_to_device_goes_without_host_memory(name):
-    pair = start_pair(name, fabric_transport="shm")
+@pytest.mark.parametrize(("name", "options", "writes"), [
+    ("zerocopy", {}, True), ("rdma_cp", {}, True),
+    ("grpc_rdma", {"mode": "direct"}, True),  # the result tensor on its device, written from the source tensor
+    ("grpc_rdma", {"mode": "buffered"}, False),  # the proxy buffer is host memory
+], ids=["zerocopy", "rdma_cp", "grpc_rdma-direct", "grpc_rdma-buffered"])
+def test_only_a_static_transfer_from_device_to_device_goes_without_host_memory(name, options, writes):
+    pair = start_pair(name, fabric_transport="shm", **options)
     try:
         for transport in pair:
             device_capable = transport.writes_device_memory and transport.device.moves_device_memory
             assert transport.device_memory == device_capable
-            assert transport.writes_device_memory == (name != "grpc_rdma")
+            assert transport.writes_device_memory == writes
             for label, spec in SPECS.items():
                 assert transport.moves_device(spec) == device_capable, label
             for label, spec in STAGED.items():

@@ -139,8 +139,10 @@ class DeviceBlock:
     peer the whole allocation an address lies in: the key to these slots reaches nothing else. Its registration
     lives as long as the block (or until the device closes)."""
 
-    def __init__(self, device: Device, nbytes: int, memory: Memory) -> None:
-        self.nbytes = nbytes
+    def __init__(self, device: Device, nbytes: int, memory: Memory, peer: int | None = None) -> None:
+        self.nbytes, self.memory = nbytes, memory
+        #: the rank whose key reaches the block (None: no peer's), as a pool block's segment says
+        self.peer = peer
         self.array = allocation(nbytes, memory)
         self.region = device.register(self.array)
 

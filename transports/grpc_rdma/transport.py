@@ -18,7 +18,10 @@ and tensors then go over the fabric, following the design note in
   tensor into a registered send buffer, writes it into the receiver's registered
   proxy buffer, and the receiver copies it into the result tensor: one copy on
   each side. ``direct`` mode (the note's zero-copy): the receiver's result tensor
-  is registered memory and the sender writes from the tensor itself.
+  is registered memory and the sender writes from the tensor itself. A tensor
+  planned on a GPU at both ends, where the fabric moves device memory: its result
+  is allocated on its device (the note's GPU direct), the sender's clone too;
+  elsewhere device memory is staged through the host (the note's proxy tensor).
 * Memory: buffered, a side holds the tensor and one staging buffer from the pool,
   freed after each transfer and reused by the next (the pool gives back segments
   it no longer needs before growing, so varying sizes do not add up); nothing
@@ -38,7 +41,7 @@ message, one ACK and the receiver's outstanding requests, which ``recv`` caps
 below the ring size (RDMA_QP_QUEUE_DEPTH), so a slot is never overwritten before
 it is read.
 
-Why one module of 700 lines: the sender's and the receiver's sides of one protocol, each reading the
+Why one module of 800 lines: the sender's and the receiver's sides of one protocol, each reading the
 other's messages (the wire format is ``protocol.py``, the rendezvous ``transports/rendezvous.py``).
 """
 
@@ -58,10 +61,10 @@ from typing import Any
 import numpy as np
 
 from transports.base import Key, PeerError, TransportClosed, TransportError, TransportTimeout, memory_bytes
-from transports.common import aligned_empty, settle
+from transports.common import aligned_empty, in_device_memory, settle
 from transports.fabric.base import Channel, FabricError, RemoteRegion
 from transports.fabric.pool import Block
-from transports.fabric_transport import LIVENESS_EVERY_S, MAX_BACKOFF_S, FabricTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, MAX_BACKOFF_S, DeviceBlock, FabricTransport
 from transports.grpc_rdma.protocol import (
     MESSAGE,
     LinkRequest,
@@ -73,14 +76,17 @@ from transports.grpc_rdma.protocol import (
     parse,
     parse_link,
 )
+from transports.memory import Memory, memory_of
 from transports.ports import release_port
 from transports.rendezvous import Rendezvous
-from transports.tensors import contiguous
+from transports.tensors import contiguous, ready, to_host
 
 IMM_MESSAGE = 0xFFFFFFFF
 IMM_ACK = 0xFFFFFFFE
 RING_ENTRY = 16  # imm (u32), padding, lap byte at offset 8
 MODES = ("buffered", "direct")
+#: direct mode's device blocks kept for the next request of their peer and size, at most
+MAX_SPARE_BLOCKS = 64
 
 
 def lap(count: int, slots: int) -> int:
@@ -119,7 +125,9 @@ class _Request:
     key: Key
     future: Future
     meta: TensorMeta | None
-    buffer: Block | None = None  # proxy (buffered) or result (direct) tensor in registered memory
+    buffer: Block | DeviceBlock | None = None  # proxy (buffered) or result (direct) tensor in registered memory
+    #: direct mode, a tensor planned on a device at both ends: the result's device memory (None: host memory)
+    memory: Memory | None = None
     checksum: int | None = None
     re_requested: bool = False  # a second META_DATA_RESPONSE would move the buffer under the sender's write
 
@@ -130,7 +138,7 @@ class _Response:
 
     index: int
     key: Key
-    clone: Block
+    clone: Block | DeviceBlock
     meta: TensorMeta
 
 
@@ -145,7 +153,13 @@ class GrpcRdmaTransport(FabricTransport):
         if mode not in MODES:
             raise ValueError(f"grpc_rdma: unknown mode '{mode}' (known: {', '.join(MODES)})")
         self.mode = mode
+        #: direct mode writes a tensor planned on a device at both ends from the sender's device into a result on
+        #: the receiver's (the seed design's result tensor "allocated on its appropriate device", GPU direct);
+        #: buffered mode's proxy buffer is host memory, as the design's proxy tensor is
+        self.writes_device_memory = mode == "direct"
         self.validate = validate
+        #: direct mode's device blocks given back, one per (peer, size, memory), for that peer's next request
+        self._spare_blocks: dict[tuple[int | None, int, Memory], DeviceBlock] = {}
         self._links: dict[int, _Link] = {}
         self._requests: dict[tuple[int, int], _Request] = {}  # (peer, index)
         #: requests whose recv gave up (timed out or was cancelled): their buffer and slot are kept
@@ -154,7 +168,7 @@ class GrpcRdmaTransport(FabricTransport):
         #: sender side: requests waiting for their tensor, by (peer, index), so that a CANCEL finds them
         self._serving: dict[tuple[int, int], tuple[Key, Future]] = {}
         self._meta_cache: dict[tuple[str, int], TensorMeta] = {}
-        self._lent: dict[tuple[str, int], Block] = {}  # direct mode: results handed out
+        self._lent: dict[tuple[str, int], Block | DeviceBlock] = {}  # direct mode: results handed out
         self._indices = itertools.count(1)
         self._outstanding: dict[int, threading.Semaphore] = {}
         #: native immediates from a peer whose link is not ready yet: (its device address, value)
@@ -356,7 +370,7 @@ class GrpcRdmaTransport(FabricTransport):
     def _start_send(self, key: Key, array: np.ndarray) -> Future:
         self._check_key(key, "send")
         sent: Future = Future()
-        self._outbox.put(key, (contiguous(np.asarray(array), self.ledger), sent))
+        self._outbox.put(key, (contiguous(array, self.ledger), sent))
         return sent
 
     def _refused(self, key: Key, error: BaseException) -> None:
@@ -402,14 +416,13 @@ class GrpcRdmaTransport(FabricTransport):
             if self.validate or request.meta != meta:
                 if len(link.responses) >= link.slots:  # more than the peer may have in flight
                     raise ProtocolError(f"{len(link.responses)} meta-data responses wait for a re-request")
-                # keep a clone in registered memory until the re-request says where to write
-                clone = self.pool.alloc(array.nbytes)
-                if array.nbytes:
-                    clone.array[:] = array.reshape(-1).view(np.uint8)
-                self.ledger.add(copied_bytes=array.nbytes)
+                # keep a clone in registered memory until the re-request says where to write (on the tensor's device,
+                # for one this transport moves device to device)
+                clone = self._alloc(array.nbytes, None, memory_of(array) if in_device_memory(array) else None)
+                self._copy_into(clone, array)
                 link.responses[index] = _Response(index, key, clone, meta)
                 settle(sent)
-                checksum = zlib.crc32(clone.array) if self.validate else 0
+                checksum = self._checksum(clone.array) if self.validate else 0
                 self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
                                          meta=meta, checksum=checksum))
                 return
@@ -420,6 +433,43 @@ class GrpcRdmaTransport(FabricTransport):
         except Exception as exc:  # whatever it is, both sides learn of it: nobody waits out a timeout
             settle(sent, error=exc)
             self._send_error(link, request, key, exc)
+
+    # registered memory for a tensor's bytes: the pool's, or a device's ------------------------------------------
+
+    def _alloc(self, nbytes: int, peer: int | None, memory: Memory | None = None) -> Block | DeviceBlock:
+        """``nbytes`` of registered memory whose key reaches ``peer`` alone: the pool's, or (``memory``: direct mode,
+        a tensor moved device to device) a device block, the one given back last for that peer and size if any."""
+        if memory is None:
+            return self.pool.alloc(nbytes, peer=peer)
+        with self._lock:
+            spare = self._spare_blocks.pop((peer, nbytes, memory), None)
+        return spare if spare is not None else DeviceBlock(self.device, nbytes, memory, peer)
+
+    def _free(self, block: Block | DeviceBlock) -> None:
+        """Give ``block`` back: to the pool, or (a device block) kept for its peer's next request of that size; a
+        device block not kept goes with its memory and registration."""
+        if isinstance(block, Block):
+            self.pool.free(block)
+            return
+        with self._lock:
+            self._spare_blocks.setdefault((block.peer, block.nbytes, block.memory), block)
+            while len(self._spare_blocks) > MAX_SPARE_BLOCKS:
+                self._spare_blocks.pop(next(iter(self._spare_blocks)))
+
+    def _copy_into(self, block: Block | DeviceBlock, array: Any) -> None:
+        """``array``'s bytes copied into ``block``, counted: in host memory, or on the device (finished before the
+        block is written from)."""
+        flat = array.reshape(-1).view(np.uint8)
+        block.array[: array.nbytes][...] = flat
+        if isinstance(block, DeviceBlock):
+            ready(block.array)
+            self.ledger.add(device_to_device_bytes=array.nbytes)
+        else:
+            self.ledger.add(copied_bytes=array.nbytes)
+
+    def _checksum(self, raw: Any) -> int:
+        """CRC-32 of ``raw``'s bytes (``validate``): device memory is checked through a host copy, counted."""
+        return zlib.crc32(to_host(raw, self.ledger))
 
     def _write_tensor(self, link: _Link, index: int, array: np.ndarray, addr: int, rkey: bytes) -> None:
         """Write ``array`` from registered memory: a staging copy (buffered) or the tensor itself (direct)."""
@@ -445,7 +495,7 @@ class GrpcRdmaTransport(FabricTransport):
             self.ledger.sent(response.meta.nbytes)
             self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
         finally:
-            self.pool.free(response.clone)
+            self._free(response.clone)
 
     def _on_cancel(self, link: _Link, message: Message) -> None:
         """The receiver gave up on a request: write nothing more for it, free its clone, confirm."""
@@ -457,7 +507,7 @@ class GrpcRdmaTransport(FabricTransport):
                 self._outbox.forget(*serving)  # if its tensor came meanwhile, _respond parks it again
             response = link.responses.pop(index, None)
             if response is not None:
-                self.pool.free(response.clone)
+                self._free(response.clone)
             self._post(link, Message(MessageType.ERROR_STATUS, index, name=message.name, step_id=message.step_id,
                                      error="cancelled by the receiver"))
 
@@ -508,7 +558,7 @@ class GrpcRdmaTransport(FabricTransport):
         if request is None:
             return False
         if request.buffer is not None:
-            self.pool.free(request.buffer)
+            self._free(request.buffer)
         self._outstanding[peer].release()
         return True
 
@@ -520,11 +570,13 @@ class GrpcRdmaTransport(FabricTransport):
             with self._lock:
                 lent = self._lent.pop((key.name, key.src), None)
             if lent is not None:  # direct mode: the previous result of this tensor is consumed
-                self.pool.free(lent)
+                self._free(lent)
             meta = self._meta_cache.get((key.name, key.src))
             request = _Request(next(self._indices), key, future, meta)
+            spec = self.placement.spec(key.name, key.src, self.rank)
+            request.memory = spec.dst_memory if self.moves_device(spec) else None
             if meta is not None:
-                request.buffer = self.pool.alloc(meta.nbytes, peer=key.src)
+                request.buffer = self._alloc(meta.nbytes, key.src, request.memory)
             with self._lock:
                 self._requests[(key.src, request.index)] = request
             # by index, not the request: the request holds the future, and a cycle between them would keep
@@ -551,10 +603,10 @@ class GrpcRdmaTransport(FabricTransport):
                 f"({meta.nbytes} bytes), more than this rank's memory ({memory_bytes()} bytes)"))
             return
         if request.buffer is not None:
-            self.pool.free(request.buffer)
+            self._free(request.buffer)
             request.buffer = None
         try:
-            request.buffer = self.pool.alloc(meta.nbytes, peer=link.peer)
+            request.buffer = self._alloc(meta.nbytes, link.peer, request.memory)
         except Exception as exc:  # a size we cannot allocate fails this request, not the poller
             self._fail_request(link, request, PeerError(
                 f"grpc_rdma: {self.peer_name(link.peer)} announced {request.key} as {meta.dtype} {meta.shape} "
@@ -579,8 +631,8 @@ class GrpcRdmaTransport(FabricTransport):
         self._outstanding[link.peer].release()
         meta = request.meta
         raw = request.buffer.array[: meta.nbytes]
-        if request.checksum is not None and zlib.crc32(raw) != request.checksum:
-            self.pool.free(request.buffer)
+        if request.checksum is not None and self._checksum(raw) != request.checksum:
+            self._free(request.buffer)
             settle(request.future, error=PeerError(
                 f"grpc_rdma: {request.key} from {self.peer_name(link.peer)} failed validation: checksum mismatch"))
             return
@@ -592,7 +644,7 @@ class GrpcRdmaTransport(FabricTransport):
             result = aligned_empty(meta.shape, meta.dtype)  # 64-byte aligned, so TensorFlow can adopt it without a copy
             result.reshape(-1).view(np.uint8)[:] = raw
             self.ledger.add(copied_bytes=meta.nbytes)
-            self.pool.free(request.buffer)
+            self._free(request.buffer)
         self.ledger.received(meta.nbytes)
         settle(request.future, result)
 
@@ -602,7 +654,7 @@ class GrpcRdmaTransport(FabricTransport):
                 return
             del self._requests[(link.peer, request.index)]
         if request.buffer is not None:
-            self.pool.free(request.buffer)
+            self._free(request.buffer)
         self._outstanding[link.peer].release()
         settle(request.future, error=error)
 
@@ -612,7 +664,7 @@ class GrpcRdmaTransport(FabricTransport):
         request = self._pending(link, message, remove=True)
         if request is not None:
             if request.buffer is not None:
-                self.pool.free(request.buffer)
+                self._free(request.buffer)
             settle(request.future, error=PeerError(
                 f"grpc_rdma: {self.peer_name(link.peer)} failed to send {request.key}: {message.error}"))
 
@@ -729,7 +781,7 @@ class GrpcRdmaTransport(FabricTransport):
             link = self._links.get(peer)
         for request in requests:
             if request.buffer is not None:
-                self.pool.free(request.buffer)
+                self._free(request.buffer)
             self._outstanding[peer].release()
             settle(request.future, error=error)
         for index in abandoned:
@@ -738,4 +790,4 @@ class GrpcRdmaTransport(FabricTransport):
             with link.lock:
                 responses, link.responses = list(link.responses.values()), {}
             for response in responses:
-                self.pool.free(response.clone)
+                self._free(response.clone)

@@ -361,7 +361,7 @@ class ZeroCopyTransport(FabricTransport):
                 if spec is not None and spec.shape is not None:
                     slots = slots_for(spec.nbytes)
                     on_device = self.moves_device(spec)
-                    data = (DeviceBlock(self.device, slots_bytes(spec.nbytes, slots), spec.dst_memory) if on_device
+                    data = (DeviceBlock(self.device, slots_bytes(spec.nbytes, slots), spec.dst_memory, src) if on_device
                             else self.pool.alloc(slots_bytes(spec.nbytes, slots), peer=src))
                     incoming = _Incoming(name, src, "static", control, data, spec.shape, spec.dtype, slots)
                     # slots in device memory: the sender puts into them (never a copy of its own into memory it
