@@ -10,7 +10,7 @@ UCX's tcp transport is never opened (its target writes any address a peer names,
 ``transports/fabric/stream.py``): ``--fabric-transport tcp`` carries one-sided operations over the fabric's own
 checked stream, and ``auto`` chooses among the rest.
 
-Why one module of 800 lines: loading the binding and translating settings, the workers (progress
+Why one module of 900 lines: loading the binding and translating settings, the workers (progress
 threads), registration and the device share the loaded library and the device's lock (the channels, their
 plans and flag sets are ``channel.py``).
 """
