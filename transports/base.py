@@ -8,12 +8,12 @@ it copies in user space, so that experiments report copies, not just time.
 
 Tensors of any framework go in (NumPy, or anything with ``__dlpack__`` or ``__cuda_array_interface__``: TensorFlow,
 PyTorch, JAX, CuPy) over their own memory, without a copy (``transports/tensors.py``). *Device to device*: a
-transport that moves device memory itself (:attr:`Transport.device_memory`: zerocopy and rdma_cp where the fabric
-registers GPU memory) puts a tensor planned on a device at both ends from the sender's GPU into the receiver's
-(:meth:`Transport.moves_device`). *Staging*: every other transfer of a device tensor (on the other transports, a
-side planned in host memory, a tensor without a planned shape) is copied to host memory before it is sent and to
-the device its plan names (``TensorSpec.dst_memory``) after it arrives, as TensorFlow's GPU RecvTensor does over
-gRPC; the ledger counts each crossing of the bus apart from host copies.
+transport that moves device memory itself (:attr:`Transport.device_memory`: zerocopy, rdma_cp and grpc_rdma's direct
+mode, where the fabric registers GPU memory) puts a tensor planned on a device at both ends from the sender's GPU
+into the receiver's (:meth:`Transport.moves_device`). *Staging*: every other transfer of a device tensor (on the
+other transports, a side planned in host memory, a tensor without a planned shape) is copied to host memory before
+it is sent and to the device its plan names (``TensorSpec.dst_memory``) after it arrives, as TensorFlow's GPU
+RecvTensor does over gRPC; the ledger counts each crossing of the bus apart from host copies.
 """
 
 from __future__ import annotations

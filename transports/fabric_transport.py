@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -134,10 +134,10 @@ class _Operation:
 class DeviceBlock:
     """``nbytes`` of GPU memory in an allocation of its own, registered with the fabric device: zerocopy's receive
     slots of a tensor planned in device memory at both ends, rdma_cp's staging buffer for a tensor it sends from
-    device memory. The device's counterpart of a pool block (``transports/fabric/pool.py``): typed views, and the
-    descriptor a peer writes with. Its own allocation (``cudaMalloc``, not CuPy's pool) because CUDA IPC hands a
-    peer the whole allocation an address lies in: the key to these slots reaches nothing else. Its registration
-    lives as long as the block (or until the device closes)."""
+    device memory, grpc_rdma's results and clones of such a tensor (direct mode). The device's counterpart of a pool
+    block (``transports/fabric/pool.py``): typed views, and the descriptor a peer writes with. Its own allocation
+    (``cudaMalloc``, not CuPy's pool) because CUDA IPC hands a peer the whole allocation an address lies in: the key
+    to these slots reaches nothing else. Its registration lives as long as the block (or until the device closes)."""
 
     def __init__(self, device: Device, nbytes: int, memory: Memory, peer: int | None = None) -> None:
         self.nbytes, self.memory = nbytes, memory
@@ -163,9 +163,9 @@ class FabricTransport(Transport):
 
     uses_fabric = True
     #: whether the transport's protocol writes a planned device tensor where it lies, into the receiver's device
-    #: memory, where its fabric moves device memory (zerocopy, rdma_cp); False: it stages device memory through
-    #: host memory on any fabric (grpc_rdma, whose message buffers are host memory)
-    writes_device_memory: ClassVar[bool] = False
+    #: memory, where its fabric moves device memory (zerocopy, rdma_cp, grpc_rdma's direct mode); False: it stages
+    #: device memory through host memory on any fabric (grpc_rdma's buffered mode: its proxy buffer is host memory)
+    writes_device_memory: bool = False
 
     @property
     def device_memory(self) -> bool:

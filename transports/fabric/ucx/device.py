@@ -583,6 +583,8 @@ class UcxDevice(Device):
         #: access against them (transports/fabric/stream.py); None otherwise
         self.grants: Grants | None = None
         self.stream: StreamListener | None = None
+        #: why this device moves no device memory, None when it does; False until asked (device_memory_problem)
+        self._device_memory_problem: str | bool | None = False
         self._token: str | None = None
         if fabric_transport == "tcp":
             self.grants = Grants()
@@ -597,13 +599,18 @@ class UcxDevice(Device):
         return self.device_memory_problem() is None
 
     def device_memory_problem(self) -> str | None:
-        """Why this device does not register GPU memory and put into it (None: it does)."""
-        if self.stream is not None:
-            return "over --fabric-transport tcp the fabric's own stream carries host memory only"
-        if not moves_device_memory(self.tls):
-            return (f"UCX offers no CUDA transport under UCX_TLS={self.tls} here (it needs a GPU, and cuda_copy "
-                    "in UCX_TLS)")
-        return None
+        """Why this device does not register GPU memory and put into it (None: it does); found once (a transport asks
+        on every send of a device tensor)."""
+        if self._device_memory_problem is False:
+            if self.stream is not None:
+                self._device_memory_problem = ("over --fabric-transport tcp the fabric's own stream carries host "
+                                               "memory only")
+            elif not moves_device_memory(self.tls):
+                self._device_memory_problem = (f"UCX offers no CUDA transport under UCX_TLS={self.tls} here (it "
+                                               "needs a GPU, and cuda_copy in UCX_TLS)")
+            else:
+                self._device_memory_problem = None
+        return self._device_memory_problem
 
     @property
     def mapped_writes(self) -> int:
