@@ -155,7 +155,7 @@ def contiguous(array: Any, ledger: Any) -> Any:
     """``array`` as a C-contiguous array, counting the copy when its layout forces one: a host array's in host memory
     (``copied_bytes``), a device array's on its device (``device_to_device_bytes``, finished before it is returned:
     see :func:`ready`)."""
-    if type(array) is not np.ndarray and in_device_memory(array):
+    if in_device_memory(array):
         if array.flags.c_contiguous:
             return array
         cupy = array_module()
