@@ -132,7 +132,7 @@ def test_micro_end_to_end_writes_records_meta_and_figures(tmp_path):
     # two transports, then the reference lines: ucx_perftest's put bandwidth and put latency (the library's
     # limits), memcpy, and the harness alone (below 64KB)
     assert sorted(set(run.records["transport"])) == ["grpc_tcp", "harness", "local", "memcpy", "ucx_perftest",
-                                                      "ucx_perftest_lat"]
+                                                      "ucx_perftest_lat"], result.stderr  # a line left out says why
     assert len(records) == 11
     assert (records["iters"] == 4).all()
     timed = records.dropna(subset=["p99_us"])  # perftest reports no p99

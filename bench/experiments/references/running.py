@@ -22,8 +22,6 @@ from transports.memory import HOST, Memory
 
 #: the latency reference runs up to this size (bytes): beyond it a send/receive is a bandwidth question
 LATENCY_MAX_SIZE = 1 << 20
-#: seconds the perftest server may take to start listening
-LISTEN_TIMEOUT_S = 10.0
 #: seconds the server may take to exit once its client is done
 SERVER_EXIT_TIMEOUT_S = 10.0
 NAN = float("nan")
