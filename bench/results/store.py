@@ -517,10 +517,12 @@ def _checked(frame: pd.DataFrame, path: Path, kinds: dict[str, str]) -> pd.DataF
             frame[column] = numbers
             continue
         limit = TEXT_LIMIT if column in _LONG_TEXT or kind is None else NAME_LIMIT
-        if kind == "text" and not pd.api.types.is_object_dtype(series):
+        # text: object columns, and (pandas 3) columns of its own string type, in which ``is_object_dtype`` is False
+        holds_text = pd.api.types.is_object_dtype(series) or pd.api.types.is_string_dtype(series.dtype)
+        if kind == "text" and not holds_text:
             frame[column] = series.map(lambda v, limit=limit: v if pd.isna(v) else printable(_cell(v), limit))
             continue
-        if pd.api.types.is_object_dtype(series):
+        if holds_text:
             mapping = {v: printable(v, limit) for v in pd.unique(series.dropna()) if isinstance(v, str)}
             if any(key != shown_ for key, shown_ in mapping.items()):
                 frame[column] = series.map(lambda v, m=mapping: m.get(v, v) if isinstance(v, str) else v)
