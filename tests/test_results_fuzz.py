@@ -173,6 +173,13 @@ def _leaves(value):
 @example(files=(b'{"schema_version": 1, "experiment": "scale"}',
                 "transport,model,batch_size,servers,steps,step_time_s,throughput_batches_per_s,compute_s,comm_s,"
                 "compute,launcher,link_rate,scaling_efficiency,extra\r\nzerocopy,,0,0,0,,,,,,,,,\x1f\r\n", None))
+# micro records with no size, or an infinite one, where of_reference is computed (a run from before the column)
+@example(files=(b'{"schema_version": 1, "experiment": "micro"}',
+                "size_bytes,iters,p50_us,p99_us,mean_us,throughput_MBps,sender_cpu_s,receiver_cpu_s,"
+                "copied_bytes_per_transfer,transport\r\n,,0,,,,,,,ucx_perftest\r\n", None))
+@example(files=(b'{"schema_version": 1, "experiment": "micro"}',
+                "size_bytes,iters,p50_us,p99_us,mean_us,throughput_MBps,sender_cpu_s,receiver_cpu_s,"
+                "copied_bytes_per_transfer,transport\r\nINF,,,,0,,,,,zerocopy\r\n", None))
 def test_load_run_gives_a_bounded_run_or_one_line(files):
     with tempfile.TemporaryDirectory() as tmp:
         path = _write(Path(tmp) / "run", *files)

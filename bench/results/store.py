@@ -103,9 +103,15 @@ def reference_throughputs(records: pd.DataFrame) -> dict[int, float]:
     if "transport" not in records or "throughput_MBps" not in records or "size_bytes" not in records:
         return {}
     lines = records[records["transport"].isin(bandwidth_references())]
+    lines = lines[lines["size_bytes"].map(lambda size: _size_key(size) is not None).astype(bool)]
     counts = lines["size_bytes"].value_counts()
     return {int(size): float(mbps) for size, mbps in zip(lines["size_bytes"], lines["throughput_MBps"], strict=True)
             if counts[size] == 1}
+
+
+def _size_key(size: Any) -> int | None:
+    """A record's size as a key: None where the file holds no finite number there (empty, inf)."""
+    return int(size) if isinstance(size, (int, float)) and math.isfinite(size) else None
 
 
 def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
@@ -116,7 +122,7 @@ def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
     references = reference_throughputs(records)
     records = records.copy()
     records["of_reference"] = [
-        of_reference(mbps, references.get(int(size)))
+        of_reference(mbps, references.get(_size_key(size)))
         for size, mbps in zip(records["size_bytes"], records["throughput_MBps"], strict=True)
     ]
     records["of_reference"] = records["of_reference"].astype(float)
