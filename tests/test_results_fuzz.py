@@ -195,8 +195,19 @@ def test_load_run_gives_a_bounded_run_or_one_line(files):
             one_line(exc)
 
 
+_MODELS_META = (b'{"schema_version": 1, "experiment": "models", "command": null, "cpu": null, "cpu_count": null, '
+                b'"end_time": null, "git_commit": null, "packages": {}}')
+
+
+def _models_records(compute_ms: str) -> str:
+    return ("model,variables,model_mb,batch_size,compute_ms_per_sample\r\n,0,0,,0\r\n,0,,0,0\r\n"
+            f"{'x' * 200},0,,0,{compute_ms}\r\n0,,0,,\r\n")
+
+
 @FUZZ
 @given(base=run_files(), new=run_files())
+# a ratio of 1e+264 / 755617 was written out in full, 260 digits, in a line of a long name
+@example(base=(_MODELS_META, _models_records("755617"), None), new=(_MODELS_META, _models_records("1e+264"), None))
 def test_compare_gives_a_comparison_or_one_line(base, new):
     with tempfile.TemporaryDirectory() as tmp:
         a, b = _write(Path(tmp) / "base", *base), _write(Path(tmp) / "new", *new)

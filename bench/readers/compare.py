@@ -421,6 +421,8 @@ def _number(x: float) -> str:
     if math.isinf(x):
         return "inf"
     size = abs(x)
+    if size >= 1e6:  # a ratio or value out of all measure: its magnitude, not hundreds of digits
+        return f"{x:.3g}"
     if size >= 100 or x == 0:
         return f"{x:.0f}"
     if size >= 10:
