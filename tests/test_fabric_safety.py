@@ -193,6 +193,53 @@ def test_an_operation_past_a_mapped_peer_region_is_refused():
     assert child.stdout.count("refused:") == 2, child.stdout
 
 
+def test_a_key_that_says_device_memory_of_host_memory_is_refused():
+    # the memory type byte of a packed key (after the 64-bit map of memory domains) is the peer's word: a key to
+    # host memory that claims device memory gets the device check, which finds no device allocation (no GPU or
+    # none there), and is refused rather than copied into by this process's CPU or UCX's CUDA transports
+    child = run_child("""
+        import numpy as np
+        from transports.fabric.base import FabricError, RemoteRegion
+        from transports.fabric.ucx.channel import HOST_MEMORY, key_memory_type
+        from transports.fabric.ucx.device import UcxDevice
+        a, b = UcxDevice('shm'), UcxDevice('shm')
+        good = b.alloc(4096).export()
+        print('host key:', key_memory_type(good.rkey) == HOST_MEMORY)
+        channel = a.channel(b.address)
+        local = np.zeros(4096, np.uint8)
+        forged = RemoteRegion(good.addr, 4096, good.rkey[:8] + bytes([1]) + good.rkey[9:])
+        for op in (channel.read, channel.write):
+            try:
+                channel.wait(op(local, forged))
+                print('done')
+            except FabricError as exc:
+                print('refused:', exc)
+        channel.wait(channel.read(local, good))
+        print('the true key still reads')
+        a.close(); b.close()
+    """)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "host key: True" in child.stdout, child.stdout
+    assert child.stdout.count("refused:") == 2 and "outside the device memory" in child.stdout, child.stdout
+    assert "the true key still reads" in child.stdout, child.stdout
+
+
+def test_own_mappings_are_the_allocations_of_the_device():
+    from transports.fabric.ucx.device import UcxDevice
+
+    device = UcxDevice("shm")
+    try:
+        regions = [device.alloc(4096), device.alloc(1 << 20)]
+        mappings = device.own_mappings()
+        for region in regions:
+            start = region.array.ctypes.data
+            assert any(lo <= start and start + region.nbytes <= hi for lo, hi in mappings), (start, mappings)
+        assert all(lo < hi for lo, hi in mappings)
+        assert device.own_device_memory() == []
+    finally:
+        device.close()
+
+
 @pytest.mark.parametrize("room", ["little", "plenty"])
 def test_shared_memory_without_room_is_process_memory_without_an_error(room):
     """A shared segment goes where UCX puts shared memory (``/dev/shm``) only while half of that filesystem's free

@@ -40,6 +40,18 @@ MAX_TARGETS = 4096
 #: the cores with compute (``Device.share_cores``)
 SPIN_S = 0.002
 
+#: the memory type a remote key to host memory carries (UCX's ``UCS_MEMORY_TYPE_HOST``; CUDA's is 1)
+HOST_MEMORY = 0
+
+
+def key_memory_type(rkey: bytes) -> int:
+    """The memory type a packed remote key says its memory has: UCX packs a key as its memory domains' map (64
+    bits), the memory type (a byte), then each domain's key (``ucp_rkey_packed_copy``). A peer's key may lie about
+    it; the check each kind of memory gets fails either way (a device check of host memory finds no device
+    allocation, a host check of device memory no shared segment)."""
+    return rkey[8] if len(rkey) > 8 else HOST_MEMORY
+
+
 #: the loaded binding (cffi's ffi and lib): set by :func:`bind` when ``device.load`` has loaded it
 _ffi = _lib = None
 
@@ -209,6 +221,9 @@ class UcxChannel(Channel):
             return 0  # not mapped into this process
         start = int(_ffi.cast("uintptr_t", local[0]))
         end = start + nbytes
+        if key_memory_type(rkey) != HOST_MEMORY:
+            self._check_device_target(start, end, remote)
+            return 0  # device memory: UCX's CUDA transports copy, never this process's CPU
         segments = self._segments.get(rkey)
         if segments is None:
             own = self.worker.device.own_mappings()
@@ -219,6 +234,23 @@ class UcxChannel(Channel):
                 f"ucx: the peer's region [{remote.addr:#x}, +{nbytes}) lies outside the memory its remote key covers"
             )
         return start
+
+    def _check_device_target(self, start: int, end: int, remote: RemoteRegion) -> None:
+        """Refuse an operation on a peer's device memory, mapped here by CUDA IPC at ``[start, end)``, that leaves
+        the peer's allocation. UCX's cuda_ipc finds the target as its mapping of the allocation the key names plus
+        the address's offset from that allocation's start, bounded only by an assertion of its debug builds: an
+        address outside the key would have this process's GPU copy land beside the mapping, in device memory of
+        its own. The driver says which allocation ``start`` lies in (the mapping of a peer's block is all of it:
+        ``DeviceBlock``); the operation must end inside it, and it must not be device memory this device
+        registered (the writer's own tensors and slots)."""
+        base, size = _ffi.new("uintptr_t *"), _ffi.new("size_t *")
+        status = _lib.tt_cuda_range(start, base, size)
+        lo = int(base[0])
+        hi = lo + int(size[0])
+        own = self.worker.device.own_device_memory()
+        if status != 0 or not lo <= start < end <= hi or any(o_lo < hi and lo < o_hi for o_lo, o_hi in own):
+            raise FabricError(f"ucx: the peer's region [{remote.addr:#x}, +{end - start}) lies outside the device "
+                              f"memory its remote key covers")
 
     def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
         if local.nbytes > remote.length:

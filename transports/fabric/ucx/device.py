@@ -552,6 +552,11 @@ class UcxDevice(Device):
                 raise FabricError(f"ucx: UCX offers its CUDA transports, but CUDA device 0's context cannot be held "
                                   f"(CUresult {status}; -1: libcuda.so.1 or one of its functions is missing); "
                                   f"leave cuda_copy out of UCX_TLS to move host memory only")
+            # a flag put after device data must land after it: cuda_ipc's put is a GPU copy UCX completes later,
+            # and a weak fence (UCX_FENCE_MODE=weak) lets the flag's shared-memory put overtake it (shim.c:
+            # tt_put_flagged); strong waits for the data (UCX 1.22's own choice, where UCX_FENCE_MODE is auto)
+            if "FENCE_MODE" not in self.config and accepts_setting("FENCE_MODE", "strong"):
+                self.config["FENCE_MODE"] = "strong"
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")
@@ -766,7 +771,13 @@ class UcxDevice(Device):
     def own_mappings(self) -> list[tuple[int, int]]:
         """``[start, end)`` of the memory UCX allocated for this device's regions."""
         with self._lock:
-            return [region._mapped for region in self._cache.live() if region._mapped is not None]
+            return [(region._mapped[0], region._mapped[0] + region._mapped[1]) for region in self._cache.live()
+                    if region._mapped is not None]
+
+    def own_device_memory(self) -> list[tuple[int, int]]:
+        """``[start, end)`` of the device memory this device registered (its own allocations and tensors)."""
+        with self._lock:
+            return [region._span for region in self._cache.live() if region._span is not None]
 
     def address_problem(self, address: bytes) -> str | None:
         """None when ``address`` (a peer's, from the control path) is a worker address UCX can use, else why not.

@@ -39,6 +39,7 @@
 static void *tt_cuda_context;
 static int (*tt_cu_ctx_get_current)(void **);
 static int (*tt_cu_ctx_set_current)(void *);
+static int (*tt_cu_mem_get_address_range)(uintptr_t *, size_t *, uintptr_t);
 static __thread int tt_cuda_entered;
 
 static void tt_cuda_enter(void)
@@ -72,7 +73,9 @@ static int tt_cuda_use(int device)
     retain = (int (*)(void **, int))dlsym(driver, "cuDevicePrimaryCtxRetain");
     tt_cu_ctx_get_current = (int (*)(void **))dlsym(driver, "cuCtxGetCurrent");
     tt_cu_ctx_set_current = (int (*)(void *))dlsym(driver, "cuCtxSetCurrent");
-    if (!init || !device_get || !retain || !tt_cu_ctx_get_current || !tt_cu_ctx_set_current) {
+    tt_cu_mem_get_address_range = (int (*)(uintptr_t *, size_t *, uintptr_t))dlsym(driver, "cuMemGetAddressRange_v2");
+    if (!init || !device_get || !retain || !tt_cu_ctx_get_current || !tt_cu_ctx_set_current ||
+        !tt_cu_mem_get_address_range) {
         return -1;
     }
     if ((status = init(0)) != 0 || (status = device_get(&handle, device)) != 0 ||
@@ -81,6 +84,18 @@ static int tt_cuda_use(int device)
     }
     tt_cuda_context = context;
     return 0;
+}
+
+/* The device allocation `address` lies in, as the driver knows it (cuMemGetAddressRange: an allocation of this
+   process, or a peer's that CUDA IPC mapped here): 0 with its start and size, else the driver's error (a CUresult),
+   or -1 when no CUDA context is held (tt_cuda_use). */
+static int tt_cuda_range(uintptr_t address, uintptr_t *base, size_t *size)
+{
+    if (tt_cuda_context == NULL) {
+        return -1;
+    }
+    tt_cuda_enter();
+    return tt_cu_mem_get_address_range(base, size, address);
 }
 
 /* tls: UCX_TLS ("" leaves UCX's choice); names/values: further settings, as UCX_<name> */
@@ -451,8 +466,10 @@ static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void 
 }
 
 /* One transfer: write the data, fence, write the trailer (whose last byte is the flag), flush. The fence
-   (ucp_worker_fence) makes the data land before the trailer without waiting for it: one round trip, where a
-   flush between the two took two (over tcp, a 1KB transfer's time). Either part may be empty.
+   (ucp_worker_fence) makes the data land before the trailer: a weak one without waiting for it, one round trip
+   where a flush between the two took two (over tcp, a 1KB transfer's time); a strong one (UCX_FENCE_MODE, which
+   the device sets where it moves device memory: cuda_ipc's put is a GPU copy that completes later) waits for the
+   data first. Either part may be empty.
    UCS_ERR_TIMED_OUT: the deadline passed or `*stop` was set; the buffers may still be read by UCX afterwards,
    so the caller keeps them alive. */
 static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,

@@ -30,6 +30,7 @@ ucs_status_t tt_config_accepts(const char *name, const char *value);
 int tt_offers_tl(const char *component, const char *name);
 int tt_cuda_use(int device);
 void tt_cuda_enter(void);
+int tt_cuda_range(uintptr_t address, uintptr_t *base, size_t *size);
 void ucp_cleanup(ucp_context_h context);
 
 ucs_status_t tt_worker_create(ucp_context_h context, ucp_worker_h *worker);
