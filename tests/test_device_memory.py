@@ -122,3 +122,34 @@ def test_the_shim_holds_a_cuda_context_for_ucx_only_where_the_driver_gives_one()
     else:  # no driver here: nothing is held, and a thread entering UCX is left as it is
         assert held != 0
     ucx._lib.tt_cuda_enter()
+
+
+def test_bench_micro_moves_device_memory_between_two_processes(tmp_path):
+    """The one case here that runs sender and receiver in two processes, as ``bench micro --memory cuda`` does: CUDA
+    IPC (UCX's cuda_ipc) reaches a peer's GPU memory only from another process, so the in-process pairs of the
+    conformance suite never unpack such a key or put through it."""
+    import subprocess
+    import sys
+
+    from bench.results import load_run
+
+    if (problem := cuda_problem()) is not None:
+        pytest.skip(problem)
+    out = tmp_path / "run"
+    lines = ["zerocopy", "rdma_cp", "grpc_rdma:direct", "grpc_tcp"]
+    result = subprocess.run([sys.executable, "-m", "bench.cli", "micro", "--memory", "cuda", "--sizes", "1KB,1MB",
+                             "--iters", "20", "--warmup", "2", "--transports", ",".join(lines), "--no-references",
+                             "--no-peers", "--no-plot", "--out", str(out)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_run(out).records.set_index(["transport", "size_bytes"])
+    assert sorted(set(records.index.get_level_values(0))) == sorted(lines), result.stderr[-3000:]
+    assert (records["sender_memory"] == "cuda:0").all() and (records["receiver_memory"] == "cuda:0").all()
+    for size in (1024, 1 << 20):
+        for line in ("zerocopy", "rdma_cp", "grpc_rdma:direct"):  # GPU to GPU: nothing crosses to the host
+            assert records.loc[(line, size), "device_to_host_bytes_per_transfer"] == 0, line
+            assert records.loc[(line, size), "host_to_device_bytes_per_transfer"] == 0, line
+        assert records.loc[("zerocopy", size), "copied_bytes_per_transfer"] == 0
+        # TensorFlow's GPU RecvTensor path: the sender copies to the host before it serialises, the receiver back
+        assert records.loc[("grpc_tcp", size), "device_to_host_bytes_per_transfer"] == size
+        assert records.loc[("grpc_tcp", size), "host_to_device_bytes_per_transfer"] == size
