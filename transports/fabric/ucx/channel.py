@@ -217,6 +217,7 @@ class UcxChannel(Channel):
         if nbytes == 0:
             return 0
         local = _ffi.new("void **")
+        _lib.tt_cuda_enter()  # (cuda_ipc maps a key to device memory through the driver, on this thread's context)
         if _lib.ucp_rkey_ptr(handle, remote.addr, local) != _lib.UCS_OK:
             return 0  # not mapped into this process
         start = int(_ffi.cast("uintptr_t", local[0]))
