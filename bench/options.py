@@ -151,11 +151,19 @@ def non_negative_int(text: str) -> int:
 
 
 def int_list(text: str) -> list[int]:
-    """``1,2,4``: positive whole numbers, each once, in the order given."""
-    values = [positive_int(part) for part in text.split(",") if part.strip()]
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected a whole number or a comma list of them, e.g. 1,2,4, got '{text}'")
-    return list(dict.fromkeys(values))
+    """``1,2,4``: positive whole numbers, each once, in the order given; an empty item is a mistake, not skipped."""
+    parts = text.split(",")
+    if not all(part.strip() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected a whole number or a comma list of them, e.g. 1,2,4, got '{text}'"
+                                         f"{' (an empty item)' if text.strip() else ''}")
+    return list(dict.fromkeys(positive_int(part) for part in parts))
+
+
+def output_path(text: str) -> Path:
+    """A path to write to: not empty (an empty one would be the working directory, with no name to write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty one")
+    return Path(text)
 
 
 def _positive_number(text: str, unit: str = "") -> float:
@@ -300,7 +308,7 @@ def labels(chosen: list[Choice]) -> list[str]:
 
 def add_out(parser: argparse.ArgumentParser, experiment: str) -> None:
     """``--out DIR``: where the run's results go."""
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=output_path, default=None,
                         help=f"results directory (default: results/{experiment}-<time>/)")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from bench import options
 from bench.commands.common import disk_full, draw, open_run
@@ -31,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a model ({', '.join(options.MODEL_NAMES)}) or package.module:ATTR")
     parser.add_argument("--servers", type=options.positive_int, default=1, help="servers, each a worker and a PS")
     parser.add_argument("--batch-size", type=options.positive_int, default=1, help="per-worker mini-batch size")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the plan as JSON")
+    parser.add_argument("--json", type=options.output_path, default=None, metavar="PATH",
+                        help="also write the plan as JSON")
     parser.add_argument("--all", action="store_true", help="list every tensor (default: the first 40)")
     parser.add_argument("--no-analysis", action="store_true",
                         help="the plan zerocopy:no_analysis works with: every tensor dynamic")

@@ -26,7 +26,7 @@ FORMATS = ("html", "markdown", "both")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results_dirs", nargs="+", type=Path, metavar="RESULTS_DIR",
                         help="run directories (results/<experiment>-<time>/), or directories holding them")
-    parser.add_argument("--out", type=Path, default=argparse.SUPPRESS, metavar="PATH",
+    parser.add_argument("--out", type=options.output_path, default=argparse.SUPPRESS, metavar="PATH",
                         help="where the page goes (default: results/report-<YYYYmmdd-HHMMSS>.html, or .md); with "
                         "--format both, the HTML goes to PATH with the suffix .html and the Markdown with .md")
     parser.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS,
