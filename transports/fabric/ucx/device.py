@@ -478,6 +478,7 @@ class UcxRegion(MemRegion):
             # references: self.array and getrefcount's argument; any other one is a view
             keep = self._mapped is not None and sys.getrefcount(self.array) > 2
             saved = bytes(_ffi.buffer(_ffi.cast("void *", self._mapped[0]), self._mapped[1])) if keep else b""
+            _lib.tt_cuda_enter()  # (cuda_copy pins host memory it registers: unpinning needs a context here too)
             _lib.ucp_mem_unmap(self.device.context, self.memh)
             if keep:
                 _keep_mapped(self.array, *self._mapped, saved)
