@@ -248,13 +248,12 @@ class UcxChannel(Channel):
         status = _lib.tt_cuda_range(start, base, size)
         lo = int(base[0])
         hi = lo + int(size[0])
-        own = self.worker.device.own_device_memory()
         if status != 0:  # the driver knows no allocation there: said with its error, not as a peer's fault alone
             raise FabricError(f"ucx: the peer's region [{remote.addr:#x}, +{end - start}), mapped here at "
                               f"{start:#x}, lies in no device allocation the CUDA driver knows (cuMemGetAddressRange: "
                               f"CUresult {status}; -1: no CUDA context held): outside the device memory its remote "
                               f"key covers, or a mapping the driver cannot place")
-        ours = any(o_lo < hi and lo < o_hi for o_lo, o_hi in own)
+        ours = any(o_lo < hi and lo < o_hi for o_lo, o_hi in self.worker.device.own_device_memory())
         if not lo <= start < end <= hi or ours:
             raise FabricError(f"ucx: the peer's region [{remote.addr:#x}, +{end - start}) lies outside the device "
                               f"memory its remote key covers (mapped here at {start:#x}, in the allocation "
