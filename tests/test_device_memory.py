@@ -114,6 +114,54 @@ def test_only_a_static_transfer_from_device_to_device_goes_without_host_memory(n
             transport.close()
 
 
+def test_a_flagged_put_can_order_its_data_before_its_flag_with_a_bounded_flush():
+    """Where UCX moves GPU memory a flagged put orders its data before its flag with a flush of the endpoint, which
+    its deadline bounds (shim.c: tt_put_flagged's flush_between), not with a fence, which spins unbounded on a copy
+    that never completes. Here on host memory the peer's memory is not mapped: each transfer is UCX's put."""
+    import threading
+
+    from tests.test_fabric_conformance import connect
+    from transports.fabric import open_device
+
+    a, b = open_device("ucx", "shm"), open_device("ucx", "shm")
+    try:
+        assert a.flush_between == int(a.moves_device_memory)
+        a.flush_between = 1
+        size = 1 << 20
+        source, slots, control = a.alloc(size, shared=False), b.alloc(2 * size, shared=False), b.alloc(128)
+        staging, credits = a.alloc(64), a.alloc(64)
+        control.array[:] = 0
+        flags = b.flag_set([control.array[8:9]])
+        channel = connect(a, b)
+        for round_ in range(1, 4):  # one put at a time: the flag, once up, finds all of its data
+            flags.reset()
+            source.array[:] = round_
+            staging.array[0] = 1
+            writer = threading.Thread(target=channel.write_flagged, args=(
+                source.array, slots.export().at(0, size), staging.array[:1], control.export().at(8, 1)))
+            writer.start()
+            assert flags.wait_any(10.0) == 0
+            assert (slots.array[:size] == round_).all()
+            writer.join(10)
+            control.array[8] = 0
+        trailers = [control.array[0:9], control.array[64:73]]
+        take = b.take_plan(trailers)
+        exported = control.export()
+        plan = channel.send_plan([slots.export().at(0, size), slots.export().at(size, size)],
+                                 [exported.at(0, 9), exported.at(64, 9)], staging.array[:9],
+                                 credits.array[:8].view(np.uint64))
+        assert not plan.mapped and plan._plan.flush_between == 1
+        for seq in range(4):
+            credits.array[:8].view(np.uint64)[0] = seq  # (as the receiver's credit would set it)
+            source.array[:] = 10 + seq
+            assert plan.send(source.array, seq, seq, 10.0, timeout=10) is True
+            assert take.take(seq, seq, 10.0) is True
+            assert (slots.array[(seq % 2) * size:(seq % 2 + 1) * size] == 10 + seq).all()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_shim_holds_a_cuda_context_for_ucx_only_where_the_driver_gives_one():
     ucx.load()
     held = ucx._lib.tt_cuda_use(0)

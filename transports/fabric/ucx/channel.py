@@ -315,7 +315,7 @@ class UcxChannel(Channel):
             return
         status = _lib.tt_put_flagged(self.worker.handle, self.ep, _buffer(data), data.nbytes, remote.addr,
                                      rkey, trailer_pointer, trailer_bytes, trailer_addr, trailer_rkey,
-                                     int(timeout * 1e9), device._stop, self._error)
+                                     device.flush_between, int(timeout * 1e9), device._stop, self._error)
         if status != _lib.UCS_OK:
             device._outcome(status, "put", keep_alive=(data, trailer))
 
@@ -403,7 +403,7 @@ class UcxSendPlan(SendPlan):
         device = channel.worker.device
         plan.spin_ns, plan.stop, plan.failed = int(device.spin_s * 1e9), device._stop, channel._error
         plan.workers, plan.nworkers = device._worker_handles, len(device._workers)
-        plan.mapped_writes = device._mapped_by_plans
+        plan.mapped_writes, plan.flush_between = device._mapped_by_plans, device.flush_between
         self._plan, self._channel, self._device = plan, channel, device
         # what the plan points into stays alive with it
         self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles,

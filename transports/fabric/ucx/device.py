@@ -545,6 +545,9 @@ class UcxDevice(Device):
         self.tls = owner_only_tls(self.config.pop("TLS", None) or chosen or os.environ.get("UCX_TLS", ""))
         if chosen and fabric_transport != "tcp":  # a list the fabric chose: GPU memory too, where a GPU is
             self.tls = with_device_transports(self.tls)
+        #: a flagged put orders its data before its flag with a bounded flush of the endpoint, not a fence (shim.c:
+        #: tt_put_flagged): where UCX moves GPU memory, whose puts are GPU copies UCX completes later
+        self.flush_between = 0
         if fabric_transport != "tcp" and moves_device_memory(self.tls):
             # UCX's CUDA transports call the driver from every thread that calls UCX: device 0's primary context
             # (CUDA_VISIBLE_DEVICES chooses it) is made current on each that has none (shim.c: tt_cuda_enter)
@@ -553,11 +556,7 @@ class UcxDevice(Device):
                 raise FabricError(f"ucx: UCX offers its CUDA transports, but CUDA device 0's context cannot be held "
                                   f"(CUresult {status}; -1: libcuda.so.1 or one of its functions is missing); "
                                   f"leave cuda_copy out of UCX_TLS to move host memory only")
-            # a flag put after device data must land after it: cuda_ipc's put is a GPU copy UCX completes later,
-            # and a weak fence (UCX_FENCE_MODE=weak) lets the flag's shared-memory put overtake it (shim.c:
-            # tt_put_flagged); strong waits for the data (UCX 1.22's own choice, where UCX_FENCE_MODE is auto)
-            if "FENCE_MODE" not in self.config and accepts_setting("FENCE_MODE", "strong"):
-                self.config["FENCE_MODE"] = "strong"
+            self.flush_between = 1
         names = [_ffi.new("char[]", name.encode()) for name in self.config]
         values = [_ffi.new("char[]", str(value).encode()) for value in self.config.values()]
         context = _ffi.new("ucp_context_h *")

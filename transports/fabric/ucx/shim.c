@@ -465,17 +465,19 @@ static ucs_status_t tt_put_flushed(ucp_worker_h worker, ucp_ep_h ep, const void 
     return tt_finish(worker, tt_ep_flush(ep), deadline_ns, stop, failed);
 }
 
-/* One transfer: write the data, fence, write the trailer (whose last byte is the flag), flush. The fence
-   (ucp_worker_fence) makes the data land before the trailer: a weak one without waiting for it, one round trip
-   where a flush between the two took two (over tcp, a 1KB transfer's time); a strong one (UCX_FENCE_MODE, which
-   the device sets where it moves device memory: cuda_ipc's put is a GPU copy that completes later) waits for the
-   data first. Either part may be empty.
+/* One transfer: write the data, fence, write the trailer (whose last byte is the flag), flush. The fence makes
+   the data land before the trailer. Host memory: ucp_worker_fence, weak (one round trip where a flush between
+   the two took two: over tcp, a 1KB transfer's time). Where `flush_between` is set (the device moves device
+   memory: a put from or into GPU memory is a GPU copy UCX completes later, which a weak fence lets the flag's
+   shared-memory put overtake) the fence is a flush of the endpoint, bounded by the same deadline, stop word
+   and error slot as the rest: a strong ucp_worker_fence waits for it too, but spins without a bound, so a
+   copy that never completes (a sticky CUDA error) would hang the sender. Either part may be empty.
    UCS_ERR_TIMED_OUT: the deadline passed or `*stop` was set; the buffers may still be read by UCX afterwards,
    so the caller keeps them alive. */
 static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length,
                                    uint64_t remote, ucp_rkey_h rkey, const void *trailer, size_t trailer_length,
-                                   uint64_t trailer_remote, ucp_rkey_h trailer_rkey, int64_t timeout_ns,
-                                   volatile int *stop, volatile int *failed)
+                                   uint64_t trailer_remote, ucp_rkey_h trailer_rkey, int flush_between,
+                                   int64_t timeout_ns, volatile int *stop, volatile int *failed)
 {
     int64_t deadline = tt_now_ns() + timeout_ns;
     ucs_status_t status;
@@ -493,7 +495,7 @@ static ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void 
     if (put != NULL) {
         ucp_request_free(put); /* the flush below completes after it */
     }
-    status = ucp_worker_fence(worker);
+    status = flush_between ? tt_finish(worker, tt_ep_flush(ep), deadline, stop, failed) : ucp_worker_fence(worker);
     if (status != UCS_OK) {
         return status;
     }
@@ -654,6 +656,8 @@ typedef struct {
     int64_t pull_took_ns[2];
     /* the device's count of transfers written by this process's own copy into mapped memory, or NULL */
     uint64_t *mapped_writes;
+    /* tt_put_flagged's flush_between: data and trailer are ordered by a bounded flush, not a fence */
+    int flush_between;
 } tt_send_plan;
 
 #define TT_NO_CREDIT 1
@@ -874,7 +878,7 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
     } else {
         status = tt_put_flagged(plan->worker, plan->ep, data, plan->length, plan->remote[slot], plan->rkey[slot],
                                 plan->trailer, 9, plan->trailer_remote[slot], plan->trailer_rkey[slot],
-                                plan->timeout_ns, stop, failed);
+                                plan->flush_between, plan->timeout_ns, stop, failed);
     }
     return status;
 }
@@ -910,7 +914,7 @@ static ucs_status_t tt_set_counter(tt_counter_plan *plan, uint64_t value, int64_
         return UCS_OK;
     }
     return tt_put_flagged(plan->worker, plan->ep, plan->local, sizeof(value), plan->remote, plan->rkey, NULL, 0, 0,
-                          NULL, timeout_ns, stop, failed);
+                          NULL, 0, timeout_ns, stop, failed);
 }
 
 /* tt_set_counter with the plan's own waits: a persistent receive's grant in one call */

@@ -65,7 +65,8 @@ int tt_is_request(ucs_status_ptr_t ptr);
 
 ucs_status_t tt_put_flagged(ucp_worker_h worker, ucp_ep_h ep, const void *data, size_t length, uint64_t remote,
                             ucp_rkey_h rkey, const void *trailer, size_t trailer_length, uint64_t trailer_remote,
-                            ucp_rkey_h trailer_rkey, int64_t timeout_ns, volatile int *stop, volatile int *failed);
+                            ucp_rkey_h trailer_rkey, int flush_between, int64_t timeout_ns, volatile int *stop,
+                            volatile int *failed);
 ucs_status_t tt_put_flagged_lanes(ucp_worker_h *workers, ucp_ep_h *eps, ucp_rkey_h *rkeys, int lanes,
                                   const void *data, size_t length, uint64_t remote, const void *trailer,
                                   size_t trailer_length, uint64_t trailer_remote, ucp_rkey_h trailer_rkey,
@@ -116,6 +117,7 @@ typedef struct {
     unsigned since_pull_timed;
     int64_t pull_took_ns[2];
     uint64_t *mapped_writes;
+    int flush_between;
 } tt_send_plan;
 #define TT_NO_CREDIT ...
 #define TT_SEND_STOPPED ...
