@@ -391,6 +391,32 @@ def test_persistent_transfers_arrive_in_the_memory_planned(pair, memory):
     assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, spec, len(steps))
 
 
+@pytest.mark.long
+def test_work_queued_on_a_received_device_tensor_reads_it_before_a_later_transfer_lands(pair, memory):
+    """A received tensor is the receiver's until its next receive of that tensor: work queued on it by then (here
+    kernels on the current stream, the one that reads it queued behind others) reads what arrived, not a later
+    transfer that the next receive let the sender put into the same memory."""
+    if not memory[1].is_device:
+        pytest.skip("the receiver's memory is host memory: no work on it is queued on a device")
+    cupy = array_module()
+    spec = TensorSpec("q", (1 << 22,), np.float32, 0, 1, *memory)
+    for transport in pair:
+        transport.placement.plan([spec])
+    tensors = [pair[0].placement.allocate(spec) for _ in range(3)]
+    for step, tensor in enumerate(tensors):
+        tensor[...] = step + 1
+    received = transfer(pair, tensors[0], name="q", step=0)
+    with cupy.cuda.Device(received.device.id):
+        busy = cupy.ones(1 << 24, np.float32)
+        for _ in range(400):  # about 10 ms of the GPU's time before the read of the received tensor
+            busy = cupy.sqrt(busy)
+        total = received.sum()
+    # the receive of step 1 lets step 1 or 2 into the memory of step 0; nothing here waits for the GPU before
+    last = [transfer(pair, tensors[step], name="q", step=step) for step in (1, 2)][-1]
+    assert float(total) == spec.shape[0], "a later transfer overwrote the tensor while queued work still read it"
+    assert (on_host(last) == 3).all()
+
+
 #: frameworks whose host tensors go in through DLPack (each skipped where it is not installed)
 FRAMEWORKS = ["tensorflow", "torch", "jax"]
 

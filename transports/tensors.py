@@ -151,6 +151,17 @@ def ready(array: Any) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
+def read_by_now(array: Any) -> None:
+    """Wait until all work queued on ``array``'s device is done, on every stream of every thread: a receiver hands
+    the memory of a received device tensor back to its sender (a credit for its slot, a spare block), whose next
+    put overwrites it with no regard for kernels still reading it. The caller's stream alone would not do: a
+    receive may run on a thread of the transport's, and a framework may queue on a stream of its own. Host
+    memory: nothing to wait for."""
+    if type(array) is np.ndarray:
+        return
+    array_module().cuda.Device(array.device.id).synchronize()
+
+
 def contiguous(array: Any, ledger: Any) -> Any:
     """``array`` as a C-contiguous array, counting the copy when its layout forces one: a host array's in host memory
     (``copied_bytes``), a device array's on its device (``device_to_device_bytes``, finished before it is returned:

@@ -79,7 +79,7 @@ from transports.grpc_rdma.protocol import (
 from transports.memory import Memory, memory_of
 from transports.ports import release_port
 from transports.rendezvous import Rendezvous
-from transports.tensors import contiguous, ready, to_host
+from transports.tensors import contiguous, read_by_now, ready, to_host
 
 IMM_MESSAGE = 0xFFFFFFFF
 IMM_ACK = 0xFFFFFFFE
@@ -446,11 +446,13 @@ class GrpcRdmaTransport(FabricTransport):
         return spare if spare is not None else DeviceBlock(self.device, nbytes, memory, peer)
 
     def _free(self, block: Block | DeviceBlock) -> None:
-        """Give ``block`` back: to the pool, or (a device block) kept for its peer's next request of that size; a
-        device block not kept goes with its memory and registration."""
+        """Give ``block`` back: to the pool, or (a device block) kept for its peer's next request of that size, once
+        the work queued on it is done (the peer's next put into it would not wait for that); a device block not
+        kept goes with its memory and registration."""
         if isinstance(block, Block):
             self.pool.free(block)
             return
+        read_by_now(block.array)
         with self._lock:
             self._spare_blocks.setdefault((block.peer, block.nbytes, block.memory), block)
             while len(self._spare_blocks) > MAX_SPARE_BLOCKS:

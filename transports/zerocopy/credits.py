@@ -46,6 +46,10 @@ class Incoming(Protocol):
     lent: Block | None
     grant_lock: threading.Lock
 
+    def finish_reads(self) -> None:
+        """Wait for the receiver's work queued on what its slots hold (device memory), before a credit lets the
+        sender overwrite one."""
+
 
 class CreditTables:
     """A sender's credit tables: per destination, entries handed out one per tensor (a new table when the last is
@@ -167,6 +171,7 @@ class Credits:
     def _posted(incoming: Incoming) -> CreditMirror | None:
         """One more receive posted on ``incoming`` (held by the caller): the mirror to grant its credit through,
         or None before its sender connected (the connect grants it)."""
+        incoming.finish_reads()
         incoming.waiting = True
         with incoming.grant_lock:
             incoming.posted += 1

@@ -96,7 +96,7 @@ from transports.fabric.pool import Block
 from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricPlacement, FabricTransport
 from transports.memory import memory_of
 from transports.placement import TensorSpec
-from transports.tensors import contiguous, ready
+from transports.tensors import contiguous, read_by_now, ready
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
 from transports.zerocopy.protocol import (
@@ -248,6 +248,14 @@ class _Incoming:
         else:
             self.arrays = [None]
         self.waiters: list[FlagSet | None] = [None] * self.slots  # a wait on one slot's flag alone (recv)
+        #: its slots are in device memory, where the receiver's work on a transfer is queued, not done
+        self.on_device = isinstance(self.data, DeviceBlock)
+
+    def finish_reads(self) -> None:
+        """Wait for the work queued on the transfers its slots hold (device memory): a receive posted lets the
+        sender overwrite the slot of an earlier one (``tensors.read_by_now``)."""
+        if self.on_device:
+            read_by_now(self.arrays[0])
 
     @property
     def next_slot(self) -> int:
