@@ -417,6 +417,23 @@ def test_work_queued_on_a_received_device_tensor_reads_it_before_a_later_transfe
     assert (on_host(last) == 3).all()
 
 
+@pytest.mark.long
+def test_a_device_tensor_its_receiver_did_not_plan_arrives_in_host_memory(pair):
+    """The sender planned a tensor from GPU to GPU, its receiver planned nothing: the receiver takes it as any
+    tensor it did not plan, in host memory, with the values sent (zerocopy's dynamic path reads host memory only)."""
+    if (problem := cuda_problem()) is not None:
+        pytest.skip(problem)
+    spec = TensorSpec("u", (3, 1000), np.float32, 0, 1, Memory.parse("cuda"), Memory.parse("cuda"))
+    pair[0].placement.plan([spec])
+    tensor = pair[0].placement.allocate(spec)
+    values = sample(spec.shape, np.float32)
+    tensor[...] = array_module().asarray(values)
+    for step in range(2):
+        received = transfer(pair, tensor, name="u", step=step)
+        assert memory_of(received) == Memory.parse("host")
+        np.testing.assert_array_equal(received, values)
+
+
 #: frameworks whose host tensors go in through DLPack (each skipped where it is not installed)
 FRAMEWORKS = ["tensorflow", "torch", "jax"]
 

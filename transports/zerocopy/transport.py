@@ -96,7 +96,7 @@ from transports.fabric.pool import Block
 from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricPlacement, FabricTransport
 from transports.memory import memory_of
 from transports.placement import TensorSpec
-from transports.tensors import contiguous, read_by_now, ready
+from transports.tensors import contiguous, read_by_now, ready, to_host
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
 from transports.zerocopy.protocol import (
@@ -551,6 +551,10 @@ class ZeroCopyTransport(FabricTransport):
         except FabricError as exc:
             raise PeerError(f"{self.name}: cannot reach {self.peer_name(key.dst)}: {exc}") from None
         array = contiguous(array, self.ledger)
+        if outgoing.mode != "static" and type(array) is not np.ndarray:
+            # a device tensor the receiver did not place (its plan has no such tensor, or another shape): the
+            # dynamic path lends the receiver host memory to read, so it goes through host memory (counted)
+            array = to_host(array, self.ledger)
         if outgoing.mode != "static" and array.nbytes > MAX_DYNAMIC_BYTES:  # the receiver would refuse its meta-data
             raise ValueError(f"{self.name}: {key} is {array.nbytes} bytes; dynamic allocation moves at most "
                              f"{MAX_DYNAMIC_BYTES} (a tensor planned with its shape is placed statically, of any size)")
