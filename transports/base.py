@@ -34,7 +34,7 @@ from transports.ledger import Ledger, TransportStats
 from transports.memory import Memory
 from transports.placement import Placement, TensorSpec
 from transports.ports import free_port
-from transports.tensors import adopt, empty, ready, to_device, to_host
+from transports.tensors import adopt, ready, to_device, to_host
 
 DEFAULT_TIMEOUT_S = 120.0
 #: the longest tensor name a key may carry, in bytes of UTF-8 (grpc_rdma's message field holds this many)
@@ -194,23 +194,21 @@ class StagedOutbound(Outbound):
 
 class StagedInbound(Inbound):
     """The persistent receive of a tensor planned in device memory over a transport that moves host memory: each
-    tensor received into host memory is copied to one device buffer, counted (:class:`StagedOutbound`'s mirror)."""
+    tensor received into host memory is copied to its device, counted (:class:`StagedOutbound`'s mirror), into memory
+    of its own, as TensorFlow's GPU receive allocates its output (and as :meth:`Transport.recv` stages: a device
+    buffer reused would be overwritten under kernels still reading the last transfer)."""
 
-    __slots__ = ("_device", "_inner", "_ledger", "_memory")
+    __slots__ = ("_inner", "_ledger", "_memory")
 
     def __init__(self, inner: Inbound, memory: Memory, ledger: Ledger) -> None:
         super().__init__(inner.link, inner.name, inner.src, inner.dst)
         self._inner, self._memory, self._ledger = inner, memory, ledger
-        self._device: Any = None
 
     def recv(self, step: int, timeout: float | None = None) -> Any:
         array = self._inner.recv(step, timeout)
         if type(array) is not np.ndarray:  # on the device already (the transport's recv staged it)
             return array
-        device = self._device
-        if device is None or device.shape != array.shape or device.dtype != array.dtype:
-            device = self._device = empty(array.shape, array.dtype, self._memory)
-        return to_device(array, self._memory, self._ledger, out=device)
+        return to_device(array, self._memory, self._ledger)
 
 
 def keys_text(keys: Iterable[Key]) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 
 from transports import TensorSpec
 from transports.memory import HOST, Memory
+from transports.tensors import ready
 
 #: bytes moved per size when --iters is not given; fewer iterations for large sizes
 BYTES_PER_POINT = 2 << 30
@@ -133,6 +134,7 @@ class DeviceSource:
         else:
             self.mirror[-1] = marker(i, self.mirror.dtype)
             self.flat[-1:].set(self.mirror[-1:])
+        ready(self.flat)  # the copy is done before the clock is read, not by the send's own wait for its tensor
 
 
 def marker(i: int, dtype: np.dtype) -> float:
