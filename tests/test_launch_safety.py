@@ -340,3 +340,44 @@ def test_a_death_seen_later_than_a_poll_after_the_first_follows_it():
     exited = lambda: {0: "killed by SIGSEGV", **({3: "killed by SIGKILL"} if time.monotonic() > start + 0.6 else {})}  # noqa: E731
     cause = _died_first(0, states, exited, grace_s=1.0)
     assert str(cause) == "rank 0 (chief) died (killed by SIGSEGV); then rank 3 (worker 0) died (killed by SIGKILL)"
+
+
+# -- a job's launcher outside its job -----------------------------------------------------------------------------
+
+#: bench's main in a child, saying at its end whether MPI was imported there (importing mpi4py.MPI initialises MPI,
+#: which makes a singleton's shared-memory segment in /dev/shm: its name holds no pid, so it is not compared)
+_MAIN_THEN_MPI = ("import sys; from bench.cli import main; status = main(sys.argv[1:]); "
+                  "print('mpi4py.MPI imported' if 'mpi4py.MPI' in sys.modules else 'MPI never imported'); "
+                  "sys.exit(status)")
+
+
+def _outside_any_job(*args: str) -> subprocess.CompletedProcess:
+    """``bench ARGS`` in a child that no launcher started (mpirun's, PMI's and Slurm's variables left out)."""
+    launchers = ("OMPI_", "PMI", "PRTE_", "SLURM_")
+    env = {name: value for name, value in os.environ.items() if not name.startswith(launchers)}
+    return subprocess.run([sys.executable, "-c", _MAIN_THEN_MPI, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300, env={**env, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.parametrize("command", [["micro", "--sizes", "1KB", "--transports", "zerocopy", "--no-peers",
+                                      "--no-references"],
+                                     ["scale", "tests.tiny_models:TINY", "--servers", "1", "--steps", "1"]])
+def test_launcher_mpi_outside_mpirun_is_refused_before_mpi_starts_or_a_results_directory(tmp_path, command):
+    """Outside mpirun MPI made a job of one: the run failed for want of ranks once its directory was made, and
+    Open MPI's segment stayed in /dev/shm."""
+    out = tmp_path / "run"
+    done = _outside_any_job(*command, "--launcher", "mpi", "--no-plot", "--out", str(out))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"bench {command[0]}: error: --launcher mpi: no MPI launcher started this process (none of "
+        "OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK, PMI_SIZE is set): run every rank under mpirun (mpirun -np N "
+        "bench ... --launcher mpi, N the ranks the run needs: 2 for micro), or leave --launcher mpi out"]
+    assert done.stdout.strip() == "MPI never imported"
+    assert not out.exists()
+
+
+def test_a_bind_that_names_nothing_is_refused_before_mpi_starts(tmp_path):
+    """A --bind refused for a reason of this host alone is refused before MPI starts (it said so after)."""
+    done = _outside_any_job("micro", "--launcher", "mpi", "--bind", "nowhere0", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2 and "--bind nowhere0: no such address or network interface" in done.stderr
+    assert done.stdout.strip() == "MPI never imported" and not (tmp_path / "run").exists()

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.launch.addresses import resolve_bind
 from bench.launch.job import (
     CHANNEL_BYTES,
     JobChannel,
@@ -55,6 +56,13 @@ class MpiChannel(JobChannel):
             # Open MPI's shared-memory segment behind in /dev/shm)
             raise LaunchError(f"under srun with {tasks} tasks, and no PMI from Slurm (srun --mpi=pmix), each MPI "
                               "process would be a job of its own: use --launcher slurm, which needs no MPI")
+        if not any(name in os.environ for name in PMI_VARIABLES):
+            # a process no launcher started: MPI would make it a job of one, whose run fails for want of ranks
+            # only after its results directory is made, and whose segment stays in /dev/shm
+            raise LaunchError(f"--launcher mpi: no MPI launcher started this process (none of "
+                              f"{', '.join(PMI_VARIABLES)} is set): run every rank under mpirun (mpirun -np N bench "
+                              "... --launcher mpi, N the ranks the run needs: 2 for micro), or leave --launcher mpi "
+                              "out")
         # MPI brings its own copy of UCX's libraries; ours must be loaded first, or UCX's symbols clash
         load_fabric()
         try:
@@ -146,4 +154,6 @@ class MpiLauncher(JobLauncher):
         return Availability(True, detail=f"mpirun: {mpirun_path() or 'not on PATH; a system mpirun will do'}")
 
     def __init__(self, bind: str | None = None, log_dir: Path | None = None) -> None:
+        if bind:  # a --bind that names nothing here is refused before MPI starts (its answer needs no other process)
+            resolve_bind(bind, [])
         super().__init__(MpiChannel(), bind=bind, log_dir=log_dir)
