@@ -166,6 +166,46 @@ def output_path(text: str) -> Path:
     return Path(text)
 
 
+def output_file_problem(path: Path, option: str, *, example: str, makes_dirs: bool = False) -> str | None:
+    """Why the file ``path`` (given as ``option``) cannot be written, in one line naming the fix; None when, as far as
+    can be told before any work, it can be: ``path`` is not a directory, and its directory is there (or, with
+    ``makes_dirs``, the nearest part of it that is there), is a directory, and can be written into. ``example``: a
+    file name to suggest inside ``path`` when ``path`` is a directory.
+
+    Checked up front by the commands that write a file where ``option`` says (``analyze --json``, ``report --out``),
+    so that a path that cannot take the file fails before the work, not after it."""
+    import os
+    import stat
+
+    fix = f"choose another {option}"
+
+    def status(where: Path) -> os.stat_result | None:
+        try:
+            return os.stat(where)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    try:
+        if (info := status(path)) is not None and stat.S_ISDIR(info.st_mode):
+            return f"{option} {path}: is a directory, not a file; give the file's path, e.g. {path / example}"
+        directory = path.parent
+        info = status(directory)
+        while makes_dirs and info is None and directory != directory.parent:
+            directory = directory.parent
+            info = status(directory)
+    except OSError as exc:  # a directory on the way that may not be looked into
+        return f"{option} {path}: cannot look at {exc.filename or path} ({exc.strerror or exc}); {fix}"
+    if info is None:
+        return f"{option} {path}: the directory {directory} does not exist; create it or {fix}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{option} {path}: {directory} is not a directory; {fix}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        why = "its file system is read-only" if read_only else "no permission to write there"
+        return f"{option} {path}: cannot write into {directory} ({why}); {fix}"
+    return None
+
+
 def _positive_number(text: str, unit: str = "") -> float:
     """A finite number above zero; the error names the ``unit`` expected (``seconds``), if any."""
     try:

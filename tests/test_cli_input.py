@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,9 @@ SAFE = {
     # where tensors live
     (["micro", "--memory", "gpu"], "--memory: memory 'gpu' is not one of host, cuda, cuda:N"),
     (["micro", "--memory", "cuda,host,host"], "sender's and receiver's, joined by a comma"),
+    # calibrating the peer lines while measuring none (SAFE's --no-peers comes first)
+    (["micro", "--calibrate"], "--calibrate with --no-peers: --calibrate measures each peer line beside its library's "
+                               "plain loop, and --no-peers measures no peer line; drop one of them"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, fragment):
     # should the check under test be missing, the command runs: make that run tiny (a default micro run measures
@@ -114,6 +118,50 @@ def test_device_memory_without_a_gpu_is_one_line_exit_2_and_no_run(tmp_path, mem
     one_line_error(result, f"--memory {','.join(dict.fromkeys(str(Memory.parse(side)) for side in memory.split(',')))}")
     assert next(p for p in problems if p) in result.stderr and "--memory host" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_with_no_peers_is_refused_in_either_order_before_any_run(tmp_path):
+    for order in (["--calibrate", "--no-peers"], ["--no-peers", "--calibrate"]):
+        result = bench("micro", *order, "--sizes", "1KB", "--iters", "1", "--transports", "local", "--no-references",
+                       "--no-plot", "--out", str(tmp_path / "out"))
+        one_line_error(result, "--calibrate with --no-peers")
+        assert not (tmp_path / "out").exists()
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user; for root, setpriv without the
+    capabilities that override them (skipped where that cannot be had)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root here, and setpriv cannot drop the capabilities that override file permissions")
+    return prefix
+
+
+@pytest.mark.parametrize("where", ["missing", "read-only", "a-directory"])
+def test_analyze_refuses_a_json_path_it_cannot_write_before_the_analysis(tmp_path, where):
+    """``bench analyze --json PATH``: a path whose directory is missing or cannot be written into, or that is a
+    directory, is one line before the model is built and analysed (nothing on stdout), and no run is made."""
+    prefix = []
+    if where == "missing":
+        path = tmp_path / "nowhere" / "plan.json"
+        fragment = f"the directory {tmp_path / 'nowhere'} does not exist; create it or choose another --json"
+    elif where == "read-only":
+        prefix = unprivileged()
+        (tmp_path / "locked").mkdir()
+        (tmp_path / "locked").chmod(0o555)
+        path = tmp_path / "locked" / "plan.json"
+        fragment = f"cannot write into {tmp_path / 'locked'} (no permission to write there); choose another --json"
+    else:
+        path, fragment = tmp_path, f"is a directory, not a file; give the file's path, e.g. {tmp_path / 'plan.json'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([*prefix, sys.executable, "-m", "bench.cli", "analyze", "fcn5", "--json", str(path),
+                             "--out", str(tmp_path / "run"), "--no-plot"], capture_output=True, text=True,
+                            timeout=300, env=env)
+    one_line_error(result, f"bench analyze: error: --json {path}: ")
+    assert fragment in result.stderr
+    assert result.stdout == "" and not (tmp_path / "run").exists()
 
 
 def test_the_default_results_directory_in_a_read_only_directory(tmp_path):

@@ -235,13 +235,42 @@ def test_a_version_1_run_compares(tmp_path, capsys):
     assert {row.base.rounds for row in compare(old, slower).rows} == {1}
 
 
-def test_points_in_one_run_only_are_listed_not_failures(tmp_path, capsys):
+def test_points_of_base_missing_from_new_are_lost_and_exit_1(tmp_path, capsys):
+    """A point of BASE that NEW does not have (a transport that failed or was left out) is lost: listed, named on the
+    last line, exit status 1; the table of the points both have is still printed."""
     base = micro_run(tmp_path / "base", sizes=(1024, 65536))
     new = micro_run(tmp_path / "new", times={"zerocopy": 20.0, "local": 1.0}, sizes=(1024, 65536))
-    status, out, _ = run_command(capsys, base, new)
-    assert status == 0
-    assert "only in base (removed): grpc_tcp 1KB, grpc_tcp 64KB" in out
-    assert "only in new (added): local 1KB, local 64KB" in out
+    status, out, err = run_command(capsys, base, new)
+    assert status == 1 and err == ""
+    lines = out.splitlines()
+    assert "only in base (removed): grpc_tcp 1KB, grpc_tcp 64KB" in lines
+    assert "only in new (added): local 1KB, local 64KB" in lines
+    assert [line.split()[0] for line in lines if "µs" in line] == ["zerocopy", "zerocopy"]  # the table stays
+    assert lines[-2] == "nothing slower beyond 10%"
+    assert lines[-1] == ("lost: 2 point(s) of base not in new (grpc_tcp 1KB, grpc_tcp 64KB): they are not compared; "
+                         "measure them again (or compare runs of the same points)")
+    assert compare(base, new).exit_status() == 1
+
+
+def test_points_only_in_new_or_of_a_reference_line_are_not_lost(tmp_path, capsys):
+    base = micro_run(tmp_path / "base", references=("memcpy",))
+    more = micro_run(tmp_path / "more", times={**TIMES, "local": 1.0})  # added points, and memcpy's removed
+    status, out, _ = run_command(capsys, base, more)
+    assert status == 0 and "only in new (added): local 1KB, local 64KB" in out
+    assert "only in base (removed): memcpy 1KB, memcpy 64KB" in out and "lost" not in out
+    assert compare(base, more).lost is None
+
+
+def test_a_row_that_could_not_be_read_is_lost_and_exit_1(tmp_path, capsys):
+    base = micro_run(tmp_path / "base")
+    new = micro_run(tmp_path / "new")
+    with open(new / "records.csv", "a") as records:
+        records.write("zerocopy,262144,1,0,10,20.")  # a last row cut short: the run was killed writing it
+    status, out, err = run_command(capsys, base, new)
+    assert status == 1 and "its last row is cut short" in err
+    assert out.splitlines()[-1] == ("lost: 1 row(s) of new's records.csv that could not be read (cut short): they are "
+                                    "not compared; measure them again (or compare runs of the same points)")
+    assert "nothing slower beyond 10%" in out  # every point it could read is the same
 
 
 def test_only_changed_leaves_out_the_same_points(tmp_path, capsys):

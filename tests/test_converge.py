@@ -105,6 +105,9 @@ def test_the_default_task_needs_no_network(run_dir):
     (("cifar10", "--data", "/nonexistent/cifar"), "/nonexistent/cifar"),
     (("digits", "--transport", "local"), "--transport local: converge trains through the parameter-server runtime"),
     (("digits", "--target", "speed=3"), "is not METRIC=VALUE"),
+    # a metric the task never reports: the target could never be reached (kept short should the check be missing)
+    (("digits", "--target", "perplexity=8", "--transport", "grpc_tcp", "--servers", "1", "--steps", "1",
+      "--no-plot"), "--target perplexity=8: the digits task reports accuracy and heldout_loss, never perplexity"),
     (("digits", "--steps", "5", "--time", "3"), "not allowed with argument"),
 ])
 def test_bad_input_is_one_line_and_makes_no_results(tmp_path, args, message):
@@ -121,6 +124,23 @@ def test_targets_parse_and_compare_in_the_metric_s_direction():
     for bad in ("accuracy", "accuracy=2", "perplexity=-1", "loss=1", "accuracy=x"):
         with pytest.raises(ValueError):
             parse_target(bad)
+
+
+def test_a_target_must_be_a_metric_the_task_reports():
+    from bench.commands.converge import EXAMPLES
+    from bench.experiments.converge import target_problem
+    from bench.experiments.tasks import get_task
+
+    assert target_problem(parse_target("heldout_loss=0.5"), "text", "perplexity") is None
+    assert target_problem(parse_target("perplexity=9"), "text", "perplexity") is None
+    problem = target_problem(parse_target("accuracy=0.8"), "text", "perplexity")
+    assert problem == ("--target accuracy=0.8: the text task reports perplexity and heldout_loss, never accuracy, so "
+                       "the target could not be reached; give --target perplexity=VALUE or heldout_loss=VALUE")
+    for line, _ in EXAMPLES:  # the examples of --help ask for targets their tasks can reach
+        words = line.split()
+        if "--target" in words:
+            task = get_task(words[2])
+            assert target_problem(parse_target(words[words.index("--target") + 1]), task.name, task.metric) is None
 
 
 def test_the_summary_times_the_first_evaluation_that_reached_the_target():

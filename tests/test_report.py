@@ -487,6 +487,24 @@ def test_an_unwritable_output_is_one_line_and_status_2(tmp_path, capsys, monkeyp
     assert err.count("\n") == 1 and "choose another --out" in err
 
 
+def test_an_output_that_is_a_directory_is_named_before_the_work(tmp_path, capsys, monkeypatch):
+    """``--out DIR`` of a directory there: one line naming DIR (not a temporary file of the page's), before any run
+    is read or drawn, and nothing written into DIR."""
+    from bench.readers import plot
+
+    drawn = []
+    monkeypatch.setattr(plot, "plot_run", lambda path, out_dir=None: drawn.append(path) or [])
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    assert bench_report(str(models_run(tmp_path / "run")), "--out", str(pages)) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bench report: error: --out {pages}: is a directory, not a file; give the file's path, e.g. "
+                   f"{pages / 'report.html'}\n")
+    assert not drawn and list(pages.iterdir()) == []
+    assert bench_report(str(models_run(tmp_path / "run2")), "--out", str(pages), "--format", "markdown") == 2
+    assert f"e.g. {pages / 'report.md'}" in capsys.readouterr().err
+
+
 # -- results written by earlier versions -------------------------------------------------------------------
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import stat
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,6 +122,14 @@ def test_a_link_at_the_target_is_replaced_never_followed(tmp_path, victim):
     replace_file(target, "<p>page</p>")
     assert untouched(victim)
     assert not target.is_symlink() and target.read_text() == "<p>page</p>"
+
+
+def test_a_failed_replace_names_the_file_asked_for_not_its_temporary_file(tmp_path):
+    (tmp_path / "page.html").mkdir()  # a directory where the file goes: the rename over it fails
+    with pytest.raises(IsADirectoryError) as caught:
+        replace_file(tmp_path / "page.html", "<p>page</p>")
+    assert caught.value.filename == str(tmp_path / "page.html") and ".tmp-" not in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]  # no temporary file left
 
 
 def test_rows_are_never_appended_through_a_link(tmp_path, victim):
@@ -280,6 +291,77 @@ def test_non_numeric_sample_times_in_compare_are_one_line(tmp_path, capsys):
     _break_column(new, "samples.csv", "time_us", "slow")
     status, _, err = command("compare", capsys, str(base), str(new))
     one_line(status, err, "samples.csv: column 'time_us' holds 'slow'")
+
+
+# -- a records.csv that is there but cannot be read says why -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("make", "what"), [(lambda path: path.mkdir(), "a directory"),
+                                            (lambda path: os.mkfifo(path), "a named pipe (FIFO)")],
+                         ids=["directory", "fifo"])
+def test_a_records_csv_that_is_not_a_file_says_what_it_is(tmp_path, make, what):
+    run = micro_run(tmp_path / "run")
+    (run / "records.csv").unlink()
+    make(run / "records.csv")
+    with pytest.raises(ResultsError) as caught:
+        load_run(run)  # a named pipe is never opened: that would wait for a writer
+    assert str(caught.value).startswith(f"{run / 'records.csv'} cannot be read: it is {what}, not a file; ")
+    assert "has no records.csv" not in str(caught.value)
+
+
+def test_a_records_csv_of_binary_garbage_is_not_a_csv_and_not_cut_short(tmp_path, capsys):
+    run = micro_run(tmp_path / "run")
+    (run / "records.csv").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4)
+    with pytest.raises(ResultsError) as caught:
+        load_run(run)
+    assert str(caught.value) == (f"{run / 'records.csv'} is not a CSV of records: it holds binary data, not text "
+                                 "(byte 0x89 at offset 0 of 1040); the file was not written by bench as it is: run "
+                                 "the experiment again")
+    assert "cut short" not in capsys.readouterr().err
+
+
+def test_a_character_cut_in_a_torn_last_row_is_not_binary(tmp_path, capsys):
+    run = micro_run(tmp_path / "run", transports=("zerocopy",))
+    data = (run / "records.csv").read_bytes()
+    (run / "records.csv").write_bytes(data + "zerocopy-\u00e9".encode()[:-1])  # a row and a character cut short
+    loaded = load_run(run)
+    assert len(loaded.records) == 2 and loaded.unread_rows == 1
+    assert "its last row is cut short" in capsys.readouterr().err
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user; for root, setpriv without the
+    capabilities that override them (skipped where that cannot be had)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root here, and setpriv cannot drop the capabilities that override file permissions")
+    return prefix
+
+
+def test_records_without_permission_are_named_as_unreadable_not_missing(tmp_path):
+    """A run of a folder that cannot be looked into, and a records.csv without read permission: each named as
+    unreadable with the OS's reason (not as a run without records.csv, nor as a page that cannot be written), and
+    the folder's other runs reported."""
+    prefix = unprivileged()
+    folder = tmp_path / "results"
+    micro_run(folder / "micro-1")
+    locked = micro_run(folder / "micro-2")
+    unreadable = micro_run(folder / "micro-3")
+    (unreadable / "records.csv").chmod(0)
+    locked.chmod(0o600)  # listed, not searchable: nothing in it can be looked at
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    try:
+        result = subprocess.run([*prefix, sys.executable, "-m", "bench.cli", "report", str(folder), "--out",
+                                 str(tmp_path / "page.md")], capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        locked.chmod(0o700)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"bench report: warning: {locked} skipped: {locked / 'meta.json'} cannot be read (Permission denied)",
+        f"bench report: warning: {unreadable} skipped: {unreadable / 'records.csv'} cannot be read (Permission denied)"]
+    assert "micro-1" in (tmp_path / "page.md").read_text()
 
 
 # -- item 6: a run without records does not break its folder -----------------------------------------------------

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model not in options.MODEL_NAMES and ":" not in args.model:
         return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")
+    if args.json is not None and (problem := options.output_file_problem(args.json, "--json", example="plan.json")):
+        return options.fail("analyze", problem)  # before the model is built: the plan would have nowhere to go
     try:
         config = model_config(args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
                               servers=args.servers)

@@ -8,8 +8,9 @@ timed iterations). A point is "same" when the ranges overlap or the ratio is wit
 otherwise "slower" (+) or "faster" (-); "~" marks a change beyond the noise but within the threshold.
 Reference lines (ucx_perftest, memcpy, tf_grpc, ...) are shown apart and never fail the comparison.
 
-Exit status: 0 when nothing got slower, 1 when a point got slower beyond the threshold and the noise
-(for CI), 2 for bad input.
+Exit status: 0 when nothing got slower and nothing was lost, 1 when a point got slower beyond the threshold and
+the noise, or was lost (in BASE but not in NEW, or a row of either's records that could not be read: the last line
+says which), for CI; 2 for bad input.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 from bench.readers.compare import CompareError, compare, parse_threshold
 from bench.results.text import printable
 
-HELP = "what got faster or slower between two runs; exit status 1 on a slow-down beyond --threshold"
+HELP = "what got faster or slower between two runs; exit status 1 on a slow-down beyond --threshold or a lost point"
 #: shown at the end of --help: each command line and what it does
 EXAMPLES = (
-    ('bench compare results/micro-A results/micro-B', 'what got faster or slower; exit 1 on a slow-down'),
+    ('bench compare results/micro-A results/micro-B', 'what got faster or slower; exit 1 on a slow-down or a loss'),
     ('bench compare BASE NEW --threshold 5% --only-changed', 'a tighter threshold, changed points only'),
 )
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the comparison; 0 when nothing got slower, 1 when something did, 2 for bad input."""
+    """Print the comparison; 0 when nothing got slower or was lost, 1 when something did or was, 2 for bad input."""
     try:
         threshold = parse_threshold(args.threshold)
         comparison = compare(Path(args.base), Path(args.new), threshold=threshold, metric=args.metric)

@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "timed exactly like a transport, measured after the reference lines and before the "
                        "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
                        "that size")
-    peers.add_argument("--no-peers", action="store_true", help="skip the peer lines")
-    parser.add_argument("--calibrate", action="store_true",
+    peers.add_argument("--no-peers", action=_NotBoth, help="skip the peer lines")
+    parser.add_argument("--calibrate", action=_NotBoth,
                         help="measure beside each peer line its library in a plain loop of its own, the ten lines "
                         "a user writes (mpi: mpi_plain, mpi_rma: mpi_rma_plain, socket: socket_plain, nixl: "
                         "nixl_plain, mooncake: mooncake_plain): how far the harness is from the library's own cost "
@@ -91,6 +91,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "quiet only)")
     options.add_no_plot(parser)
     options.add_launch_options(parser)
+
+
+class _NotBoth(argparse.Action):
+    """``--calibrate`` and ``--no-peers``: each a flag, refused together as the command line is read (before anything
+    starts), in either order: --calibrate measures each peer line beside its library's plain loop, and with no peer
+    line there would be nothing to calibrate, silently."""
+
+    PAIR = ("calibrate", "no_peers")
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        other = next(name for name in self.PAIR if name != self.dest)
+        if getattr(namespace, other, False):
+            parser.error("--calibrate with --no-peers: --calibrate measures each peer line beside its library's "
+                         "plain loop, and --no-peers measures no peer line; drop one of them (--peers NAMES "
+                         "chooses the peer lines to calibrate)")
+        setattr(namespace, self.dest, True)
 
 
 def peer_names(text: str) -> list[str]:

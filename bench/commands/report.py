@@ -55,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     from bench.results import DiskError, LinkError, ResultsError, printable
 
     html_path, markdown_path = outputs(getattr(args, "out", None), getattr(args, "format", None))
+    for path in (html_path, markdown_path):  # before the runs are read and drawn: the page must have somewhere to go
+        example = "report.md" if path is markdown_path else "report.html"
+        if path is not None and (problem := options.output_file_problem(path, "--out", example=example,
+                                                                         makes_dirs=True)):
+            return options.fail("report", problem)
     try:
         written = write_report(args.results_dirs, html_path, markdown_path,
                                on_warning=lambda text: print(f"bench report: warning: {printable(text, None)}",

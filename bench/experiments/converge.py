@@ -76,6 +76,16 @@ def parse_target(text: str) -> Target:
     return Target(metric, number)
 
 
+def target_problem(target: Target, task: str, metric: str) -> str | None:
+    """Why ``--target`` can never be reached by ``task``, whose evaluations report ``metric`` (accuracy or
+    perplexity) and the held-out loss: it names a metric the task does not report. None when it can be."""
+    takes = (metric, "heldout_loss")
+    if target.metric in takes:
+        return None
+    return (f"--target {target}: the {task} task reports {' and '.join(takes)}, never {target.metric}, so the target "
+            f"could not be reached; give --target {metric}=VALUE or heldout_loss=VALUE")
+
+
 def step_records(common: dict[str, Any], losses: dict[int, dict[int, float]],
                  starts: dict[int, float]) -> list[ConvergeRecord]:
     """One ``step`` record per step: the mean of the workers' losses (``losses[step][server]``)."""

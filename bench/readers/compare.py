@@ -24,7 +24,12 @@ Per point, with ``ratio = new / base`` and its range ``[new_low / base_high, new
   ``log(1 + t)`` either way, so a 2x slow-down and a 2x speed-up are as far from "same");
 - **n/a** (``?``) when one run has no value (a reference line that does not measure the number,
   a column an old run lacks); never a failure;
-- **added** / **removed**: points only in the new / the base run; listed, never a failure.
+- **added**: points only in the new run; listed, never a failure (the new run measured more);
+- **removed**: points only in the base run: the new run lost them (a transport or a size that failed or was
+  left out), and the comparison says nothing of them. Listed, and a failure unless the point is a reference line's.
+
+Rows of either run's ``records.csv`` that could not be read (a last row cut short: the disk filled up or the run was
+killed while writing it) are lost points too: what they measured is in neither the table nor the verdict.
 
 A converge transport that did not reach its target has an infinite time: reaching it no more is slower.
 
@@ -36,9 +41,10 @@ Reference lines measure the machine, not this code (micro's ``ucx_perftest``, ``
 runtime): they are compared and shown in a section of their own, and a slow-down there is named (it
 says the machine changed, which explains the rest) but never fails the comparison.
 
-:meth:`Comparison.exit_status` is 1 when at least one point (not a reference) is slower, else 0; the
-command gives 2 for bad input (:class:`CompareError`). Per transport (per model for ``models`` runs)
-the geometric mean of the compared points' ratios sums it up, and the last line names what got slower.
+:meth:`Comparison.exit_status` is 1 when at least one point (not a reference) is slower or lost
+(:attr:`Comparison.lost`), else 0; the command gives 2 for bad input (:class:`CompareError`). Per transport (per
+model for ``models`` runs) the geometric mean of the compared points' ratios sums it up, the next line names what
+got slower, and a last line what was lost, if anything.
 """
 
 from __future__ import annotations
@@ -183,9 +189,30 @@ class Comparison:
         """The points (not references) that got slower beyond the threshold and the noise."""
         return [row for row in self.rows if row.state == SLOWER and not row.reference]
 
+    @property
+    def removed(self) -> list[Row]:
+        """The points (not references) of the base run that the new one does not have."""
+        return [row for row in self.rows if row.state == REMOVED and not row.reference]
+
+    @property
+    def lost(self) -> str | None:
+        """What the comparison lost, in one line naming the fix: the base run's points (not references) that the
+        new run lacks, and the rows of either run that could not be read; None when nothing was lost."""
+        parts = []
+        if removed := self.removed:
+            listed = _point_list({row.point: None for row in removed}, self.key)
+            parts.append(f"{len(removed)} point(s) of base not in new ({listed})")
+        for label, run in (("base", self.base), ("new", self.new)):
+            if run.unread_rows:
+                parts.append(f"{run.unread_rows} row(s) of {label}'s records.csv that could not be read (cut short)")
+        if not parts:
+            return None
+        return (f"lost: {'; '.join(parts)}: they are not compared; measure them again (or compare runs of the same "
+                "points)")
+
     def exit_status(self) -> int:
-        """1 when a point (not a reference) got slower, else 0."""
-        return 1 if self.regressions else 0
+        """1 when a point (not a reference) got slower or was lost, else 0."""
+        return 1 if self.regressions or self.lost else 0
 
     @property
     def group_column(self) -> str:
@@ -407,7 +434,7 @@ def _key_text(value: Any, column: str) -> str:
     return str(value)
 
 
-def _point_list(values: dict[tuple, Value], key: list[str], most: int = 6) -> str:
+def _point_list(values: dict[tuple, Value | None], key: list[str], most: int = 6) -> str:
     if not values:
         return "no point"
     names = [_point_text(p, key) for p in values]
@@ -555,5 +582,7 @@ def _format(c: Comparison, only_changed: bool) -> list[str]:
         faster = [s.name for s in summaries if not s.reference and s.counts[FASTER]]
         lines.append(f"nothing slower beyond {c.threshold * 100:g}%"
                      + (f"; faster: {', '.join(faster)}" if faster else ""))
+    if (lost := c.lost) is not None:
+        lines.append(lost)
     return lines
 

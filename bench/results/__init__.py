@@ -10,6 +10,7 @@ Plots, reports and comparisons read only these files, so runs can be compared lo
 
 from bench.results import lines
 from bench.results.files import DiskError, LinkError, append_whole, disk_failed, is_disk_error, make_dir, replace_file
+from bench.results.reading import look_at
 from bench.results.records import (
     RECORD_TYPES,
     AnalysisRecord,
@@ -61,7 +62,7 @@ __all__ = [
     "Record", "ResultsError", "Run", "RunWriter",
     "SAMPLES_FILE", "SCHEMA_VERSION", "ScaleRecord", "SoakRecord", "append_whole", "default_run_dir", "disk_failed",
     "LinkError", "NAME_LIMIT", "environment", "git_commit", "is_disk_error", "latency_summary", "load_run",
-    "lines", "make_dir", "median_interval", "now_iso", "printable", "shown",
+    "look_at", "lines", "make_dir", "median_interval", "now_iso", "printable", "shown",
     "of_peer", "of_reference", "package_versions", "points", "ratio", "record_type", "reference_throughputs",
     "replace_file", "with_line_kinds", "with_of_reference", "with_rounds", "writer_alive",
 ]

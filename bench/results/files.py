@@ -129,6 +129,9 @@ def replace_file(path: Path, data: bytes | str, *, durable: bool = True) -> None
             with contextlib.suppress(OSError):
                 tmp.unlink()
         if isinstance(exc, OSError):
+            if exc.errno is not None and exc.filename not in (None, str(path)) and not isinstance(exc, DiskError):
+                # the temporary file is this function's own: the error names the file the caller asked for
+                exc = OSError(exc.errno, exc.strerror, str(path))
             raise _disk_error(exc, path) from None
         raise
 

@@ -7,7 +7,10 @@ upgrades older versions' records to the current meaning.
 A full or failing disk costs a run no point it has measured (:mod:`bench.results.files`): rows are appended
 whole or not at all, ``meta.json`` is replaced by rename, and a room kept free beside it
 (:data:`RESERVE_FILE`) is given up when a row is refused, so ``meta.json`` can still say ``failed`` and why.
-A reader skips (and warns about) a last row cut short by a writer that could not finish it.
+A reader skips (and warns about) a last row cut short by a writer that could not finish it, and counts it
+(:attr:`Run.unread_rows`: ``bench compare`` calls it lost). A results file that is there but cannot be read
+(no permission, a directory or a named pipe at its name, binary data) is named as such, never as missing
+(:mod:`bench.results.reading`).
 
 What a reader takes from a run directory is bounded, as input from anyone who could write there: ``meta.json`` is
 read up to :data:`META_LIMIT_BYTES` and :data:`META_DEPTH_LIMIT` levels deep, the fields readers use must have
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.results.files import DiskError, append_whole, make_dir, replace_file
 from bench.results.lines import bandwidth_references, kind_of
+from bench.results.reading import a_file, first_line, look_at, read_csv
 from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
 from bench.results.text import NAME_LIMIT, TEXT_LIMIT, printable, shown
 
@@ -331,6 +335,8 @@ class Run:
     path: Path
     meta: dict[str, Any]
     records: pd.DataFrame
+    #: rows of ``records.csv`` that could not be read and are left out of ``records`` (a last row cut short)
+    unread_rows: int = 0
 
     @property
     def experiment(self) -> str:
@@ -347,9 +353,11 @@ class Run:
         experiment that times no iterations)."""
         if not hasattr(self, "_samples"):
             file = self.path / SAMPLES_FILE
+            info = look_at(file)
             # an empty file: the first samples were refused (a full disk); the records still stand
-            self._samples = (_checked(_read_csv(file), file, _sample_kinds(record_type(self.experiment)))
-                             if file.is_file() and file.stat().st_size else None)
+            self._samples = (_checked(read_csv(a_file(file, info))[0], file,
+                                      _sample_kinds(record_type(self.experiment)))
+                             if info is not None and info.st_size else None)
         return self._samples
 
     def points(self) -> pd.DataFrame:
@@ -389,19 +397,20 @@ def load_run(path: Path) -> Run:
     """
     path = Path(path)
     meta_file = path / META_FILE
-    if not meta_file.is_file():
+    if (info := look_at(meta_file)) is None:
         raise ResultsError(f"{path} is not a results directory: it has no {META_FILE}")
-    meta = _read_meta(meta_file)
+    meta = _read_meta(a_file(meta_file, info))
     if meta["experiment"] not in RECORD_TYPES:
         raise ResultsError(f"{meta_file}: unknown experiment {shown(meta['experiment'])} (known: "
                            f"{', '.join(RECORD_TYPES)})")
     if meta.get("status") == "running" and not writer_alive(meta):
         meta["status"] = "killed"
     records_file = path / RECORDS_FILE
-    if not records_file.is_file():
+    if (info := look_at(records_file)) is None:
         raise ResultsError(f"{path} has no {RECORDS_FILE}: the run recorded no point")
     cls = record_type(meta["experiment"])
-    records = _checked(_read_csv(records_file), records_file, _column_kinds(cls))
+    records, unread = read_csv(a_file(records_file, info))
+    records = _checked(records, records_file, _column_kinds(cls))
     missing = [c for c in REQUIRED_COLUMNS[meta["experiment"]] if c not in records.columns]
     if missing:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
@@ -409,7 +418,7 @@ def load_run(path: Path) -> Run:
         records = UPGRADES[version](records, cls)
     if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
         records = with_of_reference(records)
-    return Run(path, meta, records)
+    return Run(path, meta, records, unread_rows=unread)
 
 
 #: the types of the fields of meta.json that readers use (None, or absent, is always allowed), by their path
@@ -433,7 +442,7 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
         with open(meta_file, "rb") as file:
             data = file.read(META_LIMIT_BYTES + 1)
     except OSError as exc:
-        raise ResultsError(f"{meta_file} cannot be read ({exc.strerror or _first_line(exc)})") from None
+        raise ResultsError(f"{meta_file} cannot be read ({exc.strerror or first_line(exc)})") from None
     if len(data) > META_LIMIT_BYTES:
         raise ResultsError(f"{meta_file} is larger than {META_LIMIT_BYTES // 2**20} MB; {redo}")
     try:
@@ -441,7 +450,7 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
     except RecursionError:
         raise ResultsError(f"{meta_file} is nested deeper than {META_DEPTH_LIMIT} levels; {redo}") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ResultsError(f"{meta_file} cannot be read ({printable(_first_line(exc), 200)}); {redo}") from None
+        raise ResultsError(f"{meta_file} cannot be read ({printable(first_line(exc), 200)}); {redo}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("experiment"), str):
         raise ResultsError(f"{meta_file} is not a meta.json written by bench (expected an object with "
                            "'experiment' and 'schema_version'): run the experiment again")
@@ -542,40 +551,6 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    import pandas as pd
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path} cannot be read ({exc.strerror or _first_line(exc)})") from None
-    data = _without_torn_row(path, data)
-    try:
-        return pd.read_csv(io.BytesIO(data))
-    except pd.errors.EmptyDataError:
-        raise ResultsError(f"{path} is empty: the run recorded no point") from None
-    except (UnicodeDecodeError, ValueError) as exc:  # pandas' ParserError is a ValueError
-        raise ResultsError(f"{path} cannot be read as CSV ({printable(_first_line(exc), 200)})") from None
-
-
-#: (path, size) of the files whose torn last row was warned about, so a file read twice warns once
-_warned_torn: set[tuple[str, int]] = set()
-
-
-def _without_torn_row(path: Path, data: bytes) -> bytes:
-    """``data`` without a last row cut short (no line end after it: a writer that ran out of disk, or was killed,
-    mid-row), with a warning on stderr; a whole file comes back unchanged."""
-    whole = data.rfind(b"\n") + 1
-    if whole in (0, len(data)):  # nothing cut, or not even the header is whole (the reader says what is wrong)
-        return data
-    key = (str(path), len(data))
-    if key not in _warned_torn:
-        _warned_torn.add(key)
-        print(f"warning: {path}: its last row is cut short (the disk filled up or the run was killed while writing "
-              "it); that row is skipped", file=sys.stderr)
-    return data[:whole]
-
-
 def writer_alive(meta: dict[str, Any]) -> bool:
     """Whether the process that wrote ``meta`` may still be running (True when this host cannot tell)."""
     pid = meta.get("pid")
@@ -586,8 +561,3 @@ def writer_alive(meta: dict[str, Any]) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

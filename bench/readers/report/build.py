@@ -4,6 +4,8 @@ of a kind shown once gathered into one)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
@@ -12,7 +14,7 @@ from pathlib import Path
 from bench.readers.report.overview import overview_tables
 from bench.readers.report.page import Figure, Report, ReportError, Section
 from bench.readers.report.sections import SECTIONS, Kind
-from bench.results import META_FILE, RECORDS_FILE, ResultsError, Run, load_run, make_dir, printable
+from bench.results import META_FILE, RECORDS_FILE, ResultsError, Run, load_run, look_at, make_dir, printable
 
 
 def find_runs(paths: Sequence[Path], skipped: list[str] | None = None) -> list[Path]:
@@ -29,16 +31,22 @@ def _find(paths: Sequence[Path], skipped: list[str] | None) -> list[tuple[Path, 
     """:func:`find_runs`, each run with whether it was found inside a directory named (True) or named itself."""
     found: dict[Path, bool] = {}
     for path in map(Path, paths):
-        if not path.exists():
+        info = _look(path)
+        if info is None:
             raise ReportError(f"'{printable(path, None)}' does not exist; give a run directory such as "
                               "results/micro-<time>/")
-        if not path.is_dir():
+        if not stat.S_ISDIR(info.st_mode):
             raise ReportError(f"'{printable(path, None)}' is a file, not a run directory; give the directory holding "
                               "its meta.json and records.csv")
-        if (path / META_FILE).is_file():
+        if _look(path / META_FILE) is not None:
             found.setdefault(path, False)
             continue
-        inside = sorted(p for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file())
+        try:
+            entries = sorted(path.iterdir())
+        except OSError as exc:
+            raise ReportError(f"'{printable(path, None)}' cannot be read ({exc.strerror or exc}); give a directory "
+                              "bench can list") from None
+        inside = [p for p in entries if _may_be_run(p)]
         if not inside:
             raise ReportError(f"'{printable(path, None)}' is not a results directory (it has no {META_FILE}) and "
                               "holds none; give a run directory written by bench micro, model, scale, converge, models "
@@ -53,13 +61,32 @@ def _find(paths: Sequence[Path], skipped: list[str] | None) -> list[tuple[Path, 
     return list(found.items())
 
 
-def _has_records(run: Path) -> bool:
-    """Whether the run directory has a records.csv that is not empty."""
-    records = run / RECORDS_FILE
+def _look(path: Path) -> os.stat_result | None:
+    """:func:`bench.results.look_at`, a path that cannot be looked at being a ReportError naming the OS error."""
     try:
-        return records.is_file() and records.stat().st_size > 0
-    except OSError:
-        return False
+        return look_at(path)
+    except ResultsError as exc:
+        raise ReportError(printable(exc, None)) from None
+
+
+def _may_be_run(entry: Path) -> bool:
+    """Whether an entry of a directory of runs is a run directory: a directory with ``meta.json``, or one that
+    cannot be looked into (whether it is a run cannot be told: reading it says why it cannot be read)."""
+    try:
+        info = look_at(entry)
+        return info is not None and stat.S_ISDIR(info.st_mode) and look_at(entry / META_FILE) is not None
+    except ResultsError:
+        return True
+
+
+def _has_records(run: Path) -> bool:
+    """Whether the run directory has a records.csv that is not empty: False only when there is none (or an empty
+    one); one that is there but cannot be read counts as there (reading it says what is wrong)."""
+    try:
+        info = look_at(run / RECORDS_FILE)
+    except ResultsError:
+        return True
+    return info is not None and (info.st_size > 0 or not stat.S_ISREG(info.st_mode))
 
 
 def run_labels(paths: Sequence[Path]) -> list[str]:
