@@ -9,7 +9,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -99,3 +103,14 @@ def no_cyclic_collector():
     finally:
         if enabled:
             gc.enable()
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold: none for a user; for root, setpriv without the
+    capabilities that override them (skipped where that cannot be had)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root here, and setpriv cannot drop the capabilities that override file permissions")
+    return prefix

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.results import RunWriter, load_run
+from tests.processes import unprivileged
 
 
 def bench(*args: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
@@ -126,17 +126,6 @@ def test_calibrate_with_no_peers_is_refused_in_either_order_before_any_run(tmp_p
                        "--no-plot", "--out", str(tmp_path / "out"))
         one_line_error(result, "--calibrate with --no-peers")
         assert not (tmp_path / "out").exists()
-
-
-def unprivileged() -> list[str]:
-    """A command prefix under which file permissions hold: none for a user; for root, setpriv without the
-    capabilities that override them (skipped where that cannot be had)."""
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
-    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("root here, and setpriv cannot drop the capabilities that override file permissions")
-    return prefix
 
 
 @pytest.mark.parametrize("where", ["missing", "read-only", "a-directory"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import stat
 import struct
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 from bench import results
 from bench.results import ResultsError, RunWriter, append_whole, load_run, replace_file
+from tests.processes import unprivileged
 
 #: the longest name shown (bench.results.text.NAME_LIMIT; written out so that this file loads on older code too)
 NAME_LIMIT = 64
@@ -327,17 +327,6 @@ def test_a_character_cut_in_a_torn_last_row_is_not_binary(tmp_path, capsys):
     loaded = load_run(run)
     assert len(loaded.records) == 2 and loaded.unread_rows == 1
     assert "its last row is cut short" in capsys.readouterr().err
-
-
-def unprivileged() -> list[str]:
-    """A command prefix under which file permissions hold: none for a user; for root, setpriv without the
-    capabilities that override them (skipped where that cannot be had)."""
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
-    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
-        pytest.skip("root here, and setpriv cannot drop the capabilities that override file permissions")
-    return prefix
 
 
 def test_records_without_permission_are_named_as_unreadable_not_missing(tmp_path):
