@@ -179,61 +179,67 @@ class _NoRanks:
         raise AssertionError(f"a rank was about to start ({attribute})")
 
 
-def _scale_args(*argv: str):
+def _training_args(command: str, *argv: str):
     import argparse
+    import importlib
 
-    from bench.commands import scale
-
-    parser = argparse.ArgumentParser(prog="bench scale")
-    scale.add_arguments(parser)
+    parser = argparse.ArgumentParser(prog=f"bench {command}")
+    importlib.import_module(f"bench.commands.{command}").add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
-def test_scale_beyond_the_memory_available_is_refused_before_any_rank_with_the_most_servers_that_fit(
-        tmp_path, monkeypatch, capsys):
-    """bench scale --servers 64 ran until the OOM killer struck, leaving UCX's segments in /dev/shm."""
-    from bench.commands import scale
+@pytest.mark.parametrize("command", ["scale", "model"])
+def test_training_beyond_the_memory_available_is_refused_before_any_rank_with_the_most_servers_that_fit(
+        command, tmp_path, monkeypatch, capsys):
+    """bench scale --servers 64 ran until the OOM killer struck, leaving UCX's segments in /dev/shm (bench model
+    --servers 64 alike)."""
+    import importlib
+
+    from bench.commands import model
     from bench.ground import memory
 
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 8 * 2**30)
     launcher = _NoRanks()
-    status = scale.run(_scale_args("fcn5", "--servers", "1,64", "--transports", "zerocopy,grpc_tcp",
-                                   "--out", str(tmp_path / "run")), launcher)
+    servers = "1,64" if command == "scale" else "64"
+    status = importlib.import_module(f"bench.commands.{command}").run(_training_args(
+        command, "fcn5", "--servers", servers, "--compute", "replay", "--transports", "zerocopy,grpc_tcp", "--out",
+        str(tmp_path / "run")),
+        launcher)
     err = capsys.readouterr().err
     assert status == 2 and len(err.strip().splitlines()) == 1, err
-    assert err.startswith("bench scale: error: --servers 64: training fcn5 (204 MB of parameters) on 64 servers holds "
-                          "about 97.5 GB at once (about 1.5 GB a server: "), err
+    assert err.startswith(f"bench {command}: error: --servers 64: training fcn5 (204 MB of parameters) on 64 servers "
+                          "holds about 97.5 GB at once (about 1.5 GB a server: "), err
     assert err.rstrip().endswith("but 8.0 GB of memory is available now (MemAvailable); at most --servers 5 fits "
                                  "(or free memory)"), err
     fcn5 = int(204.47 * 2**20)  # Table 2's size: the model is not built to learn it
-    assert scale.run_bytes(fcn5, 5, False) <= 8 * 2**30 < scale.run_bytes(fcn5, 6, False)
+    assert model.run_bytes(fcn5, 5, False) <= 8 * 2**30 < model.run_bytes(fcn5, 6, False)
     assert not (tmp_path / "run").exists() and not launcher.asked
 
 
 def test_scale_says_when_not_even_one_server_fits(monkeypatch):
-    from bench.commands import scale
+    from bench.commands import model
     from bench.ground import memory
 
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**30)
-    problem = scale.memory_problem(["fcn5", "vgg16"], [1, 2], "real", _NoRanks())
+    problem = model.memory_problem(["fcn5", "vgg16"], [1, 2], "real", _NoRanks())
     assert problem.startswith("--servers 2: training vgg16 (512 MB of parameters)"), problem  # the largest model
     assert problem.endswith("not even 1 server fits: choose a smaller model (or free memory)"), problem
 
 
 def test_what_scale_holds_grows_with_servers_and_real_compute_and_fits_when_it_fits(monkeypatch):
-    from bench.commands import scale
+    from bench.commands import model
     from bench.ground import memory
 
     mb = 2**20
-    one = scale.run_bytes(100 * mb, 1, False)
-    assert one == scale.HELD_PER_SERVER * 100 * mb + 2 * scale.RANK_BASELINE_BYTES
-    assert scale.run_bytes(100 * mb, 4, False) == 4 * one
-    assert scale.run_bytes(100 * mb, 4, True) - 4 * one == 4 * (100 * mb + scale.TENSORFLOW_BYTES)
+    one = model.run_bytes(100 * mb, 1, False)
+    assert one == model.HELD_PER_SERVER * 100 * mb + 2 * model.RANK_BASELINE_BYTES
+    assert model.run_bytes(100 * mb, 4, False) == 4 * one
+    assert model.run_bytes(100 * mb, 4, True) - 4 * one == 4 * (100 * mb + model.TENSORFLOW_BYTES)
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 64 * 2**30)
-    assert scale.memory_problem(["vgg16"], [1, 2, 4], "replay", _NoRanks()) is None
+    assert model.memory_problem(["vgg16"], [1, 2, 4], "replay", _NoRanks()) is None
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**20)
     # not checked: ranks a job's launcher started (on hosts of their own), a model of the user's (size unknown here)
-    assert scale.memory_problem(["vgg16"], [64], "replay", type("Job", (), {"starts_processes": False})()) is None
-    assert scale.memory_problem(["tests.tiny_models:TINY"], [64], "replay", _NoRanks()) is None
+    assert model.memory_problem(["vgg16"], [64], "replay", type("Job", (), {"starts_processes": False})()) is None
+    assert model.memory_problem(["tests.tiny_models:TINY"], [64], "replay", _NoRanks()) is None
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: None)
-    assert scale.memory_problem(["vgg16"], [64], "replay", _NoRanks()) is None
+    assert model.memory_problem(["vgg16"], [64], "replay", _NoRanks()) is None
