@@ -166,7 +166,8 @@ class PlannedInbound(Inbound):
 
     def _post(self, incoming: Any) -> None:
         """One more receive posted on ``incoming`` (held), its credit granted: ``Credits.post_one`` in one call."""
-        incoming.finish_reads()
+        if incoming.on_device:  # (host slots, every transfer of a host tensor: not even a call)
+            incoming.finish_reads()
         incoming.waiting = True
         with incoming.grant_lock:
             incoming.posted += 1
