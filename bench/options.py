@@ -166,6 +166,16 @@ def output_path(text: str) -> Path:
     return Path(text)
 
 
+def run_dir_problem(out: Path | None) -> str | None:
+    """Why ``--out DIR`` cannot become a run's results directory, as far as can be told before any work: something
+    is at that name already (a run is never written over); None when nothing is, or no ``--out`` was given."""
+    import os
+
+    if out is not None and os.path.lexists(out):
+        return f"{out} already exists; choose another --out"
+    return None
+
+
 def output_file_problem(path: Path, option: str, *, example: str, makes_dirs: bool = False) -> str | None:
     """Why the file ``path`` (given as ``option``) cannot be written, in one line naming the fix; None when, as far as
     can be told before any work, it can be: ``path`` is not a directory, and its directory is there (or, with

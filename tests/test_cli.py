@@ -162,6 +162,15 @@ def test_micro_refuses_to_overwrite_a_run(tmp_path):
     assert result.returncode == 2 and "already exists" in result.stderr
 
 
+def test_analyze_refuses_an_existing_out_before_it_builds_the_model(tmp_path):
+    (tmp_path / "run").mkdir()
+    plan = tmp_path / "plan.json"
+    result = bench("analyze", "fcn5", "--json", str(plan), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "already exists; choose another --out" in result.stderr
+    # nothing was done: no plan printed, none written, the directory as it was
+    assert result.stdout == "" and not plan.exists() and not any((tmp_path / "run").iterdir())
+
+
 def test_model_end_to_end_with_a_tiny_model(tmp_path):
     pytest.importorskip("tensorflow")
     out = tmp_path / "run"

@@ -42,13 +42,21 @@ def test_four_mpi_ranks_run_a_short_model_job_to_the_end(tmp_path):
     assert (out / "records.csv").read_text().splitlines().count(header) == 1
 
 
-def test_a_run_needing_more_ranks_than_the_job_has_is_refused_by_name(tmp_path):
+@pytest.mark.parametrize(("ranks", "command", "said"), [
+    (2, ["model", "tests.tiny_models:TINY", "--servers", "2", "--steps", "1"],
+     "bench model: error: this run needs 4 ranks (a worker and a parameter server for each of 2 servers), but the "
+     "MPI job has 2: start it with mpirun -np 4"),
+    (1, ["micro", "--sizes", "1KB", "--transports", "zerocopy", "--no-peers", "--no-references"],
+     "bench micro: error: this run needs 2 ranks (sender, receiver), but the MPI job has 1: start it with "
+     "mpirun -np 2")])
+def test_a_run_needing_more_ranks_than_the_job_has_is_refused_before_its_results_directory(tmp_path, ranks, command,
+                                                                                          said):
+    """It used to make its results directory, then fail each line for want of ranks."""
     out = tmp_path / "run"
-    done = bench(2, "model", "tests.tiny_models:TINY", "--servers", "2", "--launcher", "mpi", "--steps", "1",
-                 "--no-plot", "--out", str(out))
-    assert done.returncode != 0
-    assert "this run needs 4 ranks (worker 0, worker 1, ps 0, ps 1), but the MPI job has 2: start it with " \
-           "mpirun -np 4" in done.stderr  # a run's error lines go to stderr
+    done = bench(ranks, *command, "--launcher", "mpi", "--no-plot", "--out", str(out))
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert said in done.stderr.splitlines()
+    assert not out.exists()
 
 
 #: every process of a job of 3 makes MPI's channel with mpi4py's pickle refusing to work, then announces, gathers

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")
     if args.json is not None and (problem := options.output_file_problem(args.json, "--json", example="plan.json")):
         return options.fail("analyze", problem)  # before the model is built: the plan would have nowhere to go
+    if problem := options.run_dir_problem(args.out):
+        return options.fail("analyze", problem)  # likewise for the records
     try:
         config = model_config(args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
                               servers=args.servers)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.options import error_line
+from bench.options import error_line, run_dir_problem
 from bench.results import DiskError, ResultsError, RunWriter, default_run_dir, disk_failed, is_disk_error
 from bench.results import lines as catalogue
 
@@ -29,7 +29,7 @@ def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launch
     try:
         writer = RunWriter(out, experiment, settings)
     except FileExistsError:
-        print(f"bench {experiment}: error: {out} already exists; choose another --out", file=sys.stderr)
+        print(f"bench {experiment}: error: {run_dir_problem(out)}", file=sys.stderr)
         return None
     except OSError as exc:
         if is_disk_error(exc):

@@ -175,6 +175,9 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
                             f"({', '.join(options.labels(chosen))})")
     if too_big := memory_problem(args.sizes, chosen, slowed, launcher):  # what the run holds, against what is free
         return options.fail("micro", too_big)
+    if any(not transports.transport_class(c.name).same_process_only for c in chosen) and (
+            problem := launcher.ranks_problem(2, "sender, receiver")):  # a job of too few processes (mpirun -np 1)
+        return options.fail("micro", problem)
     memory = args.memory_kinds
     points = plan_points(args.sizes, args.iters, args.warmup, memory)
     settings = {

@@ -116,6 +116,10 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
         return options.fail(experiment, problem)
     if problem := memory_problem(args.models, server_counts, args.compute, launcher):  # before any rank starts
         return options.fail(experiment, problem)
+    spread = [n for _, _, c, n in runs if not line_of(c.name).one_process]  # a job of too few processes
+    if spread and (problem := launcher.ranks_problem(2 * max(spread), f"a worker and a parameter server for each of "
+                                                                      f"{max(spread)} servers")):
+        return options.fail(experiment, problem)
     labels = options.labels(chosen)
     settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,

@@ -50,6 +50,11 @@ class Launcher(ABC):
         """How ranks run, for ``meta.json``."""
         return {"launcher": self.name}
 
+    def ranks_problem(self, needed: int, names: str) -> str | None:
+        """Why a run of ``needed`` ranks (``names``, said in the line) cannot run under this launcher, in one line
+        naming the fix; None when it can. A launcher that starts its ranks starts as many as asked."""
+        return None
+
     def close(self) -> None:  # noqa: B027 (most launchers hold nothing across runs)
         """Release what the launcher holds across runs."""
 

@@ -180,6 +180,12 @@ class JobLauncher(Launcher):
         return {"launcher": self.name, "bind": self.bind, "world_size": self.world, "hosts": self.hosts,
                 **self._channel.describe()}
 
+    def ranks_problem(self, needed: int, names: str) -> str | None:
+        if needed <= self.world:
+            return None
+        return (f"this run needs {needed} ranks ({names}), but {self._channel.job} has {self.world}: start it with "
+                f"{self._channel.start_hint(needed)}")
+
     # the coordinator (process 0) -------------------------------------------------------------
 
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
@@ -189,10 +195,8 @@ class JobLauncher(Launcher):
                               "(JobLauncher.serve)")
         if self._broken:
             raise LaunchError(f"not started: {self._broken}")
-        if len(ranks) > self.world:
-            raise LaunchError(f"this run needs {len(ranks)} ranks ({', '.join(s.name for s in ranks)}), "
-                              f"but {self._channel.job} has {self.world}: start it with "
-                              f"{self._channel.start_hint(len(ranks))}")
+        if problem := self.ranks_problem(len(ranks), ", ".join(s.name for s in ranks)):
+            raise LaunchError(problem)
         if any(spec.service for spec in ranks):
             raise LaunchError(f"ranks that serve until stopped (tf_grpc's servers) cannot run under --launcher "
                               f"{self.name}; use --launcher local or netns")
