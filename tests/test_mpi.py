@@ -19,16 +19,22 @@ if MPIRUN is None:  # pragma: no cover
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def bench(ranks: int, *args: str) -> subprocess.CompletedProcess:
+def bench(ranks: int, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``mpirun -np RANKS bench ARGS...``"""
-    return mpirun(ranks, "-m", "bench.cli", *args, cwd=ROOT)
+    return mpirun(ranks, "-m", "bench.cli", *args, cwd=ROOT, env=env)
 
 
 def test_four_mpi_ranks_run_a_short_model_job_to_the_end(tmp_path):
     out = tmp_path / "run"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = bench(4, "model", "tests.tiny_models:TINY", "--transport", "zerocopy,grpc_tcp", "--launcher", "mpi",
-                 "--steps", "3", "--warmup", "1", "--fabric-transport", "shm", "--no-plot", "--out", str(out))
+                 "--steps", "3", "--warmup", "1", "--fabric-transport", "shm", "--no-plot", "--out", str(out),
+                 env={"TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the job's processes end with os._exit, past TensorFlow's atexit handlers: its autograph modules
+    # (__autograph_generated_file*.py) stayed in the temporary directory, one set per process
+    assert sorted(p.name for p in scratch.iterdir()) == []
     run = load_run(out)
     assert run.meta["status"] == "complete"
     assert run.meta["launcher"]["launcher"] == "mpi" and run.meta["launcher"]["world_size"] == 4

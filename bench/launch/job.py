@@ -18,6 +18,10 @@ data, never code: JSON in frames of at most :data:`CHANNEL_BYTES` (:func:`channe
 checked (:func:`announcement_problem`) before it is used; the runs' own messages go through the hub
 (``base.py``: data only as well).
 
+A process of the job ends with ``os._exit`` (:meth:`JobLauncher.end_process`), past the ``atexit`` handlers with
+which libraries delete their temporary files (TensorFlow's autograph writes a module per function it converts):
+each process makes its files in a temporary directory of its own (``tempfile.tempdir``), removed there.
+
 Where ranks listen (``--bind``): an address, or an interface whose IPv4 address is taken; by default
 loopback when every process runs on one host, else the address the host name resolves to. UCX over tcp
 is pointed at the same interface.
@@ -25,11 +29,14 @@ is pointed at the same interface.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -171,6 +178,10 @@ class JobLauncher(Launcher):
         self._broken = ""
         self._ended = False
         os.environ.update(ucx_devices(self.bind))
+        # this process's temporary files, removed as it ends (see the module docstring)
+        self._scratch = tempfile.mkdtemp(prefix="bench-job-")
+        tempfile.tempdir = self._scratch
+        atexit.register(shutil.rmtree, self._scratch, ignore_errors=True)  # an exit other than end_process's
 
     @property
     def is_coordinator(self) -> bool:  # type: ignore[override]
@@ -248,6 +259,8 @@ class JobLauncher(Launcher):
         turn a finished job into a task killed by SIGSEGV. The runtime is told first (MPI_Finalize); stdio and
         logging are flushed here; the results are closed already."""
         self._channel.finalize()
+        tempfile.tempdir = None
+        shutil.rmtree(self._scratch, ignore_errors=True)
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
