@@ -434,6 +434,39 @@ def test_a_device_tensor_its_receiver_did_not_plan_arrives_in_host_memory(pair):
         np.testing.assert_array_equal(received, values)
 
 
+@pytest.mark.long
+def test_a_torch_device_tensor_goes_in_and_comes_out_of_device_memory_without_a_copy(pair):
+    """A PyTorch tensor on the GPU is sent from its own memory (taken over through DLPack, not copied), arrives in
+    the device memory planned, and goes back to PyTorch over the receive's memory."""
+    if (problem := cuda_problem()) is not None:
+        pytest.skip(problem)
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    if not torch.cuda.is_available():
+        pytest.skip(f"this PyTorch ({torch.__version__}) has no CUDA")
+    from transports.common import data_pointer
+    from transports.tensors import adopt
+
+    cuda = Memory.parse("cuda")
+    spec = TensorSpec("td", (64, 16), np.float32, 0, 1, cuda, cuda)
+    for transport in pair:
+        transport.placement.plan([spec])
+    values = sample(spec.shape, np.float32)
+    tensor = torch.tensor(values, device="cuda:0")
+    assert data_pointer(adopt(tensor)) == tensor.data_ptr()  # taken over, not copied
+    before = [t.stats() for t in pair]
+    for step in range(2):
+        received = transfer(pair, tensor, name="td", step=step)
+        assert memory_of(received) == cuda
+        np.testing.assert_array_equal(on_host(received), values)
+        handed = as_framework(received, "torch")
+        assert handed.is_cuda and handed.data_ptr() == data_pointer(received)
+        assert torch.equal(handed, tensor)
+    sender, receiver = (t.stats() - b for t, b in zip(pair, before, strict=True))
+    assert (sender.device_to_host_bytes, receiver.host_to_device_bytes) == staged_bytes(pair, spec, 2)
+    if pair[0].moves_device(spec):
+        assert sender.copied_bytes == receiver.copied_bytes == 0
+
+
 #: frameworks whose host tensors go in through DLPack (each skipped where it is not installed)
 FRAMEWORKS = ["tensorflow", "torch", "jax"]
 

@@ -783,6 +783,12 @@ def test_ucx_perftest_puts_on_device_memory_with_its_device_and_cuda_transports(
     assert args == ["-m", "cuda,host"] and "UCX_TLS" not in placed  # UCX chooses: its CUDA transports among them
     with pytest.raises(ReferenceUnavailable, match="one device"):
         memory_arguments((Memory("cuda", 0), Memory("cuda", 1)), env)
+    # where CUDA_VISIBLE_DEVICES chose this process's devices, cuda:N is the Nth of them, for the child too
+    chosen = {"CUDA_VISIBLE_DEVICES": "3, GPU-5a1e"}
+    assert memory_arguments((Memory("cuda", 1), HOST), chosen)[1]["CUDA_VISIBLE_DEVICES"] == "GPU-5a1e"
+    assert memory_arguments((Memory("cuda", 0), HOST), chosen)[1]["CUDA_VISIBLE_DEVICES"] == "3"
+    with pytest.raises(ReferenceUnavailable, match="shows 2 device"):
+        memory_arguments((Memory("cuda", 2), HOST), chosen)
 
 
 def test_lines_that_move_host_memory_only_say_so_for_device_memory():

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transports import fabric
-from transports.memory import Driver, array_module, driver, extra_hint
+from transports.memory import Driver, Memory, array_module, driver, extra_hint
+from transports.tensors import allocation
 
 #: what the second process of the cuda_ipc probe runs: map the exported buffer, read its first word back
 _IPC_READER = """
@@ -102,7 +103,10 @@ def cuda_ipc_probe(found: Driver, cupy_problem: str | None, timeout_s: float = 6
         return f"not tried: {cupy_problem}"
     cupy = array_module()
     try:
-        buffer = cupy.full(1024, _IPC_WORD, dtype=cupy.uint32)
+        # an allocation of its own: the reader maps the whole allocation and reads its first word, which in CuPy's
+        # pool could be another array's
+        buffer = allocation(4096, Memory("cuda")).view(cupy.uint32)
+        buffer.fill(_IPC_WORD)
         cupy.cuda.get_current_stream().synchronize()
         handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(buffer.data.ptr))
         done = subprocess.run([sys.executable, "-c", _IPC_READER, handle.hex()], capture_output=True, text=True,

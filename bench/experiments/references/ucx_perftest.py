@@ -113,7 +113,14 @@ def memory_arguments(memory: tuple[Memory, Memory], env: dict[str, str]) -> tupl
     if len(devices) > 1:
         raise ReferenceUnavailable(f"ucx_perftest puts between buffers of one device, not {memory[0]} and "
                                    f"{memory[1]}")
-    env = {**env, "CUDA_VISIBLE_DEVICES": str(devices.pop())}
+    device = devices.pop()
+    # device N is the Nth this process sees: where CUDA_VISIBLE_DEVICES chose those already (an index, a UUID, a MIG
+    # instance), the child is shown the same one, not the machine's device N
+    visible = [name.strip() for name in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if name.strip()]
+    if visible and device >= len(visible):
+        raise ReferenceUnavailable(f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} shows {len(visible)} "
+                                   f"device(s): there is no cuda:{device}")
+    env = {**env, "CUDA_VISIBLE_DEVICES": visible[device] if visible else str(device)}
     if env.get("UCX_TLS"):
         env["UCX_TLS"] = f"{env['UCX_TLS']},cuda_copy,cuda_ipc"
     return ["-m", ",".join(side.kind for side in memory)], env
