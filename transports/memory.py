@@ -13,8 +13,10 @@ in one line why device memory cannot be used here (None when it can).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -100,47 +102,87 @@ class Driver:
     cuda_version: tuple[int, int] | None
     gpus: tuple[Gpu, ...]
     problem: str | None  # None: the driver loaded and initialised
+    #: the devices the driver claims, when more than it was asked about (:data:`MAX_GPUS`); else None
+    claimed: int | None = None
 
     @property
     def cuda_major(self) -> int | None:
         return None if self.cuda_version is None else self.cuda_version[0]
 
+    def capped_note(self) -> str | None:
+        """``the driver claims N devices: the first 64 are listed`` when it claimed more than the probe asks about."""
+        if self.claimed is None:
+            return None
+        return f"the driver claims {self.claimed} devices: the first {len(self.gpus)} are listed"
+
 
 _CUDA_ERRORS = {100: "CUDA_ERROR_NO_DEVICE: it finds no GPU", 999: "CUDA_ERROR_UNKNOWN",
                 3: "CUDA_ERROR_NOT_INITIALIZED", 35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
                 304: "CUDA_ERROR_OPERATING_SYSTEM"}
+#: the driver's functions the probe calls, every one looked up before the first call: a library without one (a
+#: partial or fake ``libcuda.so.1``) is no usable driver
+_DRIVER_FUNCTIONS = ("cuDriverGetVersion", "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName",
+                     "cuDeviceTotalMem_v2", "cuDeviceGetPCIBusId")
+#: the most devices the probe asks the driver about (a machine has 8 or 16): a driver claiming 2**31 - 1 would
+#: otherwise be asked about each, for hours and gigabytes
+MAX_GPUS = 64
+
+
+def driver_text(raw: bytes) -> str:
+    """Text the driver wrote (a device's name, its PCI bus id), printable ASCII only: any other byte (a terminal
+    escape, a line break) shown as ``\\xNN``, never passed to a terminal."""
+    return "".join(chr(byte) if 0x20 <= byte < 0x7F else f"\\x{byte:02x}" for byte in raw)
+
+
+def _library_path(cuda: ctypes.CDLL) -> str:
+    """The file ``cuda`` was loaded from (this process's mappings say), else the name it was loaded by."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libcuda.so"):
+                return fields[5].strip()
+    return cuda._name
 
 
 @functools.cache
 def driver() -> Driver:
-    """Ask ``libcuda.so.1`` for its version and devices (once per process; no GPU library needed)."""
+    """Ask ``libcuda.so.1`` for its version and devices (once per process; no GPU library needed).
+
+    Whatever the library is, the answer is a Driver: one lacking a function the probe calls is "unusable" naming
+    it, one claiming more than :data:`MAX_GPUS` devices is asked about the first of them only, and the names it
+    gives are shown as printable ASCII (:func:`driver_text`)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return Driver(None, (), "there is no NVIDIA driver here (libcuda.so.1 is not installed)")
+    missing = [name for name in _DRIVER_FUNCTIONS if not hasattr(cuda, name)]
+    if missing:
+        library = driver_text(os.fsencode(_library_path(cuda)))
+        return Driver(None, (), f"the NVIDIA driver is unusable: {library} has no {', '.join(missing)} "
+                      "(a partial or fake libcuda.so.1: reinstall the driver, or take that file off LD_LIBRARY_PATH)")
     version = ctypes.c_int(0)
     cuda_version = None
-    if cuda.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value:
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
         cuda_version = (version.value // 1000, version.value % 1000 // 10)
     status = cuda.cuInit(0)
     if status != 0:
         return Driver(cuda_version, (), f"the NVIDIA driver did not start ({_CUDA_ERRORS.get(status, status)})")
     count = ctypes.c_int(0)
-    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value <= 0:
         return Driver(cuda_version, (), "the NVIDIA driver finds no GPU here")
     found = []
-    for index in range(count.value):
+    for index in range(min(count.value, MAX_GPUS)):
         handle = ctypes.c_int(0)
         if cuda.cuDeviceGet(ctypes.byref(handle), index) != 0:
             continue
         name = ctypes.create_string_buffer(256)
-        cuda.cuDeviceGetName(name, 256, handle)
+        cuda.cuDeviceGetName(name, len(name) - 1, handle)
         total = ctypes.c_size_t(0)
         cuda.cuDeviceTotalMem_v2(ctypes.byref(total), handle)
         bus = ctypes.create_string_buffer(64)
-        cuda.cuDeviceGetPCIBusId(bus, 64, handle)
-        found.append(Gpu(index, name.value.decode(errors="replace"), total.value, bus.value.decode(errors="replace")))
-    return Driver(cuda_version, tuple(found), None)
+        cuda.cuDeviceGetPCIBusId(bus, len(bus) - 1, handle)
+        found.append(Gpu(index, driver_text(name.value), total.value, driver_text(bus.value)))
+    return Driver(cuda_version, tuple(found), None, count.value if count.value > MAX_GPUS else None)
 
 
 def extra_hint(found: Driver | None = None) -> str:

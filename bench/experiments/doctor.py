@@ -478,6 +478,8 @@ def gpu_checks(facts: GpuFacts) -> list[Check]:
     if found.problem is not None:
         return [Check("gpu", "skip", f"{found.problem}: --memory cuda is refused, host memory runs")]
     devices = ", ".join(f"cuda:{gpu.index} {gpu.name}" for gpu in found.gpus)
+    if (note := found.capped_note()) is not None:
+        devices = f"{devices} ({note})"
     cuda = f"CUDA {found.cuda_version[0]}.{found.cuda_version[1]}" if found.cuda_version else "CUDA ?"
     if facts.cupy_problem is not None:
         checks = [Check("gpu", "warn", f"{devices} ({cuda}); {facts.cupy_problem}", extra_hint(found))]

@@ -177,6 +177,8 @@ def describe(facts: GpuFacts) -> list[str]:
         lines.append(f"none: {found.problem} (bench micro --memory cuda is refused)")
     for gpu in found.gpus:
         lines.append(f"cuda:{gpu.index} {gpu.name}, {gpu.memory_bytes / 2**30:.1f} GiB, PCI {gpu.pci_bus}")
+    if (note := found.capped_note()) is not None:
+        lines.append(note)
     if facts.cupy_problem is not None:
         lines.append(f"device arrays: {facts.cupy_problem}")
     else:
