@@ -6,8 +6,10 @@ A send of a static tensor whose slots the sender maps (shared memory) is ``tt_se
 fabric's :meth:`SendPlan.fast`): the credit's wait, the copy into the slot and the trailer. A receive is the
 credit's grant (:meth:`CounterPlan.fast`) and the take (:meth:`TakePlan.fast`). What :meth:`ZeroCopyTransport.send`
 and ``recv`` check per call (the key's types and ranks, the array's shape, strides and dtype, the claim) is checked
-once: the name and peer when the object is made, the array when it is first sent from (an array object keeps its
-buffer, and its byte count, for life). The counts go into a tally of the object's own in the ledger.
+once: the name and peer when the object is made, the array when it is first sent from (an array keeps its byte
+count for life, and the plan's call holds its buffer where it is: NumPy refuses to resize, and so move, the array
+that owns that memory while the call lives; see ``_pin`` in ``transports/fabric/ucx/channel.py``). The counts go
+into a tally of the object's own in the ledger.
 
 Everything else goes the way ``send``/``recv`` go, which the objects call: the first transfer (it connects), a
 tensor sent from another array, a plan that is not one copy into mapped memory (tcp's stream, a put over UCX:

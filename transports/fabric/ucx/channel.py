@@ -82,6 +82,19 @@ def _buffer(array: np.ndarray):
     return _ffi.from_buffer(array) if type(array) is np.ndarray else _pointer(array)
 
 
+def _pin(array: Any) -> weakref.ref | None:
+    """A hold on the memory of NumPy array ``array`` for a pointer kept to it from one send to the next: a weak
+    reference to the array that owns that memory (``array``, or the base it views), under which NumPy refuses to
+    resize (move) that array, ``refcheck=False`` or not; its memory stays where it is, and allocated, while the
+    hold lives. A strong reference is not one: ``resize(refcheck=False)`` ignores references. None for other
+    arrays (a device array's memory is its owner's to keep)."""
+    if type(array) is not np.ndarray:
+        return None
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return weakref.ref(array)
+
+
 #: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
 _SHARED_MEMORY_DESCRIPTORS = 16
 
@@ -408,8 +421,9 @@ class UcxSendPlan(SendPlan):
         # what the plan points into stays alive with it
         self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles,
                         device._mapped_by_plans)
-        #: the array last sent and its buffer as cffi passes it (mostly the same array every time)
-        self._source: tuple[np.ndarray | None, Any] = (None, None)
+        #: the array last sent, its buffer as cffi passes it (mostly the same array every time) and the hold that
+        #: keeps that buffer where it is (:func:`_pin`)
+        self._source: tuple[np.ndarray | None, Any, Any] = (None, None, None)
         #: the waits (seconds) the plan holds in nanoseconds (mostly the same every time)
         self._waits: tuple[float, float] = (-1.0, -1.0)
         #: every transfer is this process's own copy into peer memory mapped here (shared memory)
@@ -432,12 +446,12 @@ class UcxSendPlan(SendPlan):
             self._waits = credit_wait, timeout
 
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        source, buffer = self._source
+        source, buffer, _ = self._source
         if data is not source:
             if self.mapped and type(data) is not np.ndarray:
                 raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
             buffer = _buffer(data)
-            self._source = data, buffer
+            self._source = data, buffer, _pin(data)
         self._set_waits(credit_wait, timeout)
         status = _lib.tt_send_planned(self._plan, buffer, seq, step)
         if status == 0:  # UCS_OK
@@ -452,11 +466,13 @@ class UcxSendPlan(SendPlan):
 
     def fast(self, data: np.ndarray, credit_wait: float, timeout: float = 60.0) -> Callable[[int, int], int]:
         """``tt_send_planned`` itself, bound to the plan and ``data``'s buffer (see :meth:`SendPlan.fast`): its
-        status is 0 once written."""
+        status is 0 once written. The call holds ``data``'s memory where it is for its life (:func:`_pin`)."""
         if self.mapped and type(data) is not np.ndarray:
             raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
         self._set_waits(credit_wait, timeout)
-        return functools.partial(_lib.tt_send_planned, self._plan, _buffer(data))
+        call = functools.partial(_lib.tt_send_planned, self._plan, _buffer(data))
+        call.pin = _pin(data)  # (a partial keeps attributes: the hold lives and goes with the call)
+        return call
 
 
 class UcxCounterPlan(CounterPlan):
