@@ -21,6 +21,7 @@ from bench.options import (
     EXIT_USAGE,
     HelpFormatter,
     Parser,
+    VersionAction,
     examples_epilog,
     extras_problem,
     fabric_problem,
@@ -61,6 +62,7 @@ def build_parser() -> Parser:
         "draw them with 'bench plot DIR', put runs beside the paper with 'bench report DIR...', and see what got "
         "faster or slower with 'bench compare BASE NEW'. 'bench COMMAND --help' for each command's options.",
     )
+    parser.add_argument("--version", action=VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
     for name in COMMANDS:

@@ -20,6 +20,8 @@ import transports
 from bench import LOCAL, TF_GRPC
 
 EXIT_USAGE = 2
+#: the distribution bench comes in (pyproject.toml's name)
+PACKAGE = "tensor-transport-bench"
 
 #: the paper's six models, then ours beyond them (embedding: a sparse gradient of dynamic shape)
 MODEL_NAMES = ("alexnet", "inception_v3", "vgg16", "lstm", "gru", "fcn5", "embedding")
@@ -31,10 +33,54 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(min|h|m|s|)\s*")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line, with where to look, and exits 2."""
+    """argparse that reports a usage error in one line, with where to look, and exits 2.
+
+    An argument it does not know is an error of the parser that got it: ``bench micro --bogus`` points at
+    ``bench micro --help`` (argparse would hand it back to ``bench``, whose help does not list micro's options)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+def version_line() -> str:
+    """``bench 0.1.0 (tensor-transport-bench, commit 0123abcd4567)``: the installed package's version, and the git
+    commit of its source when it runs from a checkout."""
+    import importlib.metadata
+    import subprocess
+
+    try:
+        version = importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed: pip install -e .)"
+    source = Path(__file__).resolve().parents[1]
+    commit = None
+    if (source / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                  text=True, timeout=10, stdin=subprocess.DEVNULL)
+            commit = done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+        except (OSError, subprocess.TimeoutExpired):
+            commit = None
+    return f"bench {version} ({PACKAGE}{f', commit {commit}' if commit else ''})"
+
+
+class VersionAction(argparse.Action):
+    """``--version``: print :func:`version_line` and exit 0 (the git commit asked for only then)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version of bench (and the git commit of its source) and exit", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit(0)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -437,8 +483,10 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
                         "slurm every rank runs this same command (mpirun -np N bench ... --launcher mpi, srun -n N "
                         "bench ... --launcher slurm)")
     parser.add_argument("--bind", default=None, metavar="ADDRESS|INTERFACE",
-                        help="where ranks listen (local, mpi): an address or an interface (default: loopback; under "
-                        "mpi, the host's address when ranks span hosts)")
+                        help="where ranks listen (local, mpi): an address or an interface of this host. The default, "
+                        "loopback, reaches ranks on this host only: when ranks run on other hosts (mpi, slurm) it "
+                        "must be a non-loopback address of this host that they reach (under mpi the default is then "
+                        "the address the host's name resolves to)")
     parser.add_argument("--link-rate", default=None, metavar="RATE",
                         help="netns: shape every link to RATE with tc, e.g. 10gbit, 500mbit (default: unshaped)")
     submit = parser.add_argument_group("submitting to Slurm (--launcher slurm outside a Slurm step)")

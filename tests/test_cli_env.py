@@ -3,6 +3,7 @@ command's version, where to look after a usage error, and where ranks on other h
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import importlib.util
 import os
@@ -131,3 +132,66 @@ def test_driver_text_keeps_printable_ascii_and_escapes_every_other_byte():
     assert driver_text(b"NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
     assert driver_text(b"0000:01:00.0\x1b[2J\n\xff\x7f") == r"0000:01:00.0\x1b[2J\x0a\xff\x7f"
     assert driver_text(bytes(range(256))).isascii() and driver_text(bytes(range(256))).isprintable()
+
+
+def test_bench_version_prints_the_package_version_and_the_commit_of_a_checkout():
+    """There was no ``bench --version``."""
+    done = bench("--version")
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    version = importlib.metadata.version("tensor-transport-bench")
+    assert line.startswith(f"bench {version} (tensor-transport-bench")
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=BOUND_S).stdout.strip()
+        assert line == f"bench {version} (tensor-transport-bench, commit {head})"
+
+
+@pytest.mark.parametrize("command", [["micro"], ["model", "fcn5"], ["report", "results"], ["doctor"]])
+def test_an_unknown_option_of_a_command_points_at_that_commands_help(command):
+    """It pointed at ``bench --help``, which does not list a command's options."""
+    done = bench(*command, "--bogus", "x")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"bench {command[0]}: error: unrecognized arguments: --bogus x (see 'bench {command[0]} --help')"]
+
+
+def test_an_unknown_option_before_the_command_points_at_benchs_help():
+    done = bench("--bogus", "micro")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["bench: error: unrecognized arguments: --bogus (see 'bench --help')"]
+
+
+def test_bind_says_ranks_on_other_hosts_need_a_non_loopback_address_of_this_host(monkeypatch):
+    """Its help said only "default: loopback", and ranks spanning hosts were left listening on loopback (given, or
+    the 127.0.1.1 that Debian's /etc/hosts gives the host's name), where the other hosts cannot reach them."""
+    import socket
+
+    from bench.launch.addresses import resolve_bind
+    from bench.launch.messages import LaunchError
+    from bench.options import add_launch_options
+
+    parser = argparse.ArgumentParser(prog="bench micro")
+    add_launch_options(parser)
+    assert "must be a non-loopback address of this host" in " ".join(parser.format_help().split())
+
+    assert resolve_bind("127.0.0.1", ["node1"]) == "127.0.0.1"  # one host: loopback is right
+    assert resolve_bind(None, ["node1", "node1"]) == "127.0.0.1"
+    with pytest.raises(LaunchError, match=r"^the ranks span 2 hosts, and --bind 127\.0\.0\.1 is a loopback address "
+                       r"the others cannot reach: choose where ranks listen with --bind ADDRESS\|INTERFACE, a "
+                       r"non-loopback address \(or interface\) of this host that the other hosts reach \(here: .*lo "
+                       r"127\.0\.0\.1"):
+        resolve_bind("127.0.0.1", ["node1", "node2"])
+    with pytest.raises(LaunchError, match="--bind lo is a loopback address the others cannot reach"):
+        resolve_bind("lo", ["node1", "node2"])
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")
+    with pytest.raises(LaunchError, match=r"resolves to 127\.0\.1\.1, which is a loopback address .* a non-loopback "
+                       "address"):
+        resolve_bind(None, ["node1", "node2"])
+
+    def unresolvable(name: str) -> str:
+        raise socket.gaierror("Name or service not known")
+
+    monkeypatch.setattr(socket, "gethostbyname", unresolvable)
+    with pytest.raises(LaunchError, match=r"does not resolve .*--bind ADDRESS\|INTERFACE, a non-loopback address"):
+        resolve_bind(None, ["node1", "node2"])

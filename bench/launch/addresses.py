@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import ipaddress
 import os
@@ -40,30 +39,52 @@ def _here(address: str) -> str:
         try:
             probe.bind((address, 0))
         except OSError as exc:
-            mine = [f"{name} {found}" for _, name in socket.if_nameindex() if (found := interface_address(name))]
             raise LaunchError(f"--bind {address}: cannot listen there ({exc.strerror or exc}): it is not an "
-                              f"address of this host (here: {', '.join(mine)}); give one of these, or an "
+                              f"address of this host (here: {_addresses_here()}); give one of these, or an "
                               "interface name") from None
     return address
 
 
+def _addresses_here() -> str:
+    """``lo 127.0.0.1, eth0 10.0.0.2``: this host's interfaces and their IPv4 addresses."""
+    return ", ".join(f"{name} {found}" for _, name in socket.if_nameindex() if (found := interface_address(name)))
+
+
+#: the advice for ranks on several hosts: where they listen must reach the other hosts
+_SPAN_FIX = ("choose where ranks listen with --bind ADDRESS|INTERFACE, a non-loopback address (or interface) of this "
+             "host that the other hosts reach")
+
+
+def _spanning(address: str, hostnames: list[str], given: str | None) -> str:
+    """``address``, unless the ranks span hosts and it is loopback, which the other hosts cannot reach: then a
+    LaunchError saying so, with this host's addresses."""
+    if len(set(hostnames)) > 1 and ipaddress.ip_address(address).is_loopback:
+        how = f"--bind {given}" if given else f"this host's name ({socket.gethostname()}) resolves to {address}, which"
+        raise LaunchError(f"the ranks span {len(set(hostnames))} hosts, and {how} is a loopback address the others "
+                          f"cannot reach: {_SPAN_FIX} (here: {_addresses_here()})")
+    return address
+
+
 def resolve_bind(bind: str | None, hostnames: list[str]) -> str:
-    """The address to listen on: ``bind`` (an address, or an interface), or the default for ranks on these hosts."""
+    """The address to listen on: ``bind`` (an address, or an interface), or the default for ranks on these hosts.
+    Ranks on several hosts never listen on loopback: a LaunchError says so and names this host's addresses."""
     if bind:
-        with contextlib.suppress(ValueError):
-            return _here(str(ipaddress.ip_address(bind)))
-        address = interface_address(bind)
-        if address is None:
-            raise LaunchError(f"--bind {bind}: no such address or network interface here "
-                              f"(interfaces: {', '.join(name for _, name in socket.if_nameindex())})")
-        return address
-    if len(set(hostnames)) == 1:
+        try:
+            address = _here(str(ipaddress.ip_address(bind)))
+        except ValueError:
+            address = interface_address(bind)
+            if address is None:
+                raise LaunchError(f"--bind {bind}: no such address or network interface here "
+                                  f"(interfaces: {', '.join(name for _, name in socket.if_nameindex())})") from None
+        return _spanning(address, hostnames, bind)
+    if len(set(hostnames)) <= 1:
         return "127.0.0.1"
     try:
-        return socket.gethostbyname(socket.gethostname())
+        address = socket.gethostbyname(socket.gethostname())
     except OSError as exc:
-        raise LaunchError(f"the ranks span hosts, and this host's name does not resolve ({exc}); "
-                          "choose where ranks listen with --bind ADDRESS|INTERFACE") from None
+        raise LaunchError(f"the ranks span hosts, and this host's name does not resolve ({exc}); {_SPAN_FIX}") \
+            from None
+    return _spanning(address, hostnames, None)
 
 
 def ucx_devices(address: str) -> dict[str, str]:
