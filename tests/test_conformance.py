@@ -303,6 +303,28 @@ def test_a_persistent_receive_times_out_naming_the_peer(pair):
         inbound.recv(1, timeout=0.5)
 
 
+@pytest.mark.parametrize("way", ["unplanned", "planned", "persistent"])
+def test_a_send_that_times_out_names_the_timeout_it_was_given(pair, way):
+    """A send given ``timeout=`` that no receive meets gives up then, and says that time, not the transport's."""
+    if way == "persistent" and pair[0].name == "local":
+        pytest.skip("local's persistent send hands the array over at once: it never waits for a receive")
+    array = np.ones(4)
+    if way == "unplanned":
+        send = lambda step: pair[0].send(Key("unread", step, 0, 1), array, timeout=0.5)  # noqa: E731
+    else:
+        outbound, inbound = planned_pair(pair, TensorSpec("unread", (4,), np.float64, 0, 1))
+        thread, _ = sending_steps(outbound, array, [0], lambda target, step: None)
+        inbound.recv(0)  # connected
+        thread.join(10)
+        send = (lambda step: outbound.send(step, array, timeout=0.5)) if way == "persistent" else (
+            lambda step: pair[0].send(Key("unread", step, 0, 1), array, timeout=0.5))
+    assert pair[0].timeout_s != 0.5
+    with pytest.raises(TransportTimeout, match=r"within 0\.5 s") as raised:
+        for step in range(1, 6):  # (a transport may let a send or two ahead of its receives)
+            send(step)
+    assert f"{pair[0].timeout_s:g} s" not in str(raised.value)
+
+
 def test_persistent_transfers_refuse_what_a_key_would(pair):
     with pytest.raises(ValueError, match="no rank 5"):
         pair[0].outbound("x", 5)

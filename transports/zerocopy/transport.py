@@ -517,7 +517,7 @@ class ZeroCopyTransport(FabricTransport):
                     deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
                     while not sent:
                         self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
-                                            deadline)
+                                            deadline, timeout)
                         sent = self._blocking(key, key.dst, outgoing.channel, plan.send, array, seq, step,
                                               CREDIT_SLICE_S, watched=not plan.mapped)
                 outgoing.seq += 1
@@ -541,11 +541,12 @@ class ZeroCopyTransport(FabricTransport):
     def _send_claimed(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         try:
             with self._operation:
-                self._send(key, array, time.monotonic() + (self.timeout_s if timeout is None else timeout))
+                self._send(key, array, time.monotonic() + (self.timeout_s if timeout is None else timeout), timeout)
         finally:
             self._unclaim(key)
 
-    def _send(self, key: Key, array: np.ndarray, deadline: float) -> None:
+    def _send(self, key: Key, array: np.ndarray, deadline: float, timeout: float | None) -> None:
+        """One send the general way, by ``deadline`` (``timeout`` seconds from its start: None, the transport's)."""
         try:
             outgoing = self._connect(key.name, key.dst)
         except FabricError as exc:
@@ -563,19 +564,21 @@ class ZeroCopyTransport(FabricTransport):
             seq = outgoing.seq
             if outgoing.posted[0] <= outgoing.credit_above:
                 self._await_counter(outgoing, outgoing.posted, outgoing.credit_above, f"credit to send {key}",
-                                    deadline)
+                                    deadline, timeout)
             if outgoing.mode == "static":
                 self._send_static(outgoing, key, array, seq)
             else:
-                self._send_dynamic(outgoing, key, array, seq, deadline)
+                self._send_dynamic(outgoing, key, array, seq, deadline, timeout)
             outgoing.seq += 1
         self.ledger.sent(array.nbytes)
 
     def _await_counter(self, outgoing: _Outgoing, counter: np.ndarray, above: int, what: str,
-                       deadline: float) -> None:
+                       deadline: float, timeout: float | None) -> None:
+        """Wait until ``counter`` exceeds ``above``, by ``deadline`` (``timeout`` seconds from the operation's
+        start, which a timeout's message names: None, the transport's)."""
         device, peers = self.device, [(outgoing.dst, outgoing.channel)]
         self._await(lambda slice_s: device.wait_counter(counter, above, slice_s) or None, lambda: what,
-                    lambda: peers, deadline)
+                    lambda: peers, deadline, timeout)
 
     def _start_send(self, key: Key, array: np.ndarray) -> Future:
         """A send that waits for its credit in the send poller (one thread for all of them), once connected.
@@ -768,7 +771,8 @@ class ZeroCopyTransport(FabricTransport):
         data = self.sender.static_source(self, outgoing, array)
         self._write_flagged(outgoing, data, outgoing.slot_targets[seq % outgoing.slots], seq, key)
 
-    def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float) -> None:
+    def _send_dynamic(self, outgoing: _Outgoing, key: Key, array: np.ndarray, seq: int, deadline: float,
+                      timeout: float | None) -> None:
         if array.ndim > MAX_DIMS:
             raise ValueError(f"{self.name}: {key} has {array.ndim} dimensions; at most {MAX_DIMS} are supported")
         flat = self._flat(outgoing, array)
@@ -791,7 +795,7 @@ class ZeroCopyTransport(FabricTransport):
         self._write_flagged(outgoing, record, outgoing.control.at(0, META.itemsize), seq, key)
         # the sender's buffer is in use until the receiver has read it
         if outgoing.reads_done[0] <= seq:
-            self._await_counter(outgoing, outgoing.reads_done, seq, f"the receiver to read {key}", deadline)
+            self._await_counter(outgoing, outgoing.reads_done, seq, f"the receiver to read {key}", deadline, timeout)
 
     # receiving -------------------------------------------------------------
 
