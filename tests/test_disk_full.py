@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -156,6 +157,19 @@ def test_the_last_meta_json_goes_into_the_room_kept_for_it(small_disk):
     assert leftovers(disk) == []
 
 
+def test_meta_json_that_cannot_be_renamed_into_place_is_written_into_its_own_blocks(small_disk):
+    disk = small_disk("64k")
+    writer = RunWriter(disk / "run", "micro", {})
+    writer.add(micro(1024, 10.0))
+    for reserve in (disk / "run").glob(".*reserve"):
+        reserve.unlink()  # nothing kept free: the disk cannot take a new meta.json
+    fill(disk)
+    writer.finish("complete", left_out=["a line " * 40])
+    meta = json.loads((disk / "run" / META_FILE).read_text())
+    assert meta["status"] == "complete" and meta["left_out"] == ["a line " * 40]
+    assert leftovers(disk) == []
+
+
 def test_meta_json_that_cannot_be_rewritten_stays_as_it_was(small_disk):
     disk = small_disk("64k")
     writer = RunWriter(disk / "run", "micro", {})
@@ -164,8 +178,8 @@ def test_meta_json_that_cannot_be_rewritten_stays_as_it_was(small_disk):
     for reserve in (disk / "run").glob(".*reserve"):
         reserve.unlink()  # nothing kept free: the disk cannot take meta.json again
     fill(disk)
-    with pytest.raises(DiskError):
-        writer.finish("complete")
+    with pytest.raises(DiskError):  # more than the room the first meta.json kept
+        writer.finish("complete", failures=["x" * 100_000])
     assert (disk / "run" / META_FILE).read_text() == before
     assert json.loads(before)["status"] == "running"
     assert leftovers(disk) == []
@@ -207,6 +221,34 @@ def test_bench_micro_on_a_full_disk_stops_with_one_line_and_keeps_its_points(sma
     assert len(points) >= 2 and points["p50_us"].notna().all()
     whole = run.samples.groupby("size_bytes").size()
     assert (whole == 1000).all()  # every point's samples whole, or none at all
+
+
+def left_free(disk: Path, free: int) -> None:
+    """Fill ``disk`` up but for ``free`` bytes."""
+    filler = fill(disk)
+    os.truncate(filler, filler.stat().st_size - free)
+
+
+def test_bench_micro_begun_on_an_almost_full_disk_says_failed_not_running(small_disk, capsys):
+    # room for meta.json and a row, but not for the room kept beside it nor for a point's samples: the disk
+    # refuses the samples at once, and a new meta.json cannot be made any more
+    disk = small_disk("256k")
+    left_free(disk, 8 * 1024)
+    out = disk / "run"
+    done = bench("micro", "--sizes", "1KB-64KB", "--transports", "local", "--no-references", "--no-peers", "--iters",
+                 "1000", "--no-plot", "--out", str(out))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "No space left on device; free space there or choose another --out" in lines[0]
+    meta = json.loads((out / META_FILE).read_text())
+    assert meta["status"] == "failed" and "No space left on device" in meta["reason"], meta
+    assert meta["end_time"] is not None
+    assert leftovers(disk) == []
+    assert load_run(out).meta["status"] == "failed"  # not "killed", as a run left at "running" reads
+    capsys.readouterr()
+    assert main(["report", str(out), "--out", str(disk.parent / "report.md")]) == 0
+    page = (disk.parent / "report.md").read_text()
+    assert "(micro, failed)" in page and "killed" not in page
 
 
 def test_bench_report_on_a_full_disk_keeps_the_old_page(small_disk, tmp_path, capsys):

@@ -8,6 +8,9 @@ Every file a run, a report or a plot writes goes through one of two helpers:
 - :func:`append_whole` appends rows with one ``write`` and, should the disk take only part of them, truncates
   the file back to its size before: a row is there whole or not at all.
 
+One more, :func:`overwrite_in_place`, is the last resort of a run's ``meta.json`` on a disk with no block left for a
+new file: it writes into the blocks the file holds already (never more bytes than the file has).
+
 Neither follows a symbolic link, nor does :func:`make_dir` for the directories the suite makes: a run directory
 may be writable by a group, whose members could plant links at the names the suite writes (the temporary file's,
 the target's) to make it overwrite a file of theirs choosing. The temporary file gets a random name and is made
@@ -134,6 +137,37 @@ def replace_file(path: Path, data: bytes | str, *, durable: bool = True) -> None
                 exc = OSError(exc.errno, exc.strerror, str(path))
             raise _disk_error(exc, path) from None
         raise
+
+
+def overwrite_in_place(path: Path, data: bytes | str) -> None:
+    """Write ``data`` over the bytes of the existing file ``path`` and cut it to ``data``'s length: for a disk that
+    has no block left for :func:`replace_file`'s new file, as the blocks the file holds are written again (never a
+    link; ``data`` no longer than the file, so no block is asked for). Not whole-or-nothing as a rename is: only
+    for a file whose old content is worth less than the new (meta.json saying ``running`` of a run that failed).
+    Disk errors are raised as :class:`DiskError`; a file too short for ``data`` is one too (ENOSPC)."""
+    path = Path(path)
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkError(path) from None
+        raise _disk_error(exc, path) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if len(data) > info.st_size:  # more would ask the disk for a block it does not have
+            raise DiskError(errno.ENOSPC, path)
+        written = os.pwrite(fd, data, 0)
+        if written != len(data):
+            raise DiskError(errno.ENOSPC, path)
+        os.ftruncate(fd, len(data))  # cutting a file frees blocks, it never asks for one
+        os.fsync(fd)
+    except OSError as exc:
+        raise _disk_error(exc, path) from None
+    finally:
+        os.close(fd)
 
 
 def append_whole(path: Path, data: bytes | str, header: bytes | str = b"") -> None:

@@ -6,7 +6,9 @@ upgrades older versions' records to the current meaning.
 
 A full or failing disk costs a run no point it has measured (:mod:`bench.results.files`): rows are appended
 whole or not at all, ``meta.json`` is replaced by rename, and a room kept free beside it
-(:data:`RESERVE_FILE`) is given up when a row is refused, so ``meta.json`` can still say ``failed`` and why.
+(:data:`RESERVE_FILE`) is given up when a row is refused, so ``meta.json`` can still say ``failed`` and why; a disk
+too full to keep that room at the start still takes the last ``meta.json`` into the blocks of the first, which is
+written with room to spare (at least :data:`META_ROOM_BYTES` of trailing white space, to the end of a block).
 A reader skips (and warns about) a last row cut short by a writer that could not finish it, and counts it
 (:attr:`Run.unread_rows`: ``bench compare`` calls it lost). A results file that is there but cannot be read
 (no permission, a directory or a named pipe at its name, binary data) is named as such, never as missing
@@ -39,7 +41,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.results.files import DiskError, append_whole, make_dir, replace_file
+from bench.results.files import DiskError, append_whole, make_dir, overwrite_in_place, replace_file
 from bench.results.lines import bandwidth_references, kind_of
 from bench.results.reading import a_file, first_line, look_at, read_csv
 from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
@@ -61,6 +63,11 @@ SAMPLES_FILE = "samples.csv"
 #: can still be rewritten to say the run failed and why (removed when the run ends)
 RESERVE_FILE = ".meta.json.reserve"
 RESERVE_BYTES = 16 * 1024
+#: white space after the first meta.json's JSON: blocks its last version is written into, in place, when the disk
+#: was too full at the start to keep :data:`RESERVE_FILE` (bench's last meta.json is a few KB longer than its first)
+META_ROOM_BYTES = 2 * 1024
+#: the block the first meta.json's length is rounded up to (a disk's block: its last bytes cost nothing)
+META_BLOCK = 4096
 #: the largest meta.json a reader parses (bench writes a few KB), and the deepest it may be nested (bench: 4 levels)
 META_LIMIT_BYTES = 4 * 2**20
 META_DEPTH_LIMIT = 32
@@ -234,7 +241,7 @@ class RunWriter:
             **environment(),
         }
         try:
-            self._write_meta()
+            self._write_meta(room=META_ROOM_BYTES)  # blocks the last meta.json can be written into, disk full or not
         except BaseException:
             with contextlib.suppress(OSError):  # no run began: leave no empty directory behind
                 path.rmdir()
@@ -293,13 +300,26 @@ class RunWriter:
         try:
             self._write_meta()
         except DiskError as exc:
-            if self.disk_error is None:
-                self.disk_error = exc
-                raise
+            try:  # no block for a new file even so (the room could not be kept): into the first one's blocks
+                with _signals_held():
+                    overwrite_in_place(self.path / META_FILE, self._meta_text())
+            except OSError:
+                if self.disk_error is None:
+                    self.disk_error = exc
+                    raise
 
-    def _write_meta(self) -> None:
+    def _meta_text(self, room: int = 0) -> str:
+        """meta.json's text; with ``room``, white space after the JSON (which JSON allows) up to the end of a
+        :data:`META_BLOCK` at least ``room`` bytes on: blocks a disk block holds anyway."""
+        text = json.dumps(self.meta, indent=2, default=str) + "\n"
+        if not room:
+            return text
+        size = len(text.encode("utf-8"))
+        return text + " " * (-(size + room) % META_BLOCK + room - 1) + "\n"
+
+    def _write_meta(self, room: int = 0) -> None:
         with _signals_held():
-            replace_file(self.path / META_FILE, json.dumps(self.meta, indent=2, default=str) + "\n")
+            replace_file(self.path / META_FILE, self._meta_text(room))
 
     def _hold_reserve(self) -> None:
         with contextlib.suppress(OSError):  # best effort: a disk this full fails the first row instead
