@@ -23,14 +23,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.launch import wire
 from bench.launch.context import connect
 from bench.launch.hub import Hub, _died_first, _RankState
 from bench.launch.job import channel_decode
 from bench.launch.messages import LaunchError, RankSpec, Report
 from bench.launch.slurm import RENDEZVOUS_VARIABLE, SlurmChannel, SlurmStep
 from bench.launch.wire import WireError, decode_message, encode_message, receive_message
-from bench.results.files import replace_file
 from tests import launch_jobs as jobs
+from tests.test_wire_format import frame, instance, items, partial, ref, string, text
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -164,16 +165,6 @@ def test_task_0_stopped_while_it_waits_removes_its_rendezvous_file(tmp_path, sig
 # -- the messages: data, never code -----------------------------------------------------------------------------
 
 
-class _Call:
-    """A pickle that calls ``func(*args)`` on load (what a hostile peer would send)."""
-
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return self.func, self.args
-
-
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A workload whose methods travel bound (``run_tf_grpc(TINY.build, ...)``)."""
@@ -196,31 +187,34 @@ class Workload:
 
 
 def _hostile(marker: Path) -> list[bytes]:
-    import builtins
-    import posix
-
-    touch = f"touch {marker}"
+    """What a hostile peer would send: frames of the wire's format that name code (the encoder refuses to make
+    them, so they are made by hand), and pickles, which the wire never loads."""
+    touch = string(f"touch {marker}")
+    workload = instance("tests.test_launch_safety:Workload", name=string("w"))
     return [
-        pickle.dumps(_Call(os.system, touch)),
-        pickle.dumps(_Call(posix.system, touch), protocol=2),
-        pickle.dumps(_Call(builtins.eval, f"open({str(marker)!r}, 'w')")),
-        pickle.dumps(_Call(builtins.exec, f"open({str(marker)!r}, 'w')"), protocol=0),
-        pickle.dumps(_Call(subprocess.Popen, ["touch", str(marker)])),
-        pickle.dumps(Report(_Call(os.system, touch))),
-        pickle.dumps(_Call(getattr, Path, "home")),
-        # getattr only as a method of a data class of the project's: public, a function, looked up without code
-        pickle.dumps(_Call(getattr, Path("/"), "unlink")),
-        pickle.dumps(_Call(getattr, Workload(), "touched")),
-        pickle.dumps(_Call(getattr, Workload(), "_private")),
-        pickle.dumps(_Call(getattr, Workload(), "__class__")),
-        pickle.dumps(_Call(getattr, Workload(), "name")),
-        pickle.dumps(_Call(getattr, Workload, "build")),
-        pickle.dumps(_Call(getattr, "x", "format")),
+        frame(partial(ref("os:system"), touch)),
+        frame(partial(ref("posix:system"), touch)),
+        frame(partial(ref("builtins:eval"), string(f"open({str(marker)!r}, 'w')"))),
+        frame(partial(ref("builtins:exec"), string(f"open({str(marker)!r}, 'w')"))),
+        frame(partial(ref("subprocess:Popen"), items(wire.LIST, string("touch"), string(str(marker))))),
+        frame(instance("bench.launch.messages:Report", payload=partial(ref("os:system"), touch))),
+        frame(wire.METHOD + ref("pathlib:Path") + text("home")),
+        # a method only of a data class of the project's: public, a function, looked up without code
+        frame(wire.METHOD + wire.PATH + text("PosixPath") + text("/") + text("unlink")),
+        frame(wire.METHOD + workload + text("touched")),
+        frame(wire.METHOD + workload + text("_private")),
+        frame(wire.METHOD + workload + text("__class__")),
+        frame(wire.METHOD + workload + text("name")),
+        frame(wire.METHOD + ref("tests.test_launch_safety:Workload") + text("build")),
+        frame(wire.METHOD + string("x") + text("format")),
         # a project function that writes files, as a job: not a job (no ctx), not data
-        pickle.dumps(RankSpec(functools.partial(replace_file, marker, b"x"), "x")),
+        frame(instance("bench.launch.messages:RankSpec", name=string("x"), job=partial(
+            ref("bench.results.files:replace_file"), string(str(marker)), wire.BYTES + text("x")))),
         # an exception of the project's: not data
-        pickle.dumps(LaunchError("x")),
-        b"cos\nsystem\n(S'" + touch.encode() + b"'\ntR.",  # protocol 0, by hand
+        frame(instance("bench.launch.messages:LaunchError")),
+        # pickles: never loaded, whatever they hold
+        pickle.dumps(Report(functools.partial(os.system, f"touch {marker}"))),
+        b"cos\nsystem\n(S'" + f"touch {marker}".encode() + b"'\ntR.",  # protocol 0, by hand
         b"\x80\x04\x95\x20\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x8c\x06system\x93\x8c\x04true\x85R.",
     ]
 
@@ -233,7 +227,7 @@ def test_a_message_that_would_run_code_is_one_line_and_runs_nothing(tmp_path):
         assert "\n" not in str(refused.value) and str(refused.value).startswith(("refus", "refused"))
     assert not marker.exists()
     with pytest.raises(WireError, match=r"^refusing posix\.system on the run's channels"):
-        decode_message(pickle.dumps(_Call(os.system, "true")))
+        decode_message(frame(partial(ref("posix:system"), string("true"))))
 
 
 def test_what_runs_send_comes_through():
@@ -261,9 +255,9 @@ def test_a_frame_claiming_more_than_the_limit_is_refused_unread():
         theirs.sendall(struct.pack("!i", -1) + struct.pack("!Q", 1 << 40))  # a frame of a TiB, announced
         with pytest.raises(WireError, match="over 1073741824 bytes"):
             receive_message(conn)
-    # inside a small frame, a bytes object claiming a TiB: the decoder reads what the frame holds, no more
-    with pytest.raises(WireError):
-        decode_message(b"\x80\x05\x8e" + struct.pack("<Q", 1 << 40) + b"abc.")
+    # inside a small frame, a bytes object claiming 4 GiB: the decoder reads what the frame holds, no more
+    with pytest.raises(WireError, match="claims 4294967295 bytes"):
+        decode_message(frame(wire.BYTES + struct.pack("<I", (1 << 32) - 1) + b"abc"))
 
 
 def test_a_hostile_hello_is_dropped_by_the_hub_and_runs_nothing(tmp_path, caplog):
@@ -271,7 +265,7 @@ def test_a_hostile_hello_is_dropped_by_the_hub_and_runs_nothing(tmp_path, caplog
     hub = Hub(str(tmp_path / "hub"), "token", 2)
     try:
         conn = connect(hub.address, "token")
-        conn.send_bytes(pickle.dumps(_Call(os.system, f"touch {marker}")))
+        conn.send_bytes(frame(partial(ref("posix:system"), string(f"touch {marker}"))))
         assert conn.poll(10)
         with pytest.raises(EOFError):
             conn.recv_bytes()
@@ -282,11 +276,11 @@ def test_a_hostile_hello_is_dropped_by_the_hub_and_runs_nothing(tmp_path, caplog
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=2048) | st.builds(lambda head, tail: b"\x80\x05" + head + tail,
-                                            st.sampled_from([b"\x8c\x05posix\x8c\x06system\x93",
-                                                             b"\x8c\x08builtins\x8c\x04eval\x93",
-                                                             b"\x8e" + struct.pack("<Q", 1 << 50), b"]\x94(",
-                                                             b"\x8c\x05numpy\x8c\x05dtype\x93"]),
+@given(st.binary(max_size=2048) | st.builds(lambda head, tail: frame(head, tail),
+                                            st.sampled_from([ref("posix:system"), partial(ref("builtins:eval")),
+                                                             wire.BYTES + struct.pack("<I", (1 << 32) - 1),
+                                                             wire.LIST + struct.pack("<I", 1 << 20),
+                                                             instance("numpy:dtype"), wire.DTYPE + text("<f8")]),
                                             st.binary(max_size=256)))
 def test_any_bytes_on_the_hub_are_a_message_or_one_line(data):
     try:

@@ -9,41 +9,51 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import io
 import os
 import pathlib
-import pickle
 import socket
 import struct
 import sys
 import types
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
+
+import numpy as np
 
 from bench.launch.messages import LaunchError
+from transports import peer_input
+from transports.base import dtype_problem
 
 # -- the wire: what the hub's and the job's connections carry -----------------------------------
 #
-# Every message is one pickle (protocol 5) in one length-prefixed frame of at most MAX_MESSAGE_BYTES, read
-# with recv_bytes(maxlength) and loaded by _WireUnpickler, which admits data and nothing that runs on load:
+# Every message is one frame of at most MAX_MESSAGE_BYTES, read with recv_bytes(maxlength): a format byte
+# (FORMAT) and one value, each value a tag byte and what the tag says follows. Nothing is pickled: the frame
+# carries data and the names of classes and functions, never code or a constructor to call, and the decoder
+# (Python, reading a memoryview of the frame) makes only the values below:
 #
-# - the types pickle has opcodes for (None, bools, numbers, str, bytes, bytearray, tuples, lists, dicts, sets);
-# - numpy arrays, dtypes and scalars (numpy's own reconstructors, wrapped: no object arrays, no allocation
-#   beyond what the message holds), complex, pathlib's paths, collections.OrderedDict, functools.partial;
-# - from the project's own modules (bench, transports, and this checkout's tests): classes defined there that
-#   hold data (dataclasses, enums, plain classes; made with NEWOBJ, their state set as a dict: no __init__, no
-#   __post_init__; refused if they define __setstate__, __del__, __reduce__, __new__, __getattr__ or are
-#   exceptions: code that would run on load or on collection), and functions
-#   that are rank jobs by the project's convention (a parameter
-#   named ``ctx``, the RankContext) or that their module marks with :func:`wire_value`; public methods of those
-#   data classes (a workload's ``build``, passed bound: ``getattr`` made safe, see :func:`_method`);
-# - anything else only when marked with :func:`wire_value` in a module the decoder may import (the project's,
-#   or one named in TENSOR_BENCH_WIRE_MODULES).
+# - None, bools, ints (64-bit, or the bytes of a longer one), floats, complex, str (UTF-8), bytes, bytearray,
+#   lists, tuples, dicts (keys of any of these kinds), sets, frozensets, collections.OrderedDict;
+# - numpy arrays, scalars and dtypes: the dtype's string, the shape and the raw bytes. Only dtypes that travel as
+#   raw bytes (transports.peer_input.dtype: no object, structured or empty dtype), the shape's bytes checked
+#   against what the frame holds before anything is allocated; an array arrives as a writable copy of its own;
+# - pathlib's PosixPath and PurePosixPath; functools.partial (its function, arguments and keywords);
+# - from the project's own modules (bench, transports, and this checkout's tests) or a module named in
+#   TENSOR_BENCH_WIRE_MODULES, named "module:qualname": classes that hold data (dataclasses, enums, plain classes;
+#   refused if they define __setstate__, __del__, __reduce__, __new__, __getattr__ or are exceptions: code that
+#   would run on load, on collection or when used), their instances (made with object.__new__, their fields set
+#   in __dict__ or their slots' own descriptors: no __init__, no __post_init__, no __setattr__, frozen or not),
+#   enum members (by name), functions that are rank jobs by the project's convention (a parameter named
+#   ``ctx``, the RankContext) or that their module marks with :func:`wire_value`, and public methods of those
+#   data classes, bound (a workload's ``build``: :func:`_method`); anything else only when marked with
+#   :func:`wire_value`.
 #
-# Everything else is refused with one line naming it (``refusing os.system on the run's channels: ...``). REDUCE
-# may call only value constructors (above); BUILD may set the state only of an object made by this message, never
-# of a function, class or module it names. So no message runs code on load, and a function that arrives runs
+# The encoder refuses what the decoder would, so a value that cannot travel fails where it is sent, naming it.
+# The decoder refuses, in one line (WireError): a name outside the rules above (``refusing posix.system on the
+# run's channels: ...``), a length or count beyond what is left of the frame (nothing is allocated for a claim),
+# nesting deeper than MAX_DEPTH, and a message whose values would take more than MEMORY_FACTOR bytes per byte of
+# the frame plus MEMORY_FLOOR (what each value takes is counted before it is made). Shared references are not
+# kept (a value sent twice arrives as two equal values) and cycles cannot travel. A function that arrives runs
 # only where the project calls a job or a workload's function. A user's own workload (bench/runtime/workload.py)
 # travels the same way: a dataclass in a module listed in TENSOR_BENCH_WIRE_MODULES (every rank inherits the
 # variable), or marked with ``@wire_value``.
@@ -52,6 +62,13 @@ from bench.launch.messages import LaunchError
 MAX_MESSAGE_BYTES = 1 << 30
 #: names the modules, beyond the project's, whose data classes and marked functions may travel (comma-separated)
 WIRE_MODULES_VARIABLE = "TENSOR_BENCH_WIRE_MODULES"
+#: the first byte of every frame: the format's version
+FORMAT = 1
+#: the deepest a value may nest (containers, objects' fields, a partial's arguments)
+MAX_DEPTH = 64
+#: a message's values may take at most this many bytes per byte of its frame, plus MEMORY_FLOOR
+MEMORY_FACTOR = 8
+MEMORY_FLOOR = 1 << 20
 _WIRE_MARK = "__tensor_bench_wire__"
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,8 +88,14 @@ def wire_value(obj: Any) -> Any:
 
 
 def encode_message(message: Any) -> bytes:
-    """``message`` as the bytes of one frame on the run's channels."""
-    return pickle.dumps(message, protocol=5)
+    """``message`` as the bytes of one frame on the run's channels; WireError (one line) naming a value that
+    cannot travel (see the section's comment)."""
+    writer = _Writer()
+    try:
+        writer.value(message, 0)
+    except RecursionError:
+        raise WireError(f"cannot send a {type(message).__name__}: it nests deeper than {MAX_DEPTH} levels") from None
+    return b"".join(writer.parts)
 
 
 def send_message(conn: Connection, message: Any) -> None:
@@ -105,21 +128,30 @@ def receive_frame(conn: Any, limit: int, channel: str, error: type[LaunchError])
         raise error(f"refused a message over {limit} bytes (the limit of {channel})") from None
 
 
-def decode_message(data: bytes) -> Any:
+def decode_message(data: bytes | bytearray | memoryview) -> Any:
     """The message in ``data``: data only (see the section's comment), else WireError naming what was refused."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise WireError(f"refused a message over {MAX_MESSAGE_BYTES} bytes (the limit of the run's channels)")
     try:
-        return _WireUnpickler(io.BytesIO(data)).load()
-    except WireError:
-        raise
-    except RecursionError:
-        raise WireError("refused a message: nested too deep") from None
+        return _Reader(data).message()
+    except WireError as exc:
+        raise WireError(_line(str(exc))) from None
+    except peer_input.PeerInputError as exc:
+        raise WireError(_line(f"refused a message: {exc}")) from None
     except MemoryError:
         raise WireError("refused a message: it would not fit in memory") from None
-    except Exception as exc:  # whatever the bytes are: one line
-        text = " ".join(str(exc).split())[:200]
-        raise WireError(f"refused a message that is not one of the run's ({type(exc).__name__}: {text})") from None
+    except Exception as exc:  # whatever the bytes are (a key that cannot be hashed, a bad UTF-8 string): one line
+        raise WireError(_line(f"refused a message that is not one of the run's ({type(exc).__name__}: {exc})")) \
+            from None
+
+
+def _line(text: str) -> str:
+    """``text`` as one line of at most 400 characters (it may quote what a peer sent)."""
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+# -- what may be named on the wire: the project's data classes, rank jobs, marked values ----------------------------
 
 
 def _modules_allowed() -> tuple[str, ...]:
@@ -146,41 +178,9 @@ def _importable(module: str) -> bool:
     return _project_module(module) or any(module == m or module.startswith(m + ".") for m in _modules_allowed())
 
 
-def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
-    """numpy's ``_reconstruct`` for what numpy's pickles make: an empty ndarray its BUILD then fills."""
-    import numpy as np
-
-    if subtype is not _NDARRAY or tuple(shape) != (0,):
-        raise WireError("refusing numpy's _reconstruct of anything but an empty ndarray")
-    return np.ndarray.__new__(np.ndarray, (0,), np.dtype(dtype))
-
-
-def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> Any:
-    import numpy as np
-
-    if not isinstance(buffer, bytes | bytearray) or not isinstance(dtype, np.dtype) or dtype.hasobject:
-        raise WireError("refusing numpy's _frombuffer of anything but bytes of plain values")
-    return np.frombuffer(buffer, dtype).reshape(shape, order=order)
-
-
-def _scalar(dtype: Any, data: Any = None) -> Any:
-    import numpy as np
-
-    if not isinstance(dtype, np.dtype) or dtype.hasobject or not isinstance(data, bytes):
-        raise WireError("refusing a numpy scalar of anything but bytes of a plain dtype")
-    return np.frombuffer(data, dtype, count=1)[0] if dtype.itemsize else np.zeros((), dtype)[()]
-
-
-def _rebuild_partial(func: Any, args: Any, keywords: Any) -> Any:
-    """How ``multiprocessing.reduction`` pickles a ``functools.partial`` once it is imported (copyreg)."""
-    if not isinstance(args, tuple) or not isinstance(keywords, dict) or not all(isinstance(k, str) for k in keywords):
-        raise WireError("refusing a functools.partial whose arguments are not a tuple and a dict")
-    return functools.partial(func, *args, **keywords)
-
-
 def _method(owner: Any, name: Any) -> Any:
-    """``getattr`` as a pickle of a method uses it (``owner.name``), for one value only: a method of a data class
-    the message may name (an instance's, or a class's classmethod), found without running anything.
+    """``owner.name`` for one value only: a method of a data class the message may name (an instance's, or a
+    class's classmethod), found without running anything.
 
     The name must be public, the class defining it one of the project's modules or of one named in
     TENSOR_BENCH_WIRE_MODULES, and what it defines there a plain function (or a classmethod of one): the bound
@@ -205,40 +205,6 @@ def _method(owner: Any, name: Any) -> Any:
     raise WireError(refused)
 
 
-def _dtype(obj: Any, align: Any = False, copy: Any = True) -> Any:
-    """``numpy.dtype``, always a copy of its own (BUILD then sets its state: never a dtype numpy shares)."""
-    import numpy as np
-
-    return np.dtype(obj, bool(align), True)
-
-
-class _NdarrayName:
-    """``numpy.ndarray`` as a message names it: an argument of ``_reconstruct``, not a class to call."""
-
-
-_NDARRAY = _NdarrayName()
-
-#: (module, name) -> what a message may name outside the project's modules; callables among them construct values
-_ADMITTED: dict[tuple[str, str], Any] = {
-    ("builtins", "complex"): complex,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "getattr"): _method,
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("functools", "partial"): functools.partial,
-    ("multiprocessing.reduction", "_rebuild_partial"): _rebuild_partial,
-    ("pathlib", "PosixPath"): pathlib.PosixPath,
-    ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
-    ("pathlib", "Path"): pathlib.Path,
-    **{(module, "_reconstruct"): _reconstruct for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
-    **{(module, "_frombuffer"): _frombuffer for module in ("numpy.core.numeric", "numpy._core.numeric")},
-    **{(module, "scalar"): _scalar for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
-    ("numpy", "dtype"): _dtype,
-    ("numpy", "ndarray"): _NDARRAY,
-}
-_CONSTRUCTORS = {id(v) for v in _ADMITTED.values() if callable(v)}
-
-
 def _own_setstate(cls: type) -> bool:
     """Whether instances of ``cls`` set their state with code of their own (dataclasses' slots helper excepted)."""
     setstate = getattr(cls, "__setstate__", None)
@@ -246,7 +212,7 @@ def _own_setstate(cls: type) -> bool:
 
 
 #: what a class may not define to travel unmarked: code that would run on load, on collection or when it is used
-#: as a key (a plain class of the project's, made with object.__new__ and its __dict__ set, runs none of its own)
+#: as a key (a plain class of the project's, made with object.__new__ and its fields set, runs none of its own)
 _HOOKS = ("__del__", "__reduce__", "__reduce_ex__", "__getattr__", "__getattribute__", "__new__",
           "__init_subclass__", "__class_getitem__")
 
@@ -260,10 +226,8 @@ def _hooks(cls: type) -> list[str]:
 
 
 def _admit_global(module: str, name: str) -> Any:
-    """What a message may name as ``module.name``, or WireError (one line) naming it."""
-    where = f"{module}.{name}"
-    if (module, name) in _ADMITTED:
-        return _ADMITTED[(module, name)]
+    """What a message may name as ``module.name`` (a class or function), or WireError (one line) naming it."""
+    where = f"{str(module)[:100]}.{str(name)[:100]}"
     fix = (f"only data travels there: a dataclass or a rank job (a function taking ctx) of the "
            f"project's modules or of one named in {WIRE_MODULES_VARIABLE}, or one marked with "
            "bench.launch.wire.wire_value")
@@ -278,8 +242,8 @@ def _admit_global(module: str, name: str) -> Any:
     if getattr(obj, "__module__", None) != module or getattr(obj, "__qualname__", None) != name:
         raise WireError(f"refusing {where} on the run's channels: it is not defined there ({fix})")
     marked = vars(obj).get(_WIRE_MARK, False) if hasattr(obj, "__dict__") else False
-    if isinstance(obj, type):
-        if marked or (not _own_setstate(obj) and not _hooks(obj)):
+    if isinstance(obj, type):  # an enum travels by its members' names: no code of its own runs
+        if marked or isinstance(obj, enum.EnumMeta) or (not _own_setstate(obj) and not _hooks(obj)):
             return obj
     elif isinstance(obj, types.FunctionType):
         with contextlib.suppress(TypeError, ValueError):
@@ -288,78 +252,461 @@ def _admit_global(module: str, name: str) -> Any:
     raise WireError(f"refusing {where} on the run's channels: {fix}")
 
 
-class _WireUnpickler(pickle._Unpickler):  # the Python one: its reads are bounded by what the frame holds
-    """Loads data only (see the section's comment)."""
+def _unmade(cls: type) -> str | None:
+    """Why instances of ``cls`` (a class :func:`_admit_global` admits) cannot travel as fields (None if they can)."""
+    if isinstance(cls, enum.EnumMeta):
+        return "an enum travels as one of its members"
+    if _own_setstate(cls):
+        return "it sets its state with __setstate__, which the wire never calls"
+    if cls.__new__ is not object.__new__:
+        return "it is not made with object.__new__"
+    return None
 
-    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file)
-        self._fresh: set[int] = set()  # objects made by this message: the only ones BUILD may fill
+def _slots(cls: type) -> dict[str, Any]:
+    """The slots of ``cls`` and its bases: name -> the slot's own descriptor (which sets it without code)."""
+    return {name: found for c in reversed(cls.__mro__) for name, found in vars(c).items()
+            if isinstance(found, types.MemberDescriptorType)}
 
-    def find_class(self, module: str, name: str) -> Any:
-        return _admit_global(module, name)
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise WireError("refusing a persistent id on the run's channels")
+def _has_dict(cls: type) -> bool:
+    return bool(getattr(cls, "__dictoffset__", 0))
 
-    def _made(self, obj: Any) -> Any:
-        if not isinstance(obj, enum.Enum):  # an enum's member is the class's own, shared
-            self._fresh.add(id(obj))
+
+def _field_name(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+
+
+# -- the format: a tag byte, then what the tag says follows (little-endian) -----------------------------------------
+
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+_C128 = struct.Struct("<dd")
+_PATHS: dict[str, type] = {"PosixPath": pathlib.PosixPath, "PurePosixPath": pathlib.PurePosixPath}
+
+# None, True, False; int64, a longer int (u32 length, signed bytes), float64, complex (two float64)
+NONE, TRUE, FALSE, INT, BIG_INT, FLOAT, COMPLEX = b"N", b"T", b"F", b"i", b"I", b"d", b"c"
+# text (u32 length, UTF-8), bytes and bytearray (u32 length, the bytes)
+STR, BYTES, BYTEARRAY = b"s", b"b", b"B"
+# containers: a u32 count, then the items (a dict's: key, value, key, value...)
+LIST, TUPLE, DICT, ORDERED_DICT, SET, FROZENSET = b"l", b"t", b"D", b"O", b"S", b"Z"
+# numpy: an array (dtype text, u8 ndim, int64 dims, the raw bytes), a scalar (dtype text, its bytes), a dtype
+ARRAY, SCALAR, DTYPE = b"a", b"g", b"y"
+# a path (class name text, path text); a class or function ("module:qualname" text); an instance of a data class
+# ("module:qualname", u32 count, then name text and value for each field); an enum member ("module:qualname",
+# member name); a bound method (its owner's value, the name text); functools.partial (function, args, keywords)
+PATH, REF, OBJECT, ENUM, METHOD, PARTIAL = b"p", b"R", b"o", b"E", b"M", b"P"
+
+
+class _Writer:
+    """One message's frame, as the parts :func:`encode_message` joins."""
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = [bytes((FORMAT,))]
+        self._names: dict[Any, str] = {}  # classes and functions admitted so far: their "module:qualname"
+
+    def text(self, text: str) -> None:
+        raw = text.encode("utf-8", "surrogatepass")
+        self.parts += (_U32.pack(len(raw)), raw)
+
+    def name(self, obj: Any, instances: bool = False) -> str:
+        """``obj``'s "module:qualname", once :func:`_admit_global` admits it (and, with ``instances``, its
+        instances can be made): what the decoder will find by that name."""
+        name = self._names.get((obj, instances))
+        if name is None:
+            module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+            if not isinstance(module, str) or not isinstance(qualname, str):
+                raise WireError(f"cannot send {obj!r:.80} on the run's channels: it has no module-level name")
+            if _admit_global(module, qualname) is not obj:
+                raise WireError(f"cannot send {module}.{qualname} on the run's channels: that name finds another "
+                                "object there")
+            if instances and (why := _unmade(obj)):
+                raise WireError(f"cannot send a {module}.{qualname} on the run's channels: {why}")
+            name = self._names[(obj, instances)] = f"{module}:{qualname}"
+        return name
+
+    def value(self, obj: Any, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise WireError(f"cannot send a value nested deeper than {MAX_DEPTH} levels (or holding itself) on the "
+                            "run's channels")
+        write = _WRITERS.get(type(obj))
+        if write is not None:
+            write(self, obj, depth)
+        elif isinstance(obj, enum.Enum):
+            cls = type(obj)
+            if cls.__members__.get(obj.name) is not obj:
+                raise WireError(f"cannot send {obj!r:.80} on the run's channels: it is not one of its enum's members")
+            self.parts.append(ENUM)
+            self.text(self.name(cls))
+            self.text(obj.name)
+        elif isinstance(obj, np.generic):
+            dtype = self._dtype(obj.dtype)
+            self.parts.append(SCALAR)
+            self.text(dtype.str)
+            self.parts.append(obj.tobytes())
+        elif isinstance(obj, np.dtype):
+            self.parts.append(DTYPE)
+            self.text(self._dtype(obj).str)
+        elif isinstance(obj, type):
+            self.parts.append(REF)
+            self.text(self.name(obj))
+        else:
+            self._object(obj, depth)
+
+    @staticmethod
+    def _dtype(dtype: np.dtype) -> np.dtype:
+        if (problem := dtype_problem(dtype)) is not None:
+            raise WireError(f"cannot send a numpy value on the run's channels: {problem}")
+        return dtype
+
+    def _object(self, obj: Any, depth: int) -> None:
+        cls = type(obj)
+        name = self.name(cls, instances=True)
+        fields = dict(obj.__dict__) if _has_dict(cls) else {}
+        for slot, descriptor in _slots(cls).items():
+            with contextlib.suppress(AttributeError):  # a slot never set
+                fields[slot] = descriptor.__get__(obj, cls)
+        for field in fields:
+            if not _field_name(field):
+                raise WireError(f"cannot send a {cls.__qualname__} on the run's channels: its field {field!r:.60} "
+                                "is not a public or private name (no dunder)")
+        self.parts.append(OBJECT)
+        self.text(name)
+        self.parts.append(_U32.pack(len(fields)))
+        for field, value in fields.items():
+            self.text(field)
+            self.value(value, depth + 1)
+
+    def items(self, tag: bytes, items: Any, depth: int) -> None:
+        self.parts += (tag, _U32.pack(len(items)))
+        for item in items:
+            self.value(item, depth + 1)
+
+    def pairs(self, tag: bytes, mapping: Any, depth: int) -> None:
+        self.parts += (tag, _U32.pack(len(mapping)))
+        for key, item in mapping.items():
+            self.value(key, depth + 1)
+            self.value(item, depth + 1)
+
+
+def _write_int(writer: _Writer, obj: int, depth: int) -> None:
+    if -(1 << 63) <= obj < 1 << 63:
+        writer.parts += (INT, _I64.pack(obj))
+    else:
+        size = (obj.bit_length() + 8) // 8
+        writer.parts += (BIG_INT, _U32.pack(size), obj.to_bytes(size, "little", signed=True))
+
+
+def _write_str(writer: _Writer, obj: str, depth: int) -> None:
+    writer.parts.append(STR)
+    writer.text(obj)
+
+
+def _write_array(writer: _Writer, obj: np.ndarray, depth: int) -> None:
+    dtype = writer._dtype(obj.dtype)
+    if obj.ndim > peer_input.MAX_DIMS:
+        raise WireError(f"cannot send an array of {obj.ndim} dimensions on the run's channels")
+    flat = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)  # a view when it is contiguous already
+    writer.parts.append(ARRAY)
+    writer.text(dtype.str)
+    writer.parts += (bytes((obj.ndim,)), struct.pack(f"<{obj.ndim}q", *obj.shape), memoryview(flat))
+
+
+def _write_path(writer: _Writer, obj: pathlib.PurePath, depth: int) -> None:
+    writer.parts.append(PATH)
+    writer.text(type(obj).__name__)
+    writer.text(str(obj))
+
+
+def _write_function(writer: _Writer, obj: types.FunctionType, depth: int) -> None:
+    writer.parts.append(REF)
+    writer.text(writer.name(obj))
+
+
+def _write_method(writer: _Writer, obj: types.MethodType, depth: int) -> None:
+    name = getattr(obj.__func__, "__name__", "")
+    try:
+        same = _method(obj.__self__, name).__func__ is obj.__func__
+    except WireError:
+        same = False
+    if not same:
+        raise WireError(f"cannot send the method {name[:60]} of a {type(obj.__self__).__name__} on the run's "
+                        "channels: only public methods of the data classes that travel there")
+    writer.parts.append(METHOD)
+    writer.value(obj.__self__, depth + 1)
+    writer.text(name)
+
+
+def _write_partial(writer: _Writer, obj: functools.partial, depth: int) -> None:
+    if vars(obj):
+        raise WireError("cannot send a functools.partial with attributes of its own on the run's channels")
+    writer.parts.append(PARTIAL)
+    writer.value(obj.func, depth + 1)
+    writer.items(TUPLE, obj.args, depth + 1)
+    writer.pairs(DICT, obj.keywords, depth + 1)
+
+
+_WRITERS: dict[type, Any] = {
+    type(None): lambda w, obj, depth: w.parts.append(NONE),
+    bool: lambda w, obj, depth: w.parts.append(TRUE if obj else FALSE),
+    int: _write_int,
+    float: lambda w, obj, depth: w.parts.extend((FLOAT, _F64.pack(obj))),
+    complex: lambda w, obj, depth: w.parts.extend((COMPLEX, _C128.pack(obj.real, obj.imag))),
+    str: _write_str,
+    bytes: lambda w, obj, depth: w.parts.extend((BYTES, _U32.pack(len(obj)), obj)),
+    bytearray: lambda w, obj, depth: w.parts.extend((BYTEARRAY, _U32.pack(len(obj)), obj)),
+    list: lambda w, obj, depth: w.items(LIST, obj, depth),
+    tuple: lambda w, obj, depth: w.items(TUPLE, obj, depth),
+    set: lambda w, obj, depth: w.items(SET, obj, depth),
+    frozenset: lambda w, obj, depth: w.items(FROZENSET, obj, depth),
+    dict: lambda w, obj, depth: w.pairs(DICT, obj, depth),
+    collections.OrderedDict: lambda w, obj, depth: w.pairs(ORDERED_DICT, obj, depth),
+    np.ndarray: _write_array,
+    pathlib.PosixPath: _write_path,
+    pathlib.PurePosixPath: _write_path,
+    types.FunctionType: _write_function,
+    types.BuiltinFunctionType: _write_function,
+    types.MethodType: _write_method,
+    functools.partial: _write_partial,
+}
+
+
+class _Reader:
+    """One frame's value, read from a memoryview of it: every length and count checked against what is left
+    before anything is made for it, every value's memory counted before it is made (see the section's comment)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.view = memoryview(data).cast("B")
+        self.pos = 0
+        self.end = len(self.view)
+        self.budget = MEMORY_FACTOR * self.end + MEMORY_FLOOR
+        self.spent = 0
+        self._named: dict[str, Any] = {}  # "module:qualname" -> what it names, admitted
+
+    def message(self) -> Any:
+        if self.end == 0 or self.view[0] != FORMAT:
+            first = f"{self.view[0]:#04x}" if self.end else "nothing"
+            pickle = " (a pickle: the run's channels never unpickle)" if self.end and self.view[0] == 0x80 else ""
+            raise WireError(f"refused a message of another format{pickle}: it begins with {first}, a message of "
+                            f"this suite's with {FORMAT:#04x} (is the other side another version of the suite?)")
+        self.pos = 1
+        value = self.value(0)
+        if self.pos != self.end:
+            raise WireError(f"refused a message with {self.end - self.pos} bytes after its value")
+        return value
+
+    # -- the frame's bytes
+
+    def take(self, size: int) -> memoryview:
+        if size > self.end - self.pos:
+            raise WireError(f"refused a message that claims {size} bytes at byte {self.pos}, where the frame has "
+                            f"{self.end - self.pos} left")
+        start = self.pos
+        self.pos += size
+        return self.view[start:self.pos]
+
+    def unpack(self, form: struct.Struct) -> Any:
+        return form.unpack(self.take(form.size))
+
+    def count(self, least: int) -> int:
+        """A u32 count of items that take at least ``least`` bytes each: no more than the frame has left."""
+        count = self.unpack(_U32)[0]
+        if count * least > self.end - self.pos:
+            raise WireError(f"refused a message that claims {count} items at byte {self.pos}, where the frame has "
+                            f"{self.end - self.pos} bytes left")
+        return count
+
+    def charge(self, size: int) -> None:
+        """Count ``size`` bytes of memory the values take; WireError past the message's budget."""
+        self.spent += size
+        if self.spent > self.budget:
+            raise WireError(f"refused a message whose values would take over {self.budget} bytes of memory "
+                            f"({MEMORY_FACTOR} per byte of its frame of {self.end}, plus {MEMORY_FLOOR})")
+
+    def text(self) -> str:
+        size = self.unpack(_U32)[0]
+        text = str(self.take(size), "utf-8", "surrogatepass")
+        self.charge(sys.getsizeof(text))
+        return text
+
+    def named(self) -> Any:
+        """The class or function a "module:qualname" text names, admitted (:func:`_admit_global`)."""
+        name = self.text()
+        found = self._named.get(name)
+        if found is None:
+            module, colon, qualname = name.partition(":")
+            if not colon:
+                raise WireError(f"refused a message naming {name[:100]!r}, not a module:qualname")
+            found = self._named[name] = _admit_global(module, qualname)
+        return found
+
+    def dtype(self) -> np.dtype:
+        return peer_input.dtype(self.text(), "the sender")
+
+    # -- values
+
+    def value(self, depth: int) -> Any:
+        if self.pos >= self.end:
+            raise WireError(f"refused a message that ends inside a value (at byte {self.pos})")
+        tag = self.view[self.pos]
+        self.pos += 1
+        read = _READERS.get(tag)
+        if read is None:
+            raise WireError(f"refused a message with an unknown tag {tag:#04x} at byte {self.pos - 1}")
+        return read(self, depth)
+
+    def inner(self, depth: int) -> int:
+        """The depth of a container's items; WireError past MAX_DEPTH."""
+        if depth >= MAX_DEPTH:
+            raise WireError(f"refused a message nested deeper than {MAX_DEPTH} levels")
+        return depth + 1
+
+    def sequence(self, depth: int, per_item: int, fixed: int) -> list[Any]:
+        count = self.count(1)
+        depth = self.inner(depth)
+        self.charge(fixed + per_item * count)
+        items = [None] * count
+        for i in range(count):
+            items[i] = self.value(depth)
+        return items
+
+    def pairs(self, depth: int, into: Any, per_item: int) -> Any:
+        count = self.count(2)
+        depth = self.inner(depth)
+        self.charge(sys.getsizeof(into) + per_item * count)
+        for _ in range(count):
+            key = self.value(depth)
+            into[key] = self.value(depth)
+        return into
+
+    def integer(self, depth: int) -> int:
+        size = self.unpack(_U32)[0]
+        value = int.from_bytes(self.take(size), "little", signed=True)
+        self.charge(sys.getsizeof(value))
+        return value
+
+    def array(self, depth: int) -> np.ndarray:
+        dtype = self.dtype()
+        ndim = self.take(1)[0]
+        if ndim > peer_input.MAX_DIMS:
+            raise WireError(f"refused a message with an array of {ndim} dimensions (at most {peer_input.MAX_DIMS})")
+        shape = peer_input.shape(list(struct.unpack(f"<{ndim}q", self.take(8 * ndim))), "the sender")
+        size = peer_input.size(dtype, shape, "the sender", limit=peer_input.MAX_ARRAY_BYTES)
+        if size > self.end - self.pos:
+            raise WireError(f"refused a message whose array of {shape} {dtype.str} needs {size} bytes at byte "
+                            f"{self.pos}, where the frame has {self.end - self.pos} left")
+        raw = self.take(size)  # its bytes are in the frame: only then is the array made
+        self.charge(size + 128)
+        if dtype.kind == "b":  # a bool is 0 or 1, whatever byte was sent
+            return (np.frombuffer(raw, np.uint8) != 0).reshape(shape)
+        return np.frombuffer(raw, dtype).reshape(shape).copy()
+
+    def scalar(self, depth: int) -> np.generic:
+        dtype = self.dtype()
+        raw = self.take(dtype.itemsize)
+        self.charge(dtype.itemsize + 128)
+        if dtype.kind == "b":
+            return np.bool_(raw[0] != 0)
+        return np.frombuffer(raw, dtype, count=1)[0]
+
+    def path(self, depth: int) -> pathlib.PurePath:
+        kind = _PATHS.get(self.text())
+        if kind is None:
+            raise WireError("refused a message with a path that is not a PosixPath or PurePosixPath")
+        path = self.text()
+        self.charge(4 * len(path) + 256)
+        return kind(path)
+
+    def instance(self, depth: int) -> Any:
+        cls = self.named()
+        if not isinstance(cls, type) or (why := _unmade(cls)):
+            raise WireError(f"refusing to make a {getattr(cls, '__qualname__', type(cls).__name__)} on the run's "
+                            f"channels: {why or 'it is not a class'}")
+        count = self.count(5)  # a name's length and a value's tag at least
+        depth = self.inner(depth)
+        self.charge(64 + 2 * _DICT_ENTRY * count)  # the instance, the fields read, its __dict__
+        slots = _slots(cls)
+        fields: dict[str, Any] = {}
+        obj = object.__new__(cls)
+        for _ in range(count):
+            name = self.text()
+            value = self.value(depth)
+            if not _field_name(name):
+                raise WireError(f"refusing a field {name[:60]!r} of a {cls.__qualname__}: only public or private "
+                                "names (no dunder)")
+            if name in slots:
+                slots[name].__set__(obj, value)
+            elif _has_dict(cls):
+                fields[sys.intern(name)] = value
+            else:
+                raise WireError(f"refusing a field {name[:60]!r} of a {cls.__qualname__}: it has no such slot")
+        if fields:
+            obj.__dict__.update(fields)
         return obj
 
-    def load_reduce(self) -> None:
-        args = self.stack.pop()
-        func = self.stack[-1]
-        constructor = id(func) in _CONSTRUCTORS or isinstance(func, enum.EnumMeta)
-        if not constructor or not isinstance(args, tuple):
-            raise WireError(f"refusing a call of {getattr(func, '__qualname__', type(func).__name__)} on the run's "
-                            "channels: only values are made there")
-        self.stack[-1] = self._made(func(*args))
+    def member(self, depth: int) -> enum.Enum:
+        cls = self.named()
+        name = self.text()
+        member = cls.__members__.get(name) if isinstance(cls, enum.EnumMeta) else None
+        if member is None:
+            raise WireError(f"refused a message naming {name[:60]!r} of {getattr(cls, '__qualname__', '?')}, "
+                            "not a member of an enum")
+        return member
 
-    dispatch[pickle.REDUCE[0]] = load_reduce
+    def method(self, depth: int) -> Any:
+        owner = self.value(self.inner(depth))
+        return _method(owner, self.text())
 
-    def _new(self, cls: Any, args: Any, kwargs: Any) -> None:
-        data_class = isinstance(cls, type) and (not _hooks(cls) or vars(cls).get(_WIRE_MARK, False))
-        if not isinstance(cls, type) or isinstance(cls, enum.EnumMeta) or not isinstance(args, tuple) \
-                or not isinstance(kwargs, dict) or (id(cls) not in _CONSTRUCTORS and (
-                    not data_class or cls.__new__ is not object.__new__)):
-            raise WireError(f"refusing to make a {getattr(cls, '__qualname__', type(cls).__name__)} on the run's "
-                            "channels")
-        self.append(self._made(cls.__new__(cls, *args, **kwargs)))
+    def partial(self, depth: int) -> functools.partial:
+        inner = self.inner(depth)
+        func, args, keywords = self.value(inner), self.value(inner), self.value(inner)
+        if not callable(func) or not isinstance(args, tuple) or not isinstance(keywords, dict) \
+                or not all(isinstance(k, str) for k in keywords):
+            raise WireError("refusing a functools.partial that is not a function, a tuple and a dict of keywords")
+        self.charge(256)
+        return functools.partial(func, *args, **keywords)
 
-    def load_newobj(self) -> None:
-        args = self.stack.pop()
-        self._new(self.stack.pop(), args, {})
 
-    dispatch[pickle.NEWOBJ[0]] = load_newobj
+#: what each container's items take in memory, at most (a dict's entry with its share of the table as it grows)
+_LIST_ITEM, _DICT_ENTRY, _SET_ENTRY = 8, 112, 80
 
-    def load_newobj_ex(self) -> None:
-        kwargs = self.stack.pop()
-        args = self.stack.pop()
-        self._new(self.stack.pop(), args, kwargs)
 
-    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+def _simple(make: Any) -> Any:
+    def read(reader: _Reader, depth: int) -> Any:
+        value = make(reader)
+        reader.charge(sys.getsizeof(value))
+        return value
+    return read
 
-    def load_build(self) -> None:
-        state = self.stack[-1]
-        inst = self.stack[-2]
-        if id(inst) not in self._fresh or isinstance(inst, type | types.FunctionType | types.MethodType
-                                                      | types.ModuleType):
-            raise WireError(f"refusing to change a {type(inst).__name__} the message did not make")
-        for part in state if isinstance(state, tuple) else (state,):
-            if isinstance(part, dict) and any(not isinstance(k, str) or k.startswith("__") for k in part):
-                raise WireError(f"refusing a state of {type(inst).__name__} that names a special attribute")
-        super().load_build()
 
-    dispatch[pickle.BUILD[0]] = load_build
-
-    def _refuse(self) -> None:
-        raise WireError("refusing an opcode of old pickles (INST, OBJ, EXT) on the run's channels")
-
-    for _code in (pickle.INST, pickle.OBJ, pickle.EXT1, pickle.EXT2, pickle.EXT4):
-        dispatch[_code[0]] = _refuse
-    del _code
+_READERS: dict[int, Any] = {
+    NONE[0]: lambda r, depth: None,
+    TRUE[0]: lambda r, depth: True,
+    FALSE[0]: lambda r, depth: False,
+    INT[0]: _simple(lambda r: r.unpack(_I64)[0]),
+    BIG_INT[0]: _Reader.integer,
+    FLOAT[0]: _simple(lambda r: r.unpack(_F64)[0]),
+    COMPLEX[0]: _simple(lambda r: complex(*r.unpack(_C128))),
+    STR[0]: lambda r, depth: r.text(),
+    BYTES[0]: _simple(lambda r: bytes(r.take(r.unpack(_U32)[0]))),
+    BYTEARRAY[0]: _simple(lambda r: bytearray(r.take(r.unpack(_U32)[0]))),
+    LIST[0]: lambda r, depth: r.sequence(depth, _LIST_ITEM, 56),
+    TUPLE[0]: lambda r, depth: tuple(r.sequence(depth, 2 * _LIST_ITEM, 96)),
+    SET[0]: lambda r, depth: set(r.sequence(depth, _LIST_ITEM + _SET_ENTRY, 272)),
+    FROZENSET[0]: lambda r, depth: frozenset(r.sequence(depth, _LIST_ITEM + _SET_ENTRY, 272)),
+    DICT[0]: lambda r, depth: r.pairs(depth, {}, _DICT_ENTRY),
+    ORDERED_DICT[0]: lambda r, depth: r.pairs(depth, collections.OrderedDict(), 2 * _DICT_ENTRY),
+    ARRAY[0]: _Reader.array,
+    SCALAR[0]: _Reader.scalar,
+    DTYPE[0]: lambda r, depth: r.dtype(),
+    PATH[0]: _Reader.path,
+    REF[0]: lambda r, depth: r.named(),
+    OBJECT[0]: _Reader.instance,
+    ENUM[0]: _Reader.member,
+    METHOD[0]: _Reader.method,
+    PARTIAL[0]: _Reader.partial,
+}
 
 
 def socket_timeouts(sock: socket.socket, seconds: float) -> None:
@@ -367,5 +714,3 @@ def socket_timeouts(sock: socket.socket, seconds: float) -> None:
     value = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
-
-
