@@ -7,6 +7,13 @@ is parsed, so a refused call never reaches a tensor or a remote key. A refusal i
 logged (caller's address and method, never a token) and the call ends with
 ``UNAUTHENTICATED``.
 
+A refused call costs the listener nothing it could hold on to: its handler takes the
+request as a stream it never reads, so gRPC runs it as soon as the call's headers are
+in and the call ends there, without waiting for a request body that a stranger may
+never send (a handler of a single request waits for it, on one of the control server's
+16 threads, until the caller gives up: 16 such callers stalled a rank). The log is
+bounded as well (:class:`RefusalLog`, also the fabric's tcp stream listener's).
+
 Written once for every listener: the sync gRPC server of the control path
 (:class:`TokenCheck`) and the asyncio server of ``grpc_tcp`` (:class:`AioTokenCheck`).
 An interceptor, rather than a check in each handler, also because it is the
@@ -18,14 +25,20 @@ gRPC has already converted for the handler lookup, where a handler's
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
 
 #: the call metadata that carries the token (gRPC wants metadata keys in lower case)
 TOKEN_METADATA_KEY = "x-tensor-bench-token"
+#: refusals a listener logs one a line; past these, only every power of ten's, as a tally naming the latest
+LOGGED_REFUSALS = 100
+#: options of every gRPC server of a run: a connection that has not begun HTTP/2 within 10 s is closed (gRPC's own
+#: default waits 120 s), as the fabric's stream listener closes one that has not proved the token by then
+LISTENER_OPTIONS = [("grpc.server_handshake_timeout_ms", 10_000)]
 
 log = logging.getLogger(__name__)
 
@@ -48,16 +61,41 @@ def token_problem(metadata: Sequence[tuple[str, Any]] | None, expected: bytes) -
     return "lacks the run's token"
 
 
-def _log_refusal(owner: str, peer: str, method: str, problem: str) -> None:
-    log.warning("%s: refused %s from %s: the call %s", owner, method, peer, problem)
+class RefusalLog:
+    """A listener's refusals in the log: who was refused what, and why; never a token.
+
+    The first :data:`LOGGED_REFUSALS` get a line each; later ones only a tally at every power of ten (1000,
+    10000, ...) that names the latest, so a caller refused over and over cannot fill the disk with the log.
+    Safe from any thread.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._count = itertools.count(1)  # next() is atomic under the GIL
+
+    def refused(self, what: str, peer: str, why: str) -> None:
+        """Log that ``what`` (a call, a connection) from ``peer`` (its address) was refused because ``why``."""
+        count = next(self._count)
+        if count <= LOGGED_REFUSALS:
+            later = "; later refusals are tallied at every power of ten" if count == LOGGED_REFUSALS else ""
+            log.warning("%s: refused %s from %s: %s%s", self.owner, what, peer, why, later)
+        elif _power_of_ten(count):
+            log.warning("%s: %d refusals so far; the latest: %s from %s: %s", self.owner, count, what, peer, why)
+
+
+def _power_of_ten(count: int) -> bool:
+    while count % 10 == 0:
+        count //= 10
+    return count == 1
 
 
 class _Check:
-    """What both interceptors share: the expected token, and what to tell a refused caller."""
+    """What both interceptors share: the expected token, what to tell a refused caller, and the refusals' log."""
 
     def __init__(self, token: str, owner: str) -> None:
         self._expected = token.encode()
         self._owner = owner
+        self._log = RefusalLog(owner)
 
     def _refusal(self, problem: str) -> str:
         return (
@@ -67,7 +105,7 @@ class _Check:
 
 
 class TokenCheck(_Check, grpc.ServerInterceptor):
-    """Interceptor for a sync ``grpc.server``: calls without the run's token are refused."""
+    """Interceptor for a sync ``grpc.server``: calls without the run's token are refused at once."""
 
     def intercept_service(
         self,
@@ -79,16 +117,17 @@ class TokenCheck(_Check, grpc.ServerInterceptor):
             return continuation(handler_call_details)
         method = handler_call_details.method
 
-        def refuse(request: bytes, context: grpc.ServicerContext) -> None:
-            _log_refusal(self._owner, context.peer(), method, problem)
+        def refuse(requests: Iterator[bytes], context: grpc.ServicerContext) -> None:
+            # ``requests`` is never read: the thread goes back to the pool now, whether or not a body ever comes
+            self._log.refused(method, context.peer(), f"the call {problem}")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, self._refusal(problem))
 
-        # no deserializer: the request stays unparsed bytes
-        return grpc.unary_unary_rpc_method_handler(refuse)
+        # a handler of a request stream runs once the headers are in; no deserializer: nothing is parsed
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class AioTokenCheck(_Check, grpc.aio.ServerInterceptor):
-    """Interceptor for a ``grpc.aio.server``: calls without the run's token are refused."""
+    """Interceptor for a ``grpc.aio.server``: calls without the run's token are refused at once."""
 
     async def intercept_service(
         self,
@@ -100,9 +139,10 @@ class AioTokenCheck(_Check, grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         method = handler_call_details.method
 
-        async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> None:
-            _log_refusal(self._owner, context.peer(), method, problem)
+        async def refuse(requests: object, context: grpc.aio.ServicerContext) -> None:
+            # ``requests`` is never read: the call ends now, whether or not a body ever comes
+            self._log.refused(method, context.peer(), f"the call {problem}")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, self._refusal(problem))
 
-        # no deserializer: the request stays unparsed bytes
-        return grpc.unary_unary_rpc_method_handler(refuse)
+        # a handler of a request stream runs once the headers are in; no deserializer: nothing is parsed
+        return grpc.stream_unary_rpc_method_handler(refuse)

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from transports.auth import TokenCheck, call_metadata
+from transports.auth import LISTENER_OPTIONS, TokenCheck, call_metadata
 from transports.base import PeerError, TransportError
 from transports.ports import release_port
 
@@ -41,8 +41,10 @@ class ControlServer:
         self._handlers = handlers
         self._owner = owner
         self._pool = futures.ThreadPoolExecutor(max_workers=CONTROL_THREADS, thread_name_prefix="control")
-        self._server = grpc.server(self._pool,
-                                   interceptors=(TokenCheck(token, owner),), options=_OPTIONS)
+        # a call without the token is refused as soon as its headers are in (transports/auth.py): it holds none of
+        # these threads, whatever it sends or does not send after them
+        self._server = grpc.server(self._pool, interceptors=(TokenCheck(token, owner),),
+                                   options=_OPTIONS + LISTENER_OPTIONS)
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(
                 "tensor_transport.Control", {"Call": grpc.unary_unary_rpc_method_handler(self._call)}),)

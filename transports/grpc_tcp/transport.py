@@ -40,7 +40,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from transports.auth import AioTokenCheck, call_metadata
+from transports.auth import LISTENER_OPTIONS, AioTokenCheck, call_metadata
 from transports.base import (
     DEFAULT_TIMEOUT_S,
     Cluster,
@@ -79,6 +79,7 @@ SERVER_OPTIONS = [
     # never share a port silently with another process
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    *LISTENER_OPTIONS,
 ]
 #: how often a sender whose tensors wait for a receiver checks that the receiver still lives
 LIVENESS_EVERY_S = 1.0
