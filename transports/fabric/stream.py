@@ -9,7 +9,10 @@ operations itself:
 - A device listens on one address of the cluster's interfaces (loopback unless told otherwise). Once the run's
   token is set (:meth:`StreamListener.require_token`), a connection proves it first: the listener sends a nonce,
   the connector answers with its HMAC-SHA256 under the token, and a wrong answer ends the connection before any
-  request is read.
+  request is read. Until its proof, a connection costs a socket and a few dozen bytes, nothing more: one thread
+  (the listener's "door") accepts and challenges every connection, at most :data:`MAX_UNPROVEN` wait for their
+  proof at once (a newcomer past that ends the oldest), each for :data:`HANDSHAKE_S` at most, and each refusal
+  is logged with the caller's address. A connection's thread and its receive buffer come with its proof.
 - A region's remote key over TCP is a capability: 16 random bytes made when the region is first exported
   (:class:`Grants`). The pool keeps what one peer is given to that peer's slots and trailers, so a key names
   exactly what its holder was granted.
@@ -30,6 +33,7 @@ import contextlib
 import hashlib
 import hmac
 import secrets
+import selectors
 import socket
 import struct
 import threading
@@ -39,6 +43,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from transports.auth import RefusalLog
 from transports.common import done_future
 from transports.fabric.base import (
     Channel,
@@ -67,8 +72,10 @@ _ADDRESS_PREFIX = b"tcp-stream:"
 #: the listener's challenge, and the connector's answer (HMAC-SHA256 of it under the run's token)
 _NONCE_BYTES = 16
 _PROOF_BYTES = 32
-#: how long a connection has to prove the token
-HANDSHAKE_S = 20.0
+#: how long a connection has to prove the token (the run's ranks prove it as soon as the nonce is in)
+HANDSHAKE_S = 10.0
+#: connections awaiting their proof at once; a newcomer past these ends the oldest
+MAX_UNPROVEN = 64
 
 
 def _proof(token: str, nonce: bytes) -> bytes:
@@ -126,17 +133,19 @@ class Grants:
 
 
 class StreamListener:
-    """A device's TCP listener: one thread accepts, one thread per connection serves its requests in order."""
+    """A device's TCP listener: one thread (the door) accepts every connection and takes its proof of the run's token,
+    then one thread per proven connection serves its requests in order."""
 
     def __init__(self, host: str, grants: Grants, wake: Callable[[], None]) -> None:
         self.grants = grants
         #: wakes the device's sleeping waiters: called after every write that landed, and for a doorbell
         self._wake = wake
         self._socket = socket.create_server((host, 0), backlog=64)
+        self._socket.setblocking(False)
         self.address = stream_address(host, self._socket.getsockname()[1])
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
-        #: the connections' threads (close() waits for them)
+        #: the proven connections' threads (close() waits for them)
         self._servers: list[threading.Thread] = []
         self._closed = False
         #: accesses refused (each a request that touched nothing)
@@ -144,55 +153,127 @@ class StreamListener:
         #: connections ended before their first request for want of the run's token
         self.unproven = 0
         self._token: str | None = None
-        self._thread = threading.Thread(target=self._accept, name="fabric-tcp-accept", daemon=True)
+        self._refusals = RefusalLog(f"fabric tcp stream at {self.address[len(_ADDRESS_PREFIX):].decode()}")
+        # close() wakes the door through this pair
+        self._doorbell, self._doorbell_rung = socket.socketpair()
+        self._doorbell.setblocking(False)
+        self._thread = threading.Thread(target=self._door, name="fabric-tcp-door", daemon=True)
         self._thread.start()
 
     def require_token(self, token: str) -> None:
         """From now on a connection proves ``token`` (the run's) before anything it sends is read."""
         self._token = token
 
-    def _proven(self, connection: socket.socket) -> bool:
-        """Whether the connection proved the run's token (always, where none is set)."""
-        token = self._token
-        if token is None:
-            return True
-        nonce = secrets.token_bytes(_NONCE_BYTES)
-        answer = bytearray(_PROOF_BYTES)
-        connection.settimeout(HANDSHAKE_S)
+    def _door(self) -> None:
+        """Accept connections; challenge each and read its proof, all on this one thread with a few bytes each."""
+        selector = selectors.DefaultSelector()
+        selector.register(self._socket, selectors.EVENT_READ)
+        selector.register(self._doorbell, selectors.EVENT_READ)
+        waiting: dict[socket.socket, _Unproven] = {}  # oldest first
         try:
-            connection.sendall(nonce)
-            if not _receive_into(connection, memoryview(answer)):
-                return False
-        except OSError:
-            return False
-        connection.settimeout(None)
-        return hmac.compare_digest(bytes(answer), _proof(token, nonce))
+            while not self._closed:
+                # accepted in order, each given as long: the oldest is the first due
+                timeout = max(0.0, next(iter(waiting.values())).deadline - time.monotonic()) if waiting else None
+                for key, _ in selector.select(timeout):
+                    if key.fileobj is self._socket:
+                        self._admit(selector, waiting)
+                    elif key.fileobj in waiting:  # (not the doorbell, nor one dropped since select returned)
+                        self._hear(selector, waiting, waiting[key.fileobj])
+                now = time.monotonic()
+                while waiting and next(iter(waiting.values())).deadline <= now:
+                    self._refuse(selector, waiting, next(iter(waiting.values())),
+                                 f"it did not prove the run's token within {HANDSHAKE_S:g} s")
+        finally:
+            for connection in waiting:
+                connection.close()
+            selector.close()
 
-    def _accept(self) -> None:
+    def _admit(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven]) -> None:
+        """Accept what is queued: each connection is sent its challenge and waits here for its proof."""
         while True:
             try:
-                connection, _ = self._socket.accept()
-            except OSError:
-                return  # closed
-            with self._lock:
-                if self._closed:
-                    connection.close()
-                    return
-                self._connections.append(connection)
-                server = threading.Thread(target=self._serve, args=(connection,), name="fabric-tcp-serve", daemon=True)
-                self._servers = [thread for thread in self._servers if thread.is_alive()] + [server]
-                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                server.start()  # under the lock: close() joins only started threads
+                connection, address = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, or closed: the door looks again a moment later
+                time.sleep(_POLL_S)
+                return
+            peer = _peer(address)
+            token = self._token
+            if token is None:  # no token to prove (not yet part of a run): served as it is
+                self._serve_proven(connection)
+                continue
+            nonce = secrets.token_bytes(_NONCE_BYTES)
+            try:
+                connection.setblocking(False)
+                if connection.send(nonce) != len(nonce):  # a new connection's buffer takes 16 bytes at once
+                    raise OSError("the challenge did not go out whole")
+            except OSError as exc:
+                self._count_unproven()
+                self._refusals.refused("a connection", peer, f"its challenge could not be sent ({exc})")
+                connection.close()
+                continue
+            if len(waiting) >= MAX_UNPROVEN:
+                self._refuse(selector, waiting, next(iter(waiting.values())),
+                             f"it was the oldest of {MAX_UNPROVEN} connections awaiting their proof of the run's token "
+                             "when another came")
+            entry = _Unproven(connection, peer, _proof(token, nonce), time.monotonic() + HANDSHAKE_S)
+            waiting[connection] = entry
+            selector.register(connection, selectors.EVENT_READ)
+
+    def _hear(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven],
+              entry: _Unproven) -> None:
+        """Read what the connection sent of its proof (never a byte past it); proven, it is served."""
+        try:
+            count = entry.connection.recv_into(memoryview(entry.answer)[entry.got:])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._refuse(selector, waiting, entry, f"the connection failed before its proof ({exc})")
+            return
+        if not count:
+            self._refuse(selector, waiting, entry, "it closed the connection before proving the run's token")
+            return
+        entry.got += count
+        if entry.got < _PROOF_BYTES:
+            return
+        if not hmac.compare_digest(bytes(entry.answer), entry.expected):
+            self._refuse(selector, waiting, entry, "its proof of the run's token is wrong")
+            return
+        selector.unregister(entry.connection)
+        del waiting[entry.connection]
+        self._serve_proven(entry.connection)
+
+    def _refuse(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven], entry: _Unproven,
+                why: str) -> None:
+        selector.unregister(entry.connection)
+        del waiting[entry.connection]
+        self._count_unproven()  # counted before the connection ends: whoever sees it end sees it counted
+        self._refusals.refused("a connection", entry.peer, why)
+        entry.connection.close()
+
+    def _count_unproven(self) -> None:
+        with self._lock:
+            self.unproven += 1
+
+    def _serve_proven(self, connection: socket.socket) -> None:
+        """A thread of its own for the connection, from now on."""
+        with self._lock:
+            if self._closed:
+                connection.close()
+                return
+            connection.setblocking(True)
+            self._connections.append(connection)
+            server = threading.Thread(target=self._serve, args=(connection,), name="fabric-tcp-serve", daemon=True)
+            self._servers = [thread for thread in self._servers if thread.is_alive()] + [server]
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            server.start()  # under the lock: close() joins only started threads
 
     def _serve(self, connection: socket.socket) -> None:
         inbox = _Inbox(connection)
         refusal: str | None = None  # the first refusal since the last flush
         landed = False  # a write landed (or a doorbell came) since the waiters were last woken
         try:
-            if not self._proven(connection):
-                with self._lock:
-                    self.unproven += 1
-                return
             while True:
                 if landed and not inbox.pending():  # the batch that came in one piece is done: wake once
                     self._wake()
@@ -240,12 +321,14 @@ class StreamListener:
             self._closed = True
             connections = list(self._connections)
         with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_RDWR)
+            self._doorbell_rung.send(b"x")
+        self._thread.join(timeout=5)  # the door closes the connections still owing their proof
         self._socket.close()
+        self._doorbell.close()
+        self._doorbell_rung.close()
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-        self._thread.join(timeout=5)
         # each connection's thread closes its socket and writes into registered memory until it ends: it ends
         # before the device releases that memory, and no descriptor of it outlives close()
         with self._lock:
@@ -253,6 +336,25 @@ class StreamListener:
         for server in servers:
             if server is not threading.current_thread():
                 server.join(timeout=5)
+
+
+class _Unproven:
+    """A connection the door has challenged: what it must answer, what it sent so far, until when it may."""
+
+    __slots__ = ("answer", "connection", "deadline", "expected", "got", "peer")
+
+    def __init__(self, connection: socket.socket, peer: str, expected: bytes, deadline: float) -> None:
+        self.connection, self.peer, self.expected, self.deadline = connection, peer, expected, deadline
+        self.answer = bytearray(_PROOF_BYTES)
+        self.got = 0
+
+
+def _peer(address: object) -> str:
+    """``host:port`` of an accepted connection's address (``[host]:port`` over IPv6)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return repr(address)
 
 
 def _receive_into(connection: socket.socket, view: memoryview) -> bool:
