@@ -49,7 +49,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import pickle
 import sys
 import threading
 import time
@@ -59,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.launch import Launcher, LauncherUnavailable, RankContext, RankFailed, RankSpec
 from bench.launch.private import private_hosts
+from bench.launch.wire import WireError, encode_message
 
 if TYPE_CHECKING:
     from bench.results import ModelRecord
@@ -95,8 +95,10 @@ def run_tf_grpc(
     """Train with TensorFlow's ParameterServerStrategy over gRPC and return one ``model`` record.
 
     ``build_model()`` returns an uncompiled ``keras.Model``, ``make_batch(batch_size, seed)`` an
-    ``(x, y)`` pair of numpy arrays and ``loss_fn()`` a Keras loss; all three must be picklable
-    (module-level callables: the chief's process imports them by name). ``servers`` workers and as
+    ``(x, y)`` pair of numpy arrays and ``loss_fn()`` a Keras loss; all three must travel on the run's
+    channels (``bench.launch.wire``: module-level functions marked ``@wire_value``, or methods of a dataclass of
+    the project's or of a module named in ``TENSOR_BENCH_WIRE_MODULES``; the chief's process imports them by
+    name). ``servers`` workers and as
     many PS tasks run ``warmup`` untimed steps, then ``steps`` timed ones; ``timeout_s`` is the
     longest the run's processes may all stay silent (:data:`STARTUP_S` more until the first report).
     ``launcher``: see the module docstring.
@@ -120,12 +122,12 @@ def run_tf_grpc(
             "batch_size": int(batch_size), "servers": int(servers), "steps": int(steps), "warmup": int(warmup),
             "learning_rate": float(learning_rate), "timeout_s": float(timeout_s)}
     try:
-        pickle.dumps(spec)
-    except Exception as exc:
+        encode_message(spec)
+    except WireError as exc:
         raise TfGrpcError(
-            f"tf_grpc: build_model, make_batch and loss_fn must be picklable module-level callables "
-            f"(the chief's process imports them by name): {type(exc).__name__}: {exc}"
-        ) from exc
+            f"tf_grpc: build_model, make_batch and loss_fn must be module-level callables that travel on the run's "
+            f"channels (being picklable is not enough; the chief's process imports them by name): {exc}"
+        ) from None
     try:
         chosen, own, isolated, note = private_hosts(launcher, "tf.distribute.Server")
     except LauncherUnavailable as exc:

@@ -208,6 +208,9 @@ def serve_rank(conn: Connection, rank: int, in_own_process: bool) -> None:
             raise
         return
     done.set()
-    ctx._send(Finished(result, peak_rss_mb()))
+    try:
+        ctx._send(Finished(result, peak_rss_mb()))
+    except WireError as exc:  # a result that cannot travel: said, naming what, rather than a death
+        ctx._send(Failed(f"its result cannot go to the coordinator: {exc}"))
 
 

@@ -3,9 +3,9 @@ end.
 
 The ranks of a run, how they reach the coordinator, and what they tell it.
 
-A *run* is a list of :class:`RankSpec`: what each rank runs (a picklable callable
-``job(ctx) -> result``), a name for messages (``sender``, ``ps 1``), the server (host) it
-belongs to, and whether it is a service that runs until it is stopped (a
+A *run* is a list of :class:`RankSpec`: what each rank runs (a callable that travels on the
+run's channels, ``bench.launch.wire``: ``job(ctx) -> result``), a name for messages (``sender``, ``ps 1``), the
+server (host) it belongs to, and whether it is a service that runs until it is stopped (a
 ``tf.distribute.Server``). A :class:`Launcher` starts the ranks its own way (processes here,
 in network namespaces, under ``mpirun``) and hands every rank the run's :class:`Cluster`: one
 address per rank and the run's token.

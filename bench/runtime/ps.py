@@ -99,7 +99,7 @@ class TrainConfig:
     #: keep nothing that grows with the steps (no per-step times, no copy of the final weights): a long soak
     constant_memory: bool = False
     #: ``watch(transport, ctx)`` wraps each rank's transport (the soak's content check): a transport whose
-    #: ``finish()`` gives what goes to the rank's ``extra["watch"]`` at the end; must be picklable
+    #: ``finish()`` gives what goes to the rank's ``extra["watch"]`` at the end; must travel on the run's channels
     watch: Callable[[Any, Any], Any] | None = None
     #: evaluate on the held-out set every this many steps and at the last (worker 0; 0: never)
     evaluate_every: int = 0

@@ -2,8 +2,9 @@
 
 The runtime imports no model or task of its own: ``bench model`` hands it a model definition
 (``bench.experiments.models``), ``bench converge`` a task (``bench.experiments.tasks``), a test a tiny model of its
-own. Anything with these methods will do; it is pickled into every rank, so it must be picklable (a module-level
-object) and small (a task loads its data where it is used, not in the pickle).
+own. Anything with these methods will do; it travels to every rank on the run's channels (``bench.launch.wire``), so it
+must be data there (a dataclass of the project's or of a module named in ``TENSOR_BENCH_WIRE_MODULES``, or a class
+marked ``@wire_value``) and small (a task loads its data where it is used, not in the message).
 """
 
 from __future__ import annotations
