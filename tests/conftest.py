@@ -5,6 +5,13 @@ A case on an RDMA device (the verbs fabric, or UCX's ``rdma`` fabric transport) 
 ``rdma``. Where no device is, it skips saying why; the Soft-RoCE session (``tests/test_softroce.py``
 runs ``pytest -m rdma`` in a guest with a kernel RDMA device, ``TENSOR_BENCH_REQUIRE_RDMA=1``) fails
 such a case instead, so none is skipped for want of a device there.
+
+A case that needs something of the system beyond the Python packages carries the mark ``system(NEED, ...)``:
+``netns`` (root, ``ip`` and ``tc``, and a kernel that makes network namespaces), ``mpirun``, ``qemu``, ``chromium``,
+``slurm`` (the one-node bed's daemons), ``deb:PACKAGE`` (a Debian package installed), ``shm:SIZE`` (``/dev/shm`` at
+least that large) or ``tool:NAME`` (a program on PATH). Where a need is missing the case skips with one line saying
+what is missing and how to add it (:data:`SYSTEM_NEEDS`); ``pytest -m system`` selects them all, and
+``tests/test_newcomer_system.py`` checks that every case that touches such a thing carries the mark.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Callable
 
 import pytest
 
@@ -91,6 +100,99 @@ def pytest_runtest_setup(item):
     missing = item.get_closest_marker("rdma_missing")
     if missing is not None:
         pytest.fail(f"an RDMA case could not run on this machine's RDMA device: {missing.args[0]}", pytrace=False)
+    for mark in item.iter_markers("system"):
+        for need in mark.args:
+            if (why := system_missing(need)) is not None:
+                pytest.skip(f"needs {need}: {why}")
+
+
+# -- what a case needs of the system (the mark ``system``) ----------------------------------------------------------
+
+
+def _netns() -> str | None:
+    from bench.launch.hosts import NetnsUnavailable, check_support
+
+    try:
+        check_support()
+    except NetnsUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def _mpirun() -> str | None:
+    from tests.mpirun import MPIRUN, NO_MPIRUN
+
+    return NO_MPIRUN if MPIRUN is None else None
+
+
+def _program(*names: str, install: str) -> Callable[[], str | None]:
+    def probe() -> str | None:
+        if any(shutil.which(name) for name in names):
+            return None
+        return f"no {' or '.join(names)} on PATH ({install})"
+    return probe
+
+
+def _slurm() -> str | None:
+    from tests.slurm import unavailable
+
+    return unavailable()
+
+
+#: each need of the mark ``system`` without a parameter: a probe returning None where it is met, else one line saying
+#: what is missing and how to add it
+SYSTEM_NEEDS: dict[str, Callable[[], str | None]] = {
+    "netns": _netns,
+    "mpirun": _mpirun,
+    "qemu": _program("qemu-system-x86_64", install="apt-get install qemu-system-x86; tools/softroce --prepare"),
+    "chromium": _program("chromium", "chromium-browser", "google-chrome", "google-chrome-stable",
+                         install="apt-get install chromium"),
+    "slurm": _slurm,
+}
+
+
+def _deb(package: str) -> str | None:
+    if shutil.which("dpkg-query") is None:
+        return f"no dpkg-query here to find the Debian package {package} (a Debian or Ubuntu machine has it)"
+    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    if status.returncode != 0 or not status.stdout.endswith(" installed"):
+        return f"the Debian package {package} is not installed (apt-get install {package})"
+    return None
+
+
+def _shm(size: str) -> str | None:
+    from bench.ground.sizes import format_size, parse_size
+
+    need = parse_size(size)
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError as exc:
+        return f"no /dev/shm here ({exc.strerror})"
+    have = stat.f_blocks * stat.f_frsize
+    if have < need:
+        return (f"/dev/shm holds {format_size(have)}, below {size} (mount -o remount,size={size.rstrip('B')} "
+                "/dev/shm)")
+    return None
+
+
+def _tool(name: str) -> str | None:
+    return None if shutil.which(name) else f"no {name} on PATH"
+
+
+#: the needs that take a parameter after a colon: ``deb:python3-torch``, ``shm:2GB``, ``tool:cc``
+SYSTEM_PARAMETERS: dict[str, Callable[[str], str | None]] = {"deb": _deb, "shm": _shm, "tool": _tool}
+
+
+@functools.cache
+def system_missing(need: str) -> str | None:
+    """None where ``need`` (an argument of the mark ``system``) is met here, else one line saying what is missing."""
+    kind, colon, parameter = need.partition(":")
+    if colon and kind in SYSTEM_PARAMETERS and parameter:
+        return SYSTEM_PARAMETERS[kind](parameter)
+    if not colon and need in SYSTEM_NEEDS:
+        return SYSTEM_NEEDS[need]()
+    raise ValueError(f"pytest.mark.system({need!r}): unknown need; known: {', '.join(SYSTEM_NEEDS)}, "
+                     f"{', '.join(kind + ':...' for kind in SYSTEM_PARAMETERS)}")
 
 
 def transport_params():

@@ -91,7 +91,7 @@ def test_a_time_limit_stops_every_rank_at_one_step(tmp_path):
     assert steps["wall_s"].max() >= 3.0
 
 
-@pytest.mark.skipif(not NO_NETWORK, reason="a network namespace needs root, unshare and ip")
+@pytest.mark.system("netns")
 def test_the_default_task_needs_no_network(run_dir):
     """The shared run was made in a network namespace with only loopback (no route anywhere): the embedded default
     trained to the end there."""

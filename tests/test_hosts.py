@@ -174,6 +174,7 @@ def test_names_addresses_and_description_need_no_network() -> None:
     first.close()  # never created: nothing to do
 
 
+@pytest.mark.system("netns")
 def test_namespaces_exist_while_open_and_are_gone_after_close(netns) -> None:
     hosts = EmulatedHosts(2, parse_rate("1gbit")).create()
     try:
@@ -187,6 +188,7 @@ def test_namespaces_exist_while_open_and_are_gone_after_close(netns) -> None:
     hosts.close()  # idempotent
 
 
+@pytest.mark.system("netns")
 def test_links_are_shaped_at_both_ends(shaped: EmulatedHosts) -> None:
     for host in range(2):
         out = subprocess.run(
@@ -203,6 +205,7 @@ def test_links_are_shaped_at_both_ends(shaped: EmulatedHosts) -> None:
     assert len(shaped_ports) == 2, switch
 
 
+@pytest.mark.system("netns")
 def test_tcp_from_host0_to_host1_is_counted_on_both_links(shaped: EmulatedHosts) -> None:
     nbytes = 4 << 20
     tx0, _ = shaped.link_bytes(0)
@@ -226,6 +229,7 @@ def test_tcp_from_host0_to_host1_is_counted_on_both_links(shaped: EmulatedHosts)
     assert shaped.link_bytes(1)[1] - rx1 >= nbytes
 
 
+@pytest.mark.system("netns")
 def test_close_kills_what_runs_inside_and_nothing_else(netns) -> None:
     outside = subprocess.Popen(["sleep", "600"])
     hosts = EmulatedHosts(2)
@@ -244,6 +248,7 @@ def test_close_kills_what_runs_inside_and_nothing_else(netns) -> None:
             stop(inside)
 
 
+@pytest.mark.system("netns")
 def test_a_failing_command_names_itself_and_the_half_built_network_is_removed(netns, monkeypatch) -> None:
     real_run = hosts_module._run
 
@@ -265,6 +270,7 @@ def test_a_failing_command_names_itself_and_the_half_built_network_is_removed(ne
 
 
 @pytest.mark.parametrize("kill", ["creator", "process_group"])
+@pytest.mark.system("netns")
 def test_the_reaper_cleans_up_after_the_creator_is_killed(netns, kill: str) -> None:
     creator = subprocess.Popen(
         [sys.executable, "-c", CREATOR], stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
@@ -292,6 +298,7 @@ def test_the_reaper_cleans_up_after_the_creator_is_killed(netns, kill: str) -> N
         sweep_stale()
 
 
+@pytest.mark.system("netns")
 def test_sweep_stale_removes_dead_owners_namespaces_only(netns) -> None:
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(finished.stdout)

@@ -180,7 +180,7 @@ def _netns_available() -> bool:
 
 @pytest.mark.parametrize("launcher", [
     "local",
-    pytest.param("netns", marks=pytest.mark.skipif(not _netns_available(), reason="no network namespaces here")),
+    pytest.param("netns", marks=pytest.mark.system("netns")),
 ])
 def test_a_rank_stuck_in_c_dies_with_its_coordinator(launcher):
     """Under netns the rank runs through ``ip netns exec``, which execs it in place: its parent is the coordinator
@@ -273,7 +273,7 @@ def test_the_receiver_reports_progress_often_in_time_however_long_the_point(monk
     assert gaps.max() <= bound + 1e-6, (gaps.max(), bound)
 
 
-@pytest.mark.skipif(not _netns_available(), reason="no network namespaces here (the point's length is the link's)")
+@pytest.mark.system("netns")  # the point's length is the link's
 def test_a_point_far_longer_than_the_timeout_is_not_silence(tmp_path):
     """``--timeout 1`` bounds one transfer and the silence of the ranks (plus a few seconds), not a point: a
     point that lasts far longer completes (before, the watchdog gave up on points longer than 20 x its

@@ -285,7 +285,12 @@ def harness_for(name: str) -> type[InProcess] | type[AsJob]:
     return UnderSrun if name == "slurm" else UnderMpi
 
 
-@pytest.fixture(params=REGISTRY.names())
+#: what each launcher's cases need of the system (the mark ``system``: tests/conftest.py)
+NEEDS = {"netns": ("netns",), "mpi": ("mpirun",), "slurm": ("slurm",)}
+
+
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.system(*NEEDS[name])] if name in NEEDS else [])
+                        for name in REGISTRY.names()])
 def launcher(request, tmp_path_factory, monkeypatch):
     harness_class = harness_for(request.param)
     extra = [request.getfixturevalue("slurm_bed")] if harness_class is UnderSrun else []

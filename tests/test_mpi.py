@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from bench.results import ModelRecord, load_run
-from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun
+from tests.mpirun import mpirun
 
 pytest.importorskip("mpi4py")
 pytest.importorskip("tensorflow")
 
-if MPIRUN is None:  # pragma: no cover
-    pytest.skip(NO_MPIRUN, allow_module_level=True)
+pytestmark = pytest.mark.system("mpirun")
 
 ROOT = Path(__file__).resolve().parent.parent
 

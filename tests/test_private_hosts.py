@@ -3,9 +3,6 @@ layer chooses where their ranks run by what a launcher is, never by its name."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
 from bench.experiments.references.ucx_perftest import UcxPerftest
@@ -16,8 +13,7 @@ from bench.launch.mpi import MpiLauncher
 from bench.launch.netns import NetnsLauncher
 from bench.launch.private import private_hosts
 
-needs_namespaces = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                      reason="network namespaces need root and iproute2")
+needs_namespaces = pytest.mark.system("netns")
 
 
 def _refuse_namespaces(monkeypatch) -> None:

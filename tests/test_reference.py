@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import stat
 import subprocess
 from dataclasses import dataclass
@@ -113,8 +112,7 @@ def _iters(size: int) -> int:
 
 
 #: the perftest lines run on private hosts of the launch layer: a network namespace, which needs root and iproute2
-needs_namespaces = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                      reason="a private network namespace needs root and iproute2")
+needs_namespaces = pytest.mark.system("netns")
 
 
 def _measure(line, sizes, iters: int = 50, warmup: int | None = None) -> list:

@@ -598,8 +598,7 @@ def _run_browser(browser: str, *args: str) -> subprocess.CompletedProcess:
                               text=True, timeout=120)
 
 
-@pytest.mark.skipif(_browser() is None, reason="no chromium, chromium-browser or google-chrome on PATH "
-                    "(apt-get install chromium)")
+@pytest.mark.system("chromium")
 def test_a_browser_shows_every_figure_and_table(reported, tmp_path):
     browser = _browser()
     page = reported["out"] / "report.html"
@@ -663,8 +662,7 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-@pytest.mark.skipif(_browser() is None, reason="no chromium, chromium-browser or google-chrome on PATH "
-                    "(apt-get install chromium)")
+@pytest.mark.system("chromium")
 def test_in_a_1300_px_window_nothing_needs_a_sideways_scroll_bar(tmp_path):
     """A report of the runs a newcomer has (a micro sweep of every line, sizes and rounds; a model run, a models
     run, and the runs of earlier versions) read in a window 1300 pixels wide: nothing reaches past the window or

@@ -144,6 +144,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "TMPDIR": str(tmp_path)}
 
 
+@pytest.mark.system("slurm")
 def test_the_dry_run_is_a_batch_script_that_sbatch_accepts(slurm_bed, tmp_path):
     printed = subprocess.run([*BENCH, "micro", "--sizes", "1KB", "--launcher", "slurm", "--nodes", "1", "--dry-run",
                               "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT,
@@ -157,6 +158,7 @@ def test_the_dry_run_is_a_batch_script_that_sbatch_accepts(slurm_bed, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was run
 
 
+@pytest.mark.system("slurm")
 def test_micro_under_srun_writes_every_transports_records(slurm_bed, tmp_path):
     out = tmp_path / "micro"
     done = srun(slurm_bed, 2, *BENCH, "micro", "--sizes", "1KB,64KB", "--iters", "20", "--no-peers",
@@ -171,6 +173,7 @@ def test_micro_under_srun_writes_every_transports_records(slurm_bed, tmp_path):
     assert left_after_steps(slurm_bed, BOUND_S) == []
 
 
+@pytest.mark.system("slurm")
 def test_a_killed_rank_ends_the_step_naming_it_and_leaves_nothing(slurm_bed, tmp_path):
     out = tmp_path / "micro"
     env = {**slurm_bed.env, **_env(tmp_path)}
@@ -214,6 +217,7 @@ def _task_pid(bed, task: int, out: Path) -> int:
     raise AssertionError(f"task {task} of the step never showed up")
 
 
+@pytest.mark.system("slurm")
 def test_a_submitted_job_runs_to_its_end_and_its_results_land_in_out(slurm_bed, tmp_path):
     out = tmp_path / "micro"
     done = subprocess.run([*BENCH, "micro", "--sizes", "1KB", "--iters", "20", "--no-peers", "--no-references",
@@ -226,6 +230,7 @@ def test_a_submitted_job_runs_to_its_end_and_its_results_land_in_out(slurm_bed, 
     assert (tmp_path / "micro.sbatch").exists() and list(tmp_path.glob("micro.slurm-*.log"))
 
 
+@pytest.mark.system("slurm")
 def test_mpi_under_srun_without_pmix_says_to_use_the_slurm_launcher(slurm_bed, tmp_path):
     """The bed's Slurm has no PMIx: each MPI process of the step is a job of one."""
     pytest.importorskip("mpi4py")

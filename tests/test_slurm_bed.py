@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.processes import gone
-from tests.slurm import SlurmBed, bed_processes, leftovers, srun, unavailable
+from tests.slurm import SlurmBed, bed_processes, leftovers, srun
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+pytestmark = pytest.mark.system("slurm")
 
 #: the bound of every wait here (the bed answers in well under a second on an idle machine)
 BOUND_S = 30

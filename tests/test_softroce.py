@@ -83,6 +83,7 @@ def guest(shares, early):
     assert qemu.poll() is not None  # QEMU is gone with the guest
 
 
+@pytest.mark.system("qemu")
 def test_a_command_s_output_and_exit_code_come_back(guest):
     chunks: list[bytes] = []
     code = guest.run(["sh", "-c", "echo to-stdout; echo to-stderr >&2; cat /sys/class/infiniband/rxe0/ports/1/state;"
@@ -95,6 +96,7 @@ def test_a_command_s_output_and_exit_code_come_back(guest):
 
 
 @pytest.mark.parametrize("scratch", SCRATCH)
+@pytest.mark.system("qemu")
 def test_a_host_directory_where_the_guest_has_its_own_tmp_is_where_it_is(guest, scratch, monkeypatch):
     """A command run from a directory made under /tmp (or /var/tmp, /dev/shm) after the guest booted, as from a clone
     there, runs in it and reads the host's files there and those its arguments name; what it writes there stays in
@@ -115,6 +117,7 @@ def test_a_host_directory_where_the_guest_has_its_own_tmp_is_where_it_is(guest, 
         assert (work / "marker").read_text() == "the host's file\n"  # the host's root is read-only to the guest
 
 
+@pytest.mark.system("qemu")
 def test_shares_under_tmp_are_written_through_and_their_surroundings_seen(guest, shares):
     top, nested = shares
     chunks: list[bytes] = []
@@ -124,6 +127,7 @@ def test_shares_under_tmp_are_written_through_and_their_surroundings_seen(guest,
     assert ((top / "result").read_text(), (nested / "result").read_text()) == ("one\n", "two\n")
 
 
+@pytest.mark.system("qemu")
 def test_a_directory_the_guest_cannot_have_is_refused_before_the_command(guest):
     """A command in /proc (the guest has its own) is refused before it runs; the guest goes on to the next, whose
     argument in /proc is the guest's."""
@@ -148,6 +152,7 @@ def test_the_tool_says_in_one_line_which_directory_the_guest_cannot_have():
         assert time.monotonic() - started < 30  # said before booting
 
 
+@pytest.mark.system("qemu")
 def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
     """The tool as a user runs it, with too short a time: it exits 124 and neither QEMU nor its files remain.
 
@@ -185,6 +190,7 @@ def test_the_time_running_out_stops_qemu_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.timeout(SESSION_TIMEOUT_S + 900)
+@pytest.mark.system("qemu")
 def test_every_rdma_case_passes_on_the_guest_s_device(early, request):
     """``pytest -m rdma`` in the guest: every case on an RDMA device (verbs, UCX over rc_verbs) runs and passes, but
     those marked ``long`` (minutes each under emulation: run them with ``tools/softroce .venv/bin/pytest -m rdma``).

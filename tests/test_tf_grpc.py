@@ -38,7 +38,7 @@ def _netns_available() -> tuple[bool, str]:
 
 
 NETNS, WHY_NOT_NETNS = _netns_available()
-needs_netns = pytest.mark.skipif(not NETNS, reason=f"no network namespaces here: {WHY_NOT_NETNS}")
+needs_netns = pytest.mark.system("netns")
 
 
 def _alive(pid: int) -> bool:
