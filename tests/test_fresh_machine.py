@@ -29,8 +29,11 @@ def test_the_readme_commands_it_runs_are_the_readmes_first_two():
     steps = fresh.steps(main, tests, "1KB", ["tests/test_sizes.py"])
     # the README's line as written, only the sizes added; the tests' line with its pytest cut to the smoke tests
     assert steps[0].command == f"{main.text} --sizes 1KB" and "README.md line" in steps[0].what
-    assert steps[-1].command == f"{tests.text} tests/test_sizes.py" and steps[-1].clone != steps[0].clone
+    assert steps[4].command == f"{tests.text} tests/test_sizes.py" and steps[4].clone != steps[0].clone
     assert [step.command.split()[1] for step in steps[1:4]] == ["model", "plot", "report"]
+    # then, in the tests' clone, every test that needs something of the system: run, or skipped saying why
+    assert steps[5].command == ".venv/bin/pytest -q -rs -m system" and steps[5].clone == steps[4].clone
+    assert len(steps) == 6
 
 
 def test_a_readme_whose_commands_changed_shape_is_refused_naming_the_line(tmp_path):
@@ -95,3 +98,21 @@ def test_a_failed_step_shows_the_ranks_logs_that_say_anything(tmp_path, capsys):
     fresh._print_tail(kept / "step-1.log")
     printed = capsys.readouterr().out
     assert "rank 1 failed" in printed and "PeerError: the reason" in printed
+
+
+def test_the_smoke_tests_hold_the_readmes_micro_run_and_the_command_line():
+    """The README's test command failed on a bare root in test_cli.py's micro run, which the smoke tests left out."""
+    assert "tests/test_cli.py" in fresh.SMOKE
+    assert "tests/test_micro_cli.py::test_micro_end_to_end_writes_records_meta_and_figures" in fresh.SMOKE
+
+
+def test_the_system_tests_skip_reasons_are_printed_one_line_each(tmp_path, capsys):
+    main = fresh.ReadmeLine(6, "python3 -m venv .venv && .venv/bin/bench micro")
+    tests = fresh.ReadmeLine(14, "python3 -m venv .venv && .venv/bin/pytest -q")
+    plan = fresh.steps(main, tests, "1KB", ["tests/test_sizes.py"])
+    (tmp_path / "step-5.log").write_text("..s.\nSKIPPED [3] tests/conftest.py:106: needs netns: `ip` not found on "
+                                         "PATH: install iproute2\n3 passed, 1 skipped\n")
+    fresh._print_skips(plan, tmp_path)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"fresh-machine: {fresh.SYSTEM_STEP}: 1 reason(s) to skip:",
+                       "    SKIPPED [3] tests/conftest.py:106: needs netns: `ip` not found on PATH: install iproute2"]
