@@ -119,7 +119,9 @@ def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) 
     runs: list[Run] = []
     for path, in_folder in _find(paths, skipped):
         try:
-            runs.append(load_run(path))
+            run = load_run(path)
+            run.samples  # noqa: B018 - read now, as compare and plot read it: a broken samples.csv is the run's
+            runs.append(run)
         except ResultsError as exc:
             if not in_folder:  # a run named itself must be readable; one of a folder is left out, saying why
                 raise
