@@ -166,3 +166,37 @@ def test_a_peer_killed_mid_transfer_is_an_error_naming_it_within_bounded_time():
     finally:
         receiver.close()
         peer.join(5)
+
+
+def test_recv_many_of_more_keys_than_grpc_holds_untaken_receives_them_all():
+    """2,000 keys posted at once (recv_many): gRPC's server cancels calls beyond the 1,000 it holds untaken, so the
+    receiver starts at most CALLS_STARTING at a time, and each one taken makes room for the next."""
+    pair = start_pair("grpc_tcp")
+    try:
+        keys = [Key(f"many{i}", 0, 0, 1) for i in range(2000)]
+        sends = [pair[0].send_async(key, np.full(2, i, np.int32)) for i, key in enumerate(keys)]
+        received = pair[1].recv_many(keys)
+        assert len(received) == 2000
+        assert all((array == i).all() for i, array in enumerate(received))
+        assert all(sent.result(timeout=60) is None for sent in sends)
+    finally:
+        for transport in pair:
+            transport.close()
+
+
+def test_calls_waiting_for_their_tensors_do_not_hold_back_the_others():
+    """More keys than CALLS_STARTING, sent one by one (each send waits until received) in the reverse of the
+    order they were posted in: a call whose tensor is not there yet makes room for the next once the sender's
+    server has taken it, so the last key posted is asked for, and the sender goes on."""
+    from transports.grpc_tcp.transport import CALLS_STARTING
+
+    pair = start_pair("grpc_tcp")
+    try:
+        keys = [Key(f"late{i}", 0, 0, 1) for i in range(CALLS_STARTING + 50)]
+        receiving = [pair[1].recv_async(key) for key in keys]
+        for i, key in reversed(list(enumerate(keys))):
+            pair[0].send(key, np.full(2, i, np.int32))
+        assert all((future.result(timeout=60) == i).all() for i, future in enumerate(receiving))
+    finally:
+        for transport in pair:
+            transport.close()

@@ -83,6 +83,11 @@ SERVER_OPTIONS = [
 ]
 #: how often a sender whose tensors wait for a receiver checks that the receiver still lives
 LIVENESS_EVERY_S = 1.0
+#: RecvTensor calls a receiver starts towards one sender before the sender's server has taken the earlier ones
+#: (the call's initial metadata): gRPC's server cancels calls beyond 1000 it holds untaken
+#: (``grpc.server.max_pending_requests``), which a recv_many of more keys than that reached in one burst. A
+#: call taken no longer counts, however long it then waits for its tensor, so no number of keys deadlocks.
+CALLS_STARTING = 100
 
 
 class GrpcTcpTransport(Transport):
@@ -105,6 +110,8 @@ class GrpcTcpTransport(Transport):
         self._heard: set[int] = set()
         self._watchdog: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        #: per sender, the RecvTensor calls that may be starting at once (CALLS_STARTING; made on the loop)
+        self._starting: dict[int, asyncio.Semaphore] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -240,6 +247,8 @@ class GrpcTcpTransport(Transport):
             waiter = self._outbox.take(key)
         except (TransportClosed, ValueError) as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        if not waiter.done():  # the receiver learns its call is taken (see CALLS_STARTING); else the tensor says so
+            await context.send_initial_metadata(())
         try:
             array, sent = await asyncio.wrap_future(waiter)
         except asyncio.CancelledError:
@@ -334,24 +343,26 @@ class GrpcTcpTransport(Transport):
         # a sender not heard from yet may still be starting: the call waits for it (up to the timeout); one that
         # answered before is not waited for: if its port refuses connections it is gone, and the call fails at once
         ready = key.src not in self._heard
+        starting = self._starting.get(key.src)
+        if starting is None:
+            starting = self._starting[key.src] = asyncio.Semaphore(CALLS_STARTING)
         while True:
-            call = self._channel(key.src).unary_stream(
-                RECV_TENSOR, request_serializer=RecvTensorRequest.SerializeToString
-            )(
-                RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
-                timeout=max(deadline - time.monotonic(), 0.001),
-                metadata=self._metadata,
-                wait_for_ready=ready,
-            )
-            if ready:
-                break
-            try:
-                await call.initial_metadata()  # connected: the sender is there
-                break
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    break  # its error comes again from the stream below
-                call.cancel()
+            async with starting:  # until the sender's server has taken the call (or it failed)
+                call = self._channel(key.src).unary_stream(
+                    RECV_TENSOR, request_serializer=RecvTensorRequest.SerializeToString
+                )(
+                    RecvTensorRequest(name=key.name, step=key.step, src=key.src, dst=key.dst),
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                    metadata=self._metadata,
+                    wait_for_ready=ready,
+                )
+                try:
+                    await call.initial_metadata()  # taken: the sender is there
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if ready or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                        break  # its error comes again from the stream below
+                    call.cancel()
                 if await _refuses(self.cluster.addresses[key.src]):
                     raise PeerError(f"grpc_tcp: recv of {key} from {peer} failed: the sender is gone (it answered "
                                     f"before and its port {self.cluster.addresses[key.src]} now refuses "
