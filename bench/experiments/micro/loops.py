@@ -247,9 +247,13 @@ class DirectSignals:
 
     def close(self) -> None:
         self._ring = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        mapped, self._map = self._map, None
+        if mapped is not None:
+            # a view of the ring may outlive ours: the frames of a wait that an interrupt (SIGTERM: SystemExit)
+            # unwinds hold theirs until it is handled. Closing then would raise BufferError over the interrupt;
+            # the map is unmapped with its last view instead
+            with contextlib.suppress(BufferError):
+                mapped.close()
         self.sock.close()
 
     def __enter__(self) -> DirectSignals:
