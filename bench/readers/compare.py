@@ -83,6 +83,13 @@ _SPREAD_WORDS = {"rounds": "lowest to highest round", "samples": "95% interval o
                  "none": "no spread measured"}
 
 SAME, SLOWER, FASTER, NOT_COMPARED, ADDED, REMOVED = "same", "slower", "faster", "n/a", "added", "removed"
+#: a point both runs measured, but in too few rounds to tell a change from the noise between runs
+NOT_CALLED = "not called"
+
+#: per experiment whose command measures a point again in rounds (``bench micro --rounds N``), the rounds each run
+#: needs at a point to call a change there: one run's spread (a round's interval of the median, or two rounds)
+#: does not bound a second run's
+ROUNDS_TO_CALL = {"micro": 3}
 
 
 class CompareError(ValueError):
@@ -150,12 +157,12 @@ class Row:
         ``?`` not compared, blank for the same."""
         if self.state == SAME:
             return "~" if self.beyond_noise else " "
-        return {SLOWER: "+", FASTER: "-", NOT_COMPARED: "?"}.get(self.state, " ")
+        return {SLOWER: "+", FASTER: "-", NOT_COMPARED: "?", NOT_CALLED: "?"}.get(self.state, " ")
 
     @property
     def compared(self) -> bool:
-        """Whether both runs measured the point (same, slower or faster)."""
-        return self.state in (SAME, SLOWER, FASTER)
+        """Whether both runs measured the point (same, slower, faster, or too few rounds to call it)."""
+        return self.state in (SAME, SLOWER, FASTER, NOT_CALLED)
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,9 @@ class Comparison:
     base: Run
     new: Run
     rows: list[Row]
+    #: the machine's change between the runs, as the reference lines measured it (the median of their points'
+    #: ratios' distance from 1, as a fraction): a change of a point must be beyond it too to be called
+    drift: float = 0.0
 
     @property
     def regressions(self) -> list[Row]:
@@ -231,7 +241,7 @@ class Comparison:
         out = []
         for name, rows in groups.items():
             counts = {state: sum(r.state == state for r in rows) for state in
-                      (SLOWER, FASTER, SAME, NOT_COMPARED, ADDED, REMOVED)}
+                      (SLOWER, FASTER, SAME, NOT_CALLED, NOT_COMPARED, ADDED, REMOVED)}
             ratios = [r.ratio for r in rows if r.compared and 0 < r.ratio < math.inf]
             mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else math.nan
             slower = [r.ratio for r in rows if r.state == SLOWER]
@@ -308,19 +318,30 @@ def compare_runs(base: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, metr
     # this code: as the runs' records say (line_kind), else the catalogue (bench.results.lines)
     kinds = {**catalogue.kinds_in(base.records), **catalogue.kinds_in(new.records)}
     references = frozenset(name for name, kind in kinds.items() if kind in catalogue.NOT_OURS_KINDS)
+    is_reference = {point: "transport" in key and point[key.index("transport")] in references
+                    for point in [*base_values, *new_values]}
+    drift = _drift([(base_values[p], new_values[p]) for p in base_values if p in new_values and is_reference[p]])
+    judge = _Judge(threshold, higher, infinite_when_missing, metric, ROUNDS_TO_CALL.get(experiment, 1), drift)
     rows = []
     for point in [*base_values, *(p for p in new_values if p not in base_values)]:
-        is_reference = "transport" in key and point[key.index("transport")] in references
         old, now = base_values.get(point), new_values.get(point)
         if old is None or now is None:
-            rows.append(Row(point, ADDED if old is None else REMOVED, is_reference, old, now))
+            rows.append(Row(point, ADDED if old is None else REMOVED, is_reference[point], old, now))
             continue
-        rows.append(_judge(point, is_reference, old, now, threshold, higher, infinite_when_missing, metric))
+        rows.append(judge(point, is_reference[point], old, now))
     # the rows of one transport together, in the order the runs measured them (sorted() is stable)
     group = key.index("transport") if "transport" in key else 0
     order = {name: i for i, name in enumerate(dict.fromkeys(row.point[group] for row in rows))}
     rows = sorted(rows, key=lambda row: order[row.point[group]])
-    return Comparison(experiment, metric, higher, threshold, key, base, new, rows)
+    return Comparison(experiment, metric, higher, threshold, key, base, new, rows, drift)
+
+
+def _drift(pairs: list[tuple[Value, Value]]) -> float:
+    """The machine's change between two runs as their reference lines' points measured it: the median of how far
+    each ratio is from 1 (``exp(|log ratio|) - 1``); 0 without references measured in both."""
+    changes = [abs(math.log(new.value / old.value)) for old, new in pairs
+               if old.measured and new.measured and 0 < old.value < math.inf and 0 < new.value < math.inf]
+    return math.expm1(float(np.median(changes))) if changes else 0.0
 
 
 def _values(run: Run, metric: str, key: list[str]) -> dict[tuple, Value]:
@@ -360,9 +381,25 @@ def _values(run: Run, metric: str, key: list[str]) -> dict[tuple, Value]:
     return out
 
 
-def _judge(point: tuple, reference: bool, old: Value, now: Value, threshold: float, higher: bool,
-           infinite_when_missing: bool, metric: str) -> Row:
+@dataclass(frozen=True)
+class _Judge:
+    """The verdict on one point both runs have (this module's docstring says how)."""
+
+    threshold: float
+    higher: bool
+    infinite_when_missing: bool
+    metric: str
+    #: the rounds both runs need at a point to call a change there
+    rounds: int = 1
+    drift: float = 0.0
+
+    def __call__(self, point: tuple, reference: bool, old: Value, now: Value) -> Row:
+        return _judge(point, reference, old, now, self)
+
+
+def _judge(point: tuple, reference: bool, old: Value, now: Value, how: _Judge) -> Row:
     """The verdict on one point both runs have."""
+    threshold, higher, infinite_when_missing, metric = how.threshold, how.higher, how.infinite_when_missing, how.metric
     notes = [f"{name} {old.settings[name]} -> {now.settings[name]}" for name in old.settings
              if name in now.settings and old.settings[name] != now.settings[name]]
     if infinite_when_missing:  # converge: no time to the target means the target was not reached
@@ -379,8 +416,14 @@ def _judge(point: tuple, reference: bool, old: Value, now: Value, threshold: flo
     ratio = _ratio(now.value, old.value)
     low, high = _ratio(now.low, old.high), _ratio(now.high, old.low)
     overlap = now.low <= old.high and old.low <= now.high
-    worse = ratio < 1 / (1 + threshold) if higher else ratio > 1 + threshold
-    better = ratio > 1 + threshold if higher else ratio < 1 / (1 + threshold)
+    if min(old.rounds, now.rounds) < how.rounds:  # one run's noise does not bound another's: no call
+        notes.insert(0, f"{old.rounds}/{now.rounds} round(s): --rounds {how.rounds} to call a change")
+        return Row(point, NOT_CALLED, reference, old, now, ratio, low, high, False, "; ".join(notes))
+    # beyond the threshold, and beyond the machine's drift that the reference lines measured (not theirs: they
+    # are the drift)
+    margin = max(threshold, 0.0 if reference else how.drift)
+    worse = ratio < 1 / (1 + margin) if higher else ratio > 1 + margin
+    better = ratio > 1 + margin if higher else ratio < 1 / (1 + margin)
     state = SAME if overlap else SLOWER if worse else FASTER if better else SAME
     return Row(point, state, reference, old, now, ratio, low, high, not overlap, "; ".join(notes))
 
@@ -546,6 +589,9 @@ def _format(c: Comparison, only_changed: bool) -> list[str]:
     if hosts[0] != hosts[1]:
         lines.append(f"note: the runs are from different hosts ({hosts[0]}, {hosts[1]}): the ratios include the "
                      "machines' difference")
+    if c.drift > c.threshold:
+        lines.append(f"note: the reference lines moved {c.drift * 100:.0f}% between the runs (the median of their "
+                     f"points): a change is called only beyond that, not {c.threshold * 100:g}%")
     lines.append("")
     present = [r for r in c.rows if r.state not in (ADDED, REMOVED)]
     shown = [r for r in present if not (only_changed and _unchanged(r))]
@@ -569,15 +615,26 @@ def _format(c: Comparison, only_changed: bool) -> list[str]:
         counts = ", ".join(f"{n} {state}" for state, n in s.counts.items() if n)
         lines.append(f"  {s.name:<{width}}  {_number(s.geometric_mean):>5}  {counts}"
                      + ("  (reference)" if s.reference else ""))
+    uncalled = [r for r in c.rows if r.state == NOT_CALLED and not r.reference]
+    if uncalled:
+        rounds = {label: "/".join(map(str, sorted({getattr(r, label).rounds for r in uncalled})))
+                  for label in ("base", "new")}
+        lines.append(f"not called: {len(uncalled)} point(s) measured in fewer than "
+                     f"{ROUNDS_TO_CALL[c.experiment]} rounds (base {rounds['base']}, new {rounds['new']}): one "
+                     "run's spread does not bound another's; measure both with --rounds "
+                     f"{ROUNDS_TO_CALL[c.experiment]} to call a change")
     slowed_refs = [s.name for s in summaries if s.reference and s.counts[SLOWER]]
     if slowed_refs:
         lines.append(f"references slower: {', '.join(slowed_refs)} (the machine changed: weigh the rest with it)")
     slowed = [s for s in summaries if not s.reference and s.counts[SLOWER]]
-    compared = {s.name: sum(s.counts[k] for k in (SAME, SLOWER, FASTER)) for s in summaries}
+    compared = {s.name: sum(s.counts[k] for k in (SAME, SLOWER, FASTER, NOT_CALLED)) for s in summaries}
     if slowed:
         named = ", ".join(f"{s.name} ({s.counts[SLOWER]} of {compared[s.name]} points, ratio up to "
                           f"{_number(s.worst)})" for s in slowed)
         lines.append(f"slower beyond {c.threshold * 100:g}%: {named}")
+    elif uncalled and not any(r.state in (SAME, FASTER) and not r.reference for r in c.rows):
+        lines.append(f"no change called: too few rounds (--rounds {ROUNDS_TO_CALL[c.experiment]} in both runs calls "
+                     "one)")
     else:
         faster = [s.name for s in summaries if not s.reference and s.counts[FASTER]]
         lines.append(f"nothing slower beyond {c.threshold * 100:g}%"
