@@ -13,13 +13,21 @@ Each value comes with a range, the noise the run measured around it: the lowest 
 the point ran in two rounds or more (``bench micro --rounds N``), else the 95% confidence interval of the
 median of its timed iterations (``samples.csv``), else none (the value itself).
 
+A micro point is judged only when both runs measured it in at least :data:`ROUNDS_TO_CALL` (3) rounds: the
+interval of one round's median is the noise within that round, and two single-round runs of an untouched
+transport differ far beyond it (grpc_tcp: up to 1.53x). With fewer rounds the point is **not called** (``?``):
+its ratio is shown, it is never a failure, and a line says to measure both with ``--rounds 3``. The machine's
+drift between the runs, the median change of the reference lines' points (:attr:`Comparison.drift`), widens the
+threshold for the other lines when it is larger. Experiments without ``--rounds`` are judged by the spreads they
+have.
+
 Per point, with ``ratio = new / base`` and its range ``[new_low / base_high, new_high / base_low]``:
 
 - **same** when the two runs' ranges overlap (the ratio's range contains 1), or when the ratio is within
   the threshold: ``1 / (1 + t) <= ratio <= 1 + t``; marked ``~`` when the ranges do not overlap but the
   change is within the threshold, blank otherwise;
 - **slower** (``+``) when the ranges do not overlap and the value got worse by more than the threshold
-  (``ratio > 1 + t`` for a time, ``ratio < 1 / (1 + t)`` for a throughput);
+  (``ratio > 1 + t`` for a time, ``ratio < 1 / (1 + t)`` for a throughput; ``t`` the drift when larger);
 - **faster** (``-``) symmetrically: better by more than the threshold (the log of the ratio beyond
   ``log(1 + t)`` either way, so a 2x slow-down and a 2x speed-up are as far from "same");
 - **n/a** (``?``) when one run has no value (a reference line that does not measure the number,
