@@ -107,3 +107,53 @@ def test_an_array_released_by_its_sends_may_be_resized_and_a_resized_one_is_refu
     other[:] = 5.0  # and the tensor's sends go on
     senders[way](step, other)
     assert (inbound.recv(step) == 5.0).all()
+
+
+# -- a connect that fails for want of shared memory says so ---------------------------------------------------------
+
+
+class _Statvfs:
+    """What ``os.statvfs`` answers for a filesystem of ``size`` bytes with ``free`` of them free."""
+
+    def __init__(self, size: int, free: int) -> None:
+        self.f_frsize, self.f_blocks, self.f_bavail, self.f_bfree = 4096, size // 4096, free // 4096, free // 4096
+
+
+@pytest.mark.parametrize("free_mib, named", [(3, True), (4096, False)], ids=["nearly-full", "roomy"])
+def test_a_connect_ucx_finds_unreachable_names_a_nearly_full_dev_shm_and_its_free_space(monkeypatch, free_mib,
+                                                                                     named):
+    """UCX whose shared-memory filesystem is full opens no shared-memory transport (it says so on the console) and
+    then finds the peer unreachable: the error names /dev/shm and its free space, where it is nearly full."""
+    import os
+
+    from transports.fabric.ucx import channel
+
+    pair = start_pair("zerocopy", fabric_transport="shm")
+    try:
+        real_statvfs, real_lib = os.statvfs, channel._lib
+
+        class Unreachable:  # UCX's answer to a connect without a transport both sides have
+            def __getattr__(self, name):
+                return getattr(real_lib, name)
+
+            @staticmethod
+            def tt_ep_create(*args):
+                return -6  # UCS_ERR_UNREACHABLE
+
+        def statvfs(path):
+            if os.fspath(path) == "/dev/shm":
+                return _Statvfs(64 << 20, free_mib << 20)
+            return real_statvfs(path)
+
+        monkeypatch.delenv("UCX_POSIX_DIR", raising=False)
+        monkeypatch.setattr(os, "statvfs", statvfs)
+        monkeypatch.setattr(channel, "_lib", Unreachable())
+        with pytest.raises(transports.PeerError) as raised:
+            pair[0].send(Key("far", 0, 0, 1), np.ones(4), timeout=10)
+    finally:
+        monkeypatch.undo()
+        for transport in pair:
+            transport.close()
+    message = str(raised.value)
+    assert "cannot reach rank 1" in message and "Destination is unreachable" in message
+    assert ("/dev/shm has 3.0 MiB free of 64 MiB" in message) is named, message

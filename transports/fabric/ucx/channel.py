@@ -117,6 +117,31 @@ def _descriptors_short() -> str | None:
             "transports")
 
 
+#: free room below which the shared-memory filesystem may be why UCX opened no shared-memory transport: a worker's
+#: receive FIFO and descriptor pool take a few MiB there, and its segments for registered memory more
+SHARED_MEMORY_NEEDED = 64 << 20
+
+
+def _shared_dir() -> str:
+    """The directory UCX's posix transport makes its segments in (``UCX_POSIX_DIR``, else ``/dev/shm``)."""
+    return os.environ.get("UCX_POSIX_DIR") or "/dev/shm"
+
+
+def _shared_memory_short() -> str | None:
+    """Why UCX may have opened no shared-memory transport, where the filesystem its segments live in is nearly
+    full or unusable (UCX says so on the console only, then finds the peer unreachable); None otherwise."""
+    where = _shared_dir()
+    try:
+        room = os.statvfs(where)
+    except OSError as exc:
+        return f"{where}, where UCX makes its shared-memory segments, cannot be used ({exc.strerror})"
+    free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
+    if free >= SHARED_MEMORY_NEEDED:
+        return None
+    return (f"{where} has {free / (1 << 20):.1f} MiB free of {size / (1 << 20):.0f} MiB, too little for UCX's "
+            f"shared-memory segments: free room there, or give it more (a container: --shm-size)")
+
+
 _PROT_READ_WRITE = 0x3
 _MAP_PRIVATE_ANONYMOUS = 0x02 | 0x20
 _MAP_FIXED_NOREPLACE = 0x100000
@@ -187,6 +212,8 @@ class UcxChannel(Channel):
             # the cause is the descriptor limit: said as the OSError it is, which names the limit where it is shown
             raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: ucx: connecting to a peer failed "
                                         f"({_reason(status)}): {short}")
+        if status != _lib.UCS_OK and (short := _shared_memory_short()) is not None:
+            raise FabricError(f"ucx: connecting to a peer failed ({_reason(status)}): {short}")
         _check(status, "connecting to a peer")
         self.ep = ep[0]
         self._rkeys: dict[bytes, Any] = {}
@@ -509,7 +536,7 @@ def _shared_room() -> int:
     else ``/dev/shm``; often small in containers) has free, so that other programs keep room there and UCX is not
     asked for what it would refuse with an error on the console (it then falls back to process memory)."""
     try:
-        free = os.statvfs(os.environ.get("UCX_POSIX_DIR") or "/dev/shm")
+        free = os.statvfs(_shared_dir())
     except OSError:
         return 0
     return free.f_bavail * free.f_frsize // 2
