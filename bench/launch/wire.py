@@ -263,6 +263,7 @@ def _unmade(cls: type) -> str | None:
     return None
 
 
+@functools.cache  # only of classes admitted
 def _slots(cls: type) -> dict[str, Any]:
     """The slots of ``cls`` and its bases: name -> the slot's own descriptor (which sets it without code)."""
     return {name: found for c in reversed(cls.__mro__) for name, found in vars(c).items()
@@ -299,12 +300,18 @@ ARRAY, SCALAR, DTYPE = b"a", b"g", b"y"
 PATH, REF, OBJECT, ENUM, METHOD, PARTIAL = b"p", b"R", b"o", b"E", b"M", b"P"
 
 
+#: what has been admitted so far, by the modules variable's value (only what is admitted is kept: a stranger's names
+#: cannot grow them): (class or function, as a class of instances, variable) -> "module:qualname" for the encoder,
+#: ("module:qualname", variable) -> the class or function for the decoder
+_SENDABLE: dict[tuple[Any, bool, str | None], str] = {}
+_ADMITTED: dict[tuple[str, str | None], Any] = {}
+
+
 class _Writer:
     """One message's frame, as the parts :func:`encode_message` joins."""
 
     def __init__(self) -> None:
         self.parts: list[Any] = [bytes((FORMAT,))]
-        self._names: dict[Any, str] = {}  # classes and functions admitted so far: their "module:qualname"
 
     def text(self, text: str) -> None:
         raw = text.encode("utf-8", "surrogatepass")
@@ -313,7 +320,8 @@ class _Writer:
     def name(self, obj: Any, instances: bool = False) -> str:
         """``obj``'s "module:qualname", once :func:`_admit_global` admits it (and, with ``instances``, its
         instances can be made): what the decoder will find by that name."""
-        name = self._names.get((obj, instances))
+        key = (obj, instances, os.environ.get(WIRE_MODULES_VARIABLE))
+        name = _SENDABLE.get(key)
         if name is None:
             module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
             if not isinstance(module, str) or not isinstance(qualname, str):
@@ -323,7 +331,7 @@ class _Writer:
                                 "object there")
             if instances and (why := _unmade(obj)):
                 raise WireError(f"cannot send a {module}.{qualname} on the run's channels: {why}")
-            name = self._names[(obj, instances)] = f"{module}:{qualname}"
+            name = _SENDABLE[key] = f"{module}:{qualname}"
         return name
 
     def value(self, obj: Any, depth: int) -> None:
@@ -482,7 +490,6 @@ class _Reader:
         self.end = len(self.view)
         self.budget = MEMORY_FACTOR * self.end + MEMORY_FLOOR
         self.spent = 0
-        self._named: dict[str, Any] = {}  # "module:qualname" -> what it names, admitted
 
     def message(self) -> Any:
         if self.end == 0 or self.view[0] != FORMAT:
@@ -530,15 +537,26 @@ class _Reader:
         self.charge(sys.getsizeof(text))
         return text
 
+    def shared(self, key: Any) -> Any:
+        """``key`` (a dict's key, a field's name), the one copy of it when it is text: a key that repeats (the
+        columns of records) takes its memory once."""
+        if type(key) is not str:
+            return key
+        one = sys.intern(key)
+        if one is not key:
+            self.spent -= sys.getsizeof(key)
+        return one
+
     def named(self) -> Any:
         """The class or function a "module:qualname" text names, admitted (:func:`_admit_global`)."""
         name = self.text()
-        found = self._named.get(name)
+        key = (name, os.environ.get(WIRE_MODULES_VARIABLE))
+        found = _ADMITTED.get(key)
         if found is None:
             module, colon, qualname = name.partition(":")
             if not colon:
                 raise WireError(f"refused a message naming {name[:100]!r}, not a module:qualname")
-            found = self._named[name] = _admit_global(module, qualname)
+            found = _ADMITTED[key] = _admit_global(module, qualname)
         return found
 
     def dtype(self) -> np.dtype:
@@ -576,7 +594,7 @@ class _Reader:
         depth = self.inner(depth)
         self.charge(sys.getsizeof(into) + per_item * count)
         for _ in range(count):
-            key = self.value(depth)
+            key = self.shared(self.value(depth))
             into[key] = self.value(depth)
         return into
 
@@ -625,24 +643,22 @@ class _Reader:
                             f"channels: {why or 'it is not a class'}")
         count = self.count(5)  # a name's length and a value's tag at least
         depth = self.inner(depth)
-        self.charge(64 + 2 * _DICT_ENTRY * count)  # the instance, the fields read, its __dict__
+        self.charge(64 + _DICT_ENTRY * count)  # the instance and its __dict__
         slots = _slots(cls)
-        fields: dict[str, Any] = {}
         obj = object.__new__(cls)
+        fields = object.__getattribute__(obj, "__dict__") if _has_dict(cls) else None  # object's: no code of cls
         for _ in range(count):
-            name = self.text()
+            name = self.shared(self.text())
             value = self.value(depth)
             if not _field_name(name):
                 raise WireError(f"refusing a field {name[:60]!r} of a {cls.__qualname__}: only public or private "
                                 "names (no dunder)")
             if name in slots:
                 slots[name].__set__(obj, value)
-            elif _has_dict(cls):
-                fields[sys.intern(name)] = value
+            elif fields is not None:
+                fields[name] = value
             else:
                 raise WireError(f"refusing a field {name[:60]!r} of a {cls.__qualname__}: it has no such slot")
-        if fields:
-            obj.__dict__.update(fields)
         return obj
 
     def member(self, depth: int) -> enum.Enum:
@@ -668,8 +684,9 @@ class _Reader:
         return functools.partial(func, *args, **keywords)
 
 
-#: what each container's items take in memory, at most (a dict's entry with its share of the table as it grows)
-_LIST_ITEM, _DICT_ENTRY, _SET_ENTRY = 8, 112, 80
+#: what each container's items take in memory, at most: a list's pointer; a dict's or set's entry with its share of
+#: the table, and of the table it leaves as it grows
+_LIST_ITEM, _DICT_ENTRY, _SET_ENTRY = 8, 80, 64
 
 
 def _simple(make: Any) -> Any:
