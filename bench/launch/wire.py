@@ -1,4 +1,7 @@
-"""The wire: what the hub's and the job's connections carry (see the section's comment below)."""
+"""The wire: what the hub's and the job's connections carry (see the section's comment below).
+
+Why one module: the encoder and the decoder mirror each other tag by tag, and both apply the same rules on what
+may be named (the sender refuses what the receiver would); apart, a change to one side could miss the other."""
 
 from __future__ import annotations
 
