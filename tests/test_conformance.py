@@ -12,9 +12,11 @@ import pytest
 from tests.frameworks import framework_pointer, framework_tensor
 from transports import Key, TensorSpec, TransportClosed, TransportError, TransportTimeout
 from transports.memory import Memory, array_module, cuda_problem, memory_of
-from transports.tensors import JAX_ALIGNMENT, as_framework
+from transports.tensors import JAX_ALIGNMENT, as_framework, bfloat16
 
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.bool_]
+if bfloat16() is not None:  # ml_dtypes' bfloat16: what TensorFlow and JAX hand over (transports/tensors.py)
+    DTYPES.append(bfloat16())
 
 
 def transfer(pair, array, name="t", step=0, src=0, dst=1):

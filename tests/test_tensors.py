@@ -184,3 +184,89 @@ def test_a_framework_tensor_crosses_zerocopy_with_no_copy_either_side(framework)
     finally:
         for transport in pair:
             transport.close()
+
+
+# -- bfloat16 (ml_dtypes'), which NumPy's DLPack refuses -----------------------------------------------------------
+
+
+def _bfloat16():
+    from transports.tensors import bfloat16
+
+    dtype = bfloat16()
+    if dtype is None:
+        pytest.skip("ml_dtypes is not installed here")
+    return dtype
+
+
+def _framework_bfloat16(framework: str, values: np.ndarray):
+    """A CPU bfloat16 tensor of ``framework`` holding ``values`` (bfloat16), in memory of its own."""
+    module = framework_module(framework)
+    if framework == "torch":
+        return module.tensor(values.astype(np.float32)).to(module.bfloat16)
+    return framework_tensor(framework, values)
+
+
+def _bfloat16_pointer(framework: str, tensor) -> int:
+    """The address of a bfloat16 ``tensor``'s first byte as its framework says (TensorFlow: its DLPack export's,
+    read as uint16, since NumPy takes no bfloat16 capsule)."""
+    from transports.tensors import DL_BFLOAT, DL_UINT, _relabelled
+
+    if framework == "tensorflow":
+        return np.from_dlpack(_relabelled(tensor, DL_BFLOAT, DL_UINT)).ctypes.data
+    return framework_pointer(framework, tensor)
+
+
+class _Bfloat16Producer:
+    """A DLPack producer of bfloat16 (as a framework's tensor is) over ``bits`` (uint16), without any framework;
+    ``code``: another DLPack type code for them."""
+
+    def __init__(self, bits: np.ndarray, code: int = 4) -> None:
+        self.bits, self.code = bits, code
+
+    def __dlpack__(self, **_options):
+        from transports.tensors import DL_UINT, _relabelled
+
+        return _relabelled(self.bits, DL_UINT, self.code).__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.bits.__dlpack_device__()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_bfloat16_tensor_of_a_framework_is_taken_over_its_memory(framework):
+    values = np.arange(48, dtype=np.float32).reshape(6, 8).astype(_bfloat16())
+    tensor = _framework_bfloat16(framework, values)
+    taken = adopt(tensor)
+    assert type(taken) is np.ndarray and taken.dtype == _bfloat16()
+    assert taken.ctypes.data == _bfloat16_pointer(framework, tensor)
+    np.testing.assert_array_equal(taken, values)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_received_bfloat16_array_goes_to_a_framework_over_its_memory_and_back(framework):
+    framework_module(framework)
+    array = aligned(24).view(_bfloat16())
+    array[:] = np.arange(48, dtype=np.float32)
+    handed = as_framework(array, framework)
+    assert "bfloat16" in str(handed.dtype)
+    assert _bfloat16_pointer(framework, handed) == array.ctypes.data
+    back = adopt(handed)
+    assert back.dtype == _bfloat16() and back.ctypes.data == array.ctypes.data
+    np.testing.assert_array_equal(back, array)
+
+
+def test_a_bfloat16_dlpack_producer_is_taken_without_any_framework():
+    """What a framework's DLPack export of bfloat16 is (its capsule's dtype DLPack's bfloat16 code) is taken as
+    ml_dtypes' bfloat16 over the same memory; NumPy alone refuses it."""
+    bits = np.arange(8, dtype=np.float32).astype(_bfloat16()).view(np.uint16)
+    with pytest.raises((BufferError, RuntimeError, TypeError, ValueError)):
+        np.from_dlpack(_Bfloat16Producer(bits))
+    taken = adopt(_Bfloat16Producer(bits))
+    assert taken.dtype == _bfloat16() and taken.ctypes.data == bits.ctypes.data
+    np.testing.assert_array_equal(taken.astype(np.float32), np.arange(8, dtype=np.float32))
+
+
+def test_a_dlpack_producer_numpy_refuses_for_another_reason_is_refused_as_numpy_says():
+    producer = _Bfloat16Producer(np.zeros(4, np.uint16), code=99)  # a type code no one knows
+    with pytest.raises(RuntimeError, match="Unsupported dtype"):
+        adopt(producer)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import PeerError, dtype_problem, memory_bytes
+from transports.base import PeerError, dtype_named, dtype_problem, memory_bytes
 from transports.fabric.base import MAX_RKEY_BYTES, RemoteRegion
 
 #: a device address is at most this many worker addresses (UCX: one per worker), each of at most
@@ -97,7 +97,7 @@ def dtype(value: Any, peer: str = THE_PEER, *, error: type[PeerInputError] = Pee
         raise error(f"{peer} sent an unknown dtype {value!r:.40} "
                     f"(a dtype is named by a string of at most {MAX_DTYPE_CHARS} characters)")
     try:
-        parsed = np.dtype(value.decode("ascii") if isinstance(value, bytes) else value)
+        parsed = dtype_named(value.decode("ascii") if isinstance(value, bytes) else value)
     except (TypeError, ValueError, UnicodeDecodeError, SyntaxError):  # numpy's parser raises all but the third
         raise error(f"{peer} sent an unknown dtype {value!r:.40}") from None
     if (problem := dtype_problem(parsed)) is not None:

@@ -8,12 +8,20 @@ array. It asks ``__dlpack__`` first (every framework speaks it; TensorFlow's eag
 Out: a receive returns a NumPy array (host memory) or a CuPy array (device memory), as the plan says;
 :func:`as_framework` hands it to a framework through DLPack, over the same memory.
 
+bfloat16: NumPy has no such dtype and its DLPack refuses one; ml_dtypes' ``bfloat16`` (what TensorFlow and JAX hand
+over as NumPy) is one, and a bfloat16 tensor goes in and out through DLPack over the same memory all the same: its
+capsule is relabelled (DLPack's bfloat16 code for ``uint16`` of the same bits, or back) before NumPy or the
+framework takes it, and NumPy's array is viewed as ``bfloat16`` (:func:`_relabelled`). Host memory only (CuPy
+has no bfloat16).
+
 Between memories: :func:`to_host` and :func:`to_device` copy a tensor across the PCIe bus and count it in the
 ledger (``device_to_host_bytes``, ``host_to_device_bytes``), apart from host copies (``copied_bytes``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 from typing import Any
 
@@ -22,8 +30,8 @@ import numpy as np
 from transports.common import data_pointer, in_device_memory
 from transports.memory import Memory, array_module
 
-__all__ = ["FRAMEWORKS", "adopt", "allocation", "as_framework", "contiguous", "data_pointer", "empty", "ready",
-           "to_device", "to_host"]
+__all__ = ["FRAMEWORKS", "adopt", "allocation", "as_framework", "bfloat16", "contiguous", "data_pointer", "empty",
+           "ready", "to_device", "to_host"]
 
 #: DLPack's device types (dlpack.h): host memory, CUDA device memory, pinned host memory, managed memory
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
@@ -31,6 +39,66 @@ DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
 FRAMEWORKS = ("numpy", "cupy", "torch", "tensorflow", "jax")
 #: JAX takes host memory over as it is only at this alignment (XLA's); elsewhere it copies, silently
 JAX_ALIGNMENT = 64
+#: DLPack's type codes (dlpack.h) of unsigned integers and of bfloat16
+DL_UINT, DL_BFLOAT = 1, 4
+#: where a DLTensor's dtype lies in it (after its data pointer, its device and ndim): code (uint8), bits (uint8),
+#: lanes (uint16); the unversioned capsule ("dltensor") points at its DLManagedTensor, whose DLTensor comes first
+_DLTENSOR_DTYPE_AT = 20
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def bfloat16() -> np.dtype | None:
+    """ml_dtypes' bfloat16 as a NumPy dtype; None where ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+class _Capsule:
+    """An unversioned DLPack capsule handed to a consumer that asks an object for it (``from_dlpack``): once."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]) -> None:
+        self._capsule, self._device = capsule, device
+
+    def __dlpack__(self, **_options: Any) -> Any:
+        capsule, self._capsule = self._capsule, None
+        if capsule is None:
+            raise BufferError("this DLPack capsule was taken already")
+        return capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def _relabelled(producer: Any, code: int, to: int) -> _Capsule | None:
+    """``producer``'s DLPack capsule (unversioned, not yet consumed) with its 16-bit dtype code ``code`` made ``to``
+    in place (the bits stay: bfloat16 and uint16 are both 2 bytes), as an object ``from_dlpack`` takes; None when
+    its dtype is not one 16-bit lane of ``code``."""
+    capsule = producer.__dlpack__()
+    at = _capsule_pointer(capsule, b"dltensor") + _DLTENSOR_DTYPE_AT
+    dtype = (ctypes.c_uint8 * 4).from_address(at)
+    if (dtype[0], dtype[1], dtype[2], dtype[3]) != (code, 16, 1, 0):
+        return None
+    dtype[0] = to
+    return _Capsule(capsule, tuple(producer.__dlpack_device__()))
+
+
+def _from_dlpack_host(tensor: Any) -> np.ndarray:
+    """A host tensor of another framework as a NumPy array over its memory: NumPy's ``from_dlpack``, and a bfloat16
+    one (which NumPy refuses) relabelled as uint16 and viewed as ml_dtypes' bfloat16."""
+    try:
+        return np.from_dlpack(tensor)
+    except (BufferError, RuntimeError, TypeError, ValueError) as refused:
+        dtype, capsule = bfloat16(), None
+        if dtype is not None:
+            with contextlib.suppress(BufferError, RuntimeError, TypeError, ValueError):  # (then NumPy's refusal)
+                capsule = _relabelled(tensor, DL_BFLOAT, DL_UINT)
+        if capsule is None:
+            raise refused from None
+    return np.from_dlpack(capsule).view(dtype)
 
 
 def adopt(tensor: Any) -> Any:
@@ -46,7 +114,7 @@ def adopt(tensor: Any) -> Any:
     if device_of is not None and hasattr(tensor, "__dlpack__"):
         kind = int(device_of()[0])
         if kind in (DL_CPU, DL_CUDA_HOST):
-            return np.from_dlpack(tensor)
+            return _from_dlpack_host(tensor)
         if kind in (DL_CUDA, DL_CUDA_MANAGED):
             return array_module().from_dlpack(tensor)
         raise ValueError(f"a {type(tensor).__name__} in DLPack device memory {kind} (neither host nor CUDA) "
@@ -79,20 +147,23 @@ def as_framework(array: Any, framework: str) -> Any:
         array = writable
     if framework == "cupy":
         return array_module().from_dlpack(array)
+    exported: Any = array
+    if type(array) is np.ndarray and array.dtype == bfloat16():  # (NumPy's DLPack has no bfloat16: see the top)
+        exported = _relabelled(array.view(np.uint16), DL_UINT, DL_BFLOAT)
     if framework == "torch":
         import torch
 
-        return torch.from_dlpack(array)
+        return torch.from_dlpack(exported)
     if framework == "tensorflow":
         import tensorflow as tf
 
-        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        return tf.experimental.dlpack.from_dlpack(exported.__dlpack__())
     if type(array) is np.ndarray and array.ctypes.data % JAX_ALIGNMENT:
         raise ValueError(f"JAX takes host memory without a copy only at {JAX_ALIGNMENT}-byte alignment, and this "
                          f"array starts {array.ctypes.data % JAX_ALIGNMENT} bytes past it; copy it first")
     import jax.dlpack
 
-    return jax.dlpack.from_dlpack(array)
+    return jax.dlpack.from_dlpack(exported)
 
 
 def to_host(array: Any, ledger: Any, out: np.ndarray | None = None) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from transports import peer_input
+from transports.base import dtype_text
 from transports.fabric.base import RemoteRegion
 
 MAX_NAME = 512
@@ -134,7 +135,7 @@ def encode(message: Message, out: np.ndarray) -> None:
         record["is_dead"] = meta.is_dead
         record["ndim"] = len(meta.shape)
         record["dims"][: len(meta.shape)] = meta.shape
-        record["dtype"] = meta.dtype.str.encode()
+        record["dtype"] = dtype_text(meta.dtype).encode()
         record["tensor_bytes"] = meta.nbytes
 
 

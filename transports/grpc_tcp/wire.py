@@ -22,7 +22,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from transports import peer_input
-from transports.base import Ledger, memory_bytes
+from transports.base import Ledger, dtype_text, memory_bytes
 from transports.grpc_tcp.tensor_pb2 import TensorChunk
 
 # protobuf and gRPC cap one message below 2 GiB; chunks stay well under it.
@@ -84,7 +84,7 @@ def encode_chunks(array: np.ndarray, ledger: Ledger, chunk_bytes: int = MAX_CHUN
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
     flat = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else memoryview(b"")
     total = array.nbytes
-    description = {"dtype": array.dtype.str, "shape": array.shape, "total_bytes": total}
+    description = {"dtype": dtype_text(array.dtype), "shape": array.shape, "total_bytes": total}
     offset = 0
     while True:
         piece = flat[offset : offset + chunk_bytes]

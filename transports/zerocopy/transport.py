@@ -77,6 +77,7 @@ from transports.base import (
     TransportClosed,
     TransportError,
     TransportTimeout,
+    dtype_text,
     keys_text,
     memory_bytes,
 )
@@ -424,8 +425,8 @@ class ZeroCopyTransport(FabricTransport):
                     self.credits.submit(incoming)
         reply = {"mode": incoming.mode, "control": incoming.control.remote().to_json()}
         if incoming.mode == "static":
-            reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape), dtype=incoming.dtype.str,
-                         slots=incoming.slots)
+            reply.update(slot=incoming.data.remote().to_json(), shape=list(incoming.shape),
+                         dtype=dtype_text(incoming.dtype), slots=incoming.slots)
         return reply
 
     def _verify_claim(self, connect: ConnectRequest, request: dict[str, Any]) -> None:
@@ -787,7 +788,7 @@ class ZeroCopyTransport(FabricTransport):
         meta["addr"] = source.addr if source is not None else 0
         meta["ndim"] = array.ndim
         meta["dims"][: array.ndim] = array.shape
-        meta["dtype"] = array.dtype.str.encode()
+        meta["dtype"] = dtype_text(array.dtype).encode()
         meta["rkey_len"] = len(source.rkey) if source is not None else 0
         if source is not None:
             meta["rkey"][: len(source.rkey)] = np.frombuffer(source.rkey, np.uint8)
