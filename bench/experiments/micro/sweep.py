@@ -60,6 +60,8 @@ class Sweep:
         self.lines: list[MicroLine] = []
         self.hosts: dict[str, PrivateHosts] = {}  # line name -> where its ranks run
         self.left_out: dict[str, str] = {}  # an optional line (a reference, a peer) that cannot run here -> why
+        #: a line that runs less isolated than asked (the MPI pair where no network namespace can be made) -> how
+        self.isolation: dict[str, str] = {}
         for line in lines:
             self._admit(line)
 
@@ -76,13 +78,21 @@ class Sweep:
                 why = str(exc)
         if why is None:
             self.lines.append(line)
+            if weaker := getattr(line, "weaker_isolation", None):  # said in one line, and kept in meta.json
+                self.isolation[line.name] = weaker
+                self.writer.meta["isolation"] = self.isolation
         elif line.required:
             self._fail(line, why)
         else:
             self.left_out[line.name] = why
 
     def say_left_out(self, out: Path) -> None:
-        """One line naming the optional lines that cannot run here, and where it says why and how to add each."""
+        """One line naming the optional lines that cannot run here, and where it says why and how to add each; one
+        line per way a line runs less isolated than asked."""
+        for how in dict.fromkeys(self.isolation.values()):
+            names = [name for name, said in self.isolation.items() if said == how]
+            print(f"bench micro: weaker isolation for {', '.join(names)}: {how} ('isolation' in "
+                  f"{out / 'meta.json'})", file=sys.stderr)
         if self.left_out:
             print(f"bench micro: not available here, left out: {', '.join(self.left_out)} (why, and how to add "
                   f"each: 'left_out' in {out / 'meta.json'}; --no-peers, --no-references to skip them)",

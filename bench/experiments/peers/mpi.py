@@ -16,10 +16,22 @@ The two MPI processes must be started together (Open MPI 5's singletons cannot c
 a Unix socket in a private directory (authenticated with the run's token, as ranks join a coordinator), get the
 points, signal each other over MPI (tag 1, outside the timed interval as always) and send their reports to the
 relay, which hands them to the coordinator. So the line runs where its relay's launcher runs processes on this
-host (the local launcher), in a private emulated host as perftest's tools run: mpirun's own listeners (PRRTE's,
-PMIx's) and Open MPI's tcp component listen on every interface. Under a launcher of emulated hosts both processes
-would share one host and never cross its link, and under ``--launcher mpi`` a second mpirun inside an MPI job is
-not started: there it is left out.
+host (the local launcher). mpirun's own listener (PRRTE's) binds every interface whatever it is told, and Open MPI's
+tcp component listens on every interface too, so the pair is kept off the network, the strongest way this machine
+allows (``MpiLine.hosts`` chooses; ``listeners`` says which):
+
+1. in a private emulated host, as perftest's tools run (root and iproute2: ``bench.launch.private``);
+2. else, where the kernel makes network namespaces but ``ip`` is missing (a bare Debian root), mpirun and its
+   processes in a network namespace of their own with only loopback (``unshare``; a user namespace too when not
+   root);
+3. else (a container that makes no namespace), on the host's network with every address they bind put on loopback
+   (a small library preloaded into mpirun and its processes, built here with the C compiler the install needed;
+   Open MPI has no option that binds PRRTE's listener). Reachable then from this host's other users, not from other
+   hosts: that weaker isolation is said in one line of ``bench micro``'s output and kept in ``meta.json``
+   (``isolation``), and the relay checks that nothing of the pair listens off loopback before the first transfer.
+
+Under a launcher of emulated hosts both processes would share one host and never cross its link, and under
+``--launcher mpi`` a second mpirun inside an MPI job is not started: there it is left out.
 
 The line leaves nothing however it ends: mpirun's session directory (``TMPDIR``) and the pair's shared-memory files
 (Open MPI's ``sm_segment.*``, its windows', UCX's: every ``*_backing_directory``) go into two 0700 directories of the
@@ -35,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import os
 import queue
 import shutil
@@ -44,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,6 +67,7 @@ import numpy as np
 from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink, drive
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
+from bench.launch import hosts as emulated_hosts
 from bench.launch.context import connect
 from bench.launch.hosts import REAPER_PIPES, spawn_reaper
 from bench.launch.hub import Hub
@@ -471,6 +485,8 @@ class MpiLine(PeerLine):
     module: ClassVar[str] = "mpi4py"
     install: ClassVar[str] = "pip install -e '.[mpi]' brings mpi4py and Open MPI's wheel"
     link_class: ClassVar[type[MpiLink]] = MpiLink
+    #: how the pair is kept off the network (set by :meth:`hosts`): EMULATED_HOST, OWN_NAMESPACE or LOOPBACK
+    listeners: str = field(default="", compare=False)
 
     def availability(self) -> Availability:
         if not (status := super().availability()).ok:
@@ -484,8 +500,33 @@ class MpiLine(PeerLine):
             raise LaunchError(f"the {self.name} line starts its own pair of MPI processes on this host: under "
                               f"--launcher {launcher.name} they would not cross the run's links (measure it "
                               "under --launcher local)")
-        # mpirun (PRRTE's and PMIx's listeners) and Open MPI's tcp component listen on every interface
-        return hosts_for_open_listeners(launcher, "mpirun and its MPI processes", "--peers without mpi and mpi_rma")
+        self.listeners = EMULATED_HOST
+        try:  # mpirun (PRRTE's listener) and Open MPI's tcp component listen on every interface
+            return hosts_for_open_listeners(launcher, _WHAT, _LEAVE_OUT)
+        except LaunchError:
+            no_host = _emulated_host_problem()
+            if no_host is None or not ipaddress.ip_address(launcher.bind).is_loopback:
+                raise  # refused for another reason, or asked to listen on the network and refused that
+        if (no_namespace := own_namespace_problem()) is None:
+            self.listeners = OWN_NAMESPACE
+            return PrivateHosts(launcher, False, True, f"no emulated host here ({no_host}): {_WHAT} in a network "
+                                                       "namespace of their own, with only loopback")
+        if (no_compiler := _compiler_problem()) is not None:
+            raise LaunchError(f"{_WHAT} listen on every interface, and here no network namespace can be made "
+                              f"({no_namespace}) nor their listeners bound to loopback ({no_compiler}); or pass "
+                              f"{_LEAVE_OUT}")
+        self.listeners = LOOPBACK
+        return PrivateHosts(launcher, False, False, self.weaker_isolation or "")
+
+    @property
+    def weaker_isolation(self) -> str | None:
+        """One line saying how the pair is exposed, where it runs less isolated than in a network namespace (the run
+        prints it and keeps it in meta.json); None where it is isolated."""
+        if self.listeners != LOOPBACK:
+            return None
+        return (f"no network namespace can be made here ({own_namespace_problem()}): {_WHAT} run on the host's "
+                "network with every address they bind put on loopback, reachable from this host's other users but "
+                "not from other hosts")
 
     def link(self, cluster: Cluster, rank: int) -> MpiLink:
         raise NotImplementedError("an MPI link is made in the MPI processes (see _mpi_process)")
@@ -528,8 +569,11 @@ def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
                # Open MPI refuses root unless told twice
                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                **_private_files(private, shm)}
+        if line.listeners == LOOPBACK:
+            env.update(_loopback_environment(private, env))
         with open(log_path, "w+") as log:
-            proc = subprocess.Popen([sys.executable, "-I", "-c", _DIE_WITH_RELAY, str(os.getpid()),
+            proc = subprocess.Popen([sys.executable, "-I", "-c", _START_MPIRUN, str(os.getpid()),
+                                     "namespace" if line.listeners == OWN_NAMESPACE else "-",
                                      mpirun_path() or "mpirun", "-np", "2", "--oversubscribe", sys.executable,
                                      "-m", __name__, hub.address], stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=env)
@@ -545,13 +589,179 @@ def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
                 hub.close()
 
 
-#: runs mpirun (argv[2:]) so that it gets SIGTERM, ending its job, should the relay (argv[1]) die first (SIGKILL:
-#: no ``finally`` runs); exits 3 if the relay is gone already
-_DIE_WITH_RELAY = (
+# -- keeping the pair off the network -----------------------------------------------------------------------------
+
+#: how the pair is kept off the network (``MpiLine.listeners``): see the module's docstring
+EMULATED_HOST, OWN_NAMESPACE, LOOPBACK = "emulated host", "own namespace", "loopback"
+_WHAT = "mpirun and its MPI processes"
+_LEAVE_OUT = "--peers without mpi and mpi_rma"
+
+#: ``enter_namespace()``: this process into a network namespace of its own (and a user namespace mapping its own ids
+#: when not root), loopback up; raises OSError where the kernel refuses. Run in the program that execs mpirun
+_ENTER_NAMESPACE = """
+def enter_namespace():
+    import ctypes, fcntl, os, socket, struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    flags = 0x40000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWNET, CLONE_NEWUSER
+    if libc.unshare(flags) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"unshare: {os.strerror(error)}")
+    if flags & 0x10000000:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP
+        now = struct.unpack("16sH22x", fcntl.ioctl(sock, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", now | 1))
+"""
+
+#: runs mpirun (argv[3:]) so that it gets SIGTERM, ending its job, should the relay (argv[1]) die first (SIGKILL:
+#: no ``finally`` runs), in a network namespace of its own when argv[2] is "namespace"; exits 3 if the relay is
+#: gone already
+_START_MPIRUN = _ENTER_NAMESPACE + (
     "import ctypes, os, sys\n"
     "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGTERM; kept across exec
-    "sys.exit(3) if os.getppid() != int(sys.argv[1]) else os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(3)\n"
+    "if sys.argv[2] == 'namespace':\n"
+    "    enter_namespace()\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n"
 )
+
+
+def _emulated_host_problem() -> str | None:
+    """Why no private emulated host can be made here (bench.launch.hosts' probe), or None."""
+    try:
+        emulated_hosts.check_support()
+    except emulated_hosts.NetnsUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def own_namespace_problem() -> str | None:
+    """Why no process can get a network namespace of its own here (the kernel's or a container's refusal, in one
+    line), or None. Probed once, in a child."""
+    probe = subprocess.run([sys.executable, "-I", "-c", _ENTER_NAMESPACE + "enter_namespace()\n"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if probe.returncode == 0:
+        return None
+    lines = probe.stderr.strip().splitlines()
+    return lines[-1].removeprefix("PermissionError: ").removeprefix("OSError: ") if lines else (
+        f"the probe exited with code {probe.returncode}")
+
+
+#: a library preloaded into mpirun and its MPI processes where no network namespace can be made: every IPv4 and IPv6
+#: address they bind (a listener's above all: PRRTE binds INADDR_ANY whatever it is told) is put on loopback, and a
+#: socket that listens unbound is bound there first
+_BIND_LOOPBACK_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+
+typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*listen_fn)(int, int);
+
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+    bind_fn real = (bind_fn) dlsym(RTLD_NEXT, "bind");
+    if (addr != NULL && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in in4;
+        memcpy(&in4, addr, sizeof in4);
+        in4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        return real(fd, (const struct sockaddr *) &in4, sizeof in4);
+    }
+    if (addr != NULL && addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 in6;
+        memcpy(&in6, addr, sizeof in6);
+        in6.sin6_addr = in6addr_loopback;
+        return real(fd, (const struct sockaddr *) &in6, sizeof in6);
+    }
+    return real(fd, addr, len);
+}
+
+int listen(int fd, int backlog) {
+    listen_fn real = (listen_fn) dlsym(RTLD_NEXT, "listen");
+    struct sockaddr_storage here;
+    socklen_t len = sizeof here;
+    if (getsockname(fd, (struct sockaddr *) &here, &len) == 0) {
+        if (here.ss_family == AF_INET && ((struct sockaddr_in *) &here)->sin_port == 0)
+            bind(fd, (struct sockaddr *) &here, sizeof(struct sockaddr_in));
+        else if (here.ss_family == AF_INET6 && ((struct sockaddr_in6 *) &here)->sin6_port == 0)
+            bind(fd, (struct sockaddr *) &here, sizeof(struct sockaddr_in6));
+    }
+    return real(fd, backlog);
+}
+"""
+
+
+def _compiler() -> str:
+    import sysconfig
+
+    return (sysconfig.get_config_var("CC") or "cc").split()[0]
+
+
+def _compiler_problem() -> str | None:
+    compiler = _compiler()
+    return None if shutil.which(compiler) else f"no C compiler ({compiler}) to build the library that does it"
+
+
+def _loopback_environment(private: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment that puts every address the pair binds on loopback: the library built into ``private`` and
+    preloaded; PRRTE's listener on IPv4 only (it asks for both, and the host may have no IPv6 loopback)."""
+    source, library = Path(private) / "bind-loopback.c", Path(private) / "bind-loopback.so"
+    source.write_text(_BIND_LOOPBACK_C)
+    built = subprocess.run([_compiler(), "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if built.returncode != 0:
+        tail = " ".join(built.stderr.strip().splitlines()[-2:])
+        raise PeerLineError(f"mpi: the library that binds the pair's listeners to loopback did not build: {tail}")
+    preload = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload, "PRTE_MCA_oob_tcp_disable_ipv6_family": "1"}
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every process descended from it."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+    tree, grown = {root}, True
+    while grown:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return tree
+
+
+def listening_off_loopback(pids: set[int]) -> list[str]:
+    """The TCP addresses off loopback that the processes ``pids`` listen on (``ADDRESS:PORT``), read from the
+    kernel's tables of this network namespace."""
+    inodes: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if len(fields) < 10 or fields[3] != "0A" or int(fields[9]) not in inodes:  # 0A: LISTEN
+                    continue
+                hexed, port = fields[1].split(":")
+                raw = b"".join(bytes.fromhex(hexed[i:i + 8])[::-1] for i in range(0, len(hexed), 8))
+                address = ipaddress.ip_address(raw)
+                mapped = getattr(address, "ipv4_mapped", None)
+                if not (mapped or address).is_loopback:
+                    found.append(f"{address}:{int(port, 16)}")
+    return found
 
 #: Open MPI's (and UCX's) parameters naming where shared-memory backing files go (default: /dev/shm)
 _BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
@@ -687,6 +897,9 @@ def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc:
                 raise broken(f"mpirun exited (code {proc.returncode}) before both MPI processes started") from None
             if time.monotonic() > deadline:
                 raise broken(f"the MPI processes did not start within {STARTUP_S:.0f} s") from None
+    if line.listeners == LOOPBACK and (exposed := listening_off_loopback(_tree(proc.pid))):
+        raise broken(f"the MPI pair listens off loopback ({', '.join(exposed)}) although every address it binds "
+                     f"was to be put there; pass {_LEAVE_OUT}")
     for conn in conns.values():
         send_message(conn, (line.link_class, points, line.timeout_s))
     open_ = {conn: rank for rank, conn in conns.items()}
