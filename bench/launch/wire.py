@@ -96,8 +96,8 @@ def encode_message(message: Any) -> bytes:
     writer = _Writer()
     try:
         writer.value(message, 0)
-    except RecursionError:
-        raise WireError(f"cannot send a {type(message).__name__}: it nests deeper than {MAX_DEPTH} levels") from None
+    except WireError as exc:
+        raise WireError(_line(str(exc))) from None
     return b"".join(writer.parts)
 
 
