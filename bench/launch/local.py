@@ -4,8 +4,10 @@ Each rank is ``python -m bench.launch.rank`` in a session of its own, its output
 Whatever happens (a failed rank, a timeout, Ctrl-C), every rank's process group is ended before
 ``run`` returns: SIGTERM first, so transports release registered and shared memory, then SIGKILL.
 A rank whose coordinator is killed outright exits by itself (its hub connection closes), and the
-run's directory (``/tmp/bench-run-*``: the hub's socket and, unless ``log_dir``, the ranks' logs) goes
-with the coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes it.
+run's directory (``$TMPDIR/bench-run-*``: the hub's socket and, unless ``log_dir``, the ranks' logs) goes with the
+coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes it. So does the run's directory under
+``/dev/shm`` (``UCX_POSIX_DIR`` of every rank: UCX's shared-memory segments, ``ucx_shm_posix_*``, which UCX unlinks
+only once a segment is mapped, so that a rank killed while it plans a tensor left one of the tensor's size behind).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _EXIT_GRACE_S = 30.0
 _TERM_GRACE_S = 5.0
 #: characters of a rank's log an error quotes
 _LOG_TAIL_CHARS = 2500
+#: where UCX's posix transport makes its shared-memory segments unless told (``UCX_POSIX_DIR``)
+_SHM = "/dev/shm"
 #: bytes from the end of a rank's log searched for its fatal cause, and the most characters of it an error line quotes
 _CAUSE_SEARCH_BYTES = 1 << 18
 _CAUSE_CHARS = 240
@@ -163,6 +167,16 @@ def explained(exc: RankFailed, log: Path) -> RankFailed:
     return exc
 
 
+def shared_memory_directory() -> Path | None:
+    """A new private (0700) directory for a run's shared-memory segments, in the one UCX would use (``UCX_POSIX_DIR``
+    as set here, else ``/dev/shm``); None where there is none (UCX's posix transport cannot run there either)."""
+    base = os.environ.get("UCX_POSIX_DIR") or _SHM
+    try:
+        return Path(tempfile.mkdtemp(prefix="bench-run-", dir=base))
+    except OSError:
+        return None
+
+
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a rank's process: ours, our import path, quiet TensorFlow, and ``extra``."""
     env = dict(os.environ)
@@ -216,7 +230,9 @@ class LocalLauncher(Launcher):
     def run(self, ranks: list[RankSpec], timeout_s: float, on_report: Callable[[int, Any], None] | None = None,
             label: str = "run", startup_s: float = 0.0) -> list[RankResult]:
         workdir = Path(tempfile.mkdtemp(prefix="bench-run-"))
-        reaper = Reaper(directories=[str(workdir)]).start()  # the directory goes with us, however we end
+        shm = shared_memory_directory()
+        run_dirs = [workdir, *([shm] if shm else [])]
+        reaper = Reaper(directories=[str(path) for path in run_dirs]).start()  # they go with us, however we end
         logs = self._log_paths(workdir, label, len(ranks))
         procs: list[subprocess.Popen] = []
         hub = cluster = None
@@ -225,7 +241,7 @@ class LocalLauncher(Launcher):
             token = run_token()
             cluster = Cluster(tuple(self._addresses(ranks)), token)
             hub = Hub(str(workdir / "hub"), token, len(ranks))
-            env = rank_environment(self._environment())
+            env = rank_environment({**self._environment(), **({"UCX_POSIX_DIR": str(shm)} if shm else {})})
             for rank, spec in enumerate(ranks):
                 procs.append(self._start(spec, rank, hub.address, token, logs[rank], env))
 
@@ -248,7 +264,8 @@ class LocalLauncher(Launcher):
             if cluster is not None:  # the ranks are gone: the ports free_port reserved for them here go too
                 release_cluster_ports(cluster.addresses)
             self._close_hosts()
-            shutil.rmtree(workdir, ignore_errors=True)
+            for path in run_dirs:  # the ranks are gone: what they left there (UCX's segments) goes
+                shutil.rmtree(path, ignore_errors=True)
             reaper.release(clean=True)
 
     def _log_paths(self, workdir: Path, label: str, count: int) -> list[Path]:
