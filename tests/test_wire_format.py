@@ -358,7 +358,7 @@ def _greedy() -> dict[str, bytes]:
         "a dict of int keys": frame(items(wire.DICT, *[wire.INT + struct.pack("<q", i) + wire.NONE
                                                          for i in range((n - 16) // 10)])),
         "a set of floats": frame(items(wire.SET, *[wire.FLOAT + struct.pack("<d", i) for i in range((n - 16) // 9)])),
-        "a dict of text keys": frame(items(wire.DICT, *[string(f"{i:05x}") + wire.NONE for i in range(n // 11)])),
+        "a dict of text keys": frame(items(wire.DICT, *[string(f"{i:05x}") + wire.NONE for i in range(n // 12)])),
         "a list of text": frame(items(wire.LIST, *[string(f"{i:x}") for i in range(n // 10)])),
         "instances": frame(items(wire.LIST, *[instance("tests.test_wire_format:Guarded")] * (n // 40))),
         "deep nesting": frame(wire.LIST + struct.pack("<I", 1)) * 1 + (wire.LIST + struct.pack("<I", 1)) * 100_000,
