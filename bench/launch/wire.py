@@ -60,6 +60,12 @@ from transports.base import dtype_problem
 # only where the project calls a job or a workload's function. A user's own workload (bench/runtime/workload.py)
 # travels the same way: a dataclass in a module listed in TENSOR_BENCH_WIRE_MODULES (every rank inherits the
 # variable), or marked with ``@wire_value``.
+#
+# Why a format of its own rather than msgpack or JSON: JSON has no bytes, tuples, sets or keys other than text;
+# msgpack's C unpacker makes a container of the size a header claims before it reads the items (a frame of 136 KB
+# of nested array headers made it allocate 81 MB), its nesting limit is fixed when it is built, and its hooks would
+# need a pass in Python over every value anyway. This decoder is Python, as the unpickler before it was. A new kind
+# of value is a new tag: a writer in _WRITERS, a reader in _READERS (a framework's tensor travels as an array).
 
 #: the most one message may hold (a rank's result or report, an assignment with its workload)
 MAX_MESSAGE_BYTES = 1 << 30
