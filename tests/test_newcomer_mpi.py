@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.peers import mpi
+from bench.experiments.peers import isolation, mpi
 from bench.launch import hosts as emulated_hosts
 from bench.launch import netns
 from bench.results import load_run
@@ -49,7 +49,7 @@ def _micro(out: Path, env: dict[str, str] | None = None) -> subprocess.Completed
 
 def test_without_iproute2_the_mpi_lines_run_in_a_network_namespace_of_their_own(tmp_path):
     """A bare Debian root has no ``ip``: the pair gets a namespace of its own (unshare), isolated as before."""
-    if (why := mpi.own_namespace_problem()) is not None:
+    if (why := isolation.own_namespace_problem()) is not None:
         pytest.skip(f"needs a kernel that makes network namespaces here: {why}")
     result = _micro(tmp_path / "run", {"PATH": _path_without(tmp_path, "ip", "tc")})
     assert result.returncode == 0, result.stderr
@@ -63,8 +63,8 @@ def test_where_no_namespace_can_be_made_the_mpi_lines_bind_to_loopback_and_say_s
     """A container: neither an emulated host nor a namespace of the pair's own. The lines run, their listeners on
     loopback (the relay checks the kernel's table before the first transfer), and the weaker isolation is said in
     one line and kept in meta.json."""
-    if mpi._compiler_problem() is not None:
-        pytest.skip(f"needs a C compiler: {mpi._compiler_problem()}")
+    if isolation.compiler_problem() is not None:
+        pytest.skip(f"needs a C compiler: {isolation.compiler_problem()}")
 
     def refused() -> None:
         raise emulated_hosts.NetnsUnavailable("`ip` not found on PATH: install iproute2")
@@ -86,8 +86,8 @@ def test_where_no_namespace_can_be_made_the_mpi_lines_bind_to_loopback_and_say_s
                     f"Operation not permitted): mpirun and its MPI processes run on the host's network with every "
                     f"address they bind put on loopback, reachable from this host's other users but not from other "
                     f"hosts ('isolation' in {out / 'meta.json'})"]
-    isolation = json.loads((out / "meta.json").read_text())["isolation"]  # whole (a reader cuts long strings)
-    assert set(isolation) == {"mpi", "mpi_rma"} and all("put on loopback" in how for how in isolation.values())
+    kept = json.loads((out / "meta.json").read_text())["isolation"]  # whole (a reader cuts long strings)
+    assert set(kept) == {"mpi", "mpi_rma"} and all("put on loopback" in how for how in kept.values())
 
 
 def test_a_listener_off_loopback_is_found_and_one_on_it_is_not():
@@ -99,7 +99,7 @@ def test_a_listener_off_loopback_is_found_and_one_on_it_is_not():
         loopback.listen()
         loopback6.bind(("::1", 0))
         loopback6.listen()
-        found = mpi.listening_off_loopback({os.getpid()})
+        found = isolation.listening_off_loopback({os.getpid()})
         assert found == [f"0.0.0.0:{anywhere.getsockname()[1]}"]
 
 
@@ -110,23 +110,23 @@ def test_where_neither_can_be_done_the_lines_are_left_out_saying_both_reasons(mo
     monkeypatch.setattr(emulated_hosts, "check_support", refused)
     monkeypatch.setattr(netns, "check_support", refused)
     monkeypatch.setattr(mpi, "own_namespace_problem", lambda: "unshare: Operation not permitted")
-    monkeypatch.setattr(mpi.shutil, "which", lambda name: None)
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
     from bench.launch import LaunchError
     from bench.launch.local import LocalLauncher
 
     with pytest.raises(LaunchError) as refusal:
         mpi.MpiLine(name="mpi").hosts(LocalLauncher())
     assert str(refusal.value) == (
-        f"mpirun and its MPI processes listen on every interface, and here no network namespace can be made (unshare: "
-        f"Operation not permitted) nor their listeners bound to loopback (no C compiler ({mpi._compiler()}) to build "
-        "the library that does it); or pass --peers without mpi and mpi_rma")
+        "mpirun and its MPI processes listen on every interface, and here no network namespace can be made (unshare: "
+        f"Operation not permitted) nor their listeners bound to loopback (no C compiler ({isolation.compiler()}) to "
+        "build the library that does it); or pass --peers without mpi and mpi_rma")
 
 
 def test_the_library_puts_mpiruns_listeners_on_loopback(tmp_path):
     """mpirun as Open MPI starts it listens off loopback (PRRTE binds INADDR_ANY), which the relay's check finds;
     with the library preloaded, nothing of it does."""
-    if mpi._compiler_problem() is not None:
-        pytest.skip(f"needs a C compiler: {mpi._compiler_problem()}")
+    if isolation.compiler_problem() is not None:
+        pytest.skip(f"needs a C compiler: {isolation.compiler_problem()}")
     from tests.mpirun import MPIRUN
 
     script = tmp_path / "hold.py"
@@ -134,7 +134,7 @@ def test_the_library_puts_mpiruns_listeners_on_loopback(tmp_path):
     base = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "TMPDIR": str(tmp_path)}
     found = {}
-    for how, env in (("as is", base), ("preloaded", {**base, **mpi._loopback_environment(str(tmp_path), base)})):
+    for how, env in (("as is", base), ("preloaded", {**base, **isolation.loopback_environment(str(tmp_path), base)})):
         with subprocess.Popen([MPIRUN, "-np", "2", "--oversubscribe", sys.executable, str(script)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as job:
             try:
@@ -143,7 +143,7 @@ def test_the_library_puts_mpiruns_listeners_on_loopback(tmp_path):
                     line = job.stdout.readline()
                     assert line, "mpirun ended before both processes started"
                     up += line.strip() == "up"
-                found[how] = mpi.listening_off_loopback(mpi._tree(job.pid))
+                found[how] = isolation.listening_off_loopback(isolation.process_tree(job.pid))
             finally:
                 job.terminate()
                 job.wait(timeout=60)

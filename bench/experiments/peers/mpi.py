@@ -25,10 +25,11 @@ allows (``MpiLine.hosts`` chooses; ``listeners`` says which):
    processes in a network namespace of their own with only loopback (``unshare``; a user namespace too when not
    root);
 3. else (a container that makes no namespace), on the host's network with every address they bind put on loopback
-   (a small library preloaded into mpirun and its processes, built here with the C compiler the install needed;
+   (a small library preloaded into mpirun and its processes, built here with the C compiler the install needed:
    Open MPI has no option that binds PRRTE's listener). Reachable then from this host's other users, not from other
    hosts: that weaker isolation is said in one line of ``bench micro``'s output and kept in ``meta.json``
-   (``isolation``), and the relay checks that nothing of the pair listens off loopback before the first transfer.
+   (``isolation``), and the relay checks that nothing of the pair listens off loopback before the first transfer
+   (``bench.experiments.peers.isolation`` holds the namespace, the library and the check).
 
 Under a launcher of emulated hosts both processes would share one host and never cross its link, and under
 ``--launcher mpi`` a second mpirun inside an MPI job is not started: there it is left out.
@@ -38,7 +39,7 @@ The line leaves nothing however it ends: mpirun's session directory (``TMPDIR``)
 relay's, one in /tmp and one in /dev/shm, removed when it ends, or by a reaper outside its emulated host when it is
 killed; mpirun gets SIGTERM when the relay dies. A failure while /dev/shm has no room says so.
 
-Why one module of 600 lines: mpirun starts it as ``__main__`` in both MPI processes, which take from it the
+Why one module of 800 lines: mpirun starts it as ``__main__`` in both MPI processes, which take from it the
 links, their persistent sends and receives, the plain loop and the signals; the relay that starts them is the
 line's other half, and shares its protocol (hello, points, reports).
 """
@@ -66,6 +67,14 @@ import numpy as np
 
 from bench.experiments.micro import RECEIVER, SENDER, STARTUP_S, Point
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink, drive
+from bench.experiments.peers.isolation import (
+    ENTER_NAMESPACE,
+    compiler_problem,
+    listening_off_loopback,
+    loopback_environment,
+    own_namespace_problem,
+    process_tree,
+)
 from bench.launch import Launcher, LaunchError, RankContext, RankSpec
 from bench.launch import hosts as emulated_hosts
 from bench.launch.context import connect
@@ -511,7 +520,7 @@ class MpiLine(PeerLine):
             self.listeners = OWN_NAMESPACE
             return PrivateHosts(launcher, False, True, f"no emulated host here ({no_host}): {_WHAT} in a network "
                                                        "namespace of their own, with only loopback")
-        if (no_compiler := _compiler_problem()) is not None:
+        if (no_compiler := compiler_problem()) is not None:
             raise LaunchError(f"{_WHAT} listen on every interface, and here no network namespace can be made "
                               f"({no_namespace}) nor their listeners bound to loopback ({no_compiler}); or pass "
                               f"{_LEAVE_OUT}")
@@ -570,7 +579,7 @@ def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                **_private_files(private, shm)}
         if line.listeners == LOOPBACK:
-            env.update(_loopback_environment(private, env))
+            env.update(loopback_environment(private, env))
         with open(log_path, "w+") as log:
             proc = subprocess.Popen([sys.executable, "-I", "-c", _START_MPIRUN, str(os.getpid()),
                                      "namespace" if line.listeners == OWN_NAMESPACE else "-",
@@ -596,30 +605,10 @@ EMULATED_HOST, OWN_NAMESPACE, LOOPBACK = "emulated host", "own namespace", "loop
 _WHAT = "mpirun and its MPI processes"
 _LEAVE_OUT = "--peers without mpi and mpi_rma"
 
-#: ``enter_namespace()``: this process into a network namespace of its own (and a user namespace mapping its own ids
-#: when not root), loopback up; raises OSError where the kernel refuses. Run in the program that execs mpirun
-_ENTER_NAMESPACE = """
-def enter_namespace():
-    import ctypes, fcntl, os, socket, struct
-    libc = ctypes.CDLL(None, use_errno=True)
-    uid, gid = os.getuid(), os.getgid()
-    flags = 0x40000000 | (0 if os.geteuid() == 0 else 0x10000000)  # CLONE_NEWNET, CLONE_NEWUSER
-    if libc.unshare(flags) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"unshare: {os.strerror(error)}")
-    if flags & 0x10000000:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as file:
-                file.write(text)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP
-        now = struct.unpack("16sH22x", fcntl.ioctl(sock, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]
-        fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", now | 1))
-"""
-
 #: runs mpirun (argv[3:]) so that it gets SIGTERM, ending its job, should the relay (argv[1]) die first (SIGKILL:
 #: no ``finally`` runs), in a network namespace of its own when argv[2] is "namespace"; exits 3 if the relay is
 #: gone already
-_START_MPIRUN = _ENTER_NAMESPACE + (
+_START_MPIRUN = ENTER_NAMESPACE + (
     "import ctypes, os, sys\n"
     "ctypes.CDLL(None).prctl(1, 15, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGTERM; kept across exec
     "if os.getppid() != int(sys.argv[1]):\n"
@@ -639,129 +628,6 @@ def _emulated_host_problem() -> str | None:
     return None
 
 
-@functools.cache
-def own_namespace_problem() -> str | None:
-    """Why no process can get a network namespace of its own here (the kernel's or a container's refusal, in one
-    line), or None. Probed once, in a child."""
-    probe = subprocess.run([sys.executable, "-I", "-c", _ENTER_NAMESPACE + "enter_namespace()\n"],
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if probe.returncode == 0:
-        return None
-    lines = probe.stderr.strip().splitlines()
-    return lines[-1].removeprefix("PermissionError: ").removeprefix("OSError: ") if lines else (
-        f"the probe exited with code {probe.returncode}")
-
-
-#: a library preloaded into mpirun and its MPI processes where no network namespace can be made: every IPv4 and IPv6
-#: address they bind (a listener's above all: PRRTE binds INADDR_ANY whatever it is told) is put on loopback, and a
-#: socket that listens unbound is bound there first
-_BIND_LOOPBACK_C = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <netinet/in.h>
-#include <string.h>
-#include <sys/socket.h>
-
-typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
-typedef int (*listen_fn)(int, int);
-
-int bind(int fd, const struct sockaddr *addr, socklen_t len) {
-    bind_fn real = (bind_fn) dlsym(RTLD_NEXT, "bind");
-    if (addr != NULL && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
-        struct sockaddr_in in4;
-        memcpy(&in4, addr, sizeof in4);
-        in4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        return real(fd, (const struct sockaddr *) &in4, sizeof in4);
-    }
-    if (addr != NULL && addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
-        struct sockaddr_in6 in6;
-        memcpy(&in6, addr, sizeof in6);
-        in6.sin6_addr = in6addr_loopback;
-        return real(fd, (const struct sockaddr *) &in6, sizeof in6);
-    }
-    return real(fd, addr, len);
-}
-
-int listen(int fd, int backlog) {
-    listen_fn real = (listen_fn) dlsym(RTLD_NEXT, "listen");
-    struct sockaddr_storage here;
-    socklen_t len = sizeof here;
-    if (getsockname(fd, (struct sockaddr *) &here, &len) == 0) {
-        if (here.ss_family == AF_INET && ((struct sockaddr_in *) &here)->sin_port == 0)
-            bind(fd, (struct sockaddr *) &here, sizeof(struct sockaddr_in));
-        else if (here.ss_family == AF_INET6 && ((struct sockaddr_in6 *) &here)->sin6_port == 0)
-            bind(fd, (struct sockaddr *) &here, sizeof(struct sockaddr_in6));
-    }
-    return real(fd, backlog);
-}
-"""
-
-
-def _compiler() -> str:
-    import sysconfig
-
-    return (sysconfig.get_config_var("CC") or "cc").split()[0]
-
-
-def _compiler_problem() -> str | None:
-    compiler = _compiler()
-    return None if shutil.which(compiler) else f"no C compiler ({compiler}) to build the library that does it"
-
-
-def _loopback_environment(private: str, env: dict[str, str]) -> dict[str, str]:
-    """The environment that puts every address the pair binds on loopback: the library built into ``private`` and
-    preloaded; PRRTE's listener on IPv4 only (it asks for both, and the host may have no IPv6 loopback)."""
-    source, library = Path(private) / "bind-loopback.c", Path(private) / "bind-loopback.so"
-    source.write_text(_BIND_LOOPBACK_C)
-    built = subprocess.run([_compiler(), "-shared", "-fPIC", "-O2", "-o", str(library), str(source), "-ldl"],
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if built.returncode != 0:
-        tail = " ".join(built.stderr.strip().splitlines()[-2:])
-        raise PeerLineError(f"mpi: the library that binds the pair's listeners to loopback did not build: {tail}")
-    preload = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
-    return {"LD_PRELOAD": preload, "PRTE_MCA_oob_tcp_disable_ipv6_family": "1"}
-
-
-def _tree(root: int) -> set[int]:
-    """``root`` and every process descended from it."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
-    tree, grown = {root}, True
-    while grown:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grown = bool(more)
-    return tree
-
-
-def listening_off_loopback(pids: set[int]) -> list[str]:
-    """The TCP addresses off loopback that the processes ``pids`` listen on (``ADDRESS:PORT``), read from the
-    kernel's tables of this network namespace."""
-    inodes: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if link.startswith("socket:["):
-                        inodes.add(int(link[8:-1]))
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for row in Path(table).read_text().splitlines()[1:]:
-                fields = row.split()
-                if len(fields) < 10 or fields[3] != "0A" or int(fields[9]) not in inodes:  # 0A: LISTEN
-                    continue
-                hexed, port = fields[1].split(":")
-                raw = b"".join(bytes.fromhex(hexed[i:i + 8])[::-1] for i in range(0, len(hexed), 8))
-                address = ipaddress.ip_address(raw)
-                mapped = getattr(address, "ipv4_mapped", None)
-                if not (mapped or address).is_loopback:
-                    found.append(f"{address}:{int(port, 16)}")
-    return found
 
 #: Open MPI's (and UCX's) parameters naming where shared-memory backing files go (default: /dev/shm)
 _BACKING_VARIABLES = ("OMPI_MCA_btl_sm_backing_directory", "OMPI_MCA_osc_sm_backing_directory",
@@ -897,7 +763,7 @@ def _relay(line: MpiLine, points: list[Point], ctx: RankContext, hub: Hub, proc:
                 raise broken(f"mpirun exited (code {proc.returncode}) before both MPI processes started") from None
             if time.monotonic() > deadline:
                 raise broken(f"the MPI processes did not start within {STARTUP_S:.0f} s") from None
-    if line.listeners == LOOPBACK and (exposed := listening_off_loopback(_tree(proc.pid))):
+    if line.listeners == LOOPBACK and (exposed := listening_off_loopback(process_tree(proc.pid))):
         raise broken(f"the MPI pair listens off loopback ({', '.join(exposed)}) although every address it binds "
                      f"was to be put there; pass {_LEAVE_OUT}")
     for conn in conns.values():
