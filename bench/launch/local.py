@@ -4,10 +4,12 @@ Each rank is ``python -m bench.launch.rank`` in a session of its own, its output
 Whatever happens (a failed rank, a timeout, Ctrl-C), every rank's process group is ended before
 ``run`` returns: SIGTERM first, so transports release registered and shared memory, then SIGKILL.
 A rank whose coordinator is killed outright exits by itself (its hub connection closes), and the
-run's directory (``$TMPDIR/bench-run-*``: the hub's socket and, unless ``log_dir``, the ranks' logs) goes with the
-coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes it. So does the run's directory under
-``/dev/shm`` (``UCX_POSIX_DIR`` of every rank: UCX's shared-memory segments, ``ucx_shm_posix_*``, which UCX unlinks
-only once a segment is mapped, so that a rank killed while it plans a tensor left one of the tensor's size behind).
+run's directory (``$TMPDIR/bench-run-*``: the hub's socket, unless ``log_dir`` the ranks' logs, and each rank's own
+``TMPDIR``, ``r<N>``) goes with the coordinator however it ends: a reaper (``bench.launch.hosts.Reaper``) removes
+it. So does the run's directory under ``/dev/shm`` (``UCX_POSIX_DIR`` of every rank: UCX's shared-memory segments,
+``ucx_shm_posix_*``, which UCX unlinks only once a segment is mapped, so that a rank killed while it plans a tensor
+left one of the tensor's size behind). What libraries write to the temporary directory and delete at a clean exit
+only (TensorFlow's ``__autograph_generated_file*.py``, two per rank) goes with the rank's ``TMPDIR``.
 """
 
 from __future__ import annotations
@@ -243,7 +245,8 @@ class LocalLauncher(Launcher):
             hub = Hub(str(workdir / "hub"), token, len(ranks))
             env = rank_environment({**self._environment(), **({"UCX_POSIX_DIR": str(shm)} if shm else {})})
             for rank, spec in enumerate(ranks):
-                procs.append(self._start(spec, rank, hub.address, token, logs[rank], env))
+                own = _own_temporary(env, workdir, rank)
+                procs.append(self._start(spec, rank, hub.address, token, logs[rank], own))
 
             def exited() -> dict[int, str]:
                 codes = {rank: exit_status(proc) for rank, proc in enumerate(procs)}
@@ -264,7 +267,7 @@ class LocalLauncher(Launcher):
             if cluster is not None:  # the ranks are gone: the ports free_port reserved for them here go too
                 release_cluster_ports(cluster.addresses)
             self._close_hosts()
-            for path in run_dirs:  # the ranks are gone: what they left there (UCX's segments) goes
+            for path in run_dirs:  # the ranks are gone: what they left there (segments, temporary files) goes
                 shutil.rmtree(path, ignore_errors=True)
             reaper.release(clean=True)
 
@@ -288,6 +291,14 @@ class LocalLauncher(Launcher):
         proc.stdin.write(f"{token}\n".encode())
         proc.stdin.close()
         return proc
+
+
+def _own_temporary(env: dict[str, str], workdir: Path, rank: int) -> dict[str, str]:
+    """``env`` with rank ``rank``'s ``TMPDIR``: a directory of its own in the run's, removed with the run whatever ends
+    the rank (a SIGKILL runs no library's clean-up)."""
+    own = workdir / f"r{rank}"
+    own.mkdir(mode=0o700)
+    return {**env, "TMPDIR": str(own)}
 
 
 def exit_status(proc: subprocess.Popen) -> int | None:
