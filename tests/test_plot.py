@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 
 from bench.readers import plot
 from bench.readers.plot import PlotError, draw, figures, micro_time_lines, plot_run, spread_note
+from bench.readers.plot.common import details_of, figure_text
 from bench.results import AnalysisRecord, MicroRecord, ModelRecord, ModelsRecord, RunWriter, load_run
 from bench.results import lines as catalogue
 from tests.test_results import micro_record
@@ -181,7 +182,7 @@ def test_several_rounds_draw_one_point_per_size_with_error_bars(tmp_path):
             assert list(lines[catalogue.line(name).label].get_ydata()) == pytest.approx(list(medians))
         bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
         assert len(bars) == 2
-        assert "3 rounds" in fig._suptitle.get_text() and "range" in fig._suptitle.get_text()
+        assert "3 rounds" in figure_text(fig) and "range" in figure_text(fig)
         plt.close(fig)
 
 
@@ -240,7 +241,7 @@ def test_a_single_round_with_samples_draws_their_confidence_interval(tmp_path):
     assert "95% confidence interval of the median" in spread_note(points)
     fig = draw(run, "micro_time")
     assert [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
-    assert "95% confidence interval" in fig._suptitle.get_text()
+    assert "95% confidence interval" in figure_text(fig)
     plt.close(fig)
 
 
@@ -355,7 +356,7 @@ def test_figure_9_for_several_batch_sizes_is_lines_from_zero(tmp_path):
         assert all(list(line.get_xdata()) == [1, 2, 4] for line in lines)
         assert ax.get_ylim()[0] == 0
         assert [c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
-    assert "2 rounds" in fig._suptitle.get_text()
+    assert "2 rounds" in figure_text(fig)
     plt.close(fig)
 
 
@@ -571,7 +572,8 @@ def test_no_legend_covers_data(tmp_path, experiment):
     drawn = []
     for stem, fig in figures(run):
         _assert_legends_cover_no_axes(fig)
-        assert fig._suptitle is not None and run.meta["host"] in fig._suptitle.get_text()  # where it ran
+        assert fig._suptitle is not None and run.meta["host"] in details_of(fig)  # where it ran, in small print
+        assert "\n" not in fig.get_suptitle()  # the title: one line, what is drawn
         drawn.append(stem)
         plt.close(fig)
     assert drawn == [stem for stem, _ in plot.FIGURES[experiment] if stem != "copy_overhead" or experiment == "model"]

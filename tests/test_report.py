@@ -400,7 +400,9 @@ def test_divergences_are_explained_from_the_runs_data(reported):
 def test_markdown_has_the_tables_and_figures_beside_it(reported):
     text, out = reported["markdown"], reported["out"]
     figures = re.findall(r"!\[([^\]]*)\]\(([^)]+)\)", text)
-    assert sorted(name for name, _ in figures) == sorted(reported["figures"])
+    # each figure's file is named after it; its caption is what it shows, in words
+    assert sorted(name.rsplit("-", 1)[-1].removesuffix(".png") for _, name in figures) == sorted(reported["figures"])
+    assert all(caption and "_" not in caption for caption, _ in figures)
     for _, name in figures:
         assert "/" not in name and (out / name).read_bytes()[:4] == b"\x89PNG"
     assert _markdown_cell(text, "How many times faster RDMA.zerocp is", "1KB", "over gRPC.TCP") == "10.0x"

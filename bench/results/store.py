@@ -380,10 +380,10 @@ class Run:
                              if info is not None and info.st_size else None)
         return self._samples
 
-    def points(self) -> pd.DataFrame:
-        """One row per measured point, rounds folded, with the spread of its headline number
-        (:func:`bench.results.records.points`)."""
-        return points(self.records, self.experiment, self.samples)
+    def points(self, also: tuple[str, ...] = ()) -> pd.DataFrame:
+        """One row per measured point, rounds folded, with the spread of its headline number (and across rounds of
+        the columns ``also`` names: :func:`bench.results.records.points`)."""
+        return points(self.records, self.experiment, self.samples, also=also)
 
 
 def with_rounds(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:

@@ -97,12 +97,18 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
         for fmt in FORMATS:
             out = Path(out_dir) / f"{stem}.{fmt}"
             drawn = io.BytesIO()
-            fig.savefig(drawn, format=fmt, dpi=150, bbox_inches="tight")
+            fig.savefig(drawn, format=fmt, dpi=150, bbox_inches="tight", metadata={"Title": _title_of(fig)})
             replace_file(out, drawn.getvalue())  # a full disk leaves the old figure, never half a new one
             written.append(out)
     finally:
         plt.close(fig)
     return written
+
+
+def _title_of(fig: Figure) -> str:
+    """What the figure shows: the first line of its title (where and when it ran follow), for the file's own title
+    (a PNG's ``Title`` text, an SVG's ``<title>``), which ``bench report`` captions the figure with."""
+    return fig.get_suptitle().strip().split("\n")[0]
 
 
 #: the figures of each experiment, by file stem, in the order they are drawn

@@ -62,12 +62,29 @@ def _subtitle(run: Run) -> str:
     return text
 
 
+#: the id of a figure's details: the small print under it (notes, and where and when it ran)
+DETAILS_GID = "bench-details"
+
+
 def _title(fig: Figure, what: str, run: Run, notes: Iterable[str] = ()) -> None:
-    """The title: what is drawn, notes (spread, compute replayed, ...), then where and when it ran."""
-    width = max(60, int(fig.get_figwidth() * 13))  # characters of 10 points that fit across the figure
-    # the subtitle is wrapped too: the host, CPU and fabric come from meta.json, however long someone made them
-    lines = [what, *(textwrap.fill(n, width) for n in notes if n), textwrap.fill(_subtitle(run), width)]
-    fig.suptitle("\n".join(lines), fontsize=10)
+    """The title, one short line: what is drawn. The notes (spread, compute replayed, ...), then where and when it
+    ran, go under the figure in small print (below its legend: :func:`_finish`), wrapped to its width."""
+    fig.suptitle(what, fontsize=10)
+    width = max(60, int(fig.get_figwidth() * 19))  # characters of 7 points that fit across the figure
+    # wrapped: the host, CPU and fabric come from meta.json, however long someone made them
+    details = textwrap.fill(" · ".join([*(n for n in notes if n), _subtitle(run)]), width)
+    fig.text(0.5, 0.0, details, fontsize=7, color="#444444", ha="center", va="top", gid=DETAILS_GID)
+
+
+def details_of(fig: Figure) -> str:
+    """The small print under a figure (:func:`_title`), empty when it has none."""
+    return next((text.get_text() for text in fig.texts if text.get_gid() == DETAILS_GID), "")
+
+
+def figure_text(fig: Figure) -> str:
+    """Everything a figure says about itself: its title, then its details."""
+    title = fig.get_suptitle()
+    return f"{title}\n{details_of(fig)}" if details_of(fig) else title
 
 
 def _entries(axes: Iterable[Axes]) -> dict[str, Artist]:
@@ -96,7 +113,11 @@ def _finish(fig: Figure, axes: Iterable[Axes], entries: dict[str, Artist] | None
     """Lay the figure out, then put the legend (of ``entries``, or of every axes) below it."""
     axes = list(axes)
     fig.tight_layout()
-    _legend_below(fig, entries if entries is not None else _entries(axes))
+    legend = _legend_below(fig, entries if entries is not None else _entries(axes))
+    details = next((text for text in fig.texts if text.get_gid() == DETAILS_GID), None)
+    if legend is not None and details is not None:  # the small print below the legend
+        box = legend.get_window_extent(fig.canvas.get_renderer()).transformed(fig.transFigure.inverted())
+        details.set_y(box.y0 - 0.01)
     return fig
 
 

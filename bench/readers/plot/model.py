@@ -83,8 +83,8 @@ def model_throughput_figure(run: Run) -> Figure:
         ax.set_title(_panel_title(model, servers), fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
     servers = ", ".join(str(s) for s in sorted(set(points["servers"])))
-    _title(fig, f"Training throughput (Figure 9), {servers} server(s), higher is better", run,
-           [_notes(run.records), spread_note(points)])
+    _title(fig, "Training throughput (Figure 9), higher is better", run,
+           [f"{servers} server(s)", _notes(run.records), spread_note(points)])
     return _finish(fig, axes)
 
 
@@ -173,7 +173,7 @@ def model_step_distribution_figure(run: Run) -> Figure | None:
         ax.set_ylabel("mini-batch time (s, log scale)")
         ax.grid(True, axis="y", which="major", alpha=0.3)
     fewest = min((n for n in fewest if n), default=0)
-    _title(fig, "Distribution of the mini-batch time, every worker's every timed step", run,
+    _title(fig, "Mini-batch time: every worker's every timed step", run,
            [_notes(run.records), f"box: quartiles, black line: median, whiskers: 1st to 99th percentile, "
                                  f"dots: beyond; at least {fewest} steps per box"])
     return _finish(fig, [ax for ax, _ in rows], _box_entries(names))
@@ -221,9 +221,9 @@ def copy_overhead_figure(run: Run) -> Figure | None:
     copy_ax.set_title("copies in user space", fontsize=9)
     miss_ax.set_title("registration-cache misses", fontsize=9)
     servers = ", ".join(str(s) for s in sorted(set(points["servers"])))
-    _title(fig, f"The graph analysis: zero copy against the same transport without it (Figure 12), batch size "
-                f"{int(points['batch_size'].min())}, {servers} server(s)", run,
-           [_notes(run.records), spread_note(points[points["transport"].isin(names)])])
+    _title(fig, "The graph analysis (Figure 12): zero copy with it and without it", run,
+           [f"batch size {int(points['batch_size'].min())}, {servers} server(s)", _notes(run.records),
+            spread_note(points[points["transport"].isin(names)])])
     return _finish(fig, [time_ax])
 
 

@@ -97,7 +97,7 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 
 
 def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
-    """The run's figures (PNG) drawn into ``out_dir``, or none and a one-line reason."""
+    """The run's figures (PNG) drawn into ``out_dir``, each with its title, or none and a one-line reason."""
     try:
         from bench.readers.plot import plot_run
 
@@ -109,7 +109,30 @@ def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
         text = str(exc).strip().splitlines()
         return [], f"Figures could not be drawn: {text[0] if text else type(exc).__name__}"
     pngs = [Path(p) for p in written if Path(p).suffix.lower() == ".png" and Path(p).is_file()]
-    return [Figure(p.stem, p) for p in pngs], ""
+    return [Figure(p.stem, p, png_title(p)) for p in pngs], ""
+
+
+def png_title(path: Path) -> str:
+    """The first line of the title a PNG carries (its ``Title`` text chunk: :func:`bench.readers.plot.save_figure`
+    writes the figure's), shown escaped; empty when it has none or cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(2**20)  # the text chunks come before the image data
+    except OSError:
+        return ""
+    at = 8  # after the signature
+    while at + 8 <= len(data):
+        length = int.from_bytes(data[at:at + 4], "big")
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        if kind == b"IDAT":
+            break
+        if kind == b"tEXt" and body.startswith(b"Title\0"):  # Latin-1 text
+            return printable(body[len(b"Title\0"):].decode("latin-1").split("\n")[0].strip(), 200)
+        if kind == b"iTXt" and body.startswith(b"Title\0\0"):  # UTF-8, uncompressed: after a language and a name
+            text = body[len(b"Title\0\0") + 1:].split(b"\0", 2)[-1]
+            return printable(text.decode("utf-8", "replace").split("\n")[0].strip(), 200)
+        at += 12 + length
+    return ""
 
 
 def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) -> Report:
@@ -152,7 +175,17 @@ def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) 
                 continue
             shown_once[section.key] = section
         report.sections.append(section)
+    _unique_titles(report.sections)
     return report
+
+
+def _unique_titles(sections: list[Section]) -> None:
+    """A title two sections share (two runs of one experiment, shown apart) gets its runs' labels: every title, and
+    every link to it, says which section it is."""
+    titles = [section.title for section in sections]
+    for section in sections:
+        if titles.count(section.title) > 1 and section.runs:
+            section.title += f" (run {', '.join(label for label, _ in section.runs)})"
 
 
 def run_sections(run: Run, label: str, problems: list[str]) -> list[tuple[Kind | None, Section]]:

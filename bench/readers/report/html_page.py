@@ -98,8 +98,8 @@ def _html_figure(figure: Figure) -> str:
     size = f' style="width: {round(width * _PIXELS_PER_DOT)}px"' if width else ""
     kind = ' class="wide"' if width is not None and width > WIDE_FIGURE_DOTS else ""
     return (f'<figure{kind}><img src="data:image/png;base64,{data}" '
-            f'alt="{_h(figure.stem)}" data-figure="{_h(figure.stem)}"{size}>'
-            f"<figcaption>{_h(figure.stem)}</figcaption></figure>")
+            f'alt="{_h(figure.caption)}" data-figure="{_h(figure.stem)}"{size}>'
+            f"<figcaption>{_h(figure.caption)}</figcaption></figure>")
 
 
 def _anchor(index: int, section: Section) -> str:
@@ -145,8 +145,7 @@ def render_html(report: Report) -> str:
              "<title>bench report: measured against Xue et al., EuroSys '19</title>",
              f"<style>{_CSS}</style></head><body>",
              "<h1>Measured here against <i>Fast Distributed Deep Learning over RDMA</i></h1>",
-             f'<p class="run">{_h(paper.CITATION)}<br>Report made {_h(report.created)} from {len(report.runs)} '
-             "run(s). Ratios are speed-ups: how many times faster (or higher in throughput) RDMA.zerocp is.</p>"]
+             f'<p class="run">{_h(paper.CITATION)}<br>{_h(report.lead())}</p>']
     parts.append('<h2 id="overview">Runs and setup</h2><div class="tables">')
     parts += [_html_table(table) for table in report.overview]
     parts.append("</div>")

@@ -45,8 +45,7 @@ def _md_table(table: Table) -> list[str]:
 def render_markdown(report: Report, figure_names: dict[Path, str]) -> str:
     """The same page in Markdown; each figure refers to ``figure_names[png]``, a file beside the document."""
     lines = ["# Measured here against *Fast Distributed Deep Learning over RDMA*", "", paper.CITATION, "",
-             f"Report made {report.created} from {len(report.runs)} run(s). Ratios are speed-ups: how many times "
-             "faster (or higher in throughput) RDMA.zerocp is.", "", "## Runs and setup", ""]
+             _md(report.lead()), "", "## Runs and setup", ""]
     for table in report.overview:
         lines += _md_table(table)
     for section in report.sections:
@@ -55,7 +54,7 @@ def render_markdown(report: Report, figure_names: dict[Path, str]) -> str:
             status = _md(run.meta.get("status", "?"))
             lines += [f"Run {_md(label)}: {_code(run.path)} ({_md(run.experiment)}, {status}).", ""]
         for figure in section.figures:
-            lines += [f"![{figure.stem}]({figure_names[figure.png]})", ""]
+            lines += [f"![{_md(figure.caption)}]({figure_names[figure.png]})", "", f"*{_md(figure.caption)}*", ""]
         if section.figure_note:
             lines += [f"*{_md(section.figure_note)}*", ""]
         for quote, where in section.paper:

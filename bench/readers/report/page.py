@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.readers.report.text import ZERO_COPY, both_names, naming
 from bench.results import Run
 
 
@@ -28,10 +29,17 @@ class Table:
 
 @dataclass
 class Figure:
-    """A figure drawn from a run: its PNG in the report's temporary directory."""
+    """A figure drawn from a run: its PNG in the report's temporary directory, and its caption (the first line of
+    the figure's own title)."""
 
     stem: str
     png: Path
+    title: str = ""
+
+    @property
+    def caption(self) -> str:
+        """What the figure shows, in words: its title, or (a figure without one) its name's words."""
+        return self.title or self.stem.replace("_", " ").capitalize()
 
 
 @dataclass
@@ -77,4 +85,11 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     #: the tables above the sections: the runs, and the paper's setup against theirs
     overview: list[Table] = field(default_factory=list)
+
+    def lead(self) -> str:
+        """The paragraph under the page's title: when and from what it was made, what a ratio is, and every line by
+        both its names once (the paper's, then bench's), by the paper's alone after."""
+        names = naming(run.records for _, run in self.runs)
+        return (f"Report made {self.created} from {len(self.runs)} run(s). Ratios are speed-ups: how many times "
+                f"faster (or higher in throughput) {both_names(ZERO_COPY)} is." + (f" {names}" if names else ""))
 

@@ -18,6 +18,7 @@ from bench.results import lines as catalogue
 from bench.results import ratio
 
 ZERO_COPY = catalogue.ZERO_COPY
+line_kinds = catalogue.kinds_in
 NO_ANALYSIS = catalogue.NO_ANALYSIS
 MISSING = "—"
 
@@ -32,12 +33,25 @@ def missing(value: Any) -> bool:
         return False
 
 
+def number(value: float) -> str:
+    """A number as the terminal's tables print it, the one format of the report: from 1,000 on with thousands
+    separated and no decimals (``1,109``), below with at most three significant digits (``74.9``, ``2.33``, ``8``,
+    ``0.26``): never in exponent notation (``1.11e+03``) but for what is below 0.0001."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "inf" if value > 0 else "-inf" if value < 0 else MISSING
+    if abs(value) >= 999.5:
+        return f"{value:,.0f}"
+    text = f"{value:.3g}"
+    return text if "e" not in text else f"{value:.2g}"
+
+
 def times(ratio: float | None) -> str:
-    """A ratio as ``10.0x``, ``1.23x``, ``123x``; a dash when there is none."""
+    """A ratio as ``10.0x``, ``1.23x``, ``123x``, ``1,234x``; a dash when there is none."""
     if missing(ratio) or not math.isfinite(ratio):
         return MISSING
     if abs(ratio) >= 100:
-        return f"{ratio:.0f}x"
+        return f"{ratio:,.0f}x"
     if abs(ratio) >= 10:
         return f"{ratio:.1f}x"
     return f"{ratio:.2f}x"
@@ -47,16 +61,25 @@ def percent(ratio: float | None) -> str:
     """A ratio as the improvement it is: 2.3 -> ``+130%``."""
     if missing(ratio) or not math.isfinite(ratio):
         return MISSING
-    return f"{(ratio - 1) * 100:+.0f}%"
+    return f"{(ratio - 1) * 100:+,.0f}%"
 
 
-def num(value: Any, spec: str = ".3g") -> str:
-    """A number as a cell (``spec`` its format), a string as it is, a dash when there is none."""
+def num(value: Any) -> str:
+    """A number as a cell (:func:`number`), a string as it is, a dash when there is none."""
     if missing(value):
         return MISSING
     if isinstance(value, str):
         return value
-    return format(float(value), spec)
+    return number(value)
+
+
+def spread_cell(value: Any, low: Any, high: Any, show: Callable[[float], str] = times) -> str:
+    """A value with its range, ``1.34x (0.97x to 1.79x)``, when the range shows apart from it; else the value."""
+    if missing(value):
+        return MISSING
+    if missing(low) or missing(high) or show(low) == show(value) == show(high):
+        return show(value)
+    return f"{show(value)} ({show(low)} to {show(high)})"
 
 
 def divide(numerator: Any, denominator: Any) -> float | None:
@@ -72,11 +95,14 @@ def ratio_cell(numerator: Any, denominator: Any, column: str) -> str:
     if numerator is None or denominator is None:
         return MISSING
     measured = ratio(numerator, denominator, column)
-    if missing(measured.value):
+    return spread_cell(measured.value, measured.low, measured.high)
+
+
+def column_cell(row: Any, column: str, show: Callable[[float], str] = times) -> str:
+    """A point's ``column`` (a row of ``Run.points()``) with its range across rounds where it has one."""
+    if row is None:
         return MISSING
-    if times(measured.low) == times(measured.value) == times(measured.high):
-        return times(measured.value)
-    return f"{times(measured.value)} ({times(measured.low)} to {times(measured.high)})"
+    return spread_cell(row.get(column), row.get(f"{column}_low"), row.get(f"{column}_high"), show)
 
 
 def line_name(line: str) -> str:
@@ -84,12 +110,32 @@ def line_name(line: str) -> str:
     return catalogue.line(line).paper
 
 
+def both_names(line: str) -> str:
+    """A line by both its names, as the report names it once: ``RDMA.zerocp (zerocopy)``; one where they agree."""
+    paper_name = line_name(line)
+    return paper_name if paper_name == line else f"{paper_name} ({line})"
+
+
+def naming(frames: Iterable[pd.DataFrame]) -> str:
+    """The sentence that names every line of the runs but zero copy (the lead names it) by both names once, the
+    paper's first, in the tables' order; empty when no line has two."""
+    found: dict[str, str] = {}
+    for frame in frames:
+        if "transport" in frame:
+            found.update(line_kinds(frame))
+    named = [both_names(line) for line in ordered(found, found)
+             if not line_name(line).startswith(line) and line != ZERO_COPY]
+    if not named:
+        return ""
+    return ("Lines are named as the paper names them, after this with one name; bench's own names (--transports, "
+            f"records.csv) are in brackets: {', '.join(named)}.")
+
+
 def ordered(lines: Iterable[str], kinds: dict[str, str] | None = None) -> list[str]:
     """The lines once each, in the order of every table (:func:`bench.results.lines.table_order`)."""
     return catalogue.table_order(lines, kinds)
 
 
-line_kinds = catalogue.kinds_in
 
 
 def lines_of(frame: pd.DataFrame, *kinds: str) -> list[str]:

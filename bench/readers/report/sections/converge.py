@@ -42,7 +42,7 @@ def figure10(run: Run, label: str) -> Section:
         over_tcp = r.speedup_vs_grpc_tcp if not missing(getattr(r, "speedup_vs_grpc_tcp", None)) else divide(
             seconds.get("grpc_tcp"), r.time_to_target_s)
         rows.append([line_name(r.transport), str(r.target) if not missing(r.target) else MISSING,
-                     num(r.steps_to_target, "g") if reached else "not reached",
+                     num(r.steps_to_target) if reached else "not reached",
                      num(r.time_to_target_s) if reached else "not reached", times(over_tcp),
                      claim_cell(claims["grpc_tcp"]) if r.transport == ZERO_COPY else ""])
     section.tables.append(Table("figure10-summary", "Time to the target per transport, and how many times sooner than "

@@ -8,7 +8,17 @@ from __future__ import annotations
 from bench.ground import paper
 from bench.ground.sizes import format_size
 from bench.readers.report.page import Section, Table
-from bench.readers.report.text import ZERO_COPY, line_name, lines_of, missing, num, quote, ratio_cell
+from bench.readers.report.text import (
+    ZERO_COPY,
+    column_cell,
+    line_name,
+    lines_of,
+    missing,
+    num,
+    percent,
+    quote,
+    ratio_cell,
+)
 from bench.results import Run
 
 #: the line zero copy's speed-up on device memory is taken against (TensorFlow's GPU RecvTensor over gRPC)
@@ -17,7 +27,7 @@ RPC = "grpc_tcp"
 
 def table3(run: Run, label: str) -> Section | None:
     """The section of a micro run whose tensors lived in device memory on a side; None for a host-memory run."""
-    points = run.points()
+    points = run.points(also=("of_reference",))
     if "sender_memory" not in points:
         return None
     memory = points.loc[points["line_kind"] != "reference", ["sender_memory", "receiver_memory"]].drop_duplicates()
@@ -38,7 +48,7 @@ def table3(run: Run, label: str) -> Section | None:
         moved = [row.get("device_to_host_bytes_per_transfer"), row.get("host_to_device_bytes_per_transfer")]
         if all(missing(v) for v in moved):
             return num(None)
-        return num(sum(0 if missing(v) else v for v in moved) / size, ".2g")
+        return num(sum(0 if missing(v) else v for v in moved) / size)
 
     header = ["size", *[f"{line_name(t)} p50 (µs)" for t in lines], *[f"{line_name(t)} bus crossings" for t in lines],
               *([f"{line_name(RPC)} / {line_name(ZERO_COPY)}"] if RPC in lines and ZERO_COPY in lines else []),
@@ -49,7 +59,7 @@ def table3(run: Run, label: str) -> Section | None:
                *[crossings(t, size) for t in lines]]
         if RPC in lines and ZERO_COPY in lines:
             row.append(ratio_cell(point.get((RPC, size)), point.get((ZERO_COPY, size)), "p50_us"))
-        row.append(num(point.get((ZERO_COPY, size), {}).get("of_reference"), ".2g"))
+        row.append(column_cell(point.get((ZERO_COPY, size)), "of_reference", num))
         rows.append(row)
     section.tables.append(Table("table3-here", "Each transport on device memory: median time per transfer, the "
                                 "payload's crossings of the bus per transfer (device to host plus host to device, "
@@ -59,7 +69,7 @@ def table3(run: Run, label: str) -> Section | None:
     section.tables.append(Table("table3-paper", "The paper's Table 3: mean mini-batch time (ms), 8 workers, RDMA "
                                 "staging through host memory against RDMA with GPUDirect (the NIC reads and writes "
                                 "GPU memory)", ["benchmark", "RDMA", "RDMA+GDR", "improvement"],
-                                [[name, num(rdma), num(gdr), f"{rdma / gdr - 1:+.0%}"]
+                                [[name, num(rdma), num(gdr), percent(rdma / gdr)]
                                  for name, (rdma, gdr) in paper.GPUDIRECT_MINIBATCH_MS.items()]))
     staged = [t for t in lines if any(crossings(t, s) not in (num(None), "0") for s in sizes)]
     if staged:

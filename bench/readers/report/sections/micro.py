@@ -13,6 +13,7 @@ from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (
     ZERO_COPY,
     claim_cell,
+    column_cell,
     divide,
     line_name,
     lines_of,
@@ -28,7 +29,7 @@ from bench.results import Run
 
 def figure8(run: Run, label: str) -> Section:
     """Figure 8: per size, how many times faster zero copy moves a tensor than each other transport."""
-    points = run.points()
+    points = run.points(also=("of_reference", "of_peer"))
     section = Section("figure8", "Figure 8: send/receive micro-benchmark", run, label,
                       paper=[quote(c) for c in paper.MICRO_SPEEDUP.values()])
     lines = lines_of(points, "transport", "local", "tf_grpc")
@@ -47,17 +48,15 @@ def figure8(run: Run, label: str) -> Section:
                              "no ratio can be set beside the paper's: run bench micro with --transports "
                              "zerocopy,grpc_tcp,... to get them.")
     else:
-        of_reference = {int(s): v for t, s, v in zip(points["transport"], points["size_bytes"],
-                                                     points.get("of_reference", pd.Series([None] * len(points))),
-                                                     strict=True) if t == ZERO_COPY}
-        show_reference = any(not missing(v) for v in of_reference.values())
+        show_reference = "of_reference" in points and any(
+            not missing(v) for t, v in zip(points["transport"], points["of_reference"], strict=True) if t == ZERO_COPY)
         header = ["size", "RDMA.zerocp p50 (µs)", *(["of UCX's own (put bw)"] if show_reference else []),
                   *[f"over {line_name(t)}" for t in others]]
         rows = []
         for size in sizes:
             row = [format_size(size), num(p50.get((ZERO_COPY, size)))]
             if show_reference:
-                row.append(num(of_reference.get(size), ".2g"))
+                row.append(column_cell(point.get((ZERO_COPY, size)), "of_reference", num))
             row += [ratio_cell(point.get((t, size)), point.get((ZERO_COPY, size)), "p50_us") for t in others]
             rows.append(row)
         section.tables.append(Table("figure8-ratios", "How many times faster RDMA.zerocp is: the other transport's "
@@ -73,7 +72,7 @@ def figure8(run: Run, label: str) -> Section:
                                     "in the paper (§5.1)", ["over", "here", "paper", "here against the paper"],
                                     summary))
     if peers:
-        section.tables.append(_peer_table(points, lines, peers, sizes, p50))
+        section.tables.append(_peer_table(point, lines, peers, sizes, p50))
     if references:
         section.notes.append(f"Reference lines {listing(references)} are the machine's and the fabric library's own "
                              "limits, not transports: no ratio is taken against them.")
@@ -92,14 +91,14 @@ def figure8(run: Run, label: str) -> Section:
     return section
 
 
-def _peer_table(points: pd.DataFrame, lines: list[str], peers: list[str], sizes: list[int],
+def _peer_table(point: dict[tuple[str, int], pd.Series], lines: list[str], peers: list[str], sizes: list[int],
                 p50: dict[tuple[str, int], float]) -> Table:
-    """Per size: each peer's median time, and each transport's over the best peer's (its ``of_peer``)."""
-    of_peer = {(t, int(s)): v for t, s, v in zip(points["transport"], points["size_bytes"],
-                                                 points.get("of_peer", pd.Series([None] * len(points))), strict=True)}
+    """Per size: each peer's median time, and each transport's over the best peer's (its ``of_peer``, with its range
+    across rounds)."""
     header = ["size", *[f"{line_name(t)} p50 (µs)" for t in peers], *[f"{line_name(t)} / best" for t in lines]]
     rows = [[format_size(s), *[num(p50.get((t, s))) for t in peers],
-             *[num(of_peer.get((t, s)), ".2f") for t in lines]] for s in sizes]
+             *[column_cell(point.get((t, s)), "of_peer") for t in lines]] for s in sizes]
     return Table("figure8-peers", "Against the libraries a user could pick instead (peer lines, timed as the "
                  "transports are): each peer's median time per transfer, and each transport's median over the best "
-                 "peer's at that size (below 1.00: faster than every peer)", header, rows)
+                 "peer's at that size (below 1.00x: faster than every peer; in brackets: the range across rounds)",
+                 header, rows)

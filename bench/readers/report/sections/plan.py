@@ -44,7 +44,7 @@ def figure7(run: Run, label: str) -> Section:
         section.tables.append(Table("figure7-paper", f"Sizes of the {len(sizes)} variable tensors (weights) of "
                                     f"{listing(dict.fromkeys(m for m, _ in variables))}, beside the paper's six "
                                     "models (§5, Figure 7)", ["share of", "here", "paper"],
-                                    [[words[k][0], num(None if v is None else 100 * v, ".0f") + "%",
+                                    [[words[k][0], num(None if v is None else 100 * v) + "%",
                                       f"{words[k][1]}{100 * paper.TENSOR_SIZES[k]:.0f}%"]
                                      for k, v in measured.items()]))
     else:
@@ -59,7 +59,7 @@ def figure7(run: Run, label: str) -> Section:
 def _size_text(nbytes: Any) -> str:
     if missing(nbytes):
         return MISSING
-    return f"{float(nbytes) / 2**20:.2f} MB"
+    return f"{num(float(nbytes) / 2**20)} MB"
 
 
 def _variable_sizes(records: pd.DataFrame) -> dict[tuple[str, str], float]:

@@ -23,7 +23,7 @@ def soak(run: Run, label: str) -> Section:
                  (MISSING if missing(v) else str(v)) for name, v in zip(group, key, strict=True)]
         growth = part["rss_growth_mb"] if "rss_growth_mb" in part else part["rss_end_mb"] - part["rss_start_mb"]
         rows.append([*cells, str(int(part["tensors_received"].sum())), str(int(part["corrupted"].sum())),
-                     str(int(part["lost"].sum())), num(growth.max(), ".1f")])
+                     str(int(part["lost"].sum())), num(growth.max())])
     section.tables.append(Table("soak", "Per point: tensors received, corrupted and lost, and the largest memory "
                                 "growth of a process", [*group, "received", "corrupted", "lost", "RSS growth (MB)"],
                                 rows))

@@ -31,10 +31,10 @@ def table2(run: Run, label: str) -> Section:
         ratio_ms = divide(r["compute_ms_per_sample"], paper_ms)
         if ratio_ms:
             slow.append(ratio_ms)
-        rows.append([known.name if known else str(r["model"]), num(r.get("batch_size"), "g"),
-                     num(r["variables"], "g"), num(paper_vars, "g"),
-                     num(r["model_mb"], ".2f"), num(paper_mb, ".2f"), times(divide(r["model_mb"], paper_mb)),
-                     num(r["compute_ms_per_sample"], ".3g"), num(paper_ms, ".3g"), times(ratio_ms)])
+        rows.append([known.name if known else str(r["model"]), num(r.get("batch_size")),
+                     num(r["variables"]), num(paper_vars),
+                     num(r["model_mb"]), num(paper_mb), times(divide(r["model_mb"], paper_mb)),
+                     num(r["compute_ms_per_sample"]), num(paper_ms), times(ratio_ms)])
     section.tables.append(Table("table2", f"Measured by run {label}, against the paper's Table 2 (here / paper as a "
                                 "ratio)",
                                 ["model", "batch", "variables", "paper", "size (MB)", "paper (MB)", "here / paper",
@@ -60,7 +60,7 @@ def model_size(run: Run, label: str) -> Section | None:
     rows = []
     for model, mb in sizes.items():
         known = _paper_model(str(model))
-        rows.append([known.name if known else str(model), num(mb, ".2f"), num(known and known.model_mb, ".2f"),
+        rows.append([known.name if known else str(model), num(mb), num(known and known.model_mb),
                      times(divide(mb, known and known.model_mb))])
     return Section("table2", "Table 2: model size moved per step", run, label,
                    paper=[(paper.TABLE2_QUOTE, paper.TABLE2_SECTION)],
