@@ -572,7 +572,9 @@ class MpiRmaPlainLine(MpiPlainLine):
 def _relay_job(line: MpiLine, points: list[Point], ctx: RankContext) -> None:
     """Start the MPI pair, hand it the points, pass its reports on; a failure of either is this rank's."""
     with _private_directories() as (private, shm):
-        hub = Hub(os.path.join(private, "hub"), ctx.cluster.token, 2)
+        # in /dev/shm where there is a directory: a path of fixed length, while the rank's TMPDIR (the local
+        # launcher's $TMPDIR/bench-run-*/r<N>) can make one past a Unix socket's 107 bytes
+        hub = Hub(os.path.join(shm or private, "hub"), ctx.cluster.token, 2)
         log_path = Path(private) / "mpirun.log"
         env = {**os.environ, TOKEN_VARIABLE: ctx.cluster.token, "PYTHONPATH": os.pathsep.join(sys.path),
                # Open MPI refuses root unless told twice
@@ -639,9 +641,9 @@ _SHM = "/dev/shm"
 @contextlib.contextmanager
 def _private_directories() -> Iterator[tuple[str, str | None]]:
     """Two 0700 directories of this line, gone however it ends (a reaper removes them if this process is killed):
-    one in /tmp (the relay's socket, mpirun's log, and mpirun's session directory: ``TMPDIR``) and one in /dev/shm
-    (the pair's shared-memory files, which Open MPI leaves behind when its processes are killed), or None where
-    /dev/shm takes no directory."""
+    one in /tmp (mpirun's log, and mpirun's session directory: ``TMPDIR``) and one in /dev/shm (the relay's socket,
+    and the pair's shared-memory files, which Open MPI leaves behind when its processes are killed), or None where
+    /dev/shm takes no directory (the socket is then in the first)."""
     private = tempfile.mkdtemp(prefix="bench-mpi-peer-")
     shm = None
     with contextlib.suppress(OSError):
