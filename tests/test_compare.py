@@ -372,3 +372,22 @@ def test_an_experiment_without_a_measure_is_refused(tmp_path, capsys):
                 "tensors_received": 1, "corrupted": 0, "lost": 0, "rss_start_mb": 1.0, "rss_end_mb": 1.0})
     writer.finish()
     assert "no headline measure" in _one_error_line(capsys, tmp_path / "soak", tmp_path / "soak")
+
+
+def test_rounds_apart_by_less_than_the_threshold_are_no_regression_but_a_planted_copy_is(tmp_path, capsys):
+    """Measured here, zerocopy at 1MB in 3 rounds: two untouched runs (51.1, 52.4, 75.8 and 78.0, 81.5, 101 µs) whose
+    rounds lie apart by 3% only, and the same with --extra-copy zerocopy (100, 100, 101 µs): 32% apart at least."""
+    def run(path, times_us):
+        writer = RunWriter(path, "micro", {})
+        for number, time_us in enumerate(times_us, start=1):
+            writer.add(micro("zerocopy", 1 << 20, time_us, round=number))
+        writer.finish()
+        return path
+
+    base = run(tmp_path / "base", (75.8, 52.4, 51.1))
+    untouched = compare(base, run(tmp_path / "again", (78.0, 81.5, 101.0)))
+    (row,) = untouched.rows
+    assert row.state == SAME and row.marker == "~" and row.ratio_low == pytest.approx(78.0 / 75.8)
+    assert untouched.exit_status() == 0
+    planted = compare(base, run(tmp_path / "planted", (100.0, 100.0, 101.0)))
+    assert [row.state for row in planted.rows] == [SLOWER] and planted.exit_status() == 1

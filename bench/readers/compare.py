@@ -26,8 +26,9 @@ Per point, with ``ratio = new / base`` and its range ``[new_low / base_high, new
 - **same** when the two runs' ranges overlap (the ratio's range contains 1), or when the ratio is within
   the threshold: ``1 / (1 + t) <= ratio <= 1 + t``; marked ``~`` when the ranges do not overlap but the
   change is within the threshold, blank otherwise;
-- **slower** (``+``) when the ranges do not overlap and the value got worse by more than the threshold
-  (``ratio > 1 + t`` for a time, ``ratio < 1 / (1 + t)`` for a throughput; ``t`` the drift when larger);
+- **slower** (``+``) when the value got worse by more than the threshold over the whole range of the ratio
+  (``new_low / base_high > 1 + t`` for a time, ``new_high / base_low < 1 / (1 + t)`` for a throughput), and the
+  ratio itself by more than the machine's drift when that is larger;
 - **faster** (``-``) symmetrically: better by more than the threshold (the log of the ratio beyond
   ``log(1 + t)`` either way, so a 2x slow-down and a 2x speed-up are as far from "same");
 - **n/a** (``?``) when one run has no value (a reference line that does not measure the number,
@@ -427,12 +428,14 @@ def _judge(point: tuple, reference: bool, old: Value, now: Value, how: _Judge) -
     if min(old.rounds, now.rounds) < how.rounds:  # one run's noise does not bound another's: no call
         notes.insert(0, f"{old.rounds}/{now.rounds} round(s): --rounds {how.rounds} to call a change")
         return Row(point, NOT_CALLED, reference, old, now, ratio, low, high, False, "; ".join(notes))
-    # beyond the threshold, and beyond the machine's drift that the reference lines measured (not theirs: they
-    # are the drift)
+    # the whole range of the ratio beyond the threshold (the rounds' spreads apart by more than it: two untouched
+    # runs' rounds can lie apart, just), and the ratio beyond the machine's drift that the reference lines measured
+    # too (not theirs: they are the drift)
     margin = max(threshold, 0.0 if reference else how.drift)
-    worse = ratio < 1 / (1 + margin) if higher else ratio > 1 + margin
-    better = ratio > 1 + margin if higher else ratio < 1 / (1 + margin)
-    state = SAME if overlap else SLOWER if worse else FASTER if better else SAME
+    up, down = 1 + threshold, 1 / (1 + threshold)
+    later = (high < down and ratio < 1 / (1 + margin)) if higher else (low > up and ratio > 1 + margin)
+    sooner = (low > up and ratio > 1 + margin) if higher else (high < down and ratio < 1 / (1 + margin))
+    state = SAME if overlap else SLOWER if later else FASTER if sooner else SAME
     return Row(point, state, reference, old, now, ratio, low, high, not overlap, "; ".join(notes))
 
 
