@@ -134,14 +134,14 @@ def driver_text(raw: bytes) -> str:
     return "".join(chr(byte) if 0x20 <= byte < 0x7F else f"\\x{byte:02x}" for byte in raw)
 
 
-def _library_path(cuda: ctypes.CDLL) -> str:
-    """The file ``cuda`` was loaded from (this process's mappings say), else the name it was loaded by."""
+def _library_path() -> str:
+    """The file ``libcuda.so.1`` was loaded from (this process's mappings say), else that name."""
     with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libcuda.so"):
                 return fields[5].strip()
-    return cuda._name
+    return "libcuda.so.1"
 
 
 @functools.cache
@@ -157,7 +157,7 @@ def driver() -> Driver:
         return Driver(None, (), "there is no NVIDIA driver here (libcuda.so.1 is not installed)")
     missing = [name for name in _DRIVER_FUNCTIONS if not hasattr(cuda, name)]
     if missing:
-        library = driver_text(os.fsencode(_library_path(cuda)))
+        library = driver_text(os.fsencode(_library_path()))
         return Driver(None, (), f"the NVIDIA driver is unusable: {library} has no {', '.join(missing)} "
                       "(a partial or fake libcuda.so.1: reinstall the driver, or take that file off LD_LIBRARY_PATH)")
     version = ctypes.c_int(0)
