@@ -129,3 +129,17 @@ def test_micro_records_make_no_exponent_in_any_ratio_or_time(tmp_path):
     page = render_markdown(build_report([tmp_path / "run"], tmp_path / "figures", figures=False), {})
     assert not re.search(r"\d[eE][+-]\d", page)
     assert "246,912x (" in page  # thousands separated, with its range
+
+
+def test_the_cost_of_the_copy_shows_its_range_across_rounds(tmp_path):
+    from tests.test_report import _model_row
+
+    writer = RunWriter(tmp_path / "model", "model", {"compute": "replay"})
+    for round_, spread in ((1, 0.9), (2, 1.0), (3, 1.1)):
+        for transport, per_s in (("zerocopy", 3.0), ("zerocopy:no_analysis", 2.5)):
+            writer.add(_model_row(transport, "vgg16", 4, per_s * spread, round=round_))
+    writer.finish()
+    page = render_html(build_report([tmp_path / "model"], tmp_path / "figures", figures=False))
+    table = parse_page(page).tables["figure12-ratios"]
+    column = next(i for i, title in enumerate(table[0]) if title.endswith("against RDMA.zerocp"))
+    assert re.fullmatch(r"\+20% \(-\d+%\sto\s\+\d+%\)", table[1][column]), table[1][column]

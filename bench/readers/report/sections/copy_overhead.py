@@ -8,8 +8,20 @@ from bench.ground import paper
 from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, fabric_notes, status_notes
 from bench.readers.report.page import Section, Table
-from bench.readers.report.text import MISSING, NO_ANALYSIS, ZERO_COPY, divide, line_name, listing, num, percent, quote
+from bench.readers.report.text import (
+    MISSING,
+    NO_ANALYSIS,
+    ZERO_COPY,
+    divide,
+    line_name,
+    listing,
+    num,
+    percent,
+    quote,
+    spread_cell,
+)
 from bench.results import Run
+from bench.results import ratio as ratio_of
 
 
 def figure12(run: Run, label: str) -> Section | None:
@@ -21,8 +33,8 @@ def figure12(run: Run, label: str) -> Section | None:
         return None
     claim = paper.COPY_OVERHEAD
     section = Section("figure12", "Figure 12: the cost of the sender's copy", run, label, paper=[quote(claim)])
-    step = {(r.transport, r.model, int(r.batch_size), int(r.servers)): r.step_time_s
-            for r in points.itertuples(index=False)}
+    point = {(r["transport"], r["model"], int(r["batch_size"]), int(r["servers"])): r for _, r in points.iterrows()}
+    step = {key: row["step_time_s"] for key, row in point.items()}
     lines = [t for t in (NO_ANALYSIS, "rdma_cp") if t in present]
     cases = list(dict.fromkeys((r.model, int(r.batch_size), int(r.servers)) for r in points.itertuples(index=False)
                                if r.transport == ZERO_COPY))
@@ -38,10 +50,13 @@ def figure12(run: Run, label: str) -> Section | None:
             ratio = divide(off, on)
             if ratio is not None:
                 gains.append(ratio)
-            row += [num(off), percent(ratio)]
+            between = (ratio_of(point[(line, model, batch, servers)], point[(ZERO_COPY, model, batch, servers)],
+                                "step_time_s") if ratio is not None else None)
+            row += [num(off), spread_cell(between.value, between.low, between.high, percent) if between else MISSING]
         rows.append(row)
     section.tables.append(Table("figure12-ratios", "Mini-batch time without the zero-copy analysis over with it "
-                                "(+21% = 21% longer without it)", header, rows))
+                                "(+21% = 21% longer without it; in brackets: the range the two points' spreads "
+                                "allow)", header, rows))
     section.tables.append(Table("figure12-paper", "The largest gain of the analysis: here and in the paper (§5.2)",
                                 ["here (largest)", "paper", "here against the paper"],
                                 [[percent(max(gains)) if gains else MISSING, claim.text() + " at batch "
