@@ -434,7 +434,10 @@ def _sample_intervals(samples: pd.DataFrame | None, cls: type[Record], key: list
     value = {"p50_us": "time_us", "step_time_s": "step_time_s"}.get(cls.measure or "")
     if samples is None or samples.empty or value not in samples or any(k not in samples for k in key):
         return None
-    per_iteration = samples.groupby([*key, *SAMPLE_INDEX], sort=False)[value].mean().reset_index()
+    if "worker" in cls.samples:  # several per iteration (a model run's workers): their mean
+        per_iteration = samples.groupby([*key, *SAMPLE_INDEX], sort=False)[value].mean().reset_index()
+    else:  # one sample per iteration already: no grouping by iteration (millions of groups in a long run)
+        per_iteration = samples[[*key, value]]
     rows = [(*(point if isinstance(point, tuple) else (point,)), *median_interval(group[value]))
             for point, group in per_iteration.groupby(key, sort=False)]
     return pd.DataFrame(rows, columns=[*key, "low", "high"])
