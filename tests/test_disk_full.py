@@ -318,9 +318,9 @@ def test_the_reader_skips_a_torn_last_row_and_warns(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["plot", "report", "compare"])
 def test_plot_report_and_compare_warn_about_a_torn_last_row(command, tmp_path, capsys):
-    run = torn(compare_run(tmp_path / "run"))
+    run = torn(compare_run(tmp_path / "run", rounds=(1.0,)))  # the torn row: a point's only round
     args = {"plot": [str(run)], "report": [str(run), "--out", str(tmp_path / "report.html")],
-            "compare": [str(compare_run(tmp_path / "base")), str(run)]}[command]
+            "compare": [str(compare_run(tmp_path / "base", rounds=(1.0,))), str(run)]}[command]
     status = main([command, *args])
     out, err = capsys.readouterr()
     assert status == (1 if command == "compare" else 0), err  # compare: a row it could not read is lost
