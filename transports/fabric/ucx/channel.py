@@ -9,7 +9,6 @@ import ctypes
 import errno
 import functools
 import os
-import resource
 import threading
 import weakref
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from transports.fabric.base import (
     SendPlan,
     TakePlan,
 )
+from transports.fabric.ucx.shared_room import descriptors_short, shared_memory_short
 
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
 MAX_BLOB = 8192
@@ -93,53 +93,6 @@ def _pin(array: Any) -> weakref.ref | None:
     while isinstance(array.base, np.ndarray):
         array = array.base
     return weakref.ref(array)
-
-
-#: descriptors UCX's shared-memory transports take when a worker opens them (segments, FIFOs, event descriptors)
-_SHARED_MEMORY_DESCRIPTORS = 16
-
-
-def _descriptors_short() -> str | None:
-    """Why UCX may have opened no shared-memory transport, where this process holds nearly as many descriptors as
-    its limit allows (the peer, started alike, then has none either); None otherwise."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        held = len(os.listdir("/proc/self/fd"))
-    except OSError as exc:
-        if exc.errno != errno.EMFILE:
-            return None
-        held = soft  # not one left to list them with
-    if held + _SHARED_MEMORY_DESCRIPTORS < soft:
-        return None
-    return (f"this process holds {held} of the {soft} descriptors it may open, too few for UCX's shared-memory "
-            "transports")
-
-
-#: free room below which the shared-memory filesystem may be why UCX opened no shared-memory transport: a worker's
-#: receive FIFO and descriptor pool take a few MiB there, and its segments for registered memory more
-SHARED_MEMORY_NEEDED = 64 << 20
-
-
-def _shared_dir() -> str:
-    """The directory UCX's posix transport makes its segments in (``UCX_POSIX_DIR``, else ``/dev/shm``)."""
-    return os.environ.get("UCX_POSIX_DIR") or "/dev/shm"
-
-
-def _shared_memory_short() -> str | None:
-    """Why UCX may have opened no shared-memory transport, where the filesystem its segments live in is nearly
-    full or unusable (UCX says so on the console only, then finds the peer unreachable); None otherwise."""
-    where = _shared_dir()
-    try:
-        room = os.statvfs(where)
-    except OSError as exc:
-        return f"{where}, where UCX makes its shared-memory segments, cannot be used ({exc.strerror})"
-    free, size = room.f_bavail * room.f_frsize, room.f_blocks * room.f_frsize
-    if free >= SHARED_MEMORY_NEEDED:
-        return None
-    return (f"{where} has {free / (1 << 20):.1f} MiB free of {size / (1 << 20):.0f} MiB, too little for UCX's "
-            f"shared-memory segments: free room there, or give it more (a container: --shm-size)")
 
 
 _PROT_READ_WRITE = 0x3
@@ -208,11 +161,11 @@ class UcxChannel(Channel):
         self._peer_address = _ffi.new("char[]", peer_address)
         ep = _ffi.new("ucp_ep_h *")
         status = _lib.tt_ep_create(worker.handle, self._peer_address, int(peer_errors), self._error, ep)
-        if status != _lib.UCS_OK and (short := _descriptors_short()) is not None:
+        if status != _lib.UCS_OK and (short := descriptors_short()) is not None:
             # the cause is the descriptor limit: said as the OSError it is, which names the limit where it is shown
             raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: ucx: connecting to a peer failed "
                                         f"({_reason(status)}): {short}")
-        if status != _lib.UCS_OK and (short := _shared_memory_short()) is not None:
+        if status != _lib.UCS_OK and (short := shared_memory_short()) is not None:
             raise FabricError(f"ucx: connecting to a peer failed ({_reason(status)}): {short}")
         _check(status, "connecting to a peer")
         self.ep = ep[0]
@@ -529,17 +482,6 @@ class UcxCounterPlan(CounterPlan):
         """``tt_set_counter_planned`` itself, bound to the plan (see :meth:`CounterPlan.fast`)."""
         self._plan.timeout_ns = int(timeout * 1e9)
         return functools.partial(_lib.tt_set_counter_planned, self._plan)
-
-
-def _shared_room() -> int:
-    """Bytes of shared memory a segment may take: half of what the directory UCX puts it in (``UCX_POSIX_DIR``,
-    else ``/dev/shm``; often small in containers) has free, so that other programs keep room there and UCX is not
-    asked for what it would refuse with an error on the console (it then falls back to process memory)."""
-    try:
-        free = os.statvfs(_shared_dir())
-    except OSError:
-        return 0
-    return free.f_bavail * free.f_frsize // 2
 
 
 class UcxTakePlan(TakePlan):

@@ -59,11 +59,11 @@ from transports.fabric.ucx.channel import (
     _keep_mapped,
     _pointer,
     _reason,
-    _shared_room,
 )
 from transports.fabric.ucx.channel import (
     bind as bind_channels,
 )
+from transports.fabric.ucx.shared_room import shared_room
 
 ALIGNMENT = 64
 #: points the binding at a system UCX instead of the libucx-cu12 wheel (read by build.py too)
@@ -803,7 +803,7 @@ class UcxDevice(Device):
         return None
 
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
-        if shared and nbytes > _shared_room():
+        if shared and nbytes > shared_room():
             shared = False  # the shared-memory filesystem has not that much to spare: process memory (cma reaches it)
         if shared:
             # UCX allocates it: with shared-memory transports it comes from a shared segment that
