@@ -8,7 +8,8 @@ such a case instead, so none is skipped for want of a device there.
 
 A case that needs something of the system beyond the Python packages carries the mark ``system(NEED, ...)``:
 ``netns`` (root, ``ip`` and ``tc``, and a kernel that makes network namespaces), ``mpirun``, ``qemu``, ``chromium``,
-``slurm`` (the one-node bed's daemons), ``deb:PACKAGE`` (a Debian package installed), ``shm:SIZE`` (``/dev/shm`` at
+``slurm`` (the one-node bed's daemons), ``mountns`` (a mount namespace with a /dev/shm of the test's own),
+``deb:PACKAGE`` (a Debian package installed), ``shm:SIZE`` (``/dev/shm`` at
 least that large) or ``tool:NAME`` (a program on PATH). Where a need is missing the case skips with one line saying
 what is missing and how to add it (:data:`SYSTEM_NEEDS`); ``pytest -m system`` selects them all, and
 ``tests/test_newcomer_system.py`` checks that every case that touches such a thing carries the mark.
@@ -139,6 +140,19 @@ def _slurm() -> str | None:
     return unavailable()
 
 
+def _mountns() -> str | None:
+    """A mount namespace of a test's own with a fresh /dev/shm (root, ``unshare -m``, a root filesystem whose mounts
+    can be made private: not a plain chroot)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare (util-linux)"
+    tried = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True, text=True)
+    if tried.returncode != 0:
+        lines = tried.stderr.strip().splitlines()
+        return f"cannot mount a /dev/shm of a test's own: {lines[-1] if lines else f'exit code {tried.returncode}'}"
+    return None
+
+
 #: each need of the mark ``system`` without a parameter: a probe returning None where it is met, else one line saying
 #: what is missing and how to add it
 SYSTEM_NEEDS: dict[str, Callable[[], str | None]] = {
@@ -148,6 +162,7 @@ SYSTEM_NEEDS: dict[str, Callable[[], str | None]] = {
     "chromium": _program("chromium", "chromium-browser", "google-chrome", "google-chrome-stable",
                          install="apt-get install chromium"),
     "slurm": _slurm,
+    "mountns": _mountns,
 }
 
 

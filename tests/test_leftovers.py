@@ -87,7 +87,7 @@ def test_a_signal_to_bench_report_leaves_no_temporary_directory(tmp_path, signum
 
 #: mount namespaces with a /dev/shm of their own can be made here (root and unshare)
 PRIVATE_SHM = os.geteuid() == 0 and shutil.which("unshare") is not None
-needs_private_shm = pytest.mark.skipif(not PRIVATE_SHM, reason="a private /dev/shm needs root and unshare -m")
+needs_private_shm = pytest.mark.system("mountns")
 
 #: runs "$@" (bench) in a mount namespace whose /dev/shm is a fresh tmpfs ($SHM_SIZE): every file there is the
 #: run's. Once bench has ended it waits (up to a minute) for that /dev/shm to empty, and lists what is left.

@@ -127,6 +127,10 @@ def _touches_in(node: ast.AST) -> set[str]:
             for option, value in itertools.pairwise(values):
                 if option == "--launcher" and value in LAUNCHERS:
                     touched.add(LAUNCHERS[value])
+        if isinstance(inner, ast.List) and len(values := [item.value if isinstance(item, ast.Constant) else None
+                                                          for item in inner.elts]) > 1 \
+                and values[0] == "unshare" and "-m" in values:  # ["unshare", "-m", ...]: a mount namespace
+            touched.add("mountns")
         if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
             if "--launcher netns" in inner.value:
                 touched.add("netns")
@@ -324,5 +328,5 @@ def test_a_missing_need_skips_with_one_line_naming_it(monkeypatch):
             system_missing("frobnicator")
     finally:
         system_missing.cache_clear()
-    assert set(SYSTEM_NEEDS) == {"netns", "mpirun", "qemu", "chromium", "slurm"}
+    assert set(SYSTEM_NEEDS) == {"netns", "mpirun", "qemu", "chromium", "slurm", "mountns"}
     assert set(SYSTEM_PARAMETERS) == {"deb", "shm", "tool"}
