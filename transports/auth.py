@@ -69,8 +69,9 @@ class RefusalLog:
     Safe from any thread.
     """
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, logger: logging.Logger = log) -> None:
         self.owner = owner
+        self._log = logger  # (the listener's own module's, where its readers look)
         self._count = itertools.count(1)  # next() is atomic under the GIL
 
     def refused(self, what: str, peer: str, why: str) -> None:
@@ -78,9 +79,9 @@ class RefusalLog:
         count = next(self._count)
         if count <= LOGGED_REFUSALS:
             later = "; later refusals are tallied at every power of ten" if count == LOGGED_REFUSALS else ""
-            log.warning("%s: refused %s from %s: %s%s", self.owner, what, peer, why, later)
+            self._log.warning("%s: refused %s from %s: %s%s", self.owner, what, peer, why, later)
         elif _power_of_ten(count):
-            log.warning("%s: %d refusals so far; the latest: %s from %s: %s", self.owner, count, what, peer, why)
+            self._log.warning("%s: %d refusals so far; the latest: %s from %s: %s", self.owner, count, what, peer, why)
 
 
 def _power_of_ten(count: int) -> bool:

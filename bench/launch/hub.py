@@ -33,16 +33,18 @@ follow it in the message ("; then ...").
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import os
 import queue
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError, Pipe
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
+from multiprocessing.connection import Connection, answer_challenge, wait
 from typing import Any
 
 from bench.launch.messages import (
@@ -63,6 +65,8 @@ from bench.launch.messages import (
 )
 from bench.launch.wire import WireError, receive_message, send_message, socket_timeouts
 from transports import Cluster
+from transports.auth import RefusalLog
+from transports.door import Door
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +80,31 @@ CAUSE_GRACE_S = 3.0
 ERROR_CHARS = 20_000
 #: the most a caller's first message (its Hello) may hold
 HELLO_BYTES = 4096
+#: callers awaiting their proof of the token at once, at least (4 a rank in a larger run): a run's ranks connect once
+#: each and prove the token as soon as its challenge is in, so only a flood of strangers ever fills these
+MAX_UNPROVEN = 256
+#: ``multiprocessing.connection``'s handshake, whose first half the door runs (``deliver_challenge``'s, legacy
+#: HMAC-MD5, which every Python's ``answer_challenge`` takes): its words and the length of its challenge
+_CHALLENGE, _WELCOME, _CHALLENGE_BYTES = b"#CHALLENGE#", b"#WELCOME#", 20
+
+
+def _framed(message: bytes) -> bytes:
+    """``message`` as ``Connection.send_bytes`` frames it: its length, 4 bytes big-endian, first."""
+    return struct.pack("!i", len(message)) + message
 
 # -- the coordinator's side ---------------------------------------------------------------------
 
 
 class Hub:
-    """The coordinator's listener: authenticates callers and hands over one connection per rank."""
+    """The coordinator's listener: authenticates callers and hands over one connection per rank.
+
+    Its door (``transports/door.py``, the fabric stream's too) takes every caller's proof of the token on one
+    thread: a caller gets a thread of its own only once proven, at most ``max(MAX_UNPROVEN, 4 * ranks)`` wait at
+    once (a run's ranks are never near that many at once: each connects once and answers the challenge at once),
+    each for ``HANDSHAKE_S``, and each one ended unproven is logged by address, or by process over a Unix socket.
+    The handshake is still ``multiprocessing.connection``'s, so a rank's :func:`bench.launch.context.connect` is
+    unchanged: the door runs ``deliver_challenge``'s half, the caller's thread ``answer_challenge``'s.
+    """
 
     def __init__(self, address: str | tuple[str, int], token: str, ranks: int) -> None:
         self._token = token.encode()
@@ -98,43 +121,48 @@ class Hub:
         self.arrivals: queue.Queue[tuple[int, Connection]] = queue.Queue()
         self._wake_reader, self._wake_writer = Pipe(duplex=False)
         self._closed = False
-        self._accepting = threading.Thread(target=self._accept, name="hub-accept", daemon=True)
-        self._accepting.start()
+        where = address if isinstance(address, str) else f"{address[0]}:{self.address[1]}"
+        # a caller costs a socket and a few dozen bytes until it proves the token; a thread only after
+        self._door = Door(self._listener, "hub-door", self._challenge,
+                          lambda sock, peer: threading.Thread(target=self._greet, args=(sock, peer), name="hub-greet",
+                                                              daemon=True).start(),
+                          RefusalLog(f"the run's coordinator at {where}", log),
+                          lambda: (HANDSHAKE_S, max(MAX_UNPROVEN, 4 * ranks)))
 
     @property
     def wake(self) -> Connection:
         """Readable whenever a rank has arrived (for ``multiprocessing.connection.wait``)."""
         return self._wake_reader
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._greet, args=(sock, peer), name="hub-greet", daemon=True).start()
+    def _challenge(self) -> tuple[bytes, bytes]:
+        """The first half of ``multiprocessing.connection``'s handshake, which :func:`bench.launch.context.connect`
+        answers: a framed ``#CHALLENGE#`` and random bytes, whose framed HMAC under the token is the proof."""
+        message = os.urandom(_CHALLENGE_BYTES)
+        digest = hmac.new(self._token, message, "md5").digest()
+        return _framed(_CHALLENGE + message), _framed(digest)
 
-    def _greet(self, sock: socket.socket, peer: Any) -> None:
-        who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a local process"
+    def _greet(self, sock: socket.socket, peer: str) -> None:
+        """A proven caller, on a thread of its own: welcomed, the coordinator proves the token in turn, and the
+        caller says which rank it is."""
         try:
             socket_timeouts(sock, HANDSHAKE_S)
             conn = Connection(os.dup(sock.fileno()))
             try:
-                deliver_challenge(conn, self._token)
+                conn.send_bytes(_WELCOME)
                 answer_challenge(conn, self._token)
             except (AuthenticationError, EOFError, OSError) as exc:
-                log.warning("refused a connection to the run's coordinator from %s: it did not prove it knows "
-                            "the run's token (%s)", who, type(exc).__name__)
+                log.warning("dropped a connection to the run's coordinator from %s: it proved the run's token but "
+                            "did not take the coordinator's proof (%s)", peer, type(exc).__name__)
                 conn.close()
                 return
             try:
                 hello = receive_message(conn, limit=HELLO_BYTES)
             except WireError as exc:
-                log.warning("dropped a connection from %s: %s", who, exc)
+                log.warning("dropped a connection from %s: %s", peer, exc)
                 conn.close()
                 return
             if not isinstance(hello, Hello) or type(hello.rank) is not int or not 0 <= hello.rank < self._ranks:
-                log.warning("dropped a connection from %s: it did not introduce itself as a rank of the run", who)
+                log.warning("dropped a connection from %s: it did not introduce itself as a rank of the run", peer)
                 conn.close()
                 return
             socket_timeouts(sock, 0)
@@ -146,8 +174,14 @@ class Hub:
         with contextlib.suppress(OSError):
             self._wake_writer.send_bytes(b"!")
 
+    @property
+    def unproven(self) -> int:
+        """Callers ended before they proved the run's token."""
+        return self._door.unproven
+
     def close(self) -> None:
         self._closed = True
+        self._door.close()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()

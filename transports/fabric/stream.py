@@ -10,9 +10,10 @@ operations itself:
   token is set (:meth:`StreamListener.require_token`), a connection proves it first: the listener sends a nonce,
   the connector answers with its HMAC-SHA256 under the token, and a wrong answer ends the connection before any
   request is read. Until its proof, a connection costs a socket and a few dozen bytes, nothing more: one thread
-  (the listener's "door") accepts and challenges every connection, at most :data:`MAX_UNPROVEN` wait for their
-  proof at once (a newcomer past that ends the oldest), each for :data:`HANDSHAKE_S` at most, and each refusal
-  is logged with the caller's address. A connection's thread and its receive buffer come with its proof.
+  (the listener's door, ``transports/door.py``, the coordinator's hub's too) accepts and challenges every
+  connection, at most :data:`MAX_UNPROVEN` wait for their proof at once (a newcomer past that ends the oldest),
+  each for :data:`HANDSHAKE_S` at most, and each refusal is logged with the caller's address. A connection's
+  thread and its receive buffer come with its proof.
 - A region's remote key over TCP is a capability: 16 random bytes made when the region is first exported
   (:class:`Grants`). The pool keeps what one peer is given to that peer's slots and trailers, so a key names
   exactly what its holder was granted.
@@ -37,7 +38,6 @@ import contextlib
 import hashlib
 import hmac
 import secrets
-import selectors
 import socket
 import struct
 import threading
@@ -49,6 +49,7 @@ import numpy as np
 
 from transports.auth import RefusalLog
 from transports.common import done_future
+from transports.door import Door
 from transports.fabric.base import (
     Channel,
     CounterPlan,
@@ -154,111 +155,28 @@ class StreamListener:
         self._closed = False
         #: accesses refused (each a request that touched nothing)
         self.refused = 0
-        #: connections ended before their first request for want of the run's token
-        self.unproven = 0
         self._token: str | None = None
         self._refusals = RefusalLog(f"fabric tcp stream at {self.address[len(_ADDRESS_PREFIX):].decode()}")
-        # close() wakes the door through this pair
-        self._doorbell, self._doorbell_rung = socket.socketpair()
-        self._doorbell.setblocking(False)
-        self._thread = threading.Thread(target=self._door, name="fabric-tcp-door", daemon=True)
-        self._thread.start()
+        # (the limits are read as the door needs them: module attributes a test may set)
+        self._door = Door(self._socket, "fabric-tcp-door", self._challenge, lambda connection, peer:
+                          self._serve_proven(connection), self._refusals, lambda: (HANDSHAKE_S, MAX_UNPROVEN))
+
+    @property
+    def unproven(self) -> int:
+        """Connections ended before their first request for want of the run's token."""
+        return self._door.unproven
 
     def require_token(self, token: str) -> None:
         """From now on a connection proves ``token`` (the run's) before anything it sends is read."""
         self._token = token
 
-    def _door(self) -> None:
-        """Accept connections; challenge each and read its proof, all on this one thread with a few bytes each."""
-        selector = selectors.DefaultSelector()
-        selector.register(self._socket, selectors.EVENT_READ)
-        selector.register(self._doorbell, selectors.EVENT_READ)
-        waiting: dict[socket.socket, _Unproven] = {}  # oldest first
-        try:
-            while not self._closed:
-                # accepted in order, each given as long: the oldest is the first due
-                timeout = max(0.0, next(iter(waiting.values())).deadline - time.monotonic()) if waiting else None
-                for key, _ in selector.select(timeout):
-                    if key.fileobj is self._socket:
-                        self._admit(selector, waiting)
-                    elif key.fileobj in waiting:  # (not the doorbell, nor one dropped since select returned)
-                        self._hear(selector, waiting, waiting[key.fileobj])
-                now = time.monotonic()
-                while waiting and next(iter(waiting.values())).deadline <= now:
-                    self._refuse(selector, waiting, next(iter(waiting.values())),
-                                 f"it did not prove the run's token within {HANDSHAKE_S:g} s")
-        finally:
-            for connection in waiting:
-                connection.close()
-            selector.close()
-
-    def _admit(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven]) -> None:
-        """Accept what is queued: each connection is sent its challenge and waits here for its proof."""
-        while True:
-            try:
-                connection, address = self._socket.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # out of descriptors, or closed: the door looks again a moment later
-                time.sleep(_POLL_S)
-                return
-            peer = _peer(address)
-            token = self._token
-            if token is None:  # no token to prove (not yet part of a run): served as it is
-                self._serve_proven(connection)
-                continue
-            nonce = secrets.token_bytes(_NONCE_BYTES)
-            try:
-                connection.setblocking(False)
-                if connection.send(nonce) != len(nonce):  # a new connection's buffer takes 16 bytes at once
-                    raise OSError("the challenge did not go out whole")
-            except OSError as exc:
-                self._count_unproven()
-                self._refusals.refused("a connection", peer, f"its challenge could not be sent ({exc})")
-                connection.close()
-                continue
-            if len(waiting) >= MAX_UNPROVEN:
-                self._refuse(selector, waiting, next(iter(waiting.values())),
-                             f"it was the oldest of {MAX_UNPROVEN} connections awaiting their proof of the run's token "
-                             "when another came")
-            entry = _Unproven(connection, peer, _proof(token, nonce), time.monotonic() + HANDSHAKE_S)
-            waiting[connection] = entry
-            selector.register(connection, selectors.EVENT_READ)
-
-    def _hear(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven],
-              entry: _Unproven) -> None:
-        """Read what the connection sent of its proof (never a byte past it); proven, it is served."""
-        try:
-            count = entry.connection.recv_into(memoryview(entry.answer)[entry.got:])
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._refuse(selector, waiting, entry, f"the connection failed before its proof ({exc})")
-            return
-        if not count:
-            self._refuse(selector, waiting, entry, "it closed the connection before proving the run's token")
-            return
-        entry.got += count
-        if entry.got < _PROOF_BYTES:
-            return
-        if not hmac.compare_digest(bytes(entry.answer), entry.expected):
-            self._refuse(selector, waiting, entry, "its proof of the run's token is wrong")
-            return
-        selector.unregister(entry.connection)
-        del waiting[entry.connection]
-        self._serve_proven(entry.connection)
-
-    def _refuse(self, selector: selectors.BaseSelector, waiting: dict[socket.socket, _Unproven], entry: _Unproven,
-                why: str) -> None:
-        selector.unregister(entry.connection)
-        del waiting[entry.connection]
-        self._count_unproven()  # counted before the connection ends: whoever sees it end sees it counted
-        self._refusals.refused("a connection", entry.peer, why)
-        entry.connection.close()
-
-    def _count_unproven(self) -> None:
-        with self._lock:
-            self.unproven += 1
+    def _challenge(self) -> tuple[bytes, bytes] | None:
+        """The door's challenge to a newcomer (a nonce) and the proof it must answer; None before a token is set."""
+        token = self._token
+        if token is None:
+            return None
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        return nonce, _proof(token, nonce)
 
     def _serve_proven(self, connection: socket.socket) -> None:
         """A thread of its own for the connection, from now on."""
@@ -324,12 +242,8 @@ class StreamListener:
         with self._lock:
             self._closed = True
             connections = list(self._connections)
-        with contextlib.suppress(OSError):
-            self._doorbell_rung.send(b"x")
-        self._thread.join(timeout=5)  # the door closes the connections still owing their proof
+        self._door.close()  # the door closes the connections still owing their proof
         self._socket.close()
-        self._doorbell.close()
-        self._doorbell_rung.close()
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
@@ -340,25 +254,6 @@ class StreamListener:
         for server in servers:
             if server is not threading.current_thread():
                 server.join(timeout=5)
-
-
-class _Unproven:
-    """A connection the door has challenged: what it must answer, what it sent so far, until when it may."""
-
-    __slots__ = ("answer", "connection", "deadline", "expected", "got", "peer")
-
-    def __init__(self, connection: socket.socket, peer: str, expected: bytes, deadline: float) -> None:
-        self.connection, self.peer, self.expected, self.deadline = connection, peer, expected, deadline
-        self.answer = bytearray(_PROOF_BYTES)
-        self.got = 0
-
-
-def _peer(address: object) -> str:
-    """``host:port`` of an accepted connection's address (``[host]:port`` over IPv6)."""
-    if isinstance(address, tuple) and len(address) >= 2:
-        host = str(address[0])
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return repr(address)
 
 
 def _receive_into(connection: socket.socket, view: memoryview) -> bool:
