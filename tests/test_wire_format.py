@@ -386,6 +386,19 @@ def test_bools_arrive_as_bools_whatever_byte_was_sent():
     assert back.tolist() == [False, True, True] and back.view(np.uint8).tolist() == [0, 1, 1]
 
 
+def test_bfloat16_arrays_scalars_and_dtypes_come_back_as_bfloat16():
+    """A bfloat16's ``dtype.str`` is an anonymous ``'<V2'``: sent so, it came back as raw records, not numbers."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    values = np.array([[1.5, -2.0, 3.25]], bf16)
+    back = decode_message(encode_message(Report({"values": values, "one": values[0, 0], "dtype": bf16})))
+    assert back.payload["values"].dtype == bf16 and back.payload["values"].shape == (1, 3)
+    assert back.payload["values"].astype(np.float32).tolist() == [[1.5, -2.0, 3.25]]
+    assert back.payload["values"].flags.writeable
+    assert type(back.payload["one"]) is ml_dtypes.bfloat16 and float(back.payload["one"]) == 1.5
+    assert back.payload["dtype"] == bf16
+
+
 # -- any bytes, any shapes ------------------------------------------------------------------------------------------
 
 _TAGS = [bytes((t,)) for t in wire._READERS] + [b"\x00", b"\xff"]
@@ -395,7 +408,8 @@ _pieces = st.one_of(
     st.builds(struct.pack, st.just("<q"), st.integers(-(2**63), 2**63 - 1)),
     st.sampled_from([text(s) for s in ("<f8", "|b1", "<U2", "|O", "f4,i4", "bench.launch.messages:Hello",
                                        "tests.test_wire_format:Guarded", "numpy:dtype", "posix:system", "rank",
-                                       "tests.test_wire_format:Colour", "RED", "PosixPath", "build", "name")]),
+                                       "tests.test_wire_format:Colour", "RED", "PosixPath", "build", "name",
+                                       "bfloat16")]),
     st.binary(max_size=64),
 )
 

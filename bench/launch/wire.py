@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.launch.messages import LaunchError
 from transports import peer_input
-from transports.base import dtype_problem
+from transports.base import dtype_problem, dtype_text
 
 # -- the wire: what the hub's and the job's connections carry -----------------------------------
 #
@@ -37,9 +37,10 @@ from transports.base import dtype_problem
 #
 # - None, bools, ints (64-bit, or the bytes of a longer one), floats, complex, str (UTF-8), bytes, bytearray,
 #   lists, tuples, dicts (keys of any of these kinds), sets, frozensets, collections.OrderedDict;
-# - numpy arrays, scalars and dtypes: the dtype's string, the shape and the raw bytes. Only dtypes that travel as
-#   raw bytes (transports.peer_input.dtype: no object, structured or empty dtype), the shape's bytes checked
-#   against what the frame holds before anything is allocated; an array arrives as a writable copy of its own;
+# - numpy arrays, scalars and dtypes: the dtype's text (transports.base.dtype_text: its ``str``, or an ml_dtypes
+#   dtype's name, so a bfloat16 arrives as one, not as raw 'V2' records), the shape and the raw bytes. Only dtypes
+#   that travel as raw bytes (transports.peer_input.dtype: no object, structured or empty dtype), the shape's bytes
+#   checked against what the frame holds before anything is allocated; an array arrives as a writable copy of its own;
 # - pathlib's PosixPath and PurePosixPath; functools.partial (its function, arguments and keywords);
 # - from the project's own modules (bench, transports, and this checkout's tests) or a module named in
 #   TENSOR_BENCH_WIRE_MODULES, named "module:qualname": classes that hold data (dataclasses, enums, plain classes;
@@ -360,11 +361,11 @@ class _Writer:
         elif isinstance(obj, np.generic):
             dtype = self._dtype(obj.dtype)
             self.parts.append(SCALAR)
-            self.text(dtype.str)
+            self.text(dtype_text(dtype))
             self.parts.append(obj.tobytes())
         elif isinstance(obj, np.dtype):
             self.parts.append(DTYPE)
-            self.text(self._dtype(obj).str)
+            self.text(dtype_text(self._dtype(obj)))
         elif isinstance(obj, type):
             self.parts.append(REF)
             self.text(self.name(obj))
@@ -426,7 +427,7 @@ def _write_array(writer: _Writer, obj: np.ndarray, depth: int) -> None:
         raise WireError(f"cannot send an array of {obj.ndim} dimensions on the run's channels")
     flat = np.ascontiguousarray(obj).reshape(-1).view(np.uint8)  # a view when it is contiguous already
     writer.parts.append(ARRAY)
-    writer.text(dtype.str)
+    writer.text(dtype_text(dtype))
     writer.parts += (bytes((obj.ndim,)), struct.pack(f"<{obj.ndim}q", *obj.shape), memoryview(flat))
 
 
