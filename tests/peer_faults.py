@@ -1,5 +1,6 @@
 """Peer lines with a fault built in, for tests/test_peers.py: importable by the ranks (and by the MPI processes,
-which unpickle the link class their relay sends).
+which import the link class their relay names: the run's channels carry a class by its ``module:qualname``,
+never a pickle; see ``bench/launch/wire.py``).
 
 - ``Corrupting*``: the receiver flips one bit in the middle of every tensor it gets, after the library delivered it
   (the data check must catch it);

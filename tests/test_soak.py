@@ -179,16 +179,16 @@ def test_streaming_percentiles_match_numpy_within_the_stated_error(name):
 
 
 def test_streaming_stats_take_the_same_memory_however_many_values_and_merge():
-    import pickle
-
     from bench.ground.stats import StreamingStats
+    from bench.launch.wire import decode_message, encode_message
 
     few, many = StreamingStats(), StreamingStats()
     few.add(5.0)
     for value in np.random.default_rng(1).exponential(100, 100_000):
         many.add(float(value))
-    assert abs(len(pickle.dumps(few)) - len(pickle.dumps(many))) <= 16  # what a rank reports: a fixed size
-    both = pickle.loads(pickle.dumps(many))
+    # what a rank reports on the run's channels: a fixed size
+    assert abs(len(encode_message(few)) - len(encode_message(many))) <= 16
+    both = decode_message(encode_message(many))
     both.merge(few)
     assert (both.count, both.min, both.total) == (many.count + 1, many.min, many.total + 5.0)
     assert StreamingStats().summary()["p50_us"] != StreamingStats().summary()["p50_us"]  # NaN when empty

@@ -251,8 +251,8 @@ def test_the_ranks_are_the_chief_then_the_ps_tasks_then_the_workers_on_their_ser
         ("chief", 0, False), ("ps 0", 0, True), ("ps 1", 1, True), ("worker 0", 0, True), ("worker 1", 1, True)]
 
 
-def test_callables_that_cannot_be_pickled_are_refused_before_anything_starts(nothing_left_behind):
-    with pytest.raises(TfGrpcError, match="picklable"):
+def test_callables_that_cannot_travel_by_name_are_refused_before_anything_starts(nothing_left_behind):
+    with pytest.raises(TfGrpcError, match="callables that travel on the run's channels by name"):
         run_tf_grpc(lambda: None, TINY.make_batch, TINY.loss_fn, batch_size=4, servers=1, steps=2)
 
 

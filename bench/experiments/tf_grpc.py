@@ -126,7 +126,7 @@ def run_tf_grpc(
     except WireError as exc:
         raise TfGrpcError(
             f"tf_grpc: build_model, make_batch and loss_fn must be module-level callables that travel on the run's "
-            f"channels (being picklable is not enough; the chief's process imports them by name): {exc}"
+            f"channels by name (the chief's process imports them: a lambda or a local function cannot): {exc}"
         ) from None
     try:
         chosen, own, isolated, note = private_hosts(launcher, "tf.distribute.Server")
