@@ -1,4 +1,4 @@
-"""How a dtype travels between ranks (``transports.base.dtype_text`` / ``dtype_named``): NumPy's ``dtype.str``, or
+"""How a dtype travels between ranks (``transports.dtypes.dtype_text`` / ``dtype_named``): NumPy's ``dtype.str``, or
 the name of one of ml_dtypes' (bfloat16's ``str`` is an anonymous ``<V2``); a peer's text is parsed into a dtype or
 refused, never anything else."""
 
@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from transports import peer_input
-from transports.base import PLAIN_DTYPES, dtype_named, dtype_text
+from transports.dtypes import PLAIN_DTYPES, dtype_named, dtype_text
 from transports.tensors import bfloat16
 
 TRAVELLING = [*sorted(PLAIN_DTYPES, key=str), np.dtype("<U3"), np.dtype("S5"), np.dtype("<m8[ns]")]

@@ -7,7 +7,7 @@ for its kind, before anything is allocated or written for it:
 * :func:`device_address`: a fabric device address (a list of hex worker addresses);
 * :func:`remote_region` and :func:`remote_key`: where the peer lets us read or write;
 * :func:`dtype`: a dtype string, which must name a dtype that travels as raw bytes (no object or
-  structured dtype: :func:`transports.base.dtype_problem`, the rule a sender's arrays meet);
+  structured dtype: :func:`transports.dtypes.dtype_problem`, the rule a sender's arrays meet);
 * :func:`shape`: its dimensions;
 * :func:`size`: the bytes a dtype and shape span, multiplied in Python integers and stopping past the
   bound (nothing wraps, nothing is allocated): what numpy can build, at most this machine's memory
@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from transports.base import PeerError, dtype_named, dtype_problem, memory_bytes
+from transports.base import PeerError, memory_bytes
+from transports.dtypes import dtype_named, dtype_problem
 from transports.fabric.base import MAX_RKEY_BYTES, RemoteRegion
 
 #: a device address is at most this many worker addresses (UCX: one per worker), each of at most
@@ -91,7 +92,7 @@ def remote_key(field: np.ndarray, size: int, peer: str = THE_PEER, *, required: 
 
 def dtype(value: Any, peer: str = THE_PEER, *, error: type[PeerInputError] = PeerInputError) -> np.dtype:
     """The dtype a peer named (``dtype.str``, as text or ASCII bytes, at most :data:`MAX_DTYPE_CHARS`
-    characters): one numpy parses and that travels as raw bytes (:func:`~transports.base.dtype_problem`:
+    characters): one numpy parses and that travels as raw bytes (:func:`~transports.dtypes.dtype_problem`:
     no object, structured or sub-array dtype, none of size 0)."""
     if not isinstance(value, str | bytes) or len(value) > MAX_DTYPE_CHARS:
         raise error(f"{peer} sent an unknown dtype {value!r:.40} "

@@ -26,7 +26,7 @@ import numpy as np
 
 from bench.launch.messages import LaunchError
 from transports import peer_input
-from transports.base import dtype_problem, dtype_text
+from transports.dtypes import dtype_problem, dtype_text
 
 # -- the wire: what the hub's and the job's connections carry -----------------------------------
 #
@@ -37,7 +37,7 @@ from transports.base import dtype_problem, dtype_text
 #
 # - None, bools, ints (64-bit, or the bytes of a longer one), floats, complex, str (UTF-8), bytes, bytearray,
 #   lists, tuples, dicts (keys of any of these kinds), sets, frozensets, collections.OrderedDict;
-# - numpy arrays, scalars and dtypes: the dtype's text (transports.base.dtype_text: its ``str``, or an ml_dtypes
+# - numpy arrays, scalars and dtypes: the dtype's text (transports.dtypes.dtype_text: its ``str``, or an ml_dtypes
 #   dtype's name, so a bfloat16 arrives as one, not as raw 'V2' records), the shape and the raw bytes. Only dtypes
 #   that travel as raw bytes (transports.peer_input.dtype: no object, structured or empty dtype), the shape's bytes
 #   checked against what the frame holds before anything is allocated; an array arrives as a writable copy of its own;

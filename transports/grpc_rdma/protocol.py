@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from transports import peer_input
-from transports.base import dtype_text
+from transports.dtypes import dtype_text
 from transports.fabric.base import RemoteRegion
 
 MAX_NAME = 512

@@ -22,7 +22,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from transports import peer_input
-from transports.base import Ledger, dtype_text, memory_bytes
+from transports.base import Ledger, memory_bytes
+from transports.dtypes import dtype_text
 from transports.grpc_tcp.tensor_pb2 import TensorChunk
 
 # protobuf and gRPC cap one message below 2 GiB; chunks stay well under it.

@@ -12,18 +12,9 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from transports.base import (
-    MAX_STEP,
-    PLAIN_DTYPES,
-    Cluster,
-    Inbound,
-    Key,
-    Outbound,
-    PeerError,
-    Transport,
-    TransportClosed,
-)
+from transports.base import MAX_STEP, Cluster, Inbound, Key, Outbound, PeerError, Transport, TransportClosed
 from transports.common import settle
+from transports.dtypes import PLAIN_DTYPES
 from transports.rendezvous import Rendezvous
 
 _inboxes: dict[tuple[tuple[str, ...], int], Rendezvous] = {}

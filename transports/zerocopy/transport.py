@@ -77,11 +77,11 @@ from transports.base import (
     TransportClosed,
     TransportError,
     TransportTimeout,
-    dtype_text,
     keys_text,
     memory_bytes,
 )
 from transports.common import settle
+from transports.dtypes import dtype_text
 from transports.fabric.base import (
     BELL_BYTES,
     Channel,
