@@ -202,7 +202,7 @@ def _framework_bfloat16(framework: str, values: np.ndarray):
     """A CPU bfloat16 tensor of ``framework`` holding ``values`` (bfloat16), in memory of its own."""
     module = framework_module(framework)
     if framework == "torch":
-        return module.tensor(values.astype(np.float32)).to(module.bfloat16)
+        return framework_tensor(framework, values.astype(np.float32)).to(module.bfloat16)
     return framework_tensor(framework, values)
 
 
