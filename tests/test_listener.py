@@ -152,16 +152,22 @@ def serving_threads() -> int:
 def challenged(listener: StreamListener) -> socket.socket:
     """A raw connection that has received the listener's challenge (so the listener has accepted it)."""
     raw = socket.create_connection(host_port(listener), timeout=CALL_TIMEOUT_S)
-    nonce = b""
-    while len(nonce) < _NONCE_BYTES:
-        piece = raw.recv(_NONCE_BYTES - len(nonce))
-        assert piece, "the listener hung up before its challenge"
-        nonce += piece
+    received(raw, _NONCE_BYTES, "the listener hung up before its challenge")
     return raw
 
 
+def received(raw: socket.socket, nbytes: int, hung_up: str) -> bytes:
+    """The next ``nbytes`` bytes on ``raw``; fails saying ``hung_up`` if the other side closes first."""
+    data = b""
+    while len(data) < nbytes:
+        piece = raw.recv(nbytes - len(data))
+        assert piece, hung_up
+        data += piece
+    return data
+
+
 def ended(raw: socket.socket) -> bool:
-    """Whether the listener ended the connection (waits for it, as long as CALL_TIMEOUT_S)."""
+    """Whether the listener ended the connection (waits for it, as long as the socket's timeout)."""
     try:
         return raw.recv(1) == b""
     except ConnectionResetError:

@@ -22,6 +22,7 @@ from bench.launch.hub import Hub, coordinate
 from bench.launch.messages import Finished, Hello, LaunchError, RankSpec
 from bench.launch.wire import receive_message, send_message
 from tests import launch_jobs as jobs
+from tests.test_listener import ended, received
 from transports import Cluster
 
 TOKEN = "the-runs-token-0123"
@@ -42,27 +43,10 @@ def refusals(caplog) -> list[str]:
 def challenged(address: tuple[str, int]) -> socket.socket:
     """A raw caller that has received the hub's challenge (so the hub has accepted it) and says nothing."""
     raw = socket.create_connection(address, timeout=BOUND_S)
-    header = b""
-    while len(header) < 4:
-        piece = raw.recv(4 - len(header))
-        assert piece, "the hub hung up before its challenge"
-        header += piece
-    (length,) = struct.unpack("!i", header)
-    body = b""
-    while len(body) < length:
-        piece = raw.recv(length - len(body))
-        assert piece, "the hub hung up in its challenge"
-        body += piece
+    (length,) = struct.unpack("!i", received(raw, 4, "the hub hung up before its challenge"))
+    body = received(raw, length, "the hub hung up in its challenge")
     assert body.startswith(b"#CHALLENGE#")
     return raw
-
-
-def ended(raw: socket.socket) -> bool:
-    """Whether the hub ended the connection (waits for it, as long as BOUND_S)."""
-    try:
-        return raw.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def member(address: tuple[str, int] | str, outcome: list) -> None:
