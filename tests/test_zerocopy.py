@@ -601,11 +601,12 @@ def test_an_idle_receiver_does_not_burn_a_core(fabric):
 
 def test_persistent_transfers_after_the_first_are_one_call_each_over_shared_memory(fabric, monkeypatch):
     """Over shm a persistent send and receive of a planned tensor, once connected, is the plans' calls: neither
-    goes through the keyed ``send``/``recv`` (over tcp every one does: the stream's writes are watched)."""
+    goes the way a key without a persistent transfer goes (``_send_by_key``/``_recv_by_key``; over tcp every one
+    does: the stream's writes are watched)."""
     spec = TensorSpec("w", (256,), np.float32, 0, 1)
     pair = pair_of("zerocopy", fabric, [spec])
     try:
-        calls = {"send": 0, "recv": 0}
+        calls = {"_send_by_key": 0, "_recv_by_key": 0}
         cls = type(pair[0])
         for name in calls:
             original = getattr(cls, name)
@@ -622,9 +623,49 @@ def test_persistent_transfers_after_the_first_are_one_call_each_over_shared_memo
             tensor[:] = step
             outbound.send(step, tensor)  # two slots: a send never waits for this receive
             assert (inbound.recv(step) == step).all()
-        # the first send connects (the keyed way); the receiver's side was connected by then
-        assert calls == ({"send": 1, "recv": 0} if fabric == "shm" else {"send": 8, "recv": 8})
+        # the first send connects (the general way); the receiver's side was connected by then
+        assert calls == ({"_send_by_key": 1, "_recv_by_key": 0} if fabric == "shm"
+                         else {"_send_by_key": 8, "_recv_by_key": 8})
         assert pair[0].device.mapped_writes - writes == (8 if fabric == "shm" else 0)
+    finally:
+        close(pair)
+
+
+def test_keyed_transfers_reuse_one_persistent_transfer_per_tensor_and_peer(fabric, monkeypatch):
+    """The obvious loop of keyed ``send``/``recv``: over shm, after the first transfer of each tensor, every one
+    goes through one persistent send and one persistent receive per (name, src, dst), bound to its array once (the
+    set-ups counted); over tcp none is made (the stream's writes are watched: the general way)."""
+    from transports.zerocopy import persistent
+
+    specs = [TensorSpec(name, (256,), np.float32, 0, 1) for name in ("a", "b")]
+    pair = pair_of("zerocopy", fabric, specs)
+    try:
+        made = {"outbound": 0, "inbound": 0, "bound": 0}
+        for cls, count in ((persistent.PlannedOutbound, "outbound"), (persistent.PlannedInbound, "inbound")):
+            def counted_init(self, *args, _original=cls.__init__, _count=count):
+                made[_count] += 1
+                _original(self, *args)
+
+            monkeypatch.setattr(cls, "__init__", counted_init)
+        adopt = persistent.PlannedOutbound._adopt
+
+        def counted_adopt(self, outgoing, array):
+            made["bound"] += 1
+            return adopt(self, outgoing, array)
+
+        monkeypatch.setattr(persistent.PlannedOutbound, "_adopt", counted_adopt)
+        tensors = {spec.name: pair[0].placement.allocate(spec) for spec in specs}
+        steps = 10
+        for step in range(steps):
+            for name, tensor in tensors.items():
+                tensor[:] = step
+                pair[0].send(Key(name, step, 0, 1), tensor)  # two slots: a send never waits for this receive
+                assert (pair[1].recv(Key(name, step, 0, 1)) == step).all()
+        assert made == ({"outbound": 2, "inbound": 2, "bound": 2} if fabric == "shm"
+                        else {"outbound": 0, "inbound": 0, "bound": 0})
+        sent, received = pair[0].stats(), pair[1].stats()
+        assert (sent.tensors_sent, received.tensors_received) == (2 * steps, 2 * steps)
+        assert sent.payload_bytes_sent == 2 * steps * 1024
     finally:
         close(pair)
 

@@ -53,29 +53,39 @@ class PlannedOutbound(Outbound):
         self._source = ""
         self._tally = transport.ledger.tally(self)
 
-    def _adopt(self, array: Any) -> bool:
-        """Whether ``array`` goes the planned way from now on (then its call is made)."""
-        transport = self._transport
-        outgoing = transport._outgoing.get((self.name, self.dst))
-        plan = None if outgoing is None else outgoing.plan
-        if (plan is None or not plan.mapped or type(array) is not np.ndarray or array.shape != outgoing.shape
-                or array.strides != outgoing.strides or array.dtype != outgoing.dtype):
+    def _adopt(self, outgoing: Any, array: Any) -> bool:
+        """Whether ``array`` goes the planned way from now on (then its call is made); ``outgoing``'s lock held, so
+        that no other send finds the call of one array bound while it sends another."""
+        if (type(array) is not np.ndarray or array.shape != outgoing.shape or array.strides != outgoing.strides
+                or array.dtype != outgoing.dtype):
             return False
         self._call = None  # the last array's call goes before the next is made
-        self._call = plan.fast(array, CREDIT_SLICE_S, transport.timeout_s)
-        self._outgoing, self._array, self._nbytes = outgoing, array, array.nbytes
-        self._source = transport._source_count(outgoing, array)
+        self._call = outgoing.plan.fast(array, CREDIT_SLICE_S, self._transport.timeout_s)
+        self._array, self._nbytes = array, array.nbytes
+        self._source = self._transport._source_count(outgoing, array)
         return True
 
+    def _connected(self) -> Any:
+        """The tensor's sender-side state once its sends can go the planned way (connected, static, its slots
+        mapped here), kept from then on; else None."""
+        outgoing = self._transport._outgoing.get((self.name, self.dst))
+        if outgoing is None or outgoing.plan is None or not outgoing.plan.mapped:
+            return None
+        self._outgoing = outgoing
+        return outgoing
+
+    def _general(self, step: Any, array: Any, timeout: float | None) -> None:
+        """The send the way :meth:`ZeroCopyTransport.send` takes a key that has no persistent send of its own."""
+        self._transport._send_by_key(Key(self.name, step, self.src, self.dst), array, timeout)
+
     def send(self, step: int, array: np.ndarray, timeout: float | None = None) -> None:
-        if (array is not self._array and not self._adopt(array)) or type(step) is not int \
-                or not 0 <= step <= MAX_STEP:
-            super().send(step, array, timeout)
+        outgoing = self._outgoing or self._connected()
+        if outgoing is None or type(step) is not int or not 0 <= step <= MAX_STEP:
+            self._general(step, array, timeout)
             return
-        outgoing = self._outgoing
         lock = outgoing.lock
         if not lock.acquire(False):  # another send of this tensor is under way: after it, the general way
-            super().send(step, array, timeout)
+            self._general(step, array, timeout)
             return
         operation = self._transport._operation
         inflight = operation.inflight
@@ -83,17 +93,17 @@ class PlannedOutbound(Outbound):
         try:
             if operation.closed:
                 raise TransportClosed(f"{self._transport.name} rank {self.src} was closed")
-            seq = outgoing.seq
-            if self._call(seq, step):  # not written: no credit yet, or a failure the general way says
-                written = False
-            else:
-                outgoing.seq = seq + 1
-                written = True
+            written = False
+            if array is self._array or self._adopt(outgoing, array):
+                seq = outgoing.seq
+                if not self._call(seq, step):  # else not written: no credit yet, or a failure the general way says
+                    outgoing.seq = seq + 1
+                    written = True
         finally:
             inflight.pop()
             lock.release()
         if not written:
-            super().send(step, array, timeout)
+            self._general(step, array, timeout)
             return
         tally = self._tally
         tally["tensors_sent"] += 1
@@ -129,15 +139,19 @@ class PlannedInbound(Inbound):
         self._incoming = incoming
         return True
 
+    def _general(self, step: Any, timeout: float | None) -> np.ndarray:
+        """The receive the way :meth:`ZeroCopyTransport.recv` takes a key that has no persistent receive of its own."""
+        return self._transport._recv_by_key(Key(self.name, step, self.src, self.dst), timeout)
+
     def recv(self, step: int, timeout: float | None = None) -> np.ndarray:
         incoming = self._incoming
         if ((incoming is None and not self._adopt()) or type(step) is not int or not 0 <= step <= MAX_STEP
                 or timeout is not None):
-            return super().recv(step, timeout)
+            return self._general(step, timeout)
         incoming = self._incoming
         lock = incoming.lock
         if not lock.acquire(False):  # another receive of this tensor is under way: after it, the general way
-            return super().recv(step, timeout)
+            return self._general(step, timeout)
         transport = self._transport
         operation = transport._operation
         inflight = operation.inflight

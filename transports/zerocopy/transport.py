@@ -318,6 +318,10 @@ class ZeroCopyTransport(FabricTransport):
         self._outgoing: dict[tuple[str, int], _Outgoing] = {}
         self._sending: dict[Key, object] = {}  # the keys being sent, each with its claim
         self._incoming: dict[tuple[str, int], _Incoming] = {}
+        #: the persistent transfers keyed sends and receives go through, per (name, dst) and (name, src), made
+        #: after a tensor's first keyed transfer where it goes the planned way (see send and recv)
+        self._keyed_sends: dict[tuple[str, int], PlannedOutbound] = {}
+        self._keyed_recvs: dict[tuple[str, int], PlannedInbound] = {}
         #: the sender's credit tables, one entry per tensor it sends (credits.py)
         self.credit_tables = CreditTables(self)
         #: the receiver's credits: a mirror of each sender's table, and the grants (credits.py)
@@ -492,6 +496,26 @@ class ZeroCopyTransport(FabricTransport):
     # sending ---------------------------------------------------------------
 
     def send(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
+        """A key whose tensor has a persistent send of its own (made once it is connected, static and mapped here:
+        :meth:`_keep_persistent_send`) goes through it, one lookup: the obvious loop of
+        ``send(Key(name, step, src, dst), x)`` pays what ``outbound(name, dst).send(step, x)`` pays. Anything else
+        goes :meth:`_send_by_key`."""
+        if type(key) is Key and key.src == self.rank:
+            outbound = self._keyed_sends.get((key.name, key.dst)) or self._keep_persistent_send(key.name, key.dst)
+            if outbound is not None:
+                outbound.send(key.step, array, timeout)
+                return
+        self._send_by_key(key, array, timeout)
+
+    def _keep_persistent_send(self, name: str, dst: int) -> PlannedOutbound | None:
+        """The persistent send the keys of ``name`` to ``dst`` go through from now on, made where its sends can go
+        the planned way (connected, static, mapped here); else None (they go :meth:`_send_by_key`)."""
+        outgoing = self._outgoing.get((name, dst))
+        if outgoing is None or outgoing.plan is None or not outgoing.plan.mapped:
+            return None
+        return self._keyed_sends.setdefault((name, dst), PlannedOutbound(self, name, dst))
+
+    def _send_by_key(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         """A connected static tensor sent from where it is goes the planned way: the checks the general path
         makes of this key and array (its name and peer were checked when it connected), the claim, and one
         call into the fabric (credit, data, trailer); anything else goes the general way."""
@@ -801,6 +825,26 @@ class ZeroCopyTransport(FabricTransport):
     # receiving -------------------------------------------------------------
 
     def recv(self, key: Key, timeout: float | None = None) -> np.ndarray:
+        """A key whose tensor has a persistent receive of its own (made once its slot is static, its sender connected
+        and its credit mapped here: :meth:`_keep_persistent_recv`) is taken through it, one lookup (see
+        :meth:`send`); anything else goes :meth:`_recv_by_key`."""
+        if type(key) is Key and timeout is None and key.dst == self.rank:
+            inbound = self._keyed_recvs.get((key.name, key.src)) or self._keep_persistent_recv(key.name, key.src)
+            if inbound is not None:
+                return inbound.recv(key.step)
+        return self._recv_by_key(key, timeout)
+
+    def _keep_persistent_recv(self, name: str, src: int) -> PlannedInbound | None:
+        """The persistent receive the keys of ``name`` from ``src`` go through from now on, made where its receives
+        can go the planned way (static, its sender connected, its credit mapped here) into host memory as planned;
+        else None (they go :meth:`_recv_by_key`)."""
+        incoming = self._incoming.get((name, src))
+        if (incoming is None or incoming.take is None or incoming.mirror is None or incoming.credit is None
+                or not incoming.credit.mapped or self.placement.device_receives):
+            return None
+        return self._keyed_recvs.setdefault((name, src), PlannedInbound(self, name, src))
+
+    def _recv_by_key(self, key: Key, timeout: float | None = None) -> np.ndarray:
         """A static tensor is taken the planned way (:meth:`_take_planned`) with the checks the general path makes
         of this key (its name and peer were checked when its slot was made); anything else goes the general way."""
         incoming = self._incoming.get((key.name, key.src)) if type(key) is Key else None

@@ -401,9 +401,6 @@ class UcxSendPlan(SendPlan):
         # what the plan points into stays alive with it
         self._memory = (trailer, credits, device._stop, channel._error, device._worker_handles,
                         device._mapped_by_plans)
-        #: the array last sent, its buffer as cffi passes it (mostly the same array every time) and the hold that
-        #: keeps that buffer where it is (:func:`_pin`)
-        self._source: tuple[np.ndarray | None, Any, Any] = (None, None, None)
         #: the waits (seconds) the plan holds in nanoseconds (mostly the same every time)
         self._waits: tuple[float, float] = (-1.0, -1.0)
         #: every transfer is this process's own copy into peer memory mapped here (shared memory)
@@ -426,14 +423,12 @@ class UcxSendPlan(SendPlan):
             self._waits = credit_wait, timeout
 
     def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        source, buffer, _ = self._source
-        if data is not source:
-            if self.mapped and type(data) is not np.ndarray:
-                raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
-            buffer = _buffer(data)
-            self._source = data, buffer, _pin(data)
+        # (the buffer is looked up anew each call and nothing keeps it after: a caller that sends the same array
+        # every time takes the plan's fast call, which holds it)
+        if self.mapped and type(data) is not np.ndarray:
+            raise ValueError("a plan into memory mapped here copies host memory only; device memory is put")
         self._set_waits(credit_wait, timeout)
-        status = _lib.tt_send_planned(self._plan, buffer, seq, step)
+        status = _lib.tt_send_planned(self._plan, _buffer(data), seq, step)
         if status == 0:  # UCS_OK
             return True
         device = self._device
