@@ -672,7 +672,13 @@ static int tt_wait_counter(uint64_t *word, uint64_t above, int64_t spin_ns, int6
    1 + seq % 255 last). Returns UCS_OK, TT_NO_CREDIT (nothing written: the caller checks the peer and
    calls again), TT_SEND_STOPPED, or UCX's error. */
 /* A copy into mapped memory of this many bytes or more chooses its stores (tt_copy_mapped) */
-#define TT_STREAM_FROM (512 << 10)
+#define TT_STREAM_FROM (1 << 20)
+/* a smaller copy of this many bytes or more always goes with non-temporal stores: a core that writes lines the peer's
+   core holds takes each from it first, at a pace that depends on where the host put the two virtual CPUs (64KB, a
+   user's loop with a fresh source and a reduce-max, medians of 2000: 12.8-13.1 us with ordinary stores where the
+   cores share a cache, 37.2 where they did not; 9.5-10.3 with non-temporal ones in both; 512KB: 49-56 against
+   39-40); the reader then reads the lines from memory, which under 1MB costs it less than the writer saves */
+#define TT_STREAM_ALWAYS_FROM (32 << 10)
 /* every this many copies goes with the stores not chosen, timed, to find out whether they still cost more */
 #define TT_STREAM_RETIME 32
 /* non-temporal stores are chosen only when ordinary ones take this many times as long: the reader then finds the
@@ -718,7 +724,9 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
     int64_t start, took;
     int streaming = plan->streaming;
     if (length < TT_STREAM_FROM) {
-        if (length) {
+        if (length >= TT_STREAM_ALWAYS_FROM) {
+            tt_copy_streaming(target, data, length);
+        } else if (length) {
             memcpy(target, data, length);
         }
         return;
@@ -748,10 +756,11 @@ static void tt_copy_mapped(tt_send_plan *plan, void *target, const void *data, s
    wait until it has: 1 once pulled (`data` is free again), 0 when not (the receiver left its take before it took
    the ask up, or could not read this process's memory: then pulls are off for the plan); the caller then writes.
    TT_WAIT_STOPPED, or TT_WAIT_TIMED_OUT after the plan's timeout or when the receiver's process is gone. */
-static int tt_pulled(tt_send_plan *plan, tt_bell *bell, const void *data, uint64_t seq)
+static int tt_pulled(tt_send_plan *plan, tt_bell *bell, const void *data, uint64_t seq, uint8_t *trailer_target)
 {
     uint64_t asked = tt_pull_word(seq, TT_PULL_ASKED), word;
     int64_t start = tt_now_ns(), now, watched;
+    memcpy(trailer_target, plan->trailer, 8); /* the step: the receiver raises the flag itself once it pulled */
     bell->giver = plan->pid;
     bell->source = (uint64_t)(uintptr_t)data;
     __atomic_store_n(&bell->pull, asked, __ATOMIC_SEQ_CST);
@@ -806,7 +815,8 @@ static int tt_taker_here(tt_send_plan *plan, tt_bell *bell)
    TT_PULL_RETIME-th send, as tt_copy_mapped times its stores). Which one wins depends on where the two cores
    are, as there: where they share a cache a write here ran faster (16MB: 1002 against 1067 us with a
    reduce-max), where they share none the pull (64MB: 5.7 against 8.9 ms). 0 once there, or TT_WAIT_* */
-static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, const void *data, uint64_t seq)
+static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, const void *data, uint64_t seq,
+                            uint8_t *trailer_target)
 {
     int64_t start, took;
     int pull = plan->pulling, found = 0;
@@ -818,7 +828,7 @@ static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, con
     }
     start = tt_now_ns();
     if (pull) {
-        found = tt_pulled(plan, bell, data, seq);
+        found = tt_pulled(plan, bell, data, seq, trailer_target);
         if (found < 0) {
             return found;
         }
@@ -833,7 +843,7 @@ static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, con
                                        : took;
     }
     plan->pulling = plan->pull_took_ns[1] && (!plan->pull_took_ns[0] || plan->pull_took_ns[1] < plan->pull_took_ns[0]);
-    return 0;
+    return found;
 }
 
 static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, int64_t step)
@@ -858,18 +868,21 @@ static int tt_send_planned(tt_send_plan *plan, const void *data, uint64_t seq, i
     plan->trailer[8] = (uint8_t)(1 + seq % 255);
     if ((plan->mapped[slot] != NULL || plan->length == 0) && plan->trailer_mapped[slot] != NULL) {
         tt_bell *bell = plan->bell[slot];
+        int pulled = 0;
         if (bell != NULL && plan->length >= TT_PULL_FROM && !plan->pulls_off &&
             __atomic_load_n(&bell->waiting, __ATOMIC_ACQUIRE) == seq + 1 && tt_taker_here(plan, bell)) {
-            int found = tt_pull_or_write(plan, bell, plan->mapped[slot], data, seq);
-            if (found < 0) {
-                return found == TT_WAIT_STOPPED ? TT_SEND_STOPPED : (int)UCS_ERR_TIMED_OUT;
+            pulled = tt_pull_or_write(plan, bell, plan->mapped[slot], data, seq, plan->trailer_mapped[slot]);
+            if (pulled < 0) {
+                return pulled == TT_WAIT_STOPPED ? TT_SEND_STOPPED : (int)UCS_ERR_TIMED_OUT;
             }
         } else {
             tt_copy_mapped(plan, plan->mapped[slot], data, plan->length);
         }
-        tt_write_mapped(NULL, NULL, 0, plan->trailer_mapped[slot], plan->trailer, 9);
-        if (bell != NULL) {
-            plan->rung += (uint64_t)tt_ring(&bell->doorbell);
+        if (!pulled) { /* (a receiver that pulled raised the flag itself, and is awake) */
+            tt_write_mapped(NULL, NULL, 0, plan->trailer_mapped[slot], plan->trailer, 9);
+            if (bell != NULL) {
+                plan->rung += (uint64_t)tt_ring(&bell->doorbell);
+            }
         }
         if (plan->mapped_writes != NULL) {
             __atomic_fetch_add(plan->mapped_writes, 1, __ATOMIC_RELAXED);
@@ -1199,8 +1212,11 @@ typedef struct {
 } tt_take_plan;
 
 /* Serve the pull asked in `bell` (see tt_bell): take it up (unless the sender withdrew it), read the sender's
-   `length` bytes into `slot`, and say it is done (or failed: this process may not read the sender's memory). */
-static void tt_serve_pull(tt_take_plan *plan, tt_bell *bell, uint64_t asked, void *slot)
+   `length` bytes into `slot`, raise the slot's flag `flag` to `raised` (the sender wrote the step before it asked,
+   and writes no trailer after a pull: one crossing of the cores less), and say it is done (or failed: this process
+   may not read the sender's memory; then the sender writes the data and the trailer). */
+static void tt_serve_pull(tt_take_plan *plan, tt_bell *bell, uint64_t asked, void *slot, uint8_t *flag,
+                          uint8_t raised)
 {
     uint64_t word = asked;
     size_t done = 0;
@@ -1222,18 +1238,24 @@ static void tt_serve_pull(tt_take_plan *plan, tt_bell *bell, uint64_t asked, voi
         done += (size_t)got;
     }
     plan->pulls += done == plan->length;
+    if (done == plan->length) {
+        __atomic_store_n(flag, raised, __ATOMIC_RELEASE);
+    }
     __atomic_store_n(&bell->pull, asked + ((done == plan->length ? TT_PULL_DONE : TT_PULL_FAILED) - TT_PULL_ASKED),
                      __ATOMIC_RELEASE);
 }
 
-/* 0 once the flag byte `flag` is raised, else -1, serving a pull asked meanwhile (`bell` not NULL) */
-static int tt_take_ready(tt_take_plan *plan, uint8_t *flag, tt_bell *bell, uint64_t asked, void *slot)
+/* 0 once the flag byte `flag` is raised, else -1, serving a pull asked meanwhile (`bell` not NULL), which raises
+   it to `raised` */
+static int tt_take_ready(tt_take_plan *plan, uint8_t *flag, tt_bell *bell, uint64_t asked, void *slot,
+                         uint8_t raised)
 {
     if (*(volatile uint8_t *)flag) {
         return 0;
     }
     if (bell != NULL && __atomic_load_n(&bell->pull, __ATOMIC_ACQUIRE) == asked) {
-        tt_serve_pull(plan, bell, asked, slot);
+        tt_serve_pull(plan, bell, asked, slot, flag, raised);
+        return *(volatile uint8_t *)flag ? 0 : -1;
     }
     return -1;
 }
@@ -1247,11 +1269,12 @@ static int tt_wait_rung(tt_take_plan *plan, int slot, uint64_t seq, int64_t time
     volatile uint32_t *doorbell = bell != NULL ? &bell->doorbell : NULL;
     tt_bell *pulls = bell != NULL && plan->slot[slot] != NULL ? bell : NULL;
     uint64_t asked = tt_pull_word(seq, TT_PULL_ASKED);
+    uint8_t raised = (uint8_t)(1 + seq % 255);
     int64_t spin_ns = plan->spin_ns;
     volatile int *stop = plan->stop;
     ucp_worker_h *workers = plan->workers;
     int nworkers = plan->nworkers;
-    TT_WAIT(tt_take_ready(plan, flag, pulls, asked, plan->slot[slot]), doorbell);
+    TT_WAIT(tt_take_ready(plan, flag, pulls, asked, plan->slot[slot], raised), doorbell);
 }
 
 #define TT_TAKEN 1
