@@ -33,17 +33,20 @@ from transports.fabric_transport import LIVENESS_EVERY_S, FabricTransport
 CREDIT_SLICE_S = 0.05
 #: what a fast take's answer means to the general path's rest of a receive (``_after_first_take``)
 _TAKEN_AS = {TakePlan.TAKEN_OTHER: False, TakePlan.NOT_RAISED: None}
+_TAKEN = TakePlan.TAKEN
 
 
 class PlannedOutbound(Outbound):
     """zerocopy's persistent send (see the module docstring), of a ``ZeroCopyTransport`` (typed by its base here:
     the transport imports this module)."""
 
-    __slots__ = ("__weakref__", "_array", "_call", "_nbytes", "_outgoing", "_source", "_tally", "_transport")
+    __slots__ = ("__weakref__", "_array", "_call", "_nbytes", "_operation", "_outgoing", "_source", "_tally",
+                 "_transport")
 
     def __init__(self, transport: FabricTransport, name: str, dst: int) -> None:
         super().__init__(transport, name, transport.rank, dst)
         self._transport = transport
+        self._operation = transport._operation
         #: the tensor's sender-side state once it goes the planned way, the array it is sent from, the plan's
         #: call bound to that array, its size and its ledger count (a registration-cache hit or miss)
         self._outgoing: Any = None
@@ -87,7 +90,7 @@ class PlannedOutbound(Outbound):
         if not lock.acquire(False):  # another send of this tensor is under way: after it, the general way
             self._general(step, array, timeout)
             return
-        operation = self._transport._operation
+        operation = self._operation
         inflight = operation.inflight
         inflight.append(None)  # (see _Operation: counted, then the close looked at)
         try:
@@ -114,11 +117,12 @@ class PlannedOutbound(Outbound):
 class PlannedInbound(Inbound):
     """zerocopy's persistent receive (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_grant", "_incoming", "_slice_ns", "_take", "_tally", "_transport")
+    __slots__ = ("__weakref__", "_grant", "_incoming", "_operation", "_slice_ns", "_take", "_tally", "_transport")
 
     def __init__(self, transport: FabricTransport, name: str, src: int) -> None:
         super().__init__(transport, name, src, transport.rank)
         self._transport = transport
+        self._operation = transport._operation
         #: the tensor's receiver-side state once it goes the planned way, and the plans' calls
         self._incoming: Any = None
         self._grant: Any = None
@@ -152,32 +156,36 @@ class PlannedInbound(Inbound):
         lock = incoming.lock
         if not lock.acquire(False):  # another receive of this tensor is under way: after it, the general way
             return self._general(step, timeout)
-        transport = self._transport
-        operation = transport._operation
+        operation = self._operation
         inflight = operation.inflight
         inflight.append(None)  # (see _Operation: counted, then the close looked at)
         try:
             if operation.closed:
-                raise TransportClosed(f"{transport.name} rank {self.dst} was closed")
+                raise TransportClosed(f"{self._transport.name} rank {self.dst} was closed")
             tally = self._tally
             if not incoming.waiting:  # (a receive that timed out is posted still: it holds its credit already)
                 self._post(incoming)
                 tally["control_messages"] += 1
             seq = incoming.seq
+            # what follows the take is only its answer's check: the array and its count come before it, the count
+            # taken back where the take goes another way (which counts itself)
+            array = incoming.arrays[seq % incoming.slots]
+            nbytes = array.nbytes
+            tally["tensors_received"] += 1
+            tally["payload_bytes_received"] += nbytes
             found = self._take(seq, step, self._slice_ns)
-            if found != TakePlan.TAKEN:
+            if found != _TAKEN:
+                tally["tensors_received"] -= 1
+                tally["payload_bytes_received"] -= nbytes
                 key = Key(self.name, step, self.src, self.dst)
                 if found == TakePlan.INTERRUPTED:
-                    raise transport._closed_during(key)
-                return transport._after_first_take(incoming, key, _TAKEN_AS[found], timeout)
+                    raise self._transport._closed_during(key)
+                return self._transport._after_first_take(incoming, key, _TAKEN_AS[found], timeout)
             incoming.seq = seq + 1
             incoming.waiting = False
-            array = incoming.arrays[seq % incoming.slots]
         finally:
             inflight.pop()
             lock.release()
-        tally["tensors_received"] += 1
-        tally["payload_bytes_received"] += array.nbytes
         return array
 
     def _post(self, incoming: Any) -> None:
@@ -185,9 +193,9 @@ class PlannedInbound(Inbound):
         if incoming.on_device:  # (host slots, every transfer of a host tensor: not even a call)
             incoming.finish_reads()
         incoming.waiting = True
-        with incoming.grant_lock:
-            incoming.posted += 1
-        mirror = incoming.mirror
-        with mirror.lock:  # no span write of the same table in between, with an older value of this entry
-            if self._grant(incoming.posted):
-                incoming.credit.set(incoming.posted, self._transport.timeout_s)  # says what went wrong
+        # (no grant lock: it keeps a connect from missing a receive posted meanwhile, and this tensor's sender is
+        # connected; ``posted`` changes only under the tensor's lock, held here)
+        posted = incoming.posted = incoming.posted + 1
+        with incoming.mirror.lock:  # no span write of the same table in between, with an older value of this entry
+            if self._grant(posted):
+                incoming.credit.set(posted, self._transport.timeout_s)  # says what went wrong
