@@ -360,7 +360,8 @@ def test_a_receiver_asleep_on_its_doorbell_is_woken_by_a_send_into_memory_mapped
     assert plan.rung == (3 if plan.mapped else 0)
 
 
-#: a planned send this large over memory mapped here asks a receiver waiting for it to pull it (UCX: TT_PULL_FROM)
+#: a planned send this large over memory mapped here asks a receiver waiting for it to pull it (UCX: TT_PULL_FROM,
+#: 32KB; this one larger than the cache, where the stores are chosen by time)
 PULL_BYTES = 16 << 20
 
 

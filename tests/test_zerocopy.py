@@ -378,8 +378,9 @@ def test_a_process_that_shares_its_cores_waits_without_spinning_past_a_moment(sh
 
 
 def test_a_large_tensor_is_pulled_by_a_receiver_waiting_for_it_over_shared_memory(fabric):
-    """A static tensor of 16MB or more whose receiver already waits is copied by the receiver where the two share
-    memory (shm: the sender asks, counted), written by the sender otherwise (tcp); it arrives whole either way."""
+    """A static tensor of 32KB or more (TT_PULL_FROM) whose receiver already waits is copied by the receiver where
+    the two share memory (shm: the sender asks, counted, when the last pulls took less time than writes), written by
+    the sender otherwise (tcp); it arrives whole either way."""
     spec = TensorSpec("w", (4 << 20,), np.float32, 0, 1)  # 16MB
     pair = pair_of("zerocopy", fabric, [spec])
     try:

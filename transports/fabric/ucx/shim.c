@@ -606,8 +606,9 @@ _Static_assert(sizeof(tt_bell) == 40, "a bell is BELL_BYTES (40) bytes");
 #define TT_PULL_TAKEN 2
 #define TT_PULL_DONE 3
 #define TT_PULL_FAILED 4
-/* a planned send over shared memory of this many bytes or more asks a waiting receiver to pull it */
-#define TT_PULL_FROM (16 << 20)
+/* a planned send over shared memory of this many bytes or more asks a waiting receiver to pull it (TT_STREAM_ALWAYS_FROM:
+   the smallest copy that goes with non-temporal stores, the way a pull can beat) */
+#define TT_PULL_FROM (32 << 10)
 
 static uint64_t tt_pull_word(uint64_t seq, uint64_t state)
 {
@@ -808,6 +809,12 @@ static int tt_taker_here(tt_send_plan *plan, tt_bell *bell)
     return 0;
 }
 
+/* Whether a copy of the plan's length into mapped memory goes with non-temporal stores now (tt_copy_mapped) */
+static int tt_writes_streaming(const tt_send_plan *plan)
+{
+    return plan->length < TT_STREAM_FROM ? plan->length >= TT_STREAM_ALWAYS_FROM : plan->streaming;
+}
+
 /* every this many sends that may ask for a pull go the way not chosen, timed */
 #define TT_PULL_RETIME 16
 
@@ -819,7 +826,7 @@ static int tt_taker_here(tt_send_plan *plan, tt_bell *bell)
 static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, const void *data, uint64_t seq,
                             uint8_t *trailer_target)
 {
-    int64_t start, took;
+    int64_t start, took, written;
     int pull = plan->pulling, found = 0;
     if (!plan->pull_took_ns[0] || !plan->pull_took_ns[1]) {
         pull = !plan->pull_took_ns[1];
@@ -843,7 +850,11 @@ static int tt_pull_or_write(tt_send_plan *plan, tt_bell *bell, void *target, con
                                        ? (3 * plan->pull_took_ns[pull] + took) / 4
                                        : took;
     }
-    plan->pulling = plan->pull_took_ns[1] && (!plan->pull_took_ns[0] || plan->pull_took_ns[1] < plan->pull_took_ns[0]);
+    written = plan->pull_took_ns[0];
+    if (tt_writes_streaming(plan) && plan->length <= tt_cache_bytes()) {
+        written *= TT_STREAM_GAIN; /* the reader then reads the lines from memory, which a writer's time omits */
+    }
+    plan->pulling = plan->pull_took_ns[1] && (!written || plan->pull_took_ns[1] < written);
     return found;
 }
 
