@@ -19,6 +19,7 @@ from bench.commands.common import BASELINE, disk_full, draw, failed, interrupted
 from bench.options import Choice
 from bench.results import DiskError
 from bench.results import lines as catalogue
+from bench.results.records import MICRO_SOURCES
 
 if TYPE_CHECKING:
     from bench.experiments.micro import MicroLine
@@ -57,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-copy", type=options.transport_choices, default=[], metavar="TRANSPORTS",
                         help="over these transports the sender copies each tensor once more before sending it: a "
                         "known slow-down (counted as a copy), e.g. to check that 'bench compare' catches one")
+    parser.add_argument("--source", choices=MICRO_SOURCES, default="fresh",
+                        help="fresh: before each transfer the sender writes its whole tensor, outside the timed "
+                        "interval, as a backward pass writes a gradient (training never sends an unchanged tensor); "
+                        "reused: the same tensor is sent again, as OSU and nccl-tests measure (default: fresh)")
     options.add_memory_option(parser)
     options.add_timeout(parser, 120.0, "one transfer")
     options.add_fabric_options(parser, "the links of the fabric transports (zerocopy, rdma_cp, grpc_rdma): shm "
@@ -179,7 +184,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
             problem := launcher.ranks_problem(2, "sender, receiver")):  # a job of too few processes (mpirun -np 1)
         return options.fail("micro", problem)
     memory = args.memory_kinds
-    points = plan_points(args.sizes, args.iters, args.warmup, memory)
+    points = plan_points(args.sizes, args.iters, args.warmup, memory, args.source)
     settings = {
         "sizes": [p.size_bytes for p in points],
         "memory": [str(side) for side in memory],
@@ -188,6 +193,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "warmup": {str(p.size_bytes): p.warmup for p in points},
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
+        "source": args.source,
         "peers": [] if args.no_peers else (args.peers or list(catalogue.names("peer"))),
         "contend": args.contend,
         "calibrate": args.calibrate,

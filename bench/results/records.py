@@ -37,6 +37,8 @@ class ResultsError(ValueError):
 
 #: the columns of samples.csv that every experiment's samples have after the point's key
 SAMPLE_INDEX = ("round", "iteration")
+#: what a micro record's ``source`` says: the sender's tensor written whole before each transfer, or not
+MICRO_SOURCES = ("fresh", "reused")
 
 
 @dataclass(kw_only=True)
@@ -156,6 +158,17 @@ class MicroRecord(_OfALine, Record):
     #: where the tensor lived on each side (--memory: host, cuda:N)
     sender_memory: str = "host"
     receiver_memory: str = "host"
+    #: the sender's tensor (``bench micro --source``, :data:`MICRO_SOURCES`): ``fresh``, written whole before each
+    #: transfer outside the timed interval, as a backward pass writes a gradient; ``reused``, written only where
+    #: the harness marks it, as OSU and nccl-tests (and the tools with loops of their own) send it; empty in runs
+    #: from before the column (unknown)
+    source: str | None = None
+    #: the sender's whole writes of its tensor over the point (warm-up included: one per transfer when fresh, 0
+    #: reused; empty for a tool whose loop is not ours), and the least time (µs) from the end of one to the clock
+    #: read that starts its transfer, over the timed transfers (at or above 0: every write outside the timed
+    #: interval)
+    source_writes: int | None = None
+    source_write_lead_min_us: float | None = None
     #: payload bytes per transfer copied between device and host memory (staging through the host), and from
     #: device to device, both sides together (apart from copied_bytes_per_transfer: host copies)
     device_to_host_bytes_per_transfer: float | None = None

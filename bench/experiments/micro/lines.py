@@ -15,6 +15,7 @@ import numpy as np
 import transports
 from bench.experiments.micro.loops import STARTUP_S, Progress, Side, pair_job, role_job
 from bench.experiments.micro.points import Point
+from bench.experiments.micro.sources import source_columns
 from bench.launch import Launcher, LaunchError, RankSpec
 from bench.launch.private import PrivateHosts
 from bench.results import MicroRecord, latency_summary
@@ -184,4 +185,5 @@ def make_record(name: str, point: Point, sender: Side, receiver: Side, round: in
         extra_copies=point.extra_copies, sender_memory=str(point.sender_memory),
         receiver_memory=str(point.receiver_memory), device_to_host_bytes_per_transfer=both.device_to_host_bytes / moved,
         host_to_device_bytes_per_transfer=both.host_to_device_bytes / moved,
-        device_to_device_bytes_per_transfer=both.device_to_device_bytes / moved)
+        device_to_device_bytes_per_transfer=both.device_to_device_bytes / moved,
+        **source_columns(point.source, sender.times, sender.written, sender.fresh_writes))

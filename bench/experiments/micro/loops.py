@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -35,6 +35,7 @@ from bench.experiments.micro.points import (
     prepare,
 )
 from bench.experiments.micro.shared import make_shared, open_shared
+from bench.experiments.micro.sources import rewriter
 from bench.experiments.stream import accept, connect, host_port, listen, recv_into, recv_message, send_message
 from bench.ground.memory import rss_mb
 from bench.ground.sizes import format_size
@@ -112,6 +113,10 @@ class Side:
     #: this process's resident memory (MB) before the point's first transfer and after its last
     rss_start_mb: float = float("nan")
     rss_end_mb: float = float("nan")
+    #: the sender's whole writes of its tensor (``--source fresh``: one per transfer, warm-up included), and the
+    #: clock when each timed transfer's ended (beside ``times``; empty when the tensor is reused)
+    fresh_writes: int = 0
+    written: list = field(default_factory=list)
 
 
 def wait_above(words: np.ndarray, seen: int, poll_s: float) -> None:
@@ -295,10 +300,11 @@ def _uncollected(points: list[Point]) -> Any:
             gc.enable()
 
 
-def _source(link: TimedLink, point: Point) -> tuple[Any, Callable[[int], None], Any]:
+def _source(link: TimedLink, point: Point) -> tuple[Any, Callable[[int], None], Any, Callable[[], Any] | None]:
     """The sender's tensor of ``point`` (where ``link`` places one, in the point's sender memory), filled; what
-    marks it before transfer ``i`` (:func:`_mark`; a device tensor's through its host mirror); and the scratch
-    tensor of ``--extra-copy`` (None without)."""
+    marks it before transfer ``i`` (:func:`_mark`; a device tensor's through its host mirror); the scratch
+    tensor of ``--extra-copy`` (None without); and its fresh write (``--source fresh``: :func:`.rewriter`; None
+    when it is reused)."""
     tensor = link.placement.allocate(point.spec)
     if type(tensor) is np.ndarray:
         flat = tensor.reshape(-1)
@@ -306,7 +312,8 @@ def _source(link: TimedLink, point: Point) -> tuple[Any, Callable[[int], None], 
         mark = functools.partial(_mark, flat, point)
     else:
         mark = functools.partial(DeviceSource(tensor).mark, point)
-    return tensor, mark, np.empty_like(tensor) if point.extra_copies else None
+    scratch = np.empty_like(tensor) if point.extra_copies else None
+    return tensor, mark, scratch, rewriter(tensor) if point.fresh else None
 
 
 def _reduce_max(point: Point) -> Callable[[Any], Any] | None:
@@ -328,22 +335,25 @@ def _mark(flat: np.ndarray, point: Point, i: int) -> None:
 
 def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
                 per_thread_cpu: bool) -> None:
-    """The sender's side of ``points``: per transfer, wait for the receiver's ready signal, stamp and mark the
-    tensor, read the clock and send it; a :class:`Side` reported per point."""
+    """The sender's side of ``points``: per transfer, wait for the receiver's ready signal, write the whole tensor
+    (``--source fresh``), stamp and mark it, read the clock and send it; a :class:`Side` reported per point."""
     with _uncollected(points):
         for point in points:
             gc.collect()  # the last point's garbage, outside any timed transfer
             spec = point.spec
             rss0 = rss_mb()
-            tensor, mark, scratch = _source(transport, point)
+            tensor, mark, scratch, rewrite = _source(transport, point)
             outbound = transport.outbound(spec.name, RECEIVER)
-            starts = []
+            starts, written, t_written = [], [], 0
             cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
             i = 0
             while (signal := ctrl.recv()) != "done":  # the receiver says which transfer it is ready for, or done
                 if signal != i:  # the receiver is done with transfer i - 1
                     raise RuntimeError(f"the sender expected the receiver to be ready for transfer {i} of "
                                        f"{format_size(point.size_bytes)}, it said {signal!r}")
+                if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                    rewrite()
+                    t_written = clock_ns()
                 mark(i)
                 if i == point.warmup:
                     cpu0, stats0 = _cpu_seconds(per_thread_cpu), transport.stats()
@@ -355,11 +365,13 @@ def sender_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, r
                 outbound.send(i, tensor)
                 if timed:
                     starts.append(t_send)
+                    if rewrite is not None:
+                        written.append(t_written)
                 i += 1
             report(Side("sender", point.size_bytes, starts, _cpu_seconds(per_thread_cpu) - cpu0,
                         transport.stats() - stats0, transport.describe(), transfers=i, rss_start_mb=rss0,
-                        rss_end_mb=rss_mb()))
-            del tensor, mark, outbound
+                        rss_end_mb=rss_mb(), fresh_writes=i if rewrite is not None else 0, written=written))
+            del tensor, mark, outbound, rewrite
 
 
 def receiver_loop(transport: TimedLink, points: list[Point], ctrl: ReadySignals, report: Callable[[Any], None],
@@ -428,26 +440,30 @@ def _check(tensor: np.ndarray, point: Point, i: int, largest: Any) -> bool:
 
 def solo_loop(sender: Transport, receiver: Transport, points: list[Point], report: Callable[[Any], None]) -> None:
     """Both sides of ``points`` in this one thread (``local``, whose transfer is a hand-over inside the process):
-    per transfer, the two loops' steps without the wait between them: the sender's marker (a checked transfer's
-    stamps), the clock and the persistent send (local's is done at the hand-over); then the receive, the clock, the
-    reduce-max, the clock and the check. No thread waits on another (two threads handing over took 25 µs at 1KB,
-    the GIL's turn), so its time is the floor every line's stands on: the harness's own work and the reduce-max,
-    without a transfer. The thread's CPU time is the receiver's; the sender's is not told apart (NaN)."""
+    per transfer, the two loops' steps without the wait between them: the sender's fresh write (``--source
+    fresh``), its marker (a checked transfer's stamps), the clock and the persistent send (local's is done at the
+    hand-over); then the receive, the clock, the reduce-max, the clock and the check. No thread waits on another
+    (two threads handing over took 25 µs at 1KB, the GIL's turn), so its time is the floor every line's stands on:
+    the harness's own work and the reduce-max, without a transfer. The thread's CPU time is the receiver's; the
+    sender's is not told apart (NaN)."""
     with _uncollected(points):
         for point in points:
             gc.collect()  # the last point's garbage, outside any timed transfer
             spec = point.spec
             rss0 = rss_mb()
-            tensor, mark, scratch = _source(sender, point)
+            tensor, mark, scratch, rewrite = _source(sender, point)
             outbound, inbound = sender.outbound(spec.name, RECEIVER), receiver.inbound(spec.name, SENDER)
             reduce_max = _reduce_max(point)
-            starts, dones, corrupted = [], [], 0
+            starts, dones, corrupted, written, t_written = [], [], 0, [], 0
             total = point.transfers
             cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
             reported = time.monotonic()
             for i in range(total):
                 if i == point.warmup:
                     cpu0, sent0, received0 = _cpu_seconds(True), sender.stats(), receiver.stats()
+                if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                    rewrite()
+                    t_written = clock_ns()
                 mark(i)
                 timed = point.timed(i)
                 t_send = clock_ns()
@@ -462,6 +478,8 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                 if timed:
                     starts.append(t_send)
                     dones.append((t_received, t_done))
+                    if rewrite is not None:
+                        written.append(t_written)
                 corrupted += _check(arrived, point, i, largest)
                 del arrived
                 if time.monotonic() - reported >= PROGRESS_EVERY_S or i + 1 == total:
@@ -469,10 +487,11 @@ def solo_loop(sender: Transport, receiver: Transport, points: list[Point], repor
                     reported = time.monotonic()
             cpu = _cpu_seconds(True) - cpu0
             report(Side("sender", point.size_bytes, starts, float("nan"), sender.stats() - sent0, sender.describe(),
-                        transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb()))
+                        transfers=total, rss_start_mb=rss0, rss_end_mb=rss_mb(),
+                        fresh_writes=total if rewrite is not None else 0, written=written))
             report(Side("receiver", point.size_bytes, dones, cpu, receiver.stats() - received0, None, transfers=total,
                         corrupted=corrupted, rss_start_mb=rss0, rss_end_mb=rss_mb()))
-            del tensor, mark, outbound, inbound
+            del tensor, mark, outbound, inbound, rewrite
 
 
 def bind_timing_thread(rank: int) -> int | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.results.records import MICRO_SOURCES
 from transports import TensorSpec
 from transports.memory import HOST, Memory
 from transports.tensors import ready
@@ -45,6 +46,9 @@ class Point:
     ``extra_copies``: the sender copies the tensor this many more times per transfer, after reading the
     clock (``--extra-copy``: a known slow-down, counted as copied bytes, to check that comparisons catch one).
     ``sender_memory``, ``receiver_memory``: where the tensor lives on each side (``--memory``).
+    ``source``: ``fresh``, the sender writes its whole tensor before each transfer, outside the timed interval, or
+    ``reused``, only its marker and stamps (``--source``, :mod:`.sources`; :func:`plan_points` plans fresh ones,
+    ``bench micro``'s default; a point made directly, as the soak's, reuses its tensor).
     """
 
     size_bytes: int
@@ -55,6 +59,16 @@ class Point:
     extra_copies: int = 0
     sender_memory: Memory = HOST
     receiver_memory: Memory = HOST
+    source: str = "reused"
+
+    def __post_init__(self) -> None:
+        if self.source not in MICRO_SOURCES:
+            raise ValueError(f"source {self.source!r}: choose one of {', '.join(MICRO_SOURCES)}")
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the sender writes its whole tensor before each transfer (``--source fresh``)."""
+        return self.source == "fresh"
 
     @property
     def dtype(self) -> np.dtype:
@@ -99,14 +113,14 @@ class Point:
 
 
 def plan_points(sizes: list[int], iters: int | None = None, warmup: int | None = None,
-                memory: tuple[Memory, Memory] = (HOST, HOST)) -> list[Point]:
+                memory: tuple[Memory, Memory] = (HOST, HOST), source: str = "fresh") -> list[Point]:
     """Iteration counts per size: ``iters`` for all when given, else about 2 GiB of traffic per size; the tensor
-    in ``memory`` (the sender's, the receiver's)."""
+    in ``memory`` (the sender's, the receiver's), its ``source`` fresh or reused (``--source``)."""
     points = []
     for size in sizes:
         n = iters if iters is not None else max(MIN_ITERS, min(MAX_ITERS, BYTES_PER_POINT // size))
         w = warmup if warmup is not None else max(1, min(10, n // 10))
-        points.append(Point(size, w, n, sender_memory=memory[0], receiver_memory=memory[1]))
+        points.append(Point(size, w, n, sender_memory=memory[0], receiver_memory=memory[1], source=source))
     return points
 
 

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import RECEIVER, DirectSignals, Point, clock_ns, marker
+from bench.experiments.micro.sources import rewriter
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.peers.plain_socket import filled_tensor, open_stream, run_plain_points
 from bench.experiments.stream import recv_message, send_message
@@ -165,12 +166,15 @@ class MooncakeLine(PeerLine):
 # -- the calibration: the same writes as a user's plain loop writes them ---------------------------------------
 
 
-def plain_loop(link: MooncakeLink, signals: DirectSignals, tensor: np.ndarray, total: int) -> np.ndarray:
+def plain_loop(link: MooncakeLink, signals: DirectSignals, tensor: np.ndarray, total: int,
+               written: np.ndarray | None = None) -> np.ndarray:
     """``total`` transfers of ``tensor`` (the sender's, registered: :meth:`MooncakeLink._attach`; the receiver's
     buffer: :meth:`MooncakeLink._place`) in the lines a user writes with the engine, and every line's ready signal:
     the sender's clock at each write, or the receiver's once it consumed the tensor. No ledger, no deadline, no
-    key."""
+    key. With ``written`` (a fresh source), the sender writes the whole tensor before each transfer, outside the
+    timed interval, and keeps there when each write ended."""
     times, kind = np.zeros(total, np.int64), tensor.dtype
+    rewrite = rewriter(tensor) if written is not None else None
     if link._rank == RECEIVER:
         flag = link._flag_in
         for i in range(total):
@@ -186,6 +190,9 @@ def plain_loop(link: MooncakeLink, signals: DirectSignals, tensor: np.ndarray, t
         mark.ctypes.data, tensor.nbytes
     for i in range(total):
         signals.recv()
+        if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+            rewrite()
+            written[i] = clock_ns()
         tensor[-1] = marker(i, kind)
         times[i] = clock_ns()
         mark[0] = i + 1

@@ -384,6 +384,7 @@ class PlainLoop:
     def run(cls, comm: Any, points: list[Point], report: Any) -> None:
         """Time ``points`` between the two processes of ``comm``; the receiver reports a record per point."""
         from bench.experiments.micro import bind_timing_thread, fill
+        from bench.experiments.micro.sources import plain_written
 
         rank = comm.Get_rank()
         bind_timing_thread(rank)
@@ -392,15 +393,19 @@ class PlainLoop:
                 continue
             tensor = np.empty(point.spec.shape, point.dtype)
             fill(tensor)  # data in every page, as a user's tensor holds (np.zeros' untouched pages are one zero page)
-            times = cls.loop(comm, rank, tensor, point.warmup + point.iters)
-            cls.report_point(comm, rank, point, times, report)
+            written = plain_written(point, rank)
+            times = cls.loop(comm, rank, tensor, point.warmup + point.iters, written)
+            cls.report_point(comm, rank, point, times, report, written)
 
     @staticmethod
-    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
-        """``total`` transfers of ``tensor``: the sender's clock at each send, or the receiver's once consumed."""
+    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int, written: np.ndarray | None = None) -> np.ndarray:
+        """``total`` transfers of ``tensor``: the sender's clock at each send, or the receiver's once consumed; with
+        ``written`` (a fresh source), the sender's whole write of the tensor before each, and when it ended."""
         from bench.experiments.micro import clock_ns, marker
+        from bench.experiments.micro.sources import rewriter
 
         ready, times, kind = np.zeros(1, np.int64), np.zeros(total, np.int64), tensor.dtype
+        rewrite = rewriter(tensor) if written is not None else None
         for i in range(total):
             if rank == RECEIVER:
                 comm.Send(ready, dest=SENDER, tag=SIGNAL_TAG)
@@ -410,29 +415,37 @@ class PlainLoop:
                 times[i] = clock_ns()
             else:
                 comm.Recv(ready, source=RECEIVER, tag=SIGNAL_TAG)
+                if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                    rewrite()
+                    written[i] = clock_ns()
                 tensor[-1] = marker(i, kind)
                 times[i] = clock_ns()
                 comm.Send(tensor, dest=RECEIVER, tag=DATA_TAG)
         return times
 
     @classmethod
-    def report_point(cls, comm: Any, rank: int, point: Point, times: np.ndarray, report: Any) -> None:
-        """The sender's clocks to the receiver, which reports the point's record."""
+    def report_point(cls, comm: Any, rank: int, point: Point, times: np.ndarray, report: Any,
+                     written: np.ndarray | None = None) -> None:
+        """The sender's clocks (the sends', then its fresh writes' ends: zeros without) to the receiver, which
+        reports the point's record."""
         from bench.experiments.micro import Measured
+        from bench.experiments.micro.sources import plain_columns
         from bench.experiments.references.running import record
         from bench.results import latency_summary
 
         if rank == SENDER:
-            comm.Send(times, dest=RECEIVER, tag=SIGNAL_TAG)
+            comm.Send(np.stack([times, written if written is not None else np.zeros_like(times)]), dest=RECEIVER,
+                      tag=SIGNAL_TAG)
             return
-        starts = np.zeros_like(times)
-        comm.Recv(starts, source=SENDER, tag=SIGNAL_TAG)
+        clocks = np.zeros((2, len(times)), np.int64)
+        comm.Recv(clocks, source=SENDER, tag=SIGNAL_TAG)
+        starts, written = clocks
         summary = latency_summary((times - starts)[point.warmup:] / 1e3)
         report(Measured(point.size_bytes, record(
             cls.name, point.size_bytes, point.warmup, point.iters, **summary,
             throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
             sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0,
-            fabric=f"mpi:{_library()}")))
+            fabric=f"mpi:{_library()}", **plain_columns(point, starts, written))))
 
 
 class PlainRmaLoop(PlainLoop):
@@ -443,12 +456,14 @@ class PlainRmaLoop(PlainLoop):
     name = "mpi_rma_plain"
 
     @staticmethod
-    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
+    def loop(comm: Any, rank: int, tensor: np.ndarray, total: int, written: np.ndarray | None = None) -> np.ndarray:
         from mpi4py import MPI
 
         from bench.experiments.micro import clock_ns, marker
+        from bench.experiments.micro.sources import rewriter
 
         ready, times, kind = np.zeros(1, np.int64), np.zeros(total, np.int64), tensor.dtype
+        rewrite = rewriter(tensor) if written is not None else None
         window = MPI.Win.Allocate(_FLAG_BYTES + tensor.nbytes if rank == RECEIVER else 0, 1, comm=comm)
         try:
             if rank == RECEIVER:
@@ -469,6 +484,9 @@ class PlainRmaLoop(PlainLoop):
                     times[i] = clock_ns()
                 else:
                     comm.Recv(ready, source=RECEIVER, tag=SIGNAL_TAG)
+                    if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                        rewrite()
+                        written[i] = clock_ns()
                     tensor[-1] = marker(i, kind)
                     times[i] = clock_ns()
                     window.Put(payload, RECEIVER, target=_FLAG_BYTES)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.experiments.micro import RECEIVER, DirectSignals, MicroLine, Point, clock_ns, marker
+from bench.experiments.micro.sources import rewriter
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.peers.plain_socket import filled_tensor, open_stream, run_plain_points
 from bench.experiments.stream import recv_message, send_message
@@ -168,12 +169,16 @@ class NixlLine(PeerLine):
 # -- the calibration: the same writes as a user's plain loop writes them ---------------------------------------
 
 
-def plain_loop(link: NixlLink, signals: DirectSignals, tensor: np.ndarray, total: int) -> np.ndarray:
+def plain_loop(link: NixlLink, signals: DirectSignals, tensor: np.ndarray, total: int,
+               written: np.ndarray | None = None) -> np.ndarray:
     """``total`` transfers of ``tensor`` (registered, the sender's transfer made: :meth:`NixlLink._register`) in
     the lines a user writes with NIXL's agent, and every line's ready signal: the sender's clock at each
-    ``transfer``, or the receiver's once it consumed the tensor. No ledger, no deadline checks, no key."""
+    ``transfer``, or the receiver's once it consumed the tensor. No ledger, no deadline checks, no key. With
+    ``written`` (a fresh source), the sender writes the whole tensor before each transfer, outside the timed
+    interval, and keeps there when each write ended."""
     agent, xfer, remote = link._agent, link._xfer, link._remote
     times, kind = np.zeros(total, np.int64), tensor.dtype
+    rewrite = rewriter(tensor) if written is not None else None
     notes: set[bytes] = set()
     for i in range(total):
         note = str(i + 1).encode()
@@ -187,6 +192,9 @@ def plain_loop(link: NixlLink, signals: DirectSignals, tensor: np.ndarray, total
             times[i] = clock_ns()
         else:
             signals.recv()
+            if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                rewrite()
+                written[i] = clock_ns()
             tensor[-1] = marker(i, kind)
             times[i] = clock_ns()
             state = agent.transfer(xfer, note)

@@ -29,6 +29,7 @@ from bench.experiments.micro import (
     fill,
     marker,
 )
+from bench.experiments.micro.sources import plain_columns, plain_written, rewriter
 from bench.experiments.peers import PeerLine, PeerLineError, PeerLink
 from bench.experiments.references.running import record
 from bench.experiments.stream import (
@@ -197,10 +198,13 @@ class SocketLine(PeerLine):
 # -- the calibration: the same stream as a user's plain loop writes it ----------------------------------------
 
 
-def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: np.ndarray, total: int) -> np.ndarray:
+def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: np.ndarray, total: int,
+               written: np.ndarray | None = None) -> np.ndarray:
     """``total`` transfers of ``tensor`` over ``sock`` in the ten lines a user writes (the ready signal is every
-    line's, :class:`DirectSignals`): the sender's clock at each send, or the receiver's once it consumed it."""
-    times, kind = np.zeros(total, np.int64), tensor.dtype
+    line's, :class:`DirectSignals`): the sender's clock at each send, or the receiver's once it consumed it. With
+    ``written`` (a fresh source), the sender writes the whole tensor before each send, outside the timed interval,
+    and keeps there when each write ended."""
+    times, kind, rewrite = np.zeros(total, np.int64), tensor.dtype, rewriter(tensor) if written is not None else None
     view = memoryview(tensor.reshape(-1)).cast("B")
     parts = [length_prefix(view.nbytes), view]
     for i in range(total):
@@ -214,6 +218,9 @@ def plain_loop(sock: socket.socket, signals: DirectSignals, rank: int, tensor: n
             times[i] = clock_ns()
         else:
             signals.recv()
+            if rewrite is not None:  # --source fresh: every line of it written, before the clock is read
+                rewrite()
+                written[i] = clock_ns()
             tensor[-1] = marker(i, kind)
             times[i] = clock_ns()
             send_message(sock, parts)
@@ -224,7 +231,8 @@ def _plain_job(line: PlainSocketLine, points: list[Point], ctx: RankContext) -> 
     """One side of the socket line's plain loop; the receiver reports a record per point."""
     with open_stream(ctx.cluster, ctx.rank, line.timeout_s) as sock:
         run_plain_points(ctx, line.name, points, "socket", sock, filled_tensor,
-                         lambda signals, tensor, total: plain_loop(sock, signals, ctx.rank, tensor, total))
+                         lambda signals, tensor, total, written: plain_loop(sock, signals, ctx.rank, tensor, total,
+                                                                            written))
 
 
 def filled_tensor(point: Point) -> np.ndarray:
@@ -237,32 +245,38 @@ def filled_tensor(point: Point) -> np.ndarray:
 
 def run_plain_points(ctx: RankContext, name: str, points: list[Point], fabric: str, sock: socket.socket,
                      tensor_for: Callable[[Point], np.ndarray],
-                     loop: Callable[[DirectSignals, np.ndarray, int], np.ndarray]) -> None:
+                     loop: Callable[[DirectSignals, np.ndarray, int, np.ndarray | None], np.ndarray]) -> None:
     """One side of plain loop ``name``: the ready signals made and the timing thread bound as every line's; per
     point, its tensor (``tensor_for``: made, and registered where the library wants), ``loop(signals, tensor,
-    transfers)`` and its record (:func:`report_plain_point` over ``sock``)."""
+    transfers, written)`` (``written``: the sender's, for a fresh source's writes, else None) and its record
+    (:func:`report_plain_point` over ``sock``)."""
     with DirectSignals(ctx) as signals:
         bind_timing_thread(ctx.rank)  # as every line's ranks are
         for point in points:
             tensor = tensor_for(point)
-            times = loop(signals, tensor, point.warmup + point.iters)
-            report_plain_point(sock, ctx, name, point, times, fabric)
+            written = plain_written(point, ctx.rank)
+            times = loop(signals, tensor, point.warmup + point.iters, written)
+            report_plain_point(sock, ctx, name, point, times, fabric, written)
 
 
 def report_plain_point(sock: socket.socket, ctx: RankContext, name: str, point: Point, times: np.ndarray,
-                       fabric: str) -> None:
-    """After a plain loop's ``point``: the sender's clocks (``times``) go to the receiver over ``sock``, and the
-    receiver reports the point's record as line ``name``'s."""
+                       fabric: str, written: np.ndarray | None = None) -> None:
+    """After a plain loop's ``point``: the sender's clocks (``times``, then ``written``: the ends of its fresh
+    writes, zeros without) go to the receiver over ``sock``, and the receiver reports the point's record as line
+    ``name``'s."""
     if ctx.rank == SENDER:
         sock.sendall(times.tobytes())
+        sock.sendall((written if written is not None else np.zeros_like(times)).tobytes())
         return
-    starts = np.zeros_like(times)
+    starts, written = np.zeros_like(times), np.zeros_like(times)
     recv_into(sock, memoryview(starts).cast("B"))
+    recv_into(sock, memoryview(written).cast("B"))
     summary = latency_summary((times - starts)[point.warmup:] / 1e3)
     ctx.report(Measured(point.size_bytes, record(
         name, point.size_bytes, point.warmup, point.iters, **summary,
         throughput_MBps=point.size_bytes / 2**20 / (summary["mean_us"] / 1e6),
-        sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0, fabric=fabric)))
+        sender_cpu_s=float("nan"), receiver_cpu_s=float("nan"), copied_bytes=0, fabric=fabric,
+        **plain_columns(point, starts, written))))
 
 
 @dataclass

@@ -139,12 +139,15 @@ def count(value: int, what: str, size: int) -> int:
 
 def record(name: str, size: int, warmup: int, iters: int, *, p50_us: float, p99_us: float, mean_us: float,
             min_us: float, max_us: float, throughput_MBps: float, sender_cpu_s: float, receiver_cpu_s: float,
-            copied_bytes: int, fabric: str, memory: tuple[Memory, Memory] = (HOST, HOST)) -> MicroRecord:
+            copied_bytes: int, fabric: str, memory: tuple[Memory, Memory] = (HOST, HOST), source: str = "reused",
+            source_writes: int | None = None, source_write_lead_min_us: float | None = None) -> MicroRecord:
     """A ``micro`` record of a reference line (over ``memory``: the sender's, the receiver's); what a line does not
-    measure is NaN."""
+    measure is NaN. ``source`` and its columns (``bench.experiments.micro.sources.source_columns``) are a line's
+    whose loop is ours; a tool with a loop of its own (``ucx_perftest``, perftest's) reuses its buffer."""
     return MicroRecord(
         transport=name, size_bytes=size, dtype="uint8", warmup=warmup, iters=iters, p50_us=p50_us, p99_us=p99_us,
         mean_us=mean_us, min_us=min_us, max_us=max_us, throughput_MBps=throughput_MBps, sender_cpu_s=sender_cpu_s,
         receiver_cpu_s=receiver_cpu_s, sender_cpu_us_per_transfer=sender_cpu_s / iters * 1e6,
         receiver_cpu_us_per_transfer=receiver_cpu_s / iters * 1e6, copied_bytes_per_transfer=copied_bytes,
-        fabric=fabric, sender_memory=str(memory[0]), receiver_memory=str(memory[1]))
+        fabric=fabric, sender_memory=str(memory[0]), receiver_memory=str(memory[1]), source=source,
+        source_writes=source_writes, source_write_lead_min_us=source_write_lead_min_us)
