@@ -84,7 +84,8 @@ _DROPPED_KEY = {"converge": ("kind", "step")}
 _ROW_FILTER = {"converge": ("kind", "summary")}
 
 #: columns that say how a point was measured: when they differ between the runs, the row says so
-_SETTING_COLUMNS = ("extra_copies", "fabric", "dtype", "compute", "analysis", "launcher", "link_rate", "target")
+_SETTING_COLUMNS = ("extra_copies", "source", "fabric", "dtype", "compute", "analysis", "launcher", "link_rate",
+                    "target")
 
 #: the spread of a point's value (see bench.results.points)
 SPREAD_WORDS = {"rounds": "lowest to highest round", "samples": "95% interval of the median of the iterations",

@@ -25,6 +25,7 @@ from bench.readers.compare import (
     point_text,
 )
 from bench.results import Run
+from bench.results.records import MICRO_SOURCES
 
 
 def _number(x: float) -> str:
@@ -115,6 +116,21 @@ def _describe_run(label: str, run: Run, values: Iterable[Value]) -> str:
     return f"{label:<5} {run.path}  ({', '.join(details)})"
 
 
+def _source_note(c: Comparison) -> str:
+    """For micro runs whose senders used different sources (``bench micro --source``, in meta.json's settings), a
+    line that says so: the times then differ by more than the code; '' otherwise."""
+    if c.experiment != "micro":
+        return ""
+    sources = [(run.meta.get("settings") or {}).get("source") for run in (c.base, c.new)]
+    if sources[0] == sources[1]:
+        return ""
+    base, new = (source if source in MICRO_SOURCES else "not recorded (before --source: reused)"
+                 for source in sources)
+    return (f"note: the runs' senders used different sources (base {base}, new {new}; bench micro --source): a "
+            "fresh tensor is written whole before each transfer, a reused one is not, so the times differ by more "
+            "than the code")
+
+
 def _unchanged(row: Row) -> bool:
     """Same, or measured by neither run."""
     return row.state == SAME or (row.state == NOT_COMPARED and not (row.base and row.base.measured)
@@ -132,6 +148,8 @@ def comparison_lines(c: Comparison, only_changed: bool) -> list[str]:
     if hosts[0] != hosts[1]:
         lines.append(f"note: the runs are from different hosts ({hosts[0]}, {hosts[1]}): the ratios include the "
                      "machines' difference")
+    if note := _source_note(c):
+        lines.append(note)
     if c.drift > c.threshold:
         lines.append(f"note: the reference lines moved {c.drift * 100:.0f}% between the runs (the median of their "
                      f"points): a change is called only beyond that, not {c.threshold * 100:g}%")

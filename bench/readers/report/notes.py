@@ -1,7 +1,7 @@
 """Why the numbers differ from the paper's: sentences made from a run's own data.
 
-The fabric that carried the tensors, the launcher and links, the cores, replayed compute, rounds and the run's
-status; every section adds the ones that apply to it.
+The fabric that carried the tensors, the launcher and links, the cores, replayed compute, rounds, a micro run's
+source and the run's status; every section adds the ones that apply to it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from bench.readers.report.text import (
 )
 from bench.results import Run
 from bench.results import lines as catalogue
+from bench.results.records import MICRO_SOURCES
 
 #: UCX transports that move data through memory shared between processes of one host
 _SHARED_MEMORY = {"cma", "posix", "sysv", "xpmem", "knem", "self"}
@@ -145,3 +146,29 @@ def rounds_note(points: pd.DataFrame) -> str:
     if rounds and rounds[-1] > 1:
         return f"Each point is the median of {listing(rounds)} rounds, interleaved with the other transports."
     return ""
+
+
+#: what each of ``bench micro --source``'s sources means, as a note says it
+_SOURCE_WORDS = {
+    "fresh": "before each transfer the sender wrote its whole tensor, outside the timed interval, as a backward pass "
+             "writes a gradient every step",
+    "reused": "the sender sent the same tensor again, written only where the harness marks it, as OSU and "
+              "nccl-tests measure (the receiver's cache may still hold it from the last transfer)",
+}
+
+
+def source_note(run: Run, points: pd.DataFrame) -> str:
+    """Which source a micro run's senders used (``--source``), and the lines that used another (the tools with loops
+    of their own); a run from before the setting says it was not recorded."""
+    setting = (run.meta.get("settings") or {}).get("source")
+    if setting not in MICRO_SOURCES:
+        return ("Source not recorded (a run from before bench micro --source, whose senders sent the same tensor "
+                "again: reused).")
+    others = {} if "source" not in points else {
+        line: source for line, source in zip(points["transport"], points["source"], strict=True)
+        if source in MICRO_SOURCES and source != setting}
+    note = f"Source {setting} (bench micro --source): {_SOURCE_WORDS[setting]}."
+    if others:
+        note += (f" {listing(line_name(t) for t in ordered(others))}: {listing(sorted(set(others.values())))}, "
+                 "their tools' own loops.")
+    return note

@@ -8,7 +8,14 @@ import pandas as pd
 
 from bench.ground import paper
 from bench.ground.sizes import format_size
-from bench.readers.report.notes import cores_note, fabric_notes, launch_notes, rounds_note, status_notes
+from bench.readers.report.notes import (
+    cores_note,
+    fabric_notes,
+    launch_notes,
+    rounds_note,
+    source_note,
+    status_notes,
+)
 from bench.readers.report.page import Section, Table
 from bench.readers.report.text import (
     ZERO_COPY,
@@ -87,6 +94,7 @@ def figure8(run: Run, label: str) -> Section:
         section.notes.append(note)
     if note := rounds_note(points):
         section.notes.append(note)
+    section.notes.append(source_note(run, points))
     section.notes += status_notes(run)
     return section
 
