@@ -6,8 +6,11 @@ size, after warm-up transfers, each timed transfer goes like this:
 
 1. the receiver tells the sender, outside the transport (over a TCP stream of
    their own, :class:`DirectSignals`), that it is ready for transfer ``i`` and calls ``recv``;
-2. the sender reads the clock (``t_send``) and calls ``send``;
-3. the receiver gets the tensor, consumes it with a reduce-max (as in the
+2. with a fresh source (``--source fresh``, the default: :mod:`.sources`), the sender writes its whole tensor, as
+   a backward pass writes a gradient every step, values kept; then it writes the marker (and a checked transfer's
+   stamps), all outside the timed interval (``reused``: the marker and stamps alone, as OSU and nccl-tests);
+3. the sender reads the clock (``t_send``) and calls ``send``;
+4. the receiver gets the tensor, consumes it with a reduce-max (as in the
    paper) and reads the clock (``t_done``); then, outside the timed interval,
    it checks what arrived (see *the data check*).
 
@@ -39,10 +42,10 @@ begins with a collection.
 
 *The package.* :mod:`.points` holds the points and the data check; :mod:`.loops` the two sides' loops, what they
 drive (:class:`TimedLink`, which a transport and a peer library's link both satisfy) and the ready signals;
-:mod:`.lines` what the harness asks of a line (:class:`MicroLine`), the transports' line and :func:`run_line`;
-:mod:`.sweep` a run's lines at every size, in rounds, each record written as it is measured. The lines that are
-not ours live beside it: ``bench.experiments.references`` (a module per tool) and ``bench.experiments.peers`` (a
-module per library).
+:mod:`.sources` the sender's fresh or reused tensor; :mod:`.lines` what the harness asks of a line
+(:class:`MicroLine`), the transports' line and :func:`run_line`; :mod:`.sweep` a run's lines at every size, in
+rounds, each record written as it is measured. The lines that are not ours live beside it:
+``bench.experiments.references`` (a module per tool) and ``bench.experiments.peers`` (a module per library).
 """
 
 from bench.experiments.micro.lines import (
