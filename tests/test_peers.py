@@ -331,20 +331,28 @@ def test_the_report_holds_every_transport_against_the_best_peer_and_compare_trea
 
 
 @needs_mpi
-def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path):
+@pytest.mark.parametrize("source", ["fresh", "reused"])
+def test_calibrate_measures_each_peer_line_beside_its_plain_loop(tmp_path, source):
     """``--calibrate``: each peer line's plain loop (mpi_plain, mpi_rma_plain, socket_plain, and nixl_plain and
     mooncake_plain where their libraries are installed) runs beside it, a reference record of a transport's columns
-    per size, never the best peer; the harness line runs in every run below 64KB."""
+    per size, never the best peer; the harness line runs in every run below 64KB. Under both ``--source``s, every
+    line whose sender loop is ours (every transport, local, memcpy, the harness, the peers and their plain loops)
+    used it: a fresh tensor written once per transfer, outside the timed interval
+    (``tests.test_source_lines.assert_sources``)."""
+    from tests.test_source_lines import assert_sources
+
     out = tmp_path / "run"
     peers = ["mpi", "mpi_rma", "socket", *(["nixl"] if HAVE_NIXL else []),
              *(["mooncake"] if MOONCAKE_MISSING is None else [])]
-    result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--transports", "local",
+    result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--source", source,
                    "--peers", ",".join(peers), "--calibrate", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = load_run(out)
+    assert run.meta["settings"]["source"] == source
+    assert_sources(run.records, source)
     records = run.records.set_index("transport")
     plain = [f"{peer}_plain" for peer in peers]
-    assert {*peers, *plain, "harness", "local"} <= set(records.index)
+    assert {*peers, *plain, "harness", "memcpy", "local", "zerocopy"} <= set(records.index)
     for name in plain:
         assert records.loc[name, "line_kind"] == "reference"
         assert records.loc[name, "iters"] == 20 and records.loc[name, "p50_us"] > 0
