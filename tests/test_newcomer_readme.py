@@ -76,7 +76,7 @@ def test_the_readme_sample_is_one_run_of_todays_command():
     one named at the end."""
     sample = readme_sample()
     assert sample[0] == "$ bench micro --sizes 1KB-64MB"
-    first = re.fullmatch(r"bench micro: 9 sizes \(1KB\.\.64MB\) over (.+), launcher local -> "
+    first = re.fullmatch(r"bench micro: 9 sizes \(1KB\.\.64MB\) over (.+), source fresh, launcher local -> "
                          r"(results/micro-\d{8}-\d{6})", sample[1])
     assert first is not None, sample[1]
     assert first.group(1) == ", ".join(options.labels(options.default_choices()))
