@@ -211,7 +211,8 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
           + (f", {args.rounds} rounds interleaved" if args.rounds > 1 else "")
           + (f", each point again beside {args.contend} busy processes" if args.contend else "")
           + (f", tensors in {memory[0]} -> {memory[1]} memory" if memory != (HOST, HOST) else "")
-          + f", source {args.source}, launcher {launcher.name} -> {out}", flush=True)  # before any line on stderr, in a log too
+          + f", source {args.source}, launcher {launcher.name} -> {out}",
+          flush=True)  # before any line on stderr, in a log too
     from bench.experiments.micro.sweep import Sweep, SweepSettings
 
     sweep = Sweep(SweepSettings(args.rounds, args.contend, args.timeout, memory), launcher, writer,
