@@ -71,10 +71,7 @@ class PlannedOutbound(Outbound):
     def _connected(self) -> Any:
         """The tensor's sender-side state once its sends can go the planned way (connected, static, its slots
         mapped here), kept from then on; else None."""
-        outgoing = self._transport._outgoing.get((self.name, self.dst))
-        if outgoing is None or outgoing.plan is None or not outgoing.plan.mapped:
-            return None
-        self._outgoing = outgoing
+        outgoing = self._outgoing = self._transport._planned_outgoing(self.name, self.dst)
         return outgoing
 
     def _general(self, step: Any, array: Any, timeout: float | None) -> None:
@@ -134,9 +131,8 @@ class PlannedInbound(Inbound):
     def _adopt(self) -> bool:
         """Whether the tensor's receives go the planned way from now on: static, its sender connected, its credit a
         store into memory mapped here."""
-        incoming = self._transport._incoming.get((self.name, self.src))
-        if (incoming is None or incoming.take is None or incoming.mirror is None or incoming.credit is None
-                or not incoming.credit.mapped):
+        incoming = self._transport._planned_incoming(self.name, self.src)
+        if incoming is None:
             return False
         self._grant = incoming.credit.fast(self._transport.timeout_s)
         self._take = incoming.take.fast()

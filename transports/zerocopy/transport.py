@@ -509,11 +509,18 @@ class ZeroCopyTransport(FabricTransport):
 
     def _keep_persistent_send(self, name: str, dst: int) -> PlannedOutbound | None:
         """The persistent send the keys of ``name`` to ``dst`` go through from now on, made where its sends can go
-        the planned way (connected, static, mapped here); else None (they go :meth:`_send_by_key`)."""
+        the planned way (:meth:`_planned_outgoing`); else None (they go :meth:`_send_by_key`)."""
+        if self._planned_outgoing(name, dst) is None:
+            return None
+        return self._keyed_sends.setdefault((name, dst), PlannedOutbound(self, name, dst))
+
+    def _planned_outgoing(self, name: str, dst: int) -> _Outgoing | None:
+        """The sender-side state of ``name`` to ``dst`` where its sends can go the planned way (connected, static,
+        its slots mapped here: one call into C), else None."""
         outgoing = self._outgoing.get((name, dst))
         if outgoing is None or outgoing.plan is None or not outgoing.plan.mapped:
             return None
-        return self._keyed_sends.setdefault((name, dst), PlannedOutbound(self, name, dst))
+        return outgoing
 
     def _send_by_key(self, key: Key, array: np.ndarray, timeout: float | None = None) -> None:
         """A connected static tensor sent from where it is goes the planned way: the checks the general path
@@ -838,11 +845,18 @@ class ZeroCopyTransport(FabricTransport):
         """The persistent receive the keys of ``name`` from ``src`` go through from now on, made where its receives
         can go the planned way (static, its sender connected, its credit mapped here) into host memory as planned;
         else None (they go :meth:`_recv_by_key`)."""
-        incoming = self._incoming.get((name, src))
-        if (incoming is None or incoming.take is None or incoming.mirror is None or incoming.credit is None
-                or not incoming.credit.mapped or self.placement.device_receives):
+        if self.placement.device_receives or self._planned_incoming(name, src) is None:
             return None
         return self._keyed_recvs.setdefault((name, src), PlannedInbound(self, name, src))
+
+    def _planned_incoming(self, name: str, src: int) -> _Incoming | None:
+        """The receiver-side state of ``name`` from ``src`` where its receives can go the planned way (static, its
+        sender connected, its credit a store into memory mapped here), else None."""
+        incoming = self._incoming.get((name, src))
+        if (incoming is None or incoming.take is None or incoming.mirror is None or incoming.credit is None
+                or not incoming.credit.mapped):
+            return None
+        return incoming
 
     def _recv_by_key(self, key: Key, timeout: float | None = None) -> np.ndarray:
         """A static tensor is taken the planned way (:meth:`_take_planned`) with the checks the general path makes
