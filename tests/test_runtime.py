@@ -87,13 +87,17 @@ def test_dense_gradients_are_handed_over_in_buckets_last_weights_first():
     """One call into the step's graph per bucket of about the bucket's bytes, not per gradient; a sparse gradient
     (IndexedSlices) is sent after the step, in no bucket."""
     tf = pytest.importorskip("tensorflow")
+    from bench.runtime.tensorflow_bridge import dense_bytes
+
     mb = 1 << 20
     sparse = tf.IndexedSlices(tf.zeros([2, 4]), tf.constant([0, 3]), tf.constant([8, 4]))
     kb = 256  # float32s
     gradients = [tf.zeros([256 * kb]), sparse, tf.zeros([256 * kb]), tf.zeros([512 * kb]), tf.zeros([768 * kb])]
-    assert gradient_buckets(gradients, bucket_bytes=mb) == [[4, 3], [2, 0]]
-    assert gradient_buckets(gradients, bucket_bytes=4 * mb) == [[4, 3, 2, 0]]
-    assert gradient_buckets(gradients, bucket_bytes=1) == [[4], [3], [2], [0]]
+    sizes = dense_bytes(gradients)
+    assert sizes == [mb // 4, None, mb // 4, mb // 2, 3 * mb // 4]
+    assert gradient_buckets(sizes, bucket_bytes=mb) == [[4, 3], [2, 0]]
+    assert gradient_buckets(sizes, bucket_bytes=4 * mb) == [[4, 3, 2, 0]]
+    assert gradient_buckets(sizes, bucket_bytes=1) == [[4], [3], [2], [0]]
 
 
 def test_grpc_tcp_training_shows_where_copies_remain():

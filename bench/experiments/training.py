@@ -24,12 +24,15 @@ from bench.experiments.models import resolve_model
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
 from bench.results import DiskError, ModelRecord, ScaleRecord
-from bench.runtime.analyzer import Layout, Plan, analyze, traced_step
+from bench.runtime.analyzer import Layout, Plan
+from bench.runtime.framework import DEFAULT_FRAMEWORK
 from bench.runtime.ps import (
+    RuntimeCopies,
     StepTimes,
     Stopping,
     TrainConfig,
     build_model,
+    framework,
     plan_of,
     run_ps,
     run_worker,
@@ -52,10 +55,10 @@ class TrainingError(RuntimeError):
     """A training run could not be set up or did not finish; the message says which and why."""
 
 
-def model_config(model: str, **settings: Any) -> TrainConfig:
-    """A :class:`TrainConfig` for the model called ``model`` (``vgg16``, or ``package.module:ATTRIBUTE``):
-    the name resolved to the definition the runtime is handed."""
-    return TrainConfig(model=model, workload=resolve_model(model), **settings)
+def model_config(model: str, framework: str = DEFAULT_FRAMEWORK, **settings: Any) -> TrainConfig:
+    """A :class:`TrainConfig` for the model called ``model`` (``vgg16``, or ``package.module:ATTRIBUTE``) in
+    ``framework``: the name resolved to the definition the runtime is handed."""
+    return TrainConfig(model=model, workload=resolve_model(model, framework=framework), **settings)
 
 
 # -- the processes: what each rank of a training run does ---------------------------------------------------
@@ -116,26 +119,23 @@ def local_job(config: TrainConfig, ctx) -> StepTimes:
 
 def profile(config: TrainConfig, ctx, steps: int = 5) -> tuple[Plan, float]:
     """The analyzer's plan and one worker's compute seconds per step (median of ``steps``; NaN for 0)."""
-    import tensorflow as tf
-
     model = build_model(config)
     x, y = worker_batch(config, 0, 0)
-    loss_fn = config.workload.loss_fn()
-    step_fn, concrete = traced_step(model, loss_fn, np.asarray(x), np.asarray(y))
-    plan = analyze(config.model, model, loss_fn, np.asarray(x), np.asarray(y), config.servers, config.batch_size,
-                   concrete)
+    plan = framework(config).analyze(config.model, model, config.workload, np.asarray(x), np.asarray(y),
+                                     config.servers, config.batch_size)
     if not steps:
         return plan, float("nan")
-    state = [v.value for v in model.non_trainable_variables]
-    weights = [tf.constant(v.value) for v in model.trainable_variables]
+    values = framework(config).initial_values(model)
+    step_fn = framework(config).step(model, config.workload, list(plan.variables))
+    copies = RuntimeCopies()
     seconds = []
     for step in range(2 + steps):  # two warm-up steps: tracing, then first-run allocations
         x, y = worker_batch(config, 0, step)
         started = time.perf_counter()
-        value, grads, _ = step_fn(weights, state, x, y)
-        float(value)
+        result = step_fn(values, x, y, copies)
+        float(result.loss)
         seconds.append(time.perf_counter() - started)
-        del grads
+        del result
     return plan, float(np.median(seconds[2:]))
 
 
@@ -347,10 +347,10 @@ class Trainings:
                ) -> tuple[ModelRecord, dict[str, list] | None]:
         """One run's record and its samples (none for tf_grpc, which times steps its own way)."""
         args = self.args
-        config = model_config(model, transport=choice.name, transport_options={}, batch_size=batch,
-                             servers=servers, steps=args.steps, warmup=args.warmup, learning_rate=args.learning_rate,
-                             timeout_s=args.timeout, label=choice.label, asynchronous=args.asynchronous,
-                             compute=args.compute)
+        config = model_config(model, getattr(args, "framework", DEFAULT_FRAMEWORK), transport=choice.name,
+                              transport_options={}, batch_size=batch, servers=servers, steps=args.steps,
+                              warmup=args.warmup, learning_rate=args.learning_rate, timeout_s=args.timeout,
+                              label=choice.label, asynchronous=args.asynchronous, compute=args.compute)
         if (model, batch) not in self.prepared:
             self.prepared[(model, batch)] = prepare(config, self.launcher)
         ready = self.prepared[(model, batch)]
@@ -360,6 +360,7 @@ class Trainings:
         config.transport_options = options
         record, samples = line_of(choice.name).train(config, self.launcher, on_step)
         record.launcher, record.link_rate = self.launcher.name, args.link_rate or ""
+        record.framework, record.framework_version = config.framework, framework(config).version()
         return self.shape(record), samples
 
 
@@ -443,6 +444,9 @@ def tf_grpc_record(config: TrainConfig, launcher: Launcher) -> ModelRecord:
 
     if config.replayed:
         raise ValueError("tf_grpc runs TensorFlow's own training: it cannot replay compute (use --compute real)")
+    if config.framework != "tensorflow":
+        raise ValueError(f"tf_grpc trains TensorFlow models, not {config.framework}'s (torch_rpc is PyTorch's "
+                         "parameter server: use it, or --framework tensorflow)")
     definition = config.workload
     record = run_tf_grpc(definition.build, definition.make_batch, definition.loss_fn, batch_size=config.batch_size,
                          servers=config.servers, steps=config.steps, warmup=config.warmup,

@@ -1,24 +1,24 @@
 """The graph analyzer (the paper's section 3.4): which tensors cross processes, static or dynamic, and where.
 
-It reads the traced step function (the ``tf.function`` graph a worker runs every mini-batch), not
-only the model's variable list. In the parameter-server layout the tensors that cross processes
-are, per variable:
+A framework traces the step a worker runs every mini-batch (TensorFlow: the ``tf.function`` graph,
+``bench.runtime.tensorflow_bridge``; PyTorch: one step under autograd, ``bench.runtime.torch_bridge``) and
+says what it gives for each variable (:class:`Output`); this module turns that into the plan, framework-free.
+In the parameter-server layout the tensors that cross processes are, per variable:
 
 * a trainable variable's value (``w<i>``), from its parameter server (PS) to every worker, and its
-  gradient back (``g<i>``). A dense gradient has the shape TensorFlow's shape inference gives the
-  graph's output; an embedding table's gradient is ``IndexedSlices`` (the rows the batch looked
-  up), sent as its distinct rows (``g<i>.values``) and their row numbers (``g<i>.indices``): how
-  many rows that is changes every step, so both are *dynamic*, with the graph's static row count
-  as their bound;
+  gradient back (``g<i>``). A dense gradient has the shape the trace gives it; an embedding table's
+  gradient is sparse (TensorFlow's ``IndexedSlices``, PyTorch's sparse COO tensor: the rows the batch
+  looked up), sent as its distinct rows (``g<i>.values``) and their row numbers (``g<i>.indices``): how
+  many rows that is changes every step, so both are *dynamic*, with the trace's row count as their bound;
 * a non-trainable variable (BatchNorm's moving statistics: *state*), kept by the PS as
   TensorFlow's PS training keeps it: its value goes to every worker with the weights (``s<i>``),
-  and each worker's update of it comes back (``u<i>``, the graph's new value of the variable).
+  and each worker's update of it comes back (``u<i>``, the step's new value of the variable).
 
-A tensor whose shape is fully known in the graph is placed statically (the receiver preallocates
+A tensor whose shape is fully known in the trace is placed statically (the receiver preallocates
 it in registered memory and the sender writes into it); the others go by dynamic allocation. For
-each sent tensor the plan names its *site*: the graph operation that allocates it, found by
-walking back through the operations that only forward a buffer (``Identity``); at run time the
-runtime traces where those tensors actually are (``bench.runtime.sites``).
+each sent tensor the plan names its *site*: where the framework allocates it (TensorFlow: the graph
+operation, found by walking back through the operations that only forward a buffer, ``Identity``);
+at run time the runtime traces where those tensors actually are (``bench.runtime.sites``).
 
 ``Plan.specs(rank)`` is what the runtime hands to ``Placement.plan`` (a transport's ``placement``);
 ``bench analyze`` prints it.
@@ -26,9 +26,7 @@ runtime traces where those tensors actually are (``bench.runtime.sites``).
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,8 +34,6 @@ import numpy as np
 
 from transports import TensorSpec
 
-#: operations that hand on their input's buffer: the allocation site is further up
-_FORWARDING_OPS = {"Identity", "IdentityN", "StopGradient", "Reshape", "EnsureShape", "Snapshot"}
 #: where tensors the parameter servers send come from (memory the transport gives them)
 PS_SITE = "parameter server (transport memory)"
 #: where the distinct rows of a sparse gradient are written (memory the transport gives the worker)
@@ -91,17 +87,6 @@ class Layout:
 
     def role(self, rank: int) -> str:
         return f"worker {rank}" if rank < self.servers else f"ps {rank - self.servers}"
-
-
-def variables_of(model, sparse_rows: dict[int, int] | None = None) -> list[Variable]:
-    """Every variable of a Keras model: the trainable ones in the model's order, then the state."""
-    sparse_rows = sparse_rows or {}
-    trainable = list(model.trainable_variables)
-    return [
-        Variable(i, v.path, tuple(int(d) for d in v.shape), np.dtype(v.dtype), i < len(trainable),
-                 sparse_rows.get(i, 0))
-        for i, v in enumerate(trainable + list(model.non_trainable_variables))
-    ]
 
 
 def weight_key(variable: Variable) -> str:
@@ -260,50 +245,18 @@ class Plan:
 GRADIENT_BUCKET_BYTES = 25 << 20
 
 
-def step_function(model, loss, on_gradients: Callable[[list[int], list[np.ndarray]], None] | None = None):
-    """The step every worker runs: ``(weights, state, x, y) -> (loss, gradients, new state)``.
-
-    Weights and state come in as tensors (``stateless_call``), so values a transport received are used
-    where they are; a gradient is a tensor, or ``IndexedSlices`` for an embedding table.
-
-    With ``on_gradients``, the step calls ``on_gradients(positions, arrays)`` with each bucket of dense gradients
-    (:func:`gradient_buckets`; of the weights at ``positions``) as soon as TensorFlow has computed them, on
-    TensorFlow's threads while the rest of the backward pass runs, as its dataflow runs a gradient's Send op: each
-    array is the gradient's own memory (no copy), and holds it until the array is dropped.
-    """
-    import tensorflow as tf
-
-    @tf.function(reduce_retracing=True)
-    def step(weights, state, x, y):
-        with tf.GradientTape() as tape:
-            tape.watch(weights)
-            predictions, new_state = model.stateless_call(weights, state, x, training=True)
-            value = loss(y, predictions)
-        gradients = tape.gradient(value, weights)
-        if on_gradients is not None:
-            for positions in gradient_buckets(gradients):
-                tf.numpy_function(functools.partial(_hand_over, on_gradients, positions),
-                                  [gradients[i] for i in positions], Tout=[], stateful=True,
-                                  name=f"hand_over_gradients_{positions[0]}")
-        return value, gradients, new_state
-
-    return step
-
-
-def gradient_buckets(gradients: list, bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> list[list[int]]:
-    """The positions of the dense gradients (``tf.Tensor``s, not ``IndexedSlices``), last weights first (the order
-    backpropagation computes them in), cut into buckets of at least ``bucket_bytes`` (the last may hold less)."""
-    import tensorflow as tf
-
+def gradient_buckets(nbytes: list[int | None], bucket_bytes: int = GRADIENT_BUCKET_BYTES) -> list[list[int]]:
+    """The positions of the dense gradients (``nbytes[i]`` their bytes; None: a sparse one, in no bucket), last
+    weights first (the order backpropagation computes them in), cut into buckets of at least ``bucket_bytes`` (the
+    last may hold less)."""
     buckets: list[list[int]] = []
     bucket: list[int] = []
     filled = 0
-    for i in reversed(range(len(gradients))):
-        gradient = gradients[i]
-        if not isinstance(gradient, tf.Tensor):
+    for i in reversed(range(len(nbytes))):
+        if nbytes[i] is None:
             continue
         bucket.append(i)
-        filled += gradient.shape.num_elements() * gradient.dtype.size
+        filled += nbytes[i]
         if filled >= bucket_bytes:
             buckets.append(bucket)
             bucket, filled = [], 0
@@ -312,55 +265,25 @@ def gradient_buckets(gradients: list, bucket_bytes: int = GRADIENT_BUCKET_BYTES)
     return buckets
 
 
-def _hand_over(on_gradients: Callable[[list[int], list[np.ndarray]], None], positions: list[int],
-               *arrays: np.ndarray) -> list:
-    on_gradients(positions, list(arrays))
-    return []
+@dataclass(frozen=True)
+class Output:
+    """What a worker's step gives for one variable, as the framework's trace of the step saw it: a dense update
+    (a gradient or a state's new value) of ``shape`` (None where the trace leaves it open), or, with
+    ``index_dtype``, a sparse gradient's rows (at most the variable's ``sparse_rows``) and their indices."""
+
+    shape: tuple[int, ...] | None
+    dtype: np.dtype
+    #: where the framework allocates it (a graph operation, an autograd function)
+    site: str
+    index_dtype: np.dtype | None = None
 
 
-def allocation_site(tensor) -> str:
-    """The graph operation that allocates ``tensor``'s buffer: up through operations that forward one."""
-    op = tensor.op
-    seen = 0
-    while op.type in _FORWARDING_OPS and op.inputs and seen < 64:
-        op, seen = op.inputs[0].op, seen + 1
-    return f"{op.type} {op.name}"
-
-
-def traced_step(model, loss, x: np.ndarray, y: np.ndarray):
-    """The step function traced for batches shaped like ``x``, ``y``, and its concrete graph."""
-    import tensorflow as tf
-
-    step = step_function(model, loss)
-    concrete = step.get_concrete_function(
-        [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables],
-        [tf.TensorSpec(v.shape, v.dtype) for v in model.non_trainable_variables],
-        tf.TensorSpec(x.shape, tf.as_dtype(x.dtype)), tf.TensorSpec(y.shape, tf.as_dtype(y.dtype)))
-    return step, concrete
-
-
-def analyze(name: str, model, loss, x: np.ndarray, y: np.ndarray, servers: int, batch_size: int,
-            concrete=None) -> Plan:
-    """The plan of ``model`` trained on batches like ``x``, ``y`` over ``servers`` servers (see the module)."""
-    import tensorflow as tf
-
-    if concrete is None:
-        _, concrete = traced_step(model, loss, x, y)
-    _, gradients, new_state = concrete.structured_outputs
-    sparse_rows = {}
-    for i, gradient in enumerate(gradients):
-        if isinstance(gradient, tf.IndexedSlices):
-            rows = gradient.values.shape[0]
-            sparse_rows[i] = int(rows) if rows is not None else 0
-            if not sparse_rows[i]:
-                raise ValueError(f"the sparse gradient of variable {i} has no static bound on its rows; "
-                                 "the runtime needs one to place it")
-    variables = variables_of(model, sparse_rows)
+def plan_from(name: str, variables: list[Variable], outputs: dict[int, Output], servers: int,
+              batch_size: int) -> Plan:
+    """The plan of a model of ``variables`` whose step gives ``outputs`` (by variable index), over ``servers``
+    servers (see the module): every variable's value from its PS to every worker, and its update back."""
     layout = Layout(servers)
     transfers: list[Transfer] = []
-    trainable = [v for v in variables if v.trainable]
-    outputs = dict(zip([v.index for v in trainable], gradients, strict=True))
-    outputs.update(zip([v.index for v in variables if not v.trainable], new_state, strict=True))
     for variable in variables:
         ps = layout.ps_of(variable)
         role = "weight" if variable.trainable else "state"
@@ -372,21 +295,17 @@ def analyze(name: str, model, loss, x: np.ndarray, y: np.ndarray, servers: int, 
     return Plan(name, servers, batch_size, tuple(variables), tuple(transfers))
 
 
-def _updates(variable: Variable, output, worker: int, ps: int) -> list[Transfer]:
+def _updates(variable: Variable, output: Output, worker: int, ps: int) -> list[Transfer]:
     """What a worker sends for ``variable``: its gradient (dense, or a sparse one's two parts) or new state."""
-    import tensorflow as tf
-
     key = gradient_key(variable)
     role = "gradient" if variable.trainable else "state update"
-    if isinstance(output, tf.IndexedSlices):
+    if output.index_dtype is not None:
         rows, rest = variable.sparse_rows, variable.shape[1:]
-        index_dtype = np.dtype(output.indices.dtype.as_numpy_dtype)
         return [Transfer(f"{key}.values", role, variable.path, None, (rows, *rest), variable.dtype, worker, ps,
                          DEDUP_SITE),
-                Transfer(f"{key}.indices", role, variable.path, None, (rows,), index_dtype, worker, ps, DEDUP_SITE)]
-    shape = tuple(output.shape.as_list()) if output.shape.is_fully_defined() else None
-    return [Transfer(key, role, variable.path, shape, None, np.dtype(output.dtype.as_numpy_dtype), worker, ps,
-                     allocation_site(output))]
+                Transfer(f"{key}.indices", role, variable.path, None, (rows,), np.dtype(output.index_dtype), worker,
+                         ps, DEDUP_SITE)]
+    return [Transfer(key, role, variable.path, output.shape, None, np.dtype(output.dtype), worker, ps, output.site)]
 
 
 def format_size(nbytes: int) -> str:

@@ -17,12 +17,15 @@ gradients as they arrive (``Transport.recv_each``), and as soon as one variable
 has the gradients of every worker it applies SGD to that variable and sends its
 next weights on, while the gradients of other variables are still on their way.
 
-Zero copy through TensorFlow: received weights enter the model through DLPack
-(``keras.Model.stateless_call`` takes tensors instead of variables), so a
-weight written by the transport into registered memory is used in place.
-Gradients leave from TensorFlow's own buffers through DLPack. Where a tensor
-cannot cross without a copy (read-only or misaligned memory: TensorFlow needs
-64-byte alignment), the runtime copies it and counts the bytes.
+The model is TensorFlow's or PyTorch's: this module imports neither, and asks the
+workload's framework (``bench.runtime.framework``) to build it, analyse it and run
+its step. Zero copy through either: received weights enter the model through DLPack
+(TensorFlow's ``stateless_call`` takes tensors instead of variables; PyTorch's
+parameters are set over the received memory), so a weight written by the transport
+into registered memory is used in place. Gradients leave from the framework's own
+buffers through DLPack. Where a tensor cannot cross without a copy (read-only or
+misaligned memory: TensorFlow needs 64-byte alignment), the runtime copies it and
+counts the bytes.
 
 Replayed compute (``compute`` ``replay`` or ``paper``): a worker waits
 ``compute_s`` per step instead of running the model, then sends
@@ -33,14 +36,13 @@ once beforehand (:func:`bench.experiments.training.profile`), which also measure
 ``replay`` waits. Every transfer, ledger entry and runtime copy is the same as
 with real compute; only the CPU the model would take is left out.
 
-Why one module of 650 lines: the worker, the parameter server and the Local baseline are one runtime;
+Why one module of 700 lines: the worker, the parameter server and the Local baseline are one runtime;
 they share the config, the step times and the update functions, so that the Local line applies exactly the
 updates the servers apply.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,15 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.runtime.analyzer import (
-    Plan,
-    Variable,
-    analyze,
-    gradient_key,
-    step_function,
-    update_keys,
-    weight_key,
-)
+from bench.runtime.analyzer import Plan, Variable, gradient_key, update_keys, weight_key
+from bench.runtime.framework import Framework, SparseGradient, framework_name_of, framework_of
 from bench.runtime.sites import AllocationSites
 from bench.runtime.workload import RealData, Workload, batch
 from transports import Key, TensorSpec
@@ -110,6 +105,11 @@ class TrainConfig:
     def replayed(self) -> bool:
         return self.compute != "real"
 
+    @property
+    def framework(self) -> str:
+        """The framework the workload is written in (``tensorflow``, ``torch``)."""
+        return framework_name_of(self.workload)
+
 
 @dataclass
 class StepTimes:
@@ -126,28 +126,18 @@ class StepTimes:
 
 
 class RuntimeCopies:
-    """Counts the payload bytes the runtime itself copies to hand tensors to or from TensorFlow."""
+    """Counts the payload bytes the runtime itself copies to hand tensors to or from the framework."""
 
     def __init__(self) -> None:
         self.bytes = 0
 
-    def adoptable(self, array: np.ndarray) -> np.ndarray:
-        """``array``, or an aligned copy when TensorFlow could not adopt its memory (read-only, misaligned)."""
-        if not array.flags.writeable or not array.flags.c_contiguous or array.ctypes.data % ALIGNMENT:
+    def adoptable(self, array: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
+        """``array``, or an aligned copy when the framework could not adopt its memory (read-only, not contiguous,
+        or not at ``alignment``: TensorFlow's 64 bytes)."""
+        if not array.flags.writeable or not array.flags.c_contiguous or array.ctypes.data % alignment:
             array = aligned_copy(array)
             self.bytes += array.nbytes
         return array
-
-    def tensor(self, array: np.ndarray):
-        """A TensorFlow tensor over ``array``'s memory (DLPack), or over an aligned copy when it must be."""
-        import tensorflow as tf
-
-        return tf.experimental.dlpack.from_dlpack(self.adoptable(array).__dlpack__())
-
-    @staticmethod
-    def array(tensor) -> np.ndarray:
-        """A numpy view of a TensorFlow tensor's memory (DLPack), no copy."""
-        return np.from_dlpack(tensor)
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
@@ -162,28 +152,22 @@ def worker_batch(config: TrainConfig, server: int, step: int):
     return batch(config.workload, config.batch_size, config.servers, config.seed, server, step)
 
 
+def framework(config: TrainConfig) -> Framework:
+    """The framework ``config``'s workload is written in."""
+    return framework_of(config.workload)
+
+
 def build_model(config: TrainConfig):
     """The workload's model, built afresh (seeded; variable paths as in the plan)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # TensorFlow's BFC allocator on the CPU: it carves tensors out of a few large regions it keeps, so
-    # the regions that hold the tensors a worker sends can be registered once (bench.runtime.sites).
-    # Every transport and the local line run with it (set before TensorFlow is first imported).
-    os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
-    import keras
-
-    # Keras names layers with a per-process counter: a fresh session keeps the variables' paths (the plan's) the
-    # same however many models this process built before
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(config.seed)
-    return config.workload.build()
+    return framework(config).build(config.workload, config.seed)
 
 
 def plan_of(config: TrainConfig) -> Plan:
-    """The analyzer's plan for ``config``: the model built, its step function traced for the run's batches."""
+    """The analyzer's plan for ``config``: the model built, its step traced for the run's batches."""
     model = build_model(config)
     x, y = worker_batch(config, 0, 0)
-    return analyze(config.model, model, config.workload.loss_fn(), np.asarray(x), np.asarray(y), config.servers,
-                   config.batch_size)
+    return framework(config).analyze(config.model, model, config.workload, np.asarray(x), np.asarray(y),
+                                     config.servers, config.batch_size)
 
 
 # -- the roles -----------------------------------------------------------------
@@ -261,7 +245,8 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
         compute = _model_compute(config, transport, plan, server)
     sites = AllocationSites(transport, plan, rank) if transport.placement.zero_copy_sends else None
     stopping = stopping or Stopping(config)
-    evaluate = _evaluator(config) if config.evaluate_every and server == 0 and on_eval is not None else None
+    evaluating_here = config.evaluate_every and server == 0 and on_eval is not None
+    evaluate = _evaluator(config, len(plan.trainable)) if evaluating_here else None
     times = StepTimes()
     stats0 = transport.stats()
     began, evaluating = time.perf_counter(), 0.0
@@ -319,7 +304,7 @@ Updates = list[list[tuple[str, np.ndarray]]]
 
 class StepSends:
     """One step's sends of a worker's updates, each posted as soon as it is ready: dense gradients by TensorFlow's
-    threads the moment the backward pass has computed their bucket (:func:`step_function`'s ``on_gradients``), the
+threads the moment the backward pass has computed their bucket (``Framework.step``'s ``on_gradients``), the
     others by :meth:`post_rest` once the step's compute is done. Each array is held until its send is done. A send
     that fails to start on TensorFlow's threads is not raised into TensorFlow: its error waits in :meth:`wait`."""
 
@@ -359,9 +344,9 @@ class StepSends:
 
 def _model_compute(config: TrainConfig, transport, plan: Plan,
                    server: int) -> Callable[[int, list[np.ndarray], RuntimeCopies, StepSends], tuple[Any, Updates]]:
-    """One forward and backward pass of the real model on the values received (entering TF through DLPack):
-    ``compute(step, values, copies, sends) -> (loss, updates)``; dense gradients go to ``sends`` as soon as their
-    bucket is computed."""
+    """One forward and backward pass of the real model on the values received (entering the framework through
+    DLPack): ``compute(step, values, copies, sends) -> (loss, updates)``; dense gradients go to ``sends`` as soon as
+    their bucket is computed."""
     model = build_model(config)
     under_way: StepSends | _Unsent = _Unsent()  # the sends of the step under way, for the gradients' hand-over
 
@@ -369,24 +354,21 @@ def _model_compute(config: TrainConfig, transport, plan: Plan,
         for position, gradient in zip(positions, gradients, strict=True):
             under_way.post(position, gradient_key(plan.trainable[position]), gradient)
 
-    step_fn = step_function(model, config.workload.loss_fn(), on_gradients=hand_over)
+    step_fn = framework(config).step(model, config.workload, list(plan.variables), on_gradients=hand_over)
     rows = SparseRows(transport, plan, plan.layout.worker(server))
-    trainable = len(plan.trainable)
     if isinstance(config.workload, RealData):  # trace the step now: a convergence run's clock leaves the tracing out
-        state = [v.value for v in model.non_trainable_variables]
-        step_fn([v.value for v in model.trainable_variables], state, *worker_batch(config, server, 0))
+        step_fn(framework(config).initial_values(model), *worker_batch(config, server, 0), RuntimeCopies())
 
     def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies,
                 sends: StepSends) -> tuple[Any, Updates]:
         nonlocal under_way
         x, y = worker_batch(config, server, step)
-        tensors = [copies.tensor(value) for value in values]
         under_way = sends
         try:
-            loss, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
+            result = step_fn(values, x, y, copies)
         finally:
             under_way = _Unsent()
-        return loss, rows.updates(plan, grads, new_state)
+        return result.loss, rows.updates(plan, result.gradients, result.new_state)
 
     return compute
 
@@ -413,18 +395,17 @@ class SparseRows:
                 self.buffers[variable.index] = [place.allocate(TensorSpec(t.name, t.bound, t.dtype, rank, ps))
                                                 for t in transfers]
 
-    def updates(self, plan: Plan, grads: list, new_state: list) -> Updates:
+    def updates(self, plan: Plan, grads: list[np.ndarray | SparseGradient], new_state: list[np.ndarray]) -> Updates:
         """What to send for every variable, from the step's gradients and new state."""
         updates: Updates = []
         for variable, gradient in zip(plan.trainable, grads, strict=True):
             if variable.sparse:
-                values, indices = distinct_rows(RuntimeCopies.array(gradient.values),
-                                                RuntimeCopies.array(gradient.indices), *self.buffers[variable.index])
+                values, indices = distinct_rows(gradient.values, gradient.indices, *self.buffers[variable.index])
                 updates.append(list(zip(update_keys(variable), (values, indices), strict=True)))
             else:
-                updates.append([(gradient_key(variable), RuntimeCopies.array(gradient))])
+                updates.append([(gradient_key(variable), gradient)])
         for variable, value in zip(plan.state, new_state, strict=True):
-            updates.append([(gradient_key(variable), RuntimeCopies.array(value))])
+            updates.append([(gradient_key(variable), value)])
         return updates
 
 
@@ -444,20 +425,12 @@ def distinct_rows(values: np.ndarray, indices: np.ndarray, values_out: np.ndarra
     return rows, indices_out[:count]
 
 
-def _evaluator(config: TrainConfig) -> Callable[[list[np.ndarray]], dict[str, float]]:
+def _evaluator(config: TrainConfig, trainable: int) -> Callable[[list[np.ndarray]], dict[str, float]]:
     """The task's held-out loss and metric for given weights (a model of its own, inference only)."""
-    import tensorflow as tf
-
-    model = build_model(config)
-    non_trainable = [v.value for v in model.non_trainable_variables]
-
-    @tf.function(reduce_retracing=True)
-    def predict(weights, x):
-        return model.stateless_call(weights, non_trainable, x, training=False)[0]
+    predictor = framework(config).predictor(build_model(config), config.workload, trainable)
 
     def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
-        held = [tf.constant(w) for w in weights]  # a copy: the transport may write the next step's weights
-        return config.workload.evaluate(lambda x: predict(held, x).numpy())
+        return config.workload.evaluate(predictor(weights))
 
     return evaluate
 
@@ -486,7 +459,7 @@ def _replayed_compute(config: TrainConfig, transport, plan: Plan,
         updates.append(parts)
 
     def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies, sends: StepSends) -> tuple[None, Updates]:
-        for value in values:  # what entering TensorFlow would copy, it copies here too
+        for value in values:  # what entering TensorFlow would copy, it copies here too (the stricter framework)
             copies.adoptable(value)
         time.sleep(config.compute_s)
         return None, updates
@@ -683,9 +656,8 @@ def initial_weights(config: TrainConfig, variables: list[Variable]) -> dict[int,
     if config.replayed:
         return {v.index: (np.random.default_rng(config.seed + v.index).standard_normal(v.shape) * 0.05).astype(v.dtype)
                 for v in variables}
-    model = build_model(config)
-    every = list(model.trainable_variables) + list(model.non_trainable_variables)
-    return {v.index: np.asarray(every[v.index].value) for v in variables}
+    every = framework(config).initial_values(build_model(config))
+    return {v.index: every[v.index] for v in variables}
 
 
 def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]]:
@@ -700,17 +672,14 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         def compute(server: int, step: int) -> Updates:
             return replayed(step, values, RuntimeCopies(), None)[1]
     else:
-        model = build_model(config)
-        step_fn = step_function(model, config.workload.loss_fn())
-        trainable = len(plan.trainable)
+        step_fn = framework(config).step(build_model(config), config.workload, variables)
         copies = RuntimeCopies()
         rows = [SparseRows(local, plan, plan.layout.worker(server)) for server in range(config.servers)]
 
         def compute(server: int, step: int) -> Updates:
             x, y = worker_batch(config, server, step)
-            tensors = [copies.tensor(v) for v in values]
-            _, grads, new_state = step_fn(tensors[:trainable], tensors[trainable:], x, y)
-            return rows[server].updates(plan, grads, new_state)
+            result = step_fn(values, x, y, copies)
+            return rows[server].updates(plan, result.gradients, result.new_state)
 
     times = StepTimes()
     for step in range(config.warmup + config.steps):

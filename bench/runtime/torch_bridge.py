@@ -1,0 +1,221 @@
+"""PyTorch behind the framework seam (``bench.runtime.framework``).
+
+A worker's step sets every parameter's and buffer's ``.data`` over the received arrays' memory (``torch.from_numpy``:
+no copy; the transport wrote the weights there, and the model computes with them in place), runs the forward and
+backward pass under autograd, and hands the gradients out as NumPy views of autograd's own buffers. As DDP does, a
+hook per parameter (``register_post_accumulate_grad_hook``, or ``Tensor.register_hook`` on a torch without it)
+fills buckets of about ``GRADIENT_BUCKET_BYTES``, last layers first; a bucket whose every gradient is in goes to
+``on_gradients`` while the rest of the backward pass runs. Gradients are made afresh every step (``grad`` set to
+None first), so what a send still reads is never written again.
+
+State (BatchNorm's running statistics, its batch count) is updated by the forward pass in place: a worker's
+buffers are copies of the received values (counted), so that what came in stays what the parameter server sent.
+
+Variables in a stable order: the trainable parameters in ``named_parameters()`` order, then the buffers (state),
+the split Keras makes between trainable and non-trainable variables. An ``nn.Embedding(sparse=True)`` gives a
+sparse gradient: its rows and their indices, at most as many rows as the batch looks up (the plan's bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bench.runtime.analyzer import Output, Plan, Variable, gradient_buckets, plan_from
+from bench.runtime.framework import Framework, OnGradients, SparseGradient, Step, StepResult
+
+#: where autograd allocates a parameter's gradient (made afresh each step: ``grad`` is None before the backward pass)
+GRADIENT_SITE = "autograd: AccumulateGrad of"
+#: where the forward pass leaves a buffer's new value (in the worker's copy of the received value)
+STATE_SITE = "forward pass: buffer updated in place:"
+
+
+class Torch(Framework):
+    """``torch.nn`` models on PyTorch (see the module)."""
+
+    name = "torch"
+    distributions = ("torch",)
+
+    def build(self, workload: Any, seed: int) -> Any:
+        import torch
+
+        torch.manual_seed(seed)
+        model = workload.build()
+        model.train()
+        return model
+
+    def initial_values(self, model: Any) -> list[np.ndarray]:
+        return [tensor.detach().cpu().numpy().copy() for _, tensor in _trainable(model) + _state(model)]
+
+    def analyze(self, name: str, model: Any, workload: Any, x: np.ndarray, y: np.ndarray, servers: int,
+                batch_size: int) -> Plan:
+        """One step traced under autograd: each gradient's shape (a sparse one's rows: the bound) and each
+        buffer's, as the plan needs them."""
+        parameters, buffers = _trainable(model), _state(model)
+        for _, parameter in parameters:
+            parameter.grad = None
+        loss = workload.loss_fn()(_tensor(y), model(_tensor(x)))
+        loss.backward()
+        sparse_rows: dict[int, int] = {}
+        outputs: dict[int, Output] = {}
+        for index, (path, parameter) in enumerate(parameters):
+            gradient = parameter.grad
+            if gradient is None:
+                raise ValueError(f"parameter '{path}' has no gradient after a step: the loss does not depend on it; "
+                                 "the runtime sends every parameter's gradient (freeze it with requires_grad=False)")
+            if gradient.is_sparse:
+                sparse_rows[index] = int(gradient._values().shape[0])
+                outputs[index] = Output(None, _numpy_dtype(gradient.dtype), "",
+                                        _numpy_dtype(gradient._indices().dtype))
+            else:
+                outputs[index] = Output(tuple(gradient.shape), _numpy_dtype(gradient.dtype), f"{GRADIENT_SITE} {path}")
+            parameter.grad = None
+        for offset, (path, buffer) in enumerate(buffers):
+            outputs[len(parameters) + offset] = Output(tuple(buffer.shape), _numpy_dtype(buffer.dtype),
+                                                       f"{STATE_SITE} {path}")
+        variables = [Variable(index, path, tuple(tensor.shape), _numpy_dtype(tensor.dtype), index < len(parameters),
+                              sparse_rows.get(index, 0))
+                     for index, (path, tensor) in enumerate(parameters + buffers)]
+        return plan_from(name, variables, outputs, servers, batch_size)
+
+    def step(self, model: Any, workload: Any, plan_variables: list[Variable],
+             on_gradients: OnGradients | None = None) -> Step:
+        return _TorchStep(model, workload.loss_fn(), on_gradients)
+
+    def predictor(self, model: Any, workload: Any, trainable: int) -> Callable[[list[np.ndarray]],
+                                                                               Callable[[np.ndarray], np.ndarray]]:
+        import torch
+
+        parameters = [parameter for _, parameter in _trainable(model)]
+
+        def with_weights(weights: list[np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+            for parameter, weight in zip(parameters, weights, strict=True):
+                parameter.data = torch.from_numpy(weight.copy())  # the transport may write the next step's weights
+
+            def predict(x: np.ndarray) -> np.ndarray:
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        return model(_tensor(x)).numpy()
+                finally:
+                    model.train()
+
+            return predict
+
+        return with_weights
+
+
+class _TorchStep(Step):
+    """A worker's step (see the module)."""
+
+    def __init__(self, model: Any, loss: Any, on_gradients: OnGradients | None) -> None:
+        self._model, self._loss, self._on_gradients = model, loss, on_gradients
+        self._parameters = [parameter for _, parameter in _trainable(model)]
+        self._buffers = [buffer for _, buffer in _state(model)]
+        self._buckets: list[list[int]] = []
+        self._waiting: dict[int, set[int]] = {}
+        self._bucket_of: dict[int, int] = {}
+        #: this step's gradients handed in so far, by position (the tensors a bucket's arrays are views of)
+        self._arrived: dict[int, Any] = {}
+        if on_gradients is not None:
+            for position, parameter in enumerate(self._parameters):
+                _on_gradient(parameter, lambda gradient, position=position: self._gradient_in(position, gradient))
+
+    def __call__(self, values: list[np.ndarray], x: np.ndarray, y: np.ndarray, copies: Any) -> StepResult:
+        import torch
+
+        trainable = len(self._parameters)
+        for parameter, value in zip(self._parameters, values[:trainable], strict=True):
+            parameter.data = torch.from_numpy(copies.adoptable(value, 1))
+            parameter.grad = None
+        for buffer, value in zip(self._buffers, values[trainable:], strict=True):
+            copies.bytes += value.nbytes  # the forward pass writes it: the received value stays as it came
+            buffer.data = torch.from_numpy(np.array(value))
+        if self._on_gradients is not None:
+            self._start_buckets()
+        loss = self._loss(_tensor(y), self._model(_tensor(x)))
+        loss.backward()
+        gradients: list[np.ndarray | SparseGradient] = []
+        for parameter in self._parameters:
+            gradient = parameter.grad
+            if gradient.is_sparse:
+                gradients.append(SparseGradient(gradient._values().numpy(), gradient._indices()[0].numpy()))
+            else:
+                gradients.append(gradient.numpy())
+        return StepResult(loss.detach(), gradients, [buffer.numpy() for buffer in self._buffers])
+
+    def _start_buckets(self) -> None:
+        """This step's buckets: the dense gradients' (their sizes are the parameters'), each waiting for all its
+        gradients; made once, reset every step."""
+        if not self._buckets:
+            sizes = [None if _sparse_gradient(parameter) else parameter.numel() * parameter.element_size()
+                     for parameter in self._parameters]
+            self._buckets = gradient_buckets(sizes)
+            self._bucket_of = {position: number for number, bucket in enumerate(self._buckets)
+                               for position in bucket}
+        self._waiting = {number: set(bucket) for number, bucket in enumerate(self._buckets)}
+        self._arrived = {}
+
+    def _gradient_in(self, position: int, gradient: Any) -> None:
+        """Autograd has computed the gradient at ``position``: hand its bucket over once every gradient of it
+        is in."""
+        number = self._bucket_of.get(position)
+        if number is None:
+            return
+        self._arrived[position] = gradient
+        waiting = self._waiting[number]
+        waiting.discard(position)
+        if not waiting:
+            bucket = self._buckets[number]
+            self._on_gradients(bucket, [self._arrived.pop(i).numpy() for i in bucket])
+
+
+def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
+    """Call ``call(gradient)`` once autograd has computed ``parameter``'s gradient of a step: after it is
+    accumulated into ``parameter.grad`` (``register_post_accumulate_grad_hook``), or, on a torch without that hook,
+    as it is handed to the accumulation (which takes that tensor as the gradient: ``grad`` is None before every
+    backward pass, so a step's one gradient is not added to anything)."""
+    if hasattr(parameter, "register_post_accumulate_grad_hook"):
+        parameter.register_post_accumulate_grad_hook(lambda accumulated: call(accumulated.grad))
+        return
+
+    def before(gradient: Any) -> Any:
+        call(gradient)
+        return gradient
+
+    parameter.register_hook(before)
+
+
+def _sparse_gradient(parameter: Any) -> bool:
+    """Whether ``parameter``'s gradient will be sparse (an ``nn.Embedding(sparse=True)``'s weight)."""
+    return bool(getattr(parameter, "_sparse_gradient", False))
+
+
+def _trainable(model: Any) -> list[tuple[str, Any]]:
+    """The trainable parameters, in ``named_parameters()`` order; an embedding with a sparse gradient marked."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding | torch.nn.EmbeddingBag) and module.sparse:
+            module.weight._sparse_gradient = True
+    return [(path, parameter) for path, parameter in model.named_parameters() if parameter.requires_grad]
+
+
+def _state(model: Any) -> list[tuple[str, Any]]:
+    """The buffers the forward pass updates (BatchNorm's running statistics and batch count): the state."""
+    return list(model.named_buffers())
+
+
+def _tensor(array: Any) -> Any:
+    """A torch tensor over a NumPy array's memory (no copy)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    import torch
+
+    return np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
