@@ -1,18 +1,20 @@
 """Allocation-site tracing (the paper's section 3.4, "decide tensor allocation site"), for one worker.
 
-A tensor a worker sends is produced by TensorFlow, in memory TensorFlow's allocator chose: to send it
+A tensor a worker sends is produced by its framework, in memory the framework's allocator chose: to send it
 without a copy, that memory must be registered with the fabric, and registering per step is what the
 paper avoids. In the first mini-batch, for every tensor sent, the tracer records its allocation site
-(the graph operation the analyzer names in the plan) and where its buffer is; a buffer outside
+(where the analyzer's plan says the framework allocates it) and where its buffer is; a buffer outside
 registered memory has its allocator region registered with the transport, once
 (``Placement.register_site``, of the transport's ``placement``). The transport counts, per send,
 whether the tensor was in registered memory (``sends_registered``, a registration-cache hit) or not
 (``sends_unregistered``); after every later step the tracer registers the regions of the tensors that
 missed, so each region is registered once. With TensorFlow's BFC allocator (which the runtime selects) the regions are
-reused every step: once the allocator has stopped growing (a step or two), every tensor hits.
+reused every step: once the allocator has stopped growing (a step or two), every tensor hits. PyTorch's CPU
+allocator takes memory from the C library's ``malloc``, which gives a large gradient pages of its own
+each step; the record's registrations and hit rate say what that costs.
 
 The paper redirects the allocation itself (a site in its set allocates from the RDMA allocator); from
-Python TensorFlow's allocator cannot be told where to put one operation's output, so the regions
+Python a framework's allocator cannot be told where to put one operation's output, so the regions
 it uses are registered instead. They are registered for this process's sends only: a tensor there
 that a peer must read (dynamic allocation) is staged into the transport's pool, never exposed.
 """
