@@ -10,6 +10,11 @@ readers need to know to compare runs:
 - ``samples``: the per-iteration columns of ``samples.csv`` (micro: each timed transfer's time), written
   beside the records by experiments that time iterations (see :mod:`bench.results.store`).
 
+Records of training (model, scale, converge) and of the models measured or analysed (models, analysis) say which
+framework built the model (``framework``: tensorflow or torch, :mod:`bench.runtime.framework`) and its version;
+the framework is part of their ``key``: a TensorFlow point is never a PyTorch one. Runs from before the column
+read as tensorflow (:func:`bench.results.store.with_frameworks`).
+
 Micro and model records have a ``round`` column: with ``bench micro --rounds N`` a point is measured N
 times, interleaved with the other transports, one row each.
 
@@ -39,6 +44,9 @@ class ResultsError(ValueError):
 SAMPLE_INDEX = ("round", "iteration")
 #: what a micro record's ``source`` says: the sender's tensor written whole before each transfer, or not
 MICRO_SOURCES = ("fresh", "reused")
+#: what a record without a framework (a run from before the column) was trained with: TensorFlow, the paper's
+#: (:data:`bench.runtime.framework.DEFAULT_FRAMEWORK`; not imported: readers import no runtime)
+OLD_FRAMEWORK = "tensorflow"
 
 
 @dataclass(kw_only=True)
@@ -193,13 +201,17 @@ class ModelRecord(_OfALine, Record):
     """
 
     experiment = "model"
-    key = ("transport", "model", "batch_size", "servers")
+    key = ("transport", "framework", "model", "batch_size", "servers")
     measure = "step_time_s"
     samples = ("worker", "step_time_s")
 
     transport: str
     #: what the line is (bench.results.lines: transport, local, tf_grpc); from the catalogue where not given
     line_kind: str | None = None
+    #: the framework that built and trained the model (tensorflow, torch: bench.runtime.framework) and its version;
+    #: empty in runs from before the column, read as tensorflow
+    framework: str | None = None
+    framework_version: str | None = None
     model: str
     batch_size: int
     servers: int
@@ -285,12 +297,16 @@ class ConvergeRecord(Record):
     the summary (time to the target); ``kind`` says which (bench/experiments/converge.py)."""
 
     experiment = "converge"
-    key = ("kind", "transport", "task", "step")
+    key = ("kind", "transport", "framework", "task", "step")
     measure = "time_to_target_s"
 
     kind: str
     transport: str
     task: str
+    #: the framework that built and trained the model (tensorflow, torch: bench.runtime.framework) and its version;
+    #: empty in runs from before the column, read as tensorflow
+    framework: str | None = None
+    framework_version: str | None = None
     step: int | None = None
     wall_s: float | None = None
     train_loss: float | None = None
@@ -313,10 +329,14 @@ class ModelsRecord(Record):
     """``bench models``: the paper's Table 2 measured here, one model a row, beside the paper's numbers."""
 
     experiment = "models"
-    key = ("model", "batch_size")
+    key = ("model", "framework", "batch_size")
     measure = "compute_ms_per_sample"
 
     model: str
+    #: the framework that built and trained the model (tensorflow, torch: bench.runtime.framework) and its version;
+    #: empty in runs from before the column, read as tensorflow
+    framework: str | None = None
+    framework_version: str | None = None
     variables: int
     paper_variables: int | None = None
     parameters: int | None = None
@@ -332,9 +352,13 @@ class AnalysisRecord(Record):
     """``bench analyze``: one cross-process tensor of a model's transfer plan."""
 
     experiment = "analysis"
-    key = ("model", "servers", "batch_size", "tensor", "src", "dst")
+    key = ("model", "framework", "servers", "batch_size", "tensor", "src", "dst")
 
     model: str
+    #: the framework that built and trained the model (tensorflow, torch: bench.runtime.framework) and its version;
+    #: empty in runs from before the column, read as tensorflow
+    framework: str | None = None
+    framework_version: str | None = None
     servers: int
     batch_size: int
     analysis: bool = True

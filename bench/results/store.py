@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 from bench.results.files import DiskError, append_whole, make_dir, overwrite_in_place, replace_file
 from bench.results.lines import bandwidth_references, kind_of
 from bench.results.reading import a_file, first_line, look_at, read_csv
-from bench.results.records import RECORD_TYPES, SAMPLE_INDEX, Record, ResultsError, points, record_type
+from bench.results.records import (
+    OLD_FRAMEWORK,
+    RECORD_TYPES,
+    SAMPLE_INDEX,
+    Record,
+    ResultsError,
+    points,
+    record_type,
+)
 from bench.results.text import NAME_LIMIT, TEXT_LIMIT, printable, shown
 
 if TYPE_CHECKING:  # pandas is imported where runs are read: a rank that only writes records never loads it
@@ -52,10 +60,12 @@ if TYPE_CHECKING:  # pandas is imported where runs are read: a rank that only wr
 
 #: 2: micro and model records have a ``round`` column (several rows per point with ``--rounds``), and runs
 #: that time iterations keep them in ``samples.csv``; 3: records of lines (micro, model, scale) have ``line_kind``.
-#: Older directories still load, upgraded on the way in (:data:`UPGRADES`)
-SCHEMA_VERSION = 3
+#: 4: records of training and of models (model, scale, converge, models, analysis) have ``framework`` and
+#: ``framework_version``, the framework part of their key (a bench that reads 3 at most would take a PyTorch point
+#: for a TensorFlow one). Older directories still load, upgraded on the way in (:data:`UPGRADES`)
+SCHEMA_VERSION = 4
 #: the versions :func:`load_run` reads
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 META_FILE = "meta.json"
 RECORDS_FILE = "records.csv"
 SAMPLES_FILE = "samples.csv"
@@ -375,8 +385,9 @@ class Run:
             file = self.path / SAMPLES_FILE
             info = look_at(file)
             # an empty file: the first samples were refused (a full disk); the records still stand
-            self._samples = (_checked(read_csv(a_file(file, info))[0], file,
-                                      _sample_kinds(record_type(self.experiment)))
+            cls = record_type(self.experiment)
+            self._samples = (_samples_framework(_checked(read_csv(a_file(file, info))[0], file, _sample_kinds(cls)),
+                                                cls)
                              if info is not None and info.st_size else None)
         return self._samples
 
@@ -384,6 +395,19 @@ class Run:
         """One row per measured point, rounds folded, with the spread of its headline number (and across rounds of
         the columns ``also`` names: :func:`bench.results.records.points`)."""
         return points(self.records, self.experiment, self.samples, also=also)
+
+
+def _samples_framework(samples: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
+    """Samples whose record type's key has the framework, with it: tensorflow where a run from before the column (or
+    a sample written without one) has none, as its records read."""
+    if "framework" not in cls.key:
+        return samples
+    if "framework" not in samples:
+        at = cls.key.index("framework")
+        samples.insert(min(at, len(samples.columns)), "framework", OLD_FRAMEWORK)
+    else:
+        samples["framework"] = samples["framework"].fillna(OLD_FRAMEWORK).astype(str)
+    return samples
 
 
 def with_rounds(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
@@ -402,15 +426,34 @@ def with_line_kinds(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
     return records
 
 
+def with_frameworks(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
+    """Version 3 to 4 (and any record written without one): records that name a framework get ``framework``
+    tensorflow where they have none (:data:`~bench.results.records.OLD_FRAMEWORK`: every run before the column
+    trained TensorFlow); ``framework_version`` stays as written (empty: the run's meta.json has the package's)."""
+    columns = cls.columns()
+    if "framework" not in columns:
+        return records
+    if "framework" not in records:
+        before = columns[columns.index("framework") - 1]
+        at = records.columns.get_loc(before) + 1 if before in records else len(records.columns)
+        records.insert(at, "framework", OLD_FRAMEWORK)
+    else:
+        records["framework"] = records["framework"].fillna(OLD_FRAMEWORK).astype(str)
+    if "framework_version" not in records:
+        records.insert(records.columns.get_loc("framework") + 1, "framework_version", None)
+    return records
+
+
 #: version -> the function that brings records of that version to the next (asv's way: one named step each)
-UPGRADES = {1: with_rounds, 2: with_line_kinds}
+UPGRADES = {1: with_rounds, 2: with_line_kinds, 3: with_frameworks}
 
 
 def load_run(path: Path) -> Run:
     """Read a run directory, checking its schema version, required columns and the types of what readers use.
 
-    Versions 1 to 3 are read, upgraded step by step (:data:`UPGRADES`): a version 1 run's records get ``round`` 1,
-    a version 2 run's records of lines their ``line_kind``. A run whose ``meta.json``
+    Versions 1 to 4 are read, upgraded step by step (:data:`UPGRADES`): a version 1 run's records get ``round`` 1,
+    a version 2 run's records of lines their ``line_kind``, a version 3 run's records of training their
+    ``framework`` (tensorflow). A run whose ``meta.json``
     says ``running`` while the process that wrote it (on this host) is gone was killed without a
     chance to say so: it reads as ``killed``. Everything is bounded as the module says; anything a reader could
     not use is a one-line ResultsError.
@@ -436,6 +479,7 @@ def load_run(path: Path) -> Run:
         raise ResultsError(f"{records_file} lacks required columns {missing}")
     for version in range(meta["schema_version"], SCHEMA_VERSION):
         records = UPGRADES[version](records, cls)
+    records = with_frameworks(records, cls)  # a record of this version written without one reads as tensorflow too
     if meta["experiment"] == "micro":  # runs from before the column have it computed from their own records
         records = with_of_reference(records)
     return Run(path, meta, records, unread_rows=unread)
