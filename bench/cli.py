@@ -23,6 +23,7 @@ from bench.options import (
     Parser,
     VersionAction,
     examples_epilog,
+    extras_of,
     extras_problem,
     fabric_problem,
     memory_kinds_problem,
@@ -126,7 +127,7 @@ def _main(raw: list[str], saved: dict[int, object]) -> int:
     quiet_tensorflow.install()
     args = build_parser().parse_args(raw)
     module = args.module
-    problem = extras_problem(args.command, getattr(module, "EXTRAS", ()))
+    problem = extras_problem(args.command, extras_of(module, args))
     if problem or (hasattr(args, "fabric") and (problem := fabric_problem(args))) \
             or (hasattr(args, "memory_kinds") and (problem := memory_kinds_problem(args.memory_kinds))):
         print(f"bench {args.command}: error: {problem}", file=sys.stderr)

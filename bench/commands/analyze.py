@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from bench import options
-from bench.commands.common import disk_full, draw, open_run
+from bench.commands.common import add_framework_option, disk_full, draw, open_run
 from bench.results import DiskError
 
 HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
@@ -19,6 +19,7 @@ HELP = "the graph analyzer's transfer plan of a model: every cross-process tenso
 EXAMPLES = (
     ('bench analyze vgg16', "the graph analyzer's transfer plan for VGG16 (Figure 7)"),
     ('bench analyze embedding --servers 2 --json plan.json', 'a dynamic (sparse) gradient, its plan as JSON'),
+    ('bench analyze vgg16 --framework torch', "VGG16's plan as PyTorch trains it"),
 )
 
 #: the optional part of the install it needs (checked before anything starts)
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true", help="list every tensor (default: the first 40)")
     parser.add_argument("--no-analysis", action="store_true",
                         help="the plan zerocopy:no_analysis works with: every tensor dynamic")
+    add_framework_option(parser)
     options.add_out(parser, "analysis")
     options.add_no_plot(parser)
 
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.experiments.training import model_config
     from bench.results import AnalysisRecord
     from bench.runtime.analyzer import format_plan
+    from bench.runtime.framework import framework_named
     from bench.runtime.ps import plan_of
 
     if args.model not in options.MODEL_NAMES and ":" not in args.model:
@@ -52,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     if problem := options.run_dir_problem(args.out):
         return options.fail("analyze", problem)  # likewise for the records
     try:
-        config = model_config(args.model, transport="zerocopy", transport_options={}, batch_size=args.batch_size,
-                              servers=args.servers)
+        config = model_config(args.model, args.framework, transport="zerocopy", transport_options={},
+                              batch_size=args.batch_size, servers=args.servers)
         plan = plan_of(config)
     except (ImportError, AttributeError) as exc:
         return options.fail("analyze", f"cannot load model '{args.model}': {options.error_line(exc)}")
     if args.no_analysis:
         plan = plan.without_analysis()
-    print(f"bench analyze: {args.model}, batch {args.batch_size}, {args.servers} server(s)"
+    print(f"bench analyze: {args.model} ({args.framework}), batch {args.batch_size}, {args.servers} server(s)"
           + (" (analysis off)" if args.no_analysis else ""))
     print(format_plan(plan, limit=None if args.all else 40))
     if args.json is not None:
@@ -73,16 +76,18 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             return options.fail("analyze", f"cannot write {args.json}: {exc.strerror or exc}")
         print(f"plan: {args.json}")
-    settings = {"model": args.model, "servers": args.servers, "batch_size": args.batch_size,
-                "analysis": not args.no_analysis}
+    settings = {"model": args.model, "framework": args.framework, "servers": args.servers,
+                "batch_size": args.batch_size, "analysis": not args.no_analysis}
     writer = open_run(args.out, "analysis", settings)
     if writer is None:
         return options.EXIT_USAGE
     summary = plan.summary()
+    version = framework_named(args.framework).version()
     try:
         for t in plan.transfers:
             writer.add(AnalysisRecord(
-                model=args.model, servers=args.servers, batch_size=args.batch_size, analysis=plan.analysis,
+                model=args.model, framework=args.framework, framework_version=version, servers=args.servers,
+                batch_size=args.batch_size, analysis=plan.analysis,
                 tensor=t.name, role=t.role, placement="static" if t.static else "dynamic",
                 shape=None if t.shape is None else "x".join(map(str, t.shape)),
                 bound=None if t.bound is None else "x".join(map(str, t.bound)), dtype=str(t.dtype), bytes=t.nbytes,

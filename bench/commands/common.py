@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
 import sys
@@ -16,6 +17,17 @@ from bench.results import lines as catalogue
 
 #: the line micro's and training's summaries set every other against (the paper's RDMA.zerocp)
 BASELINE = catalogue.ZERO_COPY
+
+
+def add_framework_option(parser: argparse.ArgumentParser) -> None:
+    """``--framework {tensorflow,torch}``: the framework that builds and trains the models (``args.framework``;
+    TensorFlow, the paper's, by default). PyTorch asked for where it is not installed is refused before anything
+    starts, naming the ``torch`` extra (:func:`bench.options.extras_of`)."""
+    from bench.runtime.framework import DEFAULT_FRAMEWORK, FRAMEWORKS  # imports no framework
+
+    parser.add_argument("--framework", choices=FRAMEWORKS, default=DEFAULT_FRAMEWORK,
+                        help=f"the framework that builds and trains the models (default {DEFAULT_FRAMEWORK}, the "
+                        "paper's; torch needs the 'torch' extra)")
 
 
 def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launcher: Any = None) -> RunWriter | None:

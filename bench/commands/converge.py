@@ -13,7 +13,7 @@ from typing import Any
 
 import transports
 from bench import options
-from bench.commands.common import draw, failed, interrupted, open_run
+from bench.commands.common import add_framework_option, draw, failed, interrupted, open_run
 
 HELP = "time to a held-out target on real data, per transport (the paper's Figure 10)"
 #: shown at the end of --help: each command line and what it does
@@ -69,6 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=options.positive_int, default=None,
                         help="steps between held-out evaluations (default: the task's)")
     parser.add_argument("--seed", type=options.non_negative_int, default=0, help="the model's initial weights")
+    add_framework_option(parser)
     options.add_timeout(parser, 600.0, "one step of a rank")
     options.add_fabric_options(parser, "UCX transports for the fabric transports (netns: always tcp)")
     options.add_out(parser, "converge")
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     args.steps = args.steps or task.default_steps
     target = args.target or (parse_target(task.default_target) if task.default_target else None)
     labels = options.labels(args.transports)
-    settings = {"task": task.name, "data": args.data, "transports": labels, "servers": args.servers,
+    settings = {"task": task.name, "framework": args.framework, "data": args.data, "transports": labels,
+                "servers": args.servers,
                 "batch_size": args.batch_size, "steps": args.steps, "time_s": args.time,
                 "learning_rate": args.learning_rate, "eval_every": args.eval_every, "seed": args.seed,
                 "target": str(target) if target else None, "metric": task.metric,

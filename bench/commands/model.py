@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import LOCAL, options
-from bench.commands.common import BASELINE, draw, failed, interrupted, open_run, print_relative
+from bench.commands.common import (
+    BASELINE,
+    add_framework_option,
+    draw,
+    failed,
+    interrupted,
+    open_run,
+    print_relative,
+)
 
 if TYPE_CHECKING:
     from bench.results import ModelRecord
@@ -23,6 +31,8 @@ EXAMPLES = (
     ('bench model vgg16 --transport zerocopy,grpc_tcp', "VGG16 over zero copy and gRPC (the paper's Figure 9)"),
     ('bench model fcn5 --transport zerocopy,grpc_tcp,local --steps 10', 'a quick one, with the Local line'),
     ('bench model alexnet,vgg16 --batch-size 1,4 --compute replay', 'replayed compute: only the transfers run'),
+    ('bench model vgg16 --framework torch --transport zerocopy,grpc_tcp,torch_rpc,torch_ddp',
+     "VGG16 in PyTorch, beside PyTorch's own lines"),
 )
 STARTS_RANKS = True
 
@@ -32,6 +42,7 @@ EXTRAS = ("models",)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")
+    add_framework_option(parser)
     parser.add_argument("--servers", type=options.positive_int, default=None,
                         help="servers, each a worker and a PS (default 1; under --launcher mpi or slurm, half the "
                         "ranks)")
@@ -121,7 +132,8 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
                                                                       f"{max(spread)} servers")):
         return options.fail(experiment, problem)
     labels = options.labels(chosen)
-    settings = {"models": args.models, "transports": labels, "batch_sizes": args.batch_sizes,
+    settings = {"models": args.models, "framework": args.framework, "transports": labels,
+                "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
                 "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
                 **options.fabric_settings(args, launcher)}

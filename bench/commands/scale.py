@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from bench import options
+from bench.commands.common import add_framework_option
 from bench.commands.model import run_trainings
 
 HELP = "throughput against the number of servers, per transport, with the Local line (the paper's Figure 11)"
@@ -26,6 +27,7 @@ EXTRAS = ("models",)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "scale", "zerocopy,grpc_tcp", steps=10, compute="replay")
+    add_framework_option(parser)
     parser.add_argument("--servers", dest="server_counts", type=options.int_list, default=[1, 2, 4],
                         help="comma list of server counts")
     parser.set_defaults(asynchronous=False)
