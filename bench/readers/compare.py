@@ -42,6 +42,12 @@ killed while writing it) are lost points too: what they measured is in neither t
 
 A converge transport that did not reach its target has an infinite time: reaching it no more is slower.
 
+A point of training (model, scale, converge) or of a model (models) is of one framework: a TensorFlow point and a
+PyTorch one of the same line, model and batch are different points, never compared. Two runs of one framework are
+compared as ever (the header names PyTorch's); a TensorFlow run and a PyTorch run have no point in common, which
+the error says; a run that trained in both has its points matched by framework, and its summary per line and
+framework (``zerocopy (torch)``).
+
 The threshold is a percentage (``10%``) or a fraction (``0.1``); a bare number above 1 is refused as
 ambiguous (write ``150%``). Zero is allowed: then only the noise decides.
 
@@ -69,6 +75,7 @@ import pandas as pd
 from bench.ground.sizes import format_size
 from bench.results import ResultsError, Run, load_run, points, record_type
 from bench.results import lines as catalogue
+from bench.results.records import framework_title
 
 #: the threshold when none is given: 10%
 DEFAULT_THRESHOLD = 0.10
@@ -202,6 +209,9 @@ class Comparison:
     #: the machine's change between the runs, as the reference lines measured it (the median of their points'
     #: ratios' distance from 1, as a fraction): a change of a point must be beyond it too to be called
     drift: float = 0.0
+    #: the one framework every point of both runs trained in, when the key leaves it out (None: the key has it, or
+    #: the experiment names none)
+    framework: str | None = None
 
     @property
     def regressions(self) -> list[Row]:
@@ -239,8 +249,9 @@ class Comparison:
         return "transport" if "transport" in self.key else self.key[0]
 
     def group_of(self, row: Row) -> str:
-        """The transport (or model) of a row."""
-        return str(row.point[self.key.index(self.group_column)])
+        """The transport (or model) of a row, with its framework where the runs trained in several
+        (``zerocopy (torch)``)."""
+        return _group(row.point, self.key)
 
     def summaries(self) -> list[GroupSummary]:
         """Per transport (or model), in the order of the rows: counts by state and the geometric mean ratio."""
@@ -316,6 +327,15 @@ def compare_runs(base: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, metr
                            f"{comparable} runs")
     metric = metric or cls.measure
     key = [c for c in cls.key if c not in _DROPPED_KEY.get(experiment, ())]
+    framework = None
+    if "framework" in key:
+        if base.frameworks and new.frameworks and not set(base.frameworks) & set(new.frameworks):
+            raise CompareError(f"BASE {base.path} trained {_framework_names(base)} and NEW {new.path} "
+                               f"{_framework_names(new)}: a point of one framework is not the same point of another; "
+                               "compare runs of the same --framework")
+        if len(both := set(base.frameworks) | set(new.frameworks)) <= 1:  # one framework: no column to tell apart
+            key.remove("framework")
+            framework = next(iter(both), None)
     base_values = _values(base, metric, key)
     new_values = _values(new, metric, key)
     common = [p for p in base_values if p in new_values]
@@ -340,11 +360,24 @@ def compare_runs(base: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, metr
             rows.append(Row(point, ADDED if old is None else REMOVED, is_reference[point], old, now))
             continue
         rows.append(judge(point, is_reference[point], old, now))
-    # the rows of one transport together, in the order the runs measured them (sorted() is stable)
-    group = key.index("transport") if "transport" in key else 0
-    order = {name: i for i, name in enumerate(dict.fromkeys(row.point[group] for row in rows))}
-    rows = sorted(rows, key=lambda row: order[row.point[group]])
-    return Comparison(experiment, metric, higher, threshold, key, base, new, rows, drift)
+    # the rows of one transport (and framework) together, in the order the runs measured them (sorted() is stable)
+    order = {name: i for i, name in enumerate(dict.fromkeys(_group(row.point, key) for row in rows))}
+    rows = sorted(rows, key=lambda row: order[_group(row.point, key)])
+    return Comparison(experiment, metric, higher, threshold, key, base, new, rows, drift, framework)
+
+
+def _group(point: tuple, key: list[str]) -> str:
+    """The transport (else the first key column: a models run's model) of a point, with its framework when the key
+    has one (``zerocopy (torch)``)."""
+    name = str(point[key.index("transport") if "transport" in key else 0])
+    if "framework" in key and (framework := point[key.index("framework")]) is not None:
+        return f"{name} ({framework})"
+    return name
+
+
+def _framework_names(run: Run) -> str:
+    """The frameworks a run trained in, as ``PyTorch (torch)``."""
+    return " and ".join(f"{framework_title(name)} ({name})" for name in run.frameworks)
 
 
 def _drift(pairs: list[tuple[Value, Value]]) -> float:

@@ -25,7 +25,7 @@ from bench.readers.compare import (
     point_text,
 )
 from bench.results import Run
-from bench.results.records import MICRO_SOURCES
+from bench.results.records import MICRO_SOURCES, OLD_FRAMEWORK, framework_title
 
 
 def _number(x: float) -> str:
@@ -140,7 +140,8 @@ def _unchanged(row: Row) -> bool:
 def comparison_lines(c: Comparison, only_changed: bool) -> list[str]:
     """The lines of :meth:`Comparison.format`."""
     direction = "higher is better" if c.higher_is_better else "lower is better"
-    lines = [f"{c.experiment} runs compared on {c.metric} ({direction}), ratio new/base, "
+    trained = f" of {framework_title(c.framework)}" if c.framework not in (None, OLD_FRAMEWORK) else ""
+    lines = [f"{c.experiment} runs{trained} compared on {c.metric} ({direction}), ratio new/base, "
              f"threshold {c.threshold * 100:g}%"]
     lines.append(_describe_run("base", c.base, [r.base for r in c.rows if r.compared and r.base]))
     lines.append(_describe_run("new", c.new, [r.new for r in c.rows if r.compared and r.new]))

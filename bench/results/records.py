@@ -47,6 +47,13 @@ MICRO_SOURCES = ("fresh", "reused")
 #: what a record without a framework (a run from before the column) was trained with: TensorFlow, the paper's
 #: (:data:`bench.runtime.framework.DEFAULT_FRAMEWORK`; not imported: readers import no runtime)
 OLD_FRAMEWORK = "tensorflow"
+#: how readers name each framework (a name not here is shown as it is)
+FRAMEWORK_TITLES = {"tensorflow": "TensorFlow", "torch": "PyTorch"}
+
+
+def framework_title(name: str) -> str:
+    """A framework's name as readers show it: ``torch`` -> ``PyTorch``."""
+    return FRAMEWORK_TITLES.get(name, name)
 
 
 @dataclass(kw_only=True)

@@ -374,6 +374,36 @@ class Run:
     records: pd.DataFrame
     #: rows of ``records.csv`` that could not be read and are left out of ``records`` (a last row cut short)
     unread_rows: int = 0
+    #: the framework whose records alone this holds (:meth:`by_framework`), to be named wherever they are shown;
+    #: None for a run read whole
+    framework: str | None = None
+
+    @property
+    def frameworks(self) -> list[str]:
+        """The frameworks the run's records name, in the order they first appear; empty for an experiment whose
+        records name none (micro, soak)."""
+        if "framework" not in self.records:
+            return []
+        return [str(name) for name in dict.fromkeys(self.records["framework"].dropna())]
+
+    def by_framework(self) -> list[Run]:
+        """The run as readers show it, one framework's points never drawn or tabled with another's: this run alone
+        when its records name none or only TensorFlow (the paper's, named nowhere), else a run per framework
+        holding only that framework's records and samples, with :attr:`framework` set. A run narrowed already
+        is its own one part."""
+        frameworks = self.frameworks
+        if self.framework is not None or frameworks in ([], [OLD_FRAMEWORK]):
+            return [self]
+        parts = []
+        for name in frameworks:
+            part = Run(self.path, self.meta, self.records[self.records["framework"] == name].reset_index(drop=True),
+                       self.unread_rows, framework=name)
+            samples = self.samples
+            if samples is not None and "framework" in samples:
+                samples = samples[samples["framework"] == name].reset_index(drop=True)
+            part._samples = samples
+            parts.append(part)
+        return parts
 
     @property
     def experiment(self) -> str:
@@ -413,7 +443,7 @@ def _samples_framework(samples: pd.DataFrame, cls: type[Record]) -> pd.DataFrame
         at = cls.key.index("framework")
         samples.insert(min(at, len(samples.columns)), "framework", OLD_FRAMEWORK)
     else:
-        samples["framework"] = samples["framework"].fillna(OLD_FRAMEWORK).astype(str)
+        samples["framework"] = samples["framework"].astype(object).fillna(OLD_FRAMEWORK).astype(str)
     return samples
 
 
@@ -445,7 +475,7 @@ def with_frameworks(records: pd.DataFrame, cls: type[Record]) -> pd.DataFrame:
         at = records.columns.get_loc(before) + 1 if before in records else len(records.columns)
         records.insert(at, "framework", OLD_FRAMEWORK)
     else:
-        records["framework"] = records["framework"].fillna(OLD_FRAMEWORK).astype(str)
+        records["framework"] = records["framework"].astype(object).fillna(OLD_FRAMEWORK).astype(str)
     if "framework_version" not in records:
         records.insert(records.columns.get_loc("framework") + 1, "framework_version", None)
     return records

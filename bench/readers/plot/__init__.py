@@ -13,7 +13,11 @@ Every figure keeps to the same rules:
   N rounds, or the 95% confidence interval of the median from the point's samples);
 - a line looks the same everywhere: its style and label are the catalogue's (:mod:`bench.results.lines`);
 - the legend sits below the axes, never on the data;
-- bars start at zero; the title says what is drawn, the subtitle where and when it ran.
+- bars start at zero; the title says what is drawn, the subtitle where and when it ran;
+- one framework's points are never drawn with another's: a run that trained models in both TensorFlow and
+  PyTorch has each figure once per framework (:meth:`bench.results.Run.by_framework`; the PyTorch one's file
+  ``<stem>_torch``), and a figure of PyTorch's says so in its title (TensorFlow, the paper's, is named only beside
+  another).
 
 One module per experiment's figures (``micro``, ``model``, ``scale``, ``converge``, ``models``, ``analysis``), as
 the report has one section per figure; what they share is in ``common``.
@@ -49,9 +53,10 @@ from bench.readers.plot.model import (
 from bench.readers.plot.models import models_vs_paper_figure
 from bench.readers.plot.scale import scale_efficiency_figure, scale_throughput_figure
 from bench.results import Run, load_run, replace_file
+from bench.results.records import OLD_FRAMEWORK
 
-__all__ = ["BOXES_MAX_WIDTH", "FIGURES", "FORMATS", "PlotError", "draw", "figures", "micro_time_lines", "plot_run",
-           "save_figure", "spread_note"]
+__all__ = ["BOXES_MAX_WIDTH", "FIGURES", "FORMATS", "PlotError", "draw", "figures", "micro_time_lines", "plot_loaded",
+           "plot_run", "save_figure", "spread_note"]
 
 FORMATS = ("png", "svg")
 
@@ -59,7 +64,12 @@ FORMATS = ("png", "svg")
 def plot_run(path: Path, out_dir: Path | None = None) -> list[Path]:
     """Draw every figure the run's experiment has, as PNG and SVG into ``out_dir`` (default: the run's
     directory); returns the files written."""
-    run = load_run(path)
+    return plot_loaded(load_run(path), out_dir)
+
+
+def plot_loaded(run: Run, out_dir: Path | None = None) -> list[Path]:
+    """:func:`plot_run` of a run read already (or of one framework's part of one: :meth:`Run.by_framework`)."""
+    path = run.path
     if run.records.empty:
         raise PlotError(f"{path}: the run has no records to draw")
     if run.experiment not in FIGURES:
@@ -73,21 +83,34 @@ def plot_run(path: Path, out_dir: Path | None = None) -> list[Path]:
     return written
 
 
+def _parts(run: Run) -> list[tuple[str, Run]]:
+    """``(stem suffix, run)`` per framework the run's figures are drawn for: ``("", run)`` for a run of one, else
+    ``_<framework>`` for each but TensorFlow's (the paper's keeps its figures' names)."""
+    parts = run.by_framework()
+    if len(parts) == 1:
+        return [("", parts[0])]
+    return [("" if part.framework == OLD_FRAMEWORK else f"_{part.framework}", part) for part in parts]
+
+
 def figures(run: Run) -> Iterator[tuple[str, Figure]]:
-    """``(stem, figure)`` for each figure the run has, drawn one at a time (close each when done)."""
-    for stem, build in FIGURES.get(run.experiment, ()):
-        fig = build(run)
-        if fig is not None:
-            yield stem, fig
+    """``(stem, figure)`` for each figure the run has, drawn one at a time (close each when done): once per
+    framework of a run that trained in several."""
+    for suffix, part in _parts(run):
+        for stem, build in FIGURES.get(run.experiment, ()):
+            fig = build(part)
+            if fig is not None:
+                yield stem + suffix, fig
 
 
 def draw(run: Run, stem: str) -> Figure | None:
-    """The one figure ``stem`` of the run, unsaved (None when the run lacks what it draws)."""
-    for name, build in FIGURES.get(run.experiment, ()):
-        if name == stem:
-            return build(run)
-    raise PlotError(f"no figure '{stem}' for experiment '{run.experiment}' "
-                    f"(it has: {', '.join(n for n, _ in FIGURES.get(run.experiment, ())) or 'none'})")
+    """The one figure ``stem`` of the run, unsaved (None when the run lacks what it draws); of a run that trained in
+    several frameworks, ``stem`` names the framework's (``model_throughput_torch``), TensorFlow's being plain."""
+    for suffix, part in _parts(run):
+        for name, build in FIGURES.get(run.experiment, ()):
+            if name + suffix == stem:
+                return build(part)
+    names = [name + suffix for suffix, _ in _parts(run) for name, _ in FIGURES.get(run.experiment, ())]
+    raise PlotError(f"no figure '{stem}' for experiment '{run.experiment}' (it has: {', '.join(names) or 'none'})")
 
 
 def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:

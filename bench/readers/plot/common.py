@@ -24,6 +24,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from bench.ground.sizes import format_size
 from bench.results import Run
 from bench.results import lines as catalogue
+from bench.results.records import framework_title
 
 #: one colour per model in the figures that draw models as lines (Figure 7)
 _MODEL_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -67,8 +68,11 @@ DETAILS_GID = "bench-details"
 
 
 def _title(fig: Figure, what: str, run: Run, notes: Iterable[str] = ()) -> None:
-    """The title, one short line: what is drawn. The notes (spread, compute replayed, ...), then where and when it
+    """The title, one short line: what is drawn (of one framework's records, that framework's name first: PyTorch's
+    points are never mistaken for TensorFlow's). The notes (spread, compute replayed, ...), then where and when it
     ran, go under the figure in small print (below its legend: :func:`_finish`), wrapped to its width."""
+    if run.framework is not None:  # one framework's part of a run (Run.by_framework): named first
+        what = f"{framework_title(run.framework)}: {what}"
     fig.suptitle(what, fontsize=10)
     width = max(60, int(fig.get_figwidth() * 19))  # characters of 7 points that fit across the figure
     # wrapped: the host, CPU and fabric come from meta.json, however long someone made them

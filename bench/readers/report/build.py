@@ -1,6 +1,11 @@
 """Putting a page together: the runs named, each run's sections (from the registry,
 :data:`bench.readers.report.sections.SECTIONS`), its figures placed, the sections in the registry's order (those
-of a kind shown once gathered into one)."""
+of a kind shown once gathered into one).
+
+A run that trained models in more than one framework is shown as one run per framework
+(:meth:`bench.results.Run.by_framework`): its sections, tables and figures never set a PyTorch point beside a
+TensorFlow one as the same; the sections of a framework other than TensorFlow (the paper's) name it in their
+titles, and their runs' labels too (``model-<time> (torch)``)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from bench.readers.report.overview import overview_tables
 from bench.readers.report.page import Figure, Report, ReportError, Section
 from bench.readers.report.sections import SECTIONS, Kind
 from bench.results import META_FILE, RECORDS_FILE, ResultsError, Run, load_run, look_at, make_dir, printable
+from bench.results.records import framework_title
 
 
 def find_runs(paths: Sequence[Path], skipped: list[str] | None = None) -> list[Path]:
@@ -99,12 +105,12 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
     """The run's figures (PNG) drawn into ``out_dir``, each with its title, or none and a one-line reason."""
     try:
-        from bench.readers.plot import plot_run
+        from bench.readers.plot import plot_loaded
 
         make_dir(out_dir, parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            written = plot_run(run.path, out_dir=out_dir)
+            written = plot_loaded(run, out_dir=out_dir)
     except Exception as exc:  # a figure that fails must not cost the run its tables
         text = str(exc).strip().splitlines()
         return [], f"Figures could not be drawn: {text[0] if text else type(exc).__name__}"
@@ -159,13 +165,17 @@ def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) 
     report.overview = overview_tables(report)
     order = list(dict.fromkeys(kind.key for kind in SECTIONS))
     placed: list[tuple[tuple[int, int], Kind | None, Section]] = []
-    for index, (label, run) in enumerate(report.runs, start=1):
-        made = run_sections(run, label, report.warnings)
-        if figures:
-            drawn, note = draw_figures(run, figure_dir / f"{index:02d}")
-            place_figures(made, drawn, note)
-        placed += [((order.index(kind.key), SECTIONS.index(kind)) if kind else (len(order), 0), kind, section)
-                   for kind, section in made]
+    for index, (label, whole) in enumerate(report.runs, start=1):
+        parts = whole.by_framework()
+        for run in parts:  # a framework's points apart from another's
+            made = run_sections(run, label if run.framework is None else f"{label} ({run.framework})",
+                                report.warnings)
+            if figures:
+                where = f"{index:02d}" if len(parts) == 1 else f"{index:02d}-{run.framework}"
+                drawn, note = draw_figures(run, figure_dir / where)
+                place_figures(made, drawn, note)
+            placed += [((order.index(kind.key), SECTIONS.index(kind)) if kind else (len(order), 0), kind, section)
+                       for kind, section in made]
     placed.sort(key=lambda item: item[0])  # stable: sections of one kind in the order of their runs
     shown_once: dict[str, Section] = {}
     for _, kind, section in placed:
@@ -201,7 +211,12 @@ def run_sections(run: Run, label: str, problems: list[str]) -> list[tuple[Kind |
         problems.append(problem)
         return [(None, Section("other", f"{run.experiment} run", run, label,
                                notes=[problem + "; were its records edited by hand?"]))]
-    return [(kind, section) for kind, section in made if section is not None]
+    made = [(kind, section) for kind, section in made if section is not None]
+    if run.framework is not None:  # one framework's part of a run: its sections say which (a gathered one: its label)
+        for kind, section in made:
+            if not kind.once:
+                section.title += f" ({framework_title(run.framework)})"
+    return made
 
 
 def place_figures(made: list[tuple[Kind | None, Section]], figures: list[Figure], note: str) -> None:

@@ -7,6 +7,27 @@ from bench.readers.report.notes import describe_fabric
 from bench.readers.report.page import Report, Table
 from bench.readers.report.text import line_kinds, listing, unique
 from bench.results import lines as catalogue
+from bench.results.records import FRAMEWORK_TITLES, OLD_FRAMEWORK, framework_title
+
+
+def frameworks_text(report: Report) -> str:
+    """The frameworks of the report's runs with their versions: those their records trained (the version the records
+    name, else meta.json's), or for runs that trained none (micro) those installed where they ran; TensorFlow's
+    version alone (``?`` when unknown) when neither says more."""
+    used = list(dict.fromkeys(name for _, run in report.runs for name in run.frameworks))
+    parts = []
+    for name in used or FRAMEWORK_TITLES:
+        versions: list[str] = []
+        for _, run in report.runs:
+            installed = str((run.meta.get("packages") or {}).get(name, "?"))
+            if used and name in run.frameworks:
+                records = run.records[run.records["framework"] == name]
+                versions += [str(v) for v in unique(records, "framework_version")] or [installed]
+            elif not used and installed not in ("?", "not installed"):
+                versions.append(installed)
+        if versions:
+            parts.append(f"{framework_title(name)} {listing(dict.fromkeys(versions))}")
+    return "; ".join(parts) or f"{framework_title(OLD_FRAMEWORK)} ?"
 
 
 def overview_tables(report: Report) -> list[Table]:
@@ -37,7 +58,6 @@ def overview_tables(report: Report) -> list[Table]:
             kinds = line_kinds(records)
             records = records[[kinds[str(name)] not in catalogue.OTHERS_KINDS for name in records["transport"]]]
         fabrics += [f for f in unique(records, "fabric") if f != "none"]
-    tf = listing(dict.fromkeys(str((m.get("packages") or {}).get("tensorflow", "?")) for m in metas))
     python = listing(dict.fromkeys(str((m.get("packages") or {}).get("python", "?")) for m in metas))
     setup = Table("setup", f"The paper's cluster ({paper.SETUP_SECTION}) and this one", ["", "paper", "here"], [
         ["servers", str(paper.SETUP["servers"]), hosts],
@@ -45,6 +65,6 @@ def overview_tables(report: Report) -> list[Table]:
         ["GPU", paper.SETUP["gpu"], "none: models compute on the CPU (or replay compute times)"],
         ["network", paper.SETUP["network"],
          listing(describe_fabric(f) for f in dict.fromkeys(fabrics)) or "no fabric line in these runs"],
-        ["software", paper.SETUP["software"], f"TensorFlow {tf}, Python {python}"],
+        ["software", paper.SETUP["software"], f"{frameworks_text(report)}, Python {python}"],
     ])
     return [runs, setup]
