@@ -184,3 +184,17 @@ def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=rf"^{line}: --memory cuda: the torch here .* sees no CUDA device"):
             run_torch_training(line, config)
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_a_sparse_gradient_and_batch_norm_train_as_in_one_process(line):
+    """An embedding whose gradient is sparse (its rows travel) and BatchNorm's state, over 2 servers: the trainable
+    weights of PyTorch's own one-process SGD."""
+    _torch()
+    _private_or_skip()
+    config = _config(tiny_torch_models.TINY_EMBEDDING, "tests.tiny_torch_models:TINY_EMBEDDING")
+    record, _ = run_torch_training(line, config, keep_weights=True)
+    own = torch_own_training(config)
+    assert sorted(record["final_weights"]) == list(range(len(own)))
+    for index, weight in enumerate(own):
+        np.testing.assert_allclose(record["final_weights"][index], weight, rtol=1e-5, atol=1e-6)
