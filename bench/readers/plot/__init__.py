@@ -55,20 +55,17 @@ from bench.readers.plot.scale import scale_efficiency_figure, scale_throughput_f
 from bench.results import Run, load_run, replace_file
 from bench.results.records import OLD_FRAMEWORK
 
-__all__ = ["BOXES_MAX_WIDTH", "FIGURES", "FORMATS", "PlotError", "draw", "figures", "micro_time_lines", "plot_loaded",
-           "plot_run", "save_figure", "spread_note"]
+__all__ = ["BOXES_MAX_WIDTH", "FIGURES", "FORMATS", "PlotError", "draw", "figures", "micro_time_lines", "plot_run",
+           "save_figure", "spread_note"]
 
 FORMATS = ("png", "svg")
 
 
-def plot_run(path: Path, out_dir: Path | None = None) -> list[Path]:
+def plot_run(path: Path | Run, out_dir: Path | None = None) -> list[Path]:
     """Draw every figure the run's experiment has, as PNG and SVG into ``out_dir`` (default: the run's
-    directory); returns the files written."""
-    return plot_loaded(load_run(path), out_dir)
-
-
-def plot_loaded(run: Run, out_dir: Path | None = None) -> list[Path]:
-    """:func:`plot_run` of a run read already (or of one framework's part of one: :meth:`Run.by_framework`)."""
+    directory); returns the files written. ``path`` is the run's directory, or the run read already (one
+    framework's part of one: :meth:`bench.results.Run.by_framework`)."""
+    run = path if isinstance(path, Run) else load_run(path)
     path = run.path
     if run.records.empty:
         raise PlotError(f"{path}: the run has no records to draw")

@@ -105,12 +105,12 @@ def run_labels(paths: Sequence[Path]) -> list[str]:
 def draw_figures(run: Run, out_dir: Path) -> tuple[list[Figure], str]:
     """The run's figures (PNG) drawn into ``out_dir``, each with its title, or none and a one-line reason."""
     try:
-        from bench.readers.plot import plot_loaded
+        from bench.readers.plot import plot_run
 
         make_dir(out_dir, parents=True, exist_ok=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            written = plot_loaded(run, out_dir=out_dir)
+            written = plot_run(run, out_dir=out_dir)
     except Exception as exc:  # a figure that fails must not cost the run its tables
         text = str(exc).strip().splitlines()
         return [], f"Figures could not be drawn: {text[0] if text else type(exc).__name__}"
