@@ -22,6 +22,7 @@ from bench.experiments.torch_training import (
 from bench.launch import LauncherUnavailable
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable
 from bench.launch.local import LocalLauncher
+from bench.launch.mpi import MpiLauncher
 from bench.launch.netns import NetnsLauncher
 from bench.launch.private import PrivateHosts
 from bench.results import REQUIRED_COLUMNS
@@ -140,8 +141,8 @@ def test_the_rendezvous_store_listens_out_of_the_host_networks_reach(line, monke
     _torch()
     _private_or_skip()
     watching = _Watching()
-    monkeypatch.setattr("bench.experiments.torch_training.private_hosts",
-                        lambda launcher, what: PrivateHosts(watching, True, True, "one private emulated host"))
+    monkeypatch.setattr("bench.experiments.torch_training.hosts_for_open_listeners",
+                        lambda launcher, what, leave_out: PrivateHosts(watching, True, True, "private"))
     record, _ = run_torch_training(line, _config(servers=1, steps=50), LocalLauncher())
     [(address, network)] = watching.seen
     assert address == record["cluster"][0] and not address.startswith("127.")
@@ -198,3 +199,15 @@ def test_a_sparse_gradient_and_batch_norm_train_as_in_one_process(line):
     assert sorted(record["final_weights"]) == list(range(len(own)))
     for index, weight in enumerate(own):
         np.testing.assert_allclose(record["final_weights"][index], weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_under_mpi_on_loopback_the_run_is_refused_before_anything_starts(line):
+    """mpirun's ranks run where they were started, on the host's network: PyTorch's store would listen on every
+    interface of it while the run was asked to stay on loopback."""
+    launcher = object.__new__(MpiLauncher)  # its class says what it is; no MPI is initialised here
+    launcher.bind = "127.0.0.1"
+    with pytest.raises(TorchTrainingError, match=rf"^{line}: .*TCPStore.* listens on every interface .*--launcher mpi "
+                                                 rf"runs it on the host's own network: pass --bind ADDRESS to accept "
+                                                 rf"that, or --transport without {line}$"):
+        run_torch_training(line, _config(), launcher)

@@ -23,9 +23,10 @@ all-reduce runs inside the backward pass: NaN). ``apply_s`` is a PS's SGD (RPC).
 
 Listeners: every rank of either line listens (rank 0 a ``TCPStore`` for the rendezvous, which binds every interface;
 TensorPipe's and gloo's listeners on the interface ``TP_SOCKET_IFNAME`` / ``GLOO_SOCKET_IFNAME`` names: the one of
-the rank's address) and none takes a token. So they run as ``tf_grpc`` does (``bench.launch.private.private_hosts``):
-under no launcher or a local one in one private emulated host (a network namespace with no link to the host's
-interfaces), under ``netns`` each server on its own; where no namespace can be made, refused unless ``--bind`` names
+the rank's address) and none takes a token. So they run as ``tf_grpc`` does
+(``bench.launch.private.hosts_for_open_listeners``): under no launcher or a local one in one private emulated host (a
+network namespace with no link to the host's interfaces), under ``netns`` each server on its own; where no namespace
+can be made, and under ``mpi`` or ``slurm`` (whose ranks run where they were started), refused unless ``--bind`` names
 an address of the network (then on the host's network, and the record says so: ``isolated_network`` false).
 
 Device memory (``config.memory`` ``cuda``): the model, its gradients and what the PSs hold are on the GPU; RPC moves
@@ -47,9 +48,9 @@ from typing import Any
 import numpy as np
 
 from bench.experiments.training import TrainingLine
-from bench.launch import Launcher, LauncherUnavailable, RankContext, RankFailed, RankSpec
+from bench.launch import Launcher, LaunchError, RankContext, RankFailed, RankSpec
 from bench.launch.addresses import interface_of
-from bench.launch.private import private_hosts
+from bench.launch.private import hosts_for_open_listeners
 from bench.results import ModelRecord
 from bench.runtime.ps import TrainConfig, build_model, worker_batch
 
@@ -134,8 +135,8 @@ def run_torch_training(line: str, config: TrainConfig, launcher: Launcher | None
     if device == "cuda" and (problem := cuda_problem()):
         raise ValueError(f"{line}: {problem}")
     try:
-        chosen, own, isolated, note = private_hosts(launcher, _LISTENERS)
-    except LauncherUnavailable as exc:
+        chosen, own, isolated, note = hosts_for_open_listeners(launcher, _LISTENERS, f"--transport without {line}")
+    except LaunchError as exc:
         raise TorchTrainingError(f"{line}: {exc}") from None
     private = own and isolated  # our one private emulated host holds every rank
     servers = config.servers
