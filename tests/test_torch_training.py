@@ -4,6 +4,7 @@ listeners out of the host network's reach."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -28,6 +29,7 @@ from bench.launch.private import PrivateHosts
 from bench.results import REQUIRED_COLUMNS
 from bench.runtime.ps import TrainConfig
 from tests import tiny_models, tiny_torch_models
+from tests.processes import children_of, gone
 from tests.test_framework_conformance import torch_own_training
 
 pytestmark = pytest.mark.timeout(300)
@@ -173,8 +175,6 @@ def test_without_namespaces_a_loopback_run_is_refused(line, given, monkeypatch):
 def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
     with pytest.raises(ValueError, match=rf"{line} trains PyTorch models, not tensorflow's: use --framework torch"):
         run_torch_training(line, _config(tiny_models.TINY, "tests.tiny_models:TINY"))
-    import dataclasses
-
     with pytest.raises(ValueError, match="cannot replay compute"):
         run_torch_training(line, dataclasses.replace(_config(), compute="replay"))
     _torch()
@@ -211,3 +211,27 @@ def test_under_mpi_on_loopback_the_run_is_refused_before_anything_starts(line):
                                                  rf"runs it on the host's own network: pass --bind ADDRESS to accept "
                                                  rf"that, or --transport without {line}$"):
         run_torch_training(line, _config(), launcher)
+
+
+def _live_children() -> set[int]:
+    return {pid for pid in children_of(os.getpid()) if not gone(pid)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FailingBuild(tiny_torch_models.TinyTorchMLP):
+    """The tiny model, whose every build fails (in the ranks' processes)."""
+
+    def build(self):
+        raise RuntimeError("no model today")
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_a_failing_rank_is_named_and_nothing_is_left(line):
+    _torch()
+    _private_or_skip()
+    before = _live_children()
+    # every rank builds the model: whichever fails first is named first
+    with pytest.raises(TorchTrainingError, match=rf"^{line}: rank \d \((worker|ps) \d\) failed: RuntimeError: no "
+                                                 r"model today"):
+        run_torch_training(line, _config(FailingBuild(), "tests.test_torch_training:FailingBuild"))
+    assert _live_children() <= before
