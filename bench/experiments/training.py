@@ -429,11 +429,15 @@ class TfGrpcTraining(TrainingLine):
 REGISTRY = Registry("training line", {
     LOCAL: ("bench.experiments.training:LocalTraining", "the same updates in one process, no communication"),
     TF_GRPC: ("bench.experiments.training:TfGrpcTraining", "TensorFlow's own parameter-server training over gRPC"),
+    "torch_rpc": ("bench.experiments.torch_training:TorchRpcTraining",
+                  "PyTorch's own parameter-server training over torch.distributed.rpc (TensorPipe)"),
+    "torch_ddp": ("bench.experiments.torch_training:TorchDdpTraining",
+                  "PyTorch's DistributedDataParallel: all-reduce of gradients (gloo on the CPU, NCCL on a GPU)"),
 })
 
 
 def line_of(name: str) -> TrainingLine:
-    """The training line called ``name`` (a transport's, ``local`` or ``tf_grpc``)."""
+    """The training line called ``name`` (a transport's, ``local``, ``tf_grpc``, ``torch_rpc`` or ``torch_ddp``)."""
     return REGISTRY.load(name)() if name in REGISTRY else TransportTraining()
 
 
