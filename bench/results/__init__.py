@@ -10,6 +10,7 @@ Plots, reports and comparisons read only these files, so runs can be compared lo
 
 from bench.results import lines
 from bench.results.files import DiskError, LinkError, append_whole, disk_failed, is_disk_error, make_dir, replace_file
+from bench.results.provenance import environment, git_commit, package_versions
 from bench.results.reading import look_at
 from bench.results.records import (
     RECORD_TYPES,
@@ -41,13 +42,10 @@ from bench.results.store import (
     Run,
     RunWriter,
     default_run_dir,
-    environment,
-    git_commit,
     load_run,
     now_iso,
     of_peer,
     of_reference,
-    package_versions,
     reference_throughputs,
     with_line_kinds,
     with_of_reference,
