@@ -389,9 +389,18 @@ def transport_choices(text: str) -> list[Choice]:
     return choices(text)
 
 
+def training_lines() -> tuple[str, ...]:
+    """The training lines that are not one of our transports and not ``local``: ``tf_grpc``, ``torch_rpc``,
+    ``torch_ddp`` (``bench.experiments.training.REGISTRY``)."""
+    from bench.experiments.training import REGISTRY
+
+    return tuple(name for name in REGISTRY if name != LOCAL)
+
+
 def training_choices(text: str) -> list[Choice]:
-    """``--transport`` of the training commands: the transports, ``local`` and TensorFlow's ``tf_grpc``."""
-    return choices(text, references=(TF_GRPC,))
+    """``--transport`` of the training commands: the transports, ``local`` and the frameworks' own training lines
+    (:func:`training_lines`)."""
+    return choices(text, references=training_lines())
 
 
 def default_choices() -> list[Choice]:
@@ -573,7 +582,9 @@ def add_training_options(parser: argparse.ArgumentParser, experiment: str, defau
     parser.add_argument("--transport", "--transports", dest="transports", type=training_choices,
                         default=default_transports,
                         help=f"comma list of transports (name or name:mode), plus '{LOCAL}' (one process, no "
-                        f"communication) and '{TF_GRPC}' (TensorFlow's own parameter-server training)")
+                        f"communication) and the frameworks' own training: '{TF_GRPC}' (TensorFlow's parameter "
+                        "server over gRPC; --framework tensorflow), 'torch_rpc' (PyTorch's parameter server over "
+                        "RPC) and 'torch_ddp' (PyTorch's all-reduce; both --framework torch)")
     parser.add_argument("--batch-size", dest="batch_sizes", type=int_list, default=[1],
                         help="per-worker mini-batch sizes, comma list")
     parser.add_argument("--steps", type=positive_int, default=steps, help="timed steps")
