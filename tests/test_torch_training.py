@@ -20,7 +20,6 @@ from bench.experiments.torch_training import (
     TorchTrainingError,
     run_torch_training,
 )
-from bench.launch import LauncherUnavailable
 from bench.launch.hosts import EmulatedHosts, NetnsUnavailable
 from bench.launch.local import LocalLauncher
 from bench.launch.mpi import MpiLauncher
@@ -36,15 +35,8 @@ pytestmark = pytest.mark.timeout(300)
 LINES = (TORCH_RPC, TORCH_DDP)
 
 
-def _netns_available() -> tuple[bool, str]:
-    try:
-        NetnsLauncher()
-    except LauncherUnavailable as exc:
-        return False, str(exc)
-    return True, ""
-
-
-NETNS, WHY_NOT_NETNS = _netns_available()
+#: the lines run where their listeners are private: a network namespace here (root, ip), or --launcher netns
+needs_netns = pytest.mark.system("netns")
 
 
 def _torch() -> None:
@@ -56,16 +48,10 @@ def _config(workload=tiny_torch_models.TINY, name="tests.tiny_torch_models:TINY"
                        servers=servers, steps=steps, warmup=1, learning_rate=0.1, timeout_s=120)
 
 
-def _private_or_skip() -> None:
-    """The lines run where the ranks' listeners are private: a network namespace here (root, ip)."""
-    if not NETNS:
-        pytest.skip(f"no network namespace here: {WHY_NOT_NETNS}")
-
-
+@needs_netns
 @pytest.mark.parametrize("line", LINES)
 def test_two_servers_end_with_torchs_own_one_process_weights(line):
     _torch()
-    _private_or_skip()
     config = _config()
     steps: list[tuple[int, int]] = []
     record, samples = run_torch_training(line, config, on_step=lambda server, step: steps.append((server, step)),
@@ -83,10 +69,10 @@ def test_two_servers_end_with_torchs_own_one_process_weights(line):
     assert len({a.rsplit(":", 1)[0] for a in addresses}) == 1 and not any(a.startswith("127.") for a in addresses)
 
 
+@needs_netns
 @pytest.mark.parametrize(("line", "cls"), [(TORCH_RPC, TorchRpcTraining), (TORCH_DDP, TorchDdpTraining)])
 def test_the_line_gives_a_torch_model_record(line, cls):
     _torch()
-    _private_or_skip()
     record, samples = cls().train(_config(servers=1, steps=2), LocalLauncher())
     row = record.row()
     assert set(row) >= set(REQUIRED_COLUMNS["model"])
@@ -134,14 +120,13 @@ class _Watching(NetnsLauncher):
         return super().run(ranks, timeout_s, watch, label, startup_s)
 
 
-@pytest.mark.system("netns")
+@needs_netns
 @pytest.mark.parametrize("line", LINES)
 def test_the_rendezvous_store_listens_out_of_the_host_networks_reach(line, monkeypatch):
     """No token guards PyTorch's TCPStore (it listens on every interface): rank 0 runs in a network namespace of its
     own (a private emulated host: its loopback and its link to the run's bridge, nothing else), where its store
     listens. (A plain connection cannot tell: this machine's default route accepts a connection to any address.)"""
     _torch()
-    _private_or_skip()
     watching = _Watching()
     monkeypatch.setattr("bench.experiments.torch_training.hosts_for_open_listeners",
                         lambda launcher, what, leave_out: PrivateHosts(watching, True, True, "private"))
@@ -172,7 +157,7 @@ def test_without_namespaces_a_loopback_run_is_refused(line, given, monkeypatch):
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
+def test_runs_it_cannot_do_are_refused_in_one_line(line):
     with pytest.raises(ValueError, match=rf"{line} trains PyTorch models, not tensorflow's: use --framework torch"):
         run_torch_training(line, _config(tiny_models.TINY, "tests.tiny_models:TINY"))
     with pytest.raises(ValueError, match="cannot replay compute"):
@@ -187,12 +172,12 @@ def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
             run_torch_training(line, config)
 
 
+@needs_netns
 @pytest.mark.parametrize("line", LINES)
 def test_a_sparse_gradient_and_batch_norm_train_as_in_one_process(line):
     """An embedding whose gradient is sparse (its rows travel) and BatchNorm's state, over 2 servers: the trainable
     weights of PyTorch's own one-process SGD."""
     _torch()
-    _private_or_skip()
     config = _config(tiny_torch_models.TINY_EMBEDDING, "tests.tiny_torch_models:TINY_EMBEDDING")
     record, _ = run_torch_training(line, config, keep_weights=True)
     own = torch_own_training(config)
@@ -225,10 +210,10 @@ class FailingBuild(tiny_torch_models.TinyTorchMLP):
         raise RuntimeError("no model today")
 
 
+@needs_netns
 @pytest.mark.parametrize("line", LINES)
 def test_a_failing_rank_is_named_and_nothing_is_left(line):
     _torch()
-    _private_or_skip()
     before = _live_children()
     # every rank builds the model: whichever fails first is named first
     with pytest.raises(TorchTrainingError, match=rf"^{line}: rank \d \((worker|ps) \d\) failed: RuntimeError: no "
