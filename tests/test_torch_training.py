@@ -30,6 +30,7 @@ from bench.runtime.ps import TrainConfig
 from tests import tiny_models, tiny_torch_models
 from tests.processes import children_of, gone
 from tests.test_framework_conformance import torch_own_training
+from tests.test_tf_grpc import _network_address
 
 pytestmark = pytest.mark.timeout(300)
 LINES = (TORCH_RPC, TORCH_DDP)
@@ -220,3 +221,17 @@ def test_a_failing_rank_is_named_and_nothing_is_left(line):
                                                  r"model today"):
         run_torch_training(line, _config(FailingBuild(), "tests.test_torch_training:FailingBuild"))
     assert _live_children() <= before
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_without_namespaces_a_network_bind_runs_there_and_says_so(line, monkeypatch):
+    _torch()
+    address = _network_address()
+    if address is None:
+        pytest.skip("this host has no address but loopback")
+    _refuse_namespaces(monkeypatch)
+    record, _ = run_torch_training(line, _config(servers=1, steps=2), LocalLauncher(bind=address))
+    assert record["isolated_network"] is False
+    assert "namespaces refused by the test" in record["isolation_note"]
+    assert "every interface" in record["isolation_note"] and f"--bind {address}" in record["isolation_note"]
+    assert all(a.startswith(f"{address}:") for a in record["cluster"])
