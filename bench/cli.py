@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 
 from bench.commands import COMMANDS
-from bench.commands.common import signal_of
+from bench.commands.common import extras_of, signal_of
 from bench.ground import quiet_tensorflow
 from bench.options import (
     EXIT_USAGE,
@@ -23,7 +23,6 @@ from bench.options import (
     Parser,
     VersionAction,
     examples_epilog,
-    extras_of,
     extras_problem,
     fabric_problem,
     memory_kinds_problem,

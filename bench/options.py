@@ -116,15 +116,6 @@ def fail(command: str, problem: str) -> int:
 EXTRAS = {"models": ("tensorflow", "keras", "sklearn"), "torch": ("torch",)}
 
 
-def extras_of(command: Any, args: argparse.Namespace) -> tuple[str, ...]:
-    """The extras a command module needs for ``args``: its ``EXTRAS``, with ``--framework torch`` the ``torch`` extra
-    in place of ``models`` (TensorFlow)."""
-    extras = tuple(getattr(command, "EXTRAS", ()))
-    if getattr(args, "framework", "tensorflow") == "torch":
-        extras = tuple(dict.fromkeys("torch" if extra == "models" else extra for extra in extras))
-    return extras
-
-
 def extras_problem(command: str, extras: tuple[str, ...]) -> str | None:
     """The one line naming an extra ``bench COMMAND`` needs and this install lacks, and how to add it; else None."""
     import importlib.util

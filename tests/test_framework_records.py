@@ -225,7 +225,7 @@ def test_framework_torch_needs_the_torch_extra_not_tensorflow():
     import argparse
 
     from bench.commands import analyze, model
-    from bench.options import extras_of
+    from bench.commands.common import extras_of
 
     assert extras_of(model, argparse.Namespace(framework="tensorflow")) == ("models",)
     assert extras_of(model, argparse.Namespace(framework="torch")) == ("torch",)

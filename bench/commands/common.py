@@ -22,12 +22,21 @@ BASELINE = catalogue.ZERO_COPY
 def add_framework_option(parser: argparse.ArgumentParser) -> None:
     """``--framework {tensorflow,torch}``: the framework that builds and trains the models (``args.framework``;
     TensorFlow, the paper's, by default). PyTorch asked for where it is not installed is refused before anything
-    starts, naming the ``torch`` extra (:func:`bench.options.extras_of`)."""
+    starts, naming the ``torch`` extra (:func:`extras_of`)."""
     from bench.runtime.framework import DEFAULT_FRAMEWORK, FRAMEWORKS  # imports no framework
 
     parser.add_argument("--framework", choices=FRAMEWORKS, default=DEFAULT_FRAMEWORK,
                         help=f"the framework that builds and trains the models (default {DEFAULT_FRAMEWORK}, the "
                         "paper's; torch needs the 'torch' extra)")
+
+
+def extras_of(command: Any, args: argparse.Namespace) -> tuple[str, ...]:
+    """The extras (:data:`bench.options.EXTRAS`) a command module needs for ``args``: its ``EXTRAS``, with
+    ``--framework torch`` the ``torch`` extra in place of ``models`` (TensorFlow)."""
+    extras = tuple(getattr(command, "EXTRAS", ()))
+    if getattr(args, "framework", "tensorflow") == "torch":
+        extras = tuple(dict.fromkeys("torch" if extra == "models" else extra for extra in extras))
+    return extras
 
 
 def open_run(out: Path | None, experiment: str, settings: dict[str, Any], launcher: Any = None) -> RunWriter | None:
