@@ -31,7 +31,8 @@ EXAMPLES = (
     ('bench model vgg16 --transport zerocopy,grpc_tcp', "VGG16 over zero copy and gRPC (the paper's Figure 9)"),
     ('bench model fcn5 --transport zerocopy,grpc_tcp,local --steps 10', 'a quick one, with the Local line'),
     ('bench model alexnet,vgg16 --batch-size 1,4 --compute replay', 'replayed compute: only the transfers run'),
-    ('bench model vgg16 --framework torch --transport zerocopy,grpc_tcp', 'VGG16 built and trained in PyTorch'),
+    ('bench model vgg16 --framework torch --transport zerocopy,grpc_tcp,torch_rpc,torch_ddp',
+     "VGG16 in PyTorch, beside PyTorch's own training lines"),
 )
 STARTS_RANKS = True
 
