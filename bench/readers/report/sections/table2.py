@@ -43,10 +43,15 @@ def table2(run: Run, label: str) -> Section:
         section.notes.append(f"Compute per sample here is {range_text(slow)} the paper's: this CPU "
                              f"({run.meta.get('cpu', '?')}, {run.meta.get('cpu_count', '?')} cores) against one "
                              "Tesla P100 GPU.")
-    section.notes.append("Sizes are of float32 variables in MB of 2**20 bytes; "
-                         "bench/experiments/models.py explains the layouts "
-                         "(10 output classes, Keras' Inception-v3 without its auxiliary head, TensorFlow 1's RNN cells "
-                         "splitting their variables differently).")
+    if run.framework == "torch":
+        section.notes.append("Sizes are of float32 variables in MB of 2**20 bytes, PyTorch's parameters and "
+                             "buffers; bench/experiments/torch_models.py explains the layouts (where one differs "
+                             "from Keras', as Inception-v3's batch norm keeping a scale).")
+    else:
+        section.notes.append("Sizes are of float32 variables in MB of 2**20 bytes; "
+                             "bench/experiments/models.py explains the layouts "
+                             "(10 output classes, Keras' Inception-v3 without its auxiliary head, TensorFlow 1's RNN "
+                             "cells splitting their variables differently).")
     section.notes += status_notes(run)
     return section
 
