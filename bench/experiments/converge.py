@@ -124,7 +124,8 @@ def summary_records(evaluations: list[ConvergeRecord | dict[str, Any]], target: 
         rows.append(ConvergeRecord(
             kind="summary", transport=label, task=template.task, batch_size=template.batch_size,
             servers=template.servers, learning_rate=template.learning_rate, fabric=template.fabric,
-            target=str(target), steps_to_target=row.step if row else None, time_to_target_s=seconds,
+            framework=template.framework, framework_version=template.framework_version, target=str(target),
+            steps_to_target=row.step if row else None, time_to_target_s=seconds,
             speedup_vs_grpc_tcp=(baseline.wall_s / seconds) if (row and baseline and seconds) else None,
             paper_speedup_vs_grpc_tcp=paper_speedup(template.task) if label == "zerocopy" else None))
     return rows
@@ -202,24 +203,28 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
 
     from tqdm import tqdm
 
-    from bench.experiments.tasks import TaskWorkload
+    from bench.experiments.tasks import task_workload
     from bench.experiments.training import TrainingError
     from bench.launch import LaunchError
+    from bench.runtime.framework import DEFAULT_FRAMEWORK, framework_named
     from bench.runtime.ps import TrainConfig
     from transports import fabric
 
     failures: list[str] = []
     evaluations: list[dict[str, Any]] = []
     losses: dict[str, list[float]] = {}
+    framework = getattr(args, "framework", DEFAULT_FRAMEWORK)
     for choice in chosen:
         label = choice.label
-        config = TrainConfig(model=task.name, workload=TaskWorkload(task.name, args.data), transport=choice.name,
+        workload = task_workload(task.name, args.data, framework)
+        config = TrainConfig(model=task.name, workload=workload, transport=choice.name,
                              transport_options={}, batch_size=args.batch_size, servers=args.servers, steps=args.steps,
                              warmup=0, learning_rate=args.learning_rate, seed=args.seed, timeout_s=args.timeout,
                              label=label, evaluate_every=args.eval_every, time_s=args.time)
         config = dataclasses.replace(config, transport_options=options_for(choice))
         common = {"transport": label, "task": task.name, "batch_size": args.batch_size, "servers": args.servers,
-                  "learning_rate": args.learning_rate}
+                  "learning_rate": args.learning_rate, "framework": framework,
+                  "framework_version": framework_named(framework).version()}
         with tqdm(total=args.steps, unit="step", desc=f"{task.name} over {label}", dynamic_ncols=True,
                   disable=None) as bar:
             try:

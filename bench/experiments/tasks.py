@@ -39,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -244,7 +244,9 @@ def get_task(name: str = DEFAULT_TASK, data: str | os.PathLike | None = None) ->
 class TaskWorkload:
     """A task as the training runtime is handed it (``bench.runtime.workload.RealData``): its name and data
     directory, the task loaded where it is used (once per process: :func:`get_task` caches), so what is pickled
-    into each rank holds no data."""
+    into each rank holds no data. Its model is Keras'; ``torch_tasks.TorchTaskWorkload`` is PyTorch's."""
+
+    framework: ClassVar[str] = "tensorflow"
 
     name: str
     data: str | None = None
@@ -267,6 +269,17 @@ class TaskWorkload:
 
     def evaluate(self, predict: Callable[[np.ndarray], Any]) -> dict[str, float]:
         return self.task.evaluate(predict)
+
+
+def task_workload(name: str, data: str | None = None, framework: str = "tensorflow") -> TaskWorkload:
+    """The workload training task ``name`` on ``data`` in ``framework`` ("tensorflow" or "torch")."""
+    if framework == "torch":
+        from bench.experiments.torch_tasks import TorchTaskWorkload
+
+        return TorchTaskWorkload(name, data)
+    if framework != "tensorflow":
+        raise ValueError(f"unknown framework '{framework}' (known: tensorflow, torch)")
+    return TaskWorkload(name, data)
 
 
 @functools.lru_cache(maxsize=8)
