@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -239,6 +240,9 @@ class ModelDef:
     #: ``(defn, batch_size, seed) -> (x, y)`` for inputs other than standard-normal floats (token ids)
     batches: Callable[[Any, int, int], tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False,
                                                                                    compare=False)
+    #: the framework its builder and loss are written in (``bench.runtime.framework.FRAMEWORKS``); PyTorch's
+    #: definitions are in ``bench.experiments.torch_models``
+    framework: str = "tensorflow"
 
     @property
     def paper(self) -> PaperModel | None:
@@ -261,14 +265,21 @@ class ModelDef:
         """Table 2: local computation time per sample (ms, one Tesla P100 GPU, single server)."""
         return self.paper.compute_ms_per_sample if self.paper else None
 
-    def build(self) -> keras.Model:
-        """A fresh, uncompiled model with random weights (deterministic after ``keras.utils.set_random_seed``)."""
+    def build(self) -> Any:
+        """A fresh, uncompiled model with random weights: a ``keras.Model`` (deterministic after
+        ``keras.utils.set_random_seed``) or, for PyTorch, a ``torch.nn.Module`` (after ``torch.manual_seed``)."""
         return self.builder(self.input_shape, self.num_classes)
 
     def make_batch(self, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """A synthetic mini-batch: float32 standard-normal inputs ``(batch_size, *input_shape)`` and int32 labels."""
+        """A synthetic mini-batch: float32 standard-normal inputs ``(batch_size, *input_shape)`` and int32 labels.
+
+        PyTorch's is the same batch laid out for it: images channels-first, token ids and labels int64."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if self.framework == "torch":
+            from bench.experiments.torch_models import torch_batch
+
+            return torch_batch(self, batch_size, seed)
         if self.batches is not None:
             return self.batches(self, batch_size, seed)
         rng = np.random.default_rng(seed)
@@ -277,7 +288,11 @@ class ModelDef:
         return x, y
 
     def loss_fn(self) -> Any:
-        """Sparse categorical cross-entropy from logits (the same for every model)."""
+        """Sparse categorical cross-entropy from logits (the same for every model), ``loss(y, logits)``."""
+        if self.framework == "torch":
+            from bench.experiments.torch_models import cross_entropy
+
+            return cross_entropy
         return loss_fn()
 
 
@@ -302,25 +317,40 @@ EXTRA_MODELS: dict[str, ModelDef] = {
 }
 
 
-def resolve_model(name: str) -> Any:
-    """A model definition by name (``vgg16``), or ``package.module:ATTRIBUTE`` for one defined elsewhere (anything
-    with ``build``, ``loss_fn`` and ``make_batch``: ``bench.runtime.workload.Workload``)."""
+def resolve_model(name: str, framework: str = "tensorflow") -> Any:
+    """A model definition by name (``vgg16``) in ``framework``, or ``package.module:ATTRIBUTE`` for one defined
+    elsewhere (anything with ``build``, ``loss_fn`` and ``make_batch``: ``bench.runtime.workload.Workload``; it
+    names its own framework by a ``framework`` attribute, so ``framework`` does not choose it)."""
     if ":" in name:
         import importlib
 
         module, _, attribute = name.partition(":")
         return getattr(importlib.import_module(module), attribute)
-    return get_model(name)
+    return get_model(name, framework=framework)
 
 
-def get_model(name: str, *, num_classes: int | None = None) -> ModelDef:
-    """The model definition called ``name`` (``vgg16``; case and ``-`` vs ``_`` do not matter).
+def _known_models(framework: str) -> dict[str, ModelDef]:
+    """Every model defined in ``framework``, the paper's six first."""
+    if framework == "tensorflow":
+        return {**MODELS, **EXTRA_MODELS}
+    if framework == "torch":
+        from bench.experiments.torch_models import TORCH_EXTRA_MODELS, TORCH_MODELS
+
+        return {**TORCH_MODELS, **TORCH_EXTRA_MODELS}
+    from bench.runtime.framework import FRAMEWORKS  # imports no framework
+
+    raise ValueError(f"unknown framework {framework!r}: choose one of {', '.join(FRAMEWORKS)}")
+
+
+def get_model(name: str, *, num_classes: int | None = None, framework: str = "tensorflow") -> ModelDef:
+    """The model definition called ``name`` (``vgg16``; case and ``-`` vs ``_`` do not matter) in ``framework``
+    (``tensorflow``: Keras; ``torch``: ``torch.nn``, from ``bench.experiments.torch_models``).
 
     ``num_classes`` replaces the output layer's size (e.g. 1000 for ImageNet-sized CNN heads).
-    Raises ``ValueError`` naming the known models for an unknown name.
+    Raises ``ValueError`` naming the known models for an unknown name (or the frameworks for an unknown one).
     """
     key = name.strip().lower().replace("-", "_")
-    known = {**MODELS, **EXTRA_MODELS}
+    known = _known_models(framework)
     if key not in known:
         raise ValueError(f"unknown model '{name}' (known: {', '.join(known)})")
     defn = known[key]
@@ -338,25 +368,37 @@ def _variable_bytes(variable: Any) -> int:
     return int(np.prod(variable.shape, dtype=np.int64)) * np.dtype(str(variable.dtype)).itemsize
 
 
-def describe_model(model: keras.Model, largest: int = 5) -> dict[str, Any]:
-    """Sizes of a model's variable tensors (what parameter-server training transfers every step).
+def describe_model(model: Any, largest: int = 5) -> dict[str, Any]:
+    """Sizes of a model's variable tensors (what parameter-server training transfers every step), a Keras model's
+    or a ``torch.nn.Module``'s.
 
     Returns ``variables`` (number of trainable tensors), ``parameters``, ``model_mb`` (their total size,
     MB = 2**20 bytes), ``largest`` (the ``largest`` biggest tensors as dicts with ``name``, ``shape``,
     ``mb``, biggest first), and ``non_trainable_variables`` / ``non_trainable_mb`` (e.g. batch-norm
-    statistics, which the paper's counts leave out).
+    statistics, which the paper's counts leave out; a PyTorch model's buffers).
     """
-    trainable = list(model.trainable_variables)
-    sizes = [(v.path, tuple(int(d) for d in v.shape), _variable_bytes(v)) for v in trainable]
+    if _is_torch(model):
+        from bench.experiments.torch_models import variable_sizes
+
+        sizes, state = variable_sizes(model)
+    else:
+        sizes = [(v.path, tuple(int(d) for d in v.shape), _variable_bytes(v)) for v in model.trainable_variables]
+        state = [_variable_bytes(v) for v in model.non_trainable_variables]
     biggest = sorted(sizes, key=lambda item: item[2], reverse=True)[:largest]
     return {
-        "variables": len(trainable),
-        "parameters": sum(int(np.prod(v.shape, dtype=np.int64)) for v in trainable),
+        "variables": len(sizes),
+        "parameters": sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in sizes),
         "model_mb": sum(nbytes for _, _, nbytes in sizes) / MB,
         "largest": [{"name": path, "shape": shape, "mb": nbytes / MB} for path, shape, nbytes in biggest],
-        "non_trainable_variables": len(model.non_trainable_variables),
-        "non_trainable_mb": sum(_variable_bytes(v) for v in model.non_trainable_variables) / MB,
+        "non_trainable_variables": len(state),
+        "non_trainable_mb": sum(state) / MB,
     }
+
+
+def _is_torch(model: Any) -> bool:
+    """Whether ``model`` is a ``torch.nn.Module`` (it cannot be one unless torch has been imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
 
 
 def train_step_function(model: keras.Model, loss: Any | None = None) -> Callable[[Any, Any], tuple[Any, list[Any]]]:
@@ -376,16 +418,21 @@ def train_step_function(model: keras.Model, loss: Any | None = None) -> Callable
 
 
 def measure_compute(
-    defn: ModelDef, batch_size: int = 1, steps: int = 3, *, model: keras.Model | None = None, seed: int = 0
+    defn: ModelDef, batch_size: int = 1, steps: int = 3, *, model: Any | None = None, seed: int = 0
 ) -> float:
     """Seconds per sample of one forward + backward pass, measured here.
 
     Builds the model (unless ``model`` is given), traces a ``tf.function`` with a ``tf.GradientTape``, runs
     one untimed warm-up step, then times ``steps`` steps on a synthetic batch and divides by
-    ``steps * batch_size``. Gradients are computed, not applied (the paper's local computation time).
+    ``steps * batch_size``. Gradients are computed, not applied (the paper's local computation time). A PyTorch
+    model's is the same under autograd (``torch_models.measure_torch_compute``).
     """
     if batch_size < 1 or steps < 1:
         raise ValueError(f"batch_size and steps must be at least 1, got {batch_size} and {steps}")
+    if defn.framework == "torch":
+        from bench.experiments.torch_models import measure_torch_compute
+
+        return measure_torch_compute(defn, batch_size, steps, model=model, seed=seed)
     tf = _tf()
     if model is None:
         _keras().utils.set_random_seed(seed)
@@ -410,23 +457,26 @@ def models_table(
     *,
     steps: int = 3,
     on_row: Callable[[ModelsRecord], None] | None = None,
+    framework: str = "tensorflow",
 ) -> list[ModelsRecord]:
-    """Build and measure each model (default: all six); one record per model, in order, beside the paper's
-    Table 2. ``on_row`` is called with each record as soon as it is measured (the big models take a while).
+    """Build and measure each model (default: all six) in ``framework``; one record per model, in order, beside
+    the paper's Table 2. ``on_row`` is called with each record as soon as it is measured (the big models take a
+    while).
     """
     from bench.results import ModelsRecord
-    keras = _keras()
-    definitions = [get_model(name) for name in (list(names) if names else list(MODELS))]
+    from bench.runtime.framework import framework_named
+
+    definitions = [get_model(name, framework=framework) for name in (list(names) if names else list(MODELS))]
+    version = framework_named(framework).version()
     rows = []
     for defn in definitions:
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(0)
-        model = defn.build()
+        model = _fresh_model(defn, seed=0)
         info = describe_model(model)
         seconds = measure_compute(defn, batch_size=batch_size, steps=steps, model=model)
         del model
         gc.collect()
-        row = ModelsRecord(model=defn.name, variables=info["variables"], paper_variables=defn.paper_variables,
+        row = ModelsRecord(model=defn.name, framework=framework, framework_version=version,
+                           variables=info["variables"], paper_variables=defn.paper_variables,
                            parameters=info["parameters"], model_mb=info["model_mb"],
                            paper_model_mb=defn.paper_model_mb, batch_size=batch_size,
                            compute_ms_per_sample=seconds * 1e3,
@@ -434,8 +484,22 @@ def models_table(
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    keras.backend.clear_session()
+    if framework == "tensorflow":
+        _keras().backend.clear_session()
     return rows
+
+
+def _fresh_model(defn: ModelDef, seed: int) -> Any:
+    """``defn``'s model built afresh with its framework seeded by ``seed`` (Keras' session cleared first)."""
+    if defn.framework == "torch":
+        import torch
+
+        torch.manual_seed(seed)
+        return defn.build()
+    keras = _keras()
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    return defn.build()
 
 
 # (key, header, format); None prints as "-"
