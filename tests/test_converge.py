@@ -157,6 +157,14 @@ def test_the_summary_times_the_first_evaluation_that_reached_the_target():
     assert pd.isna(summary.loc["rdma_cp", "time_to_target_s"])  # never reached
 
 
+def test_the_summary_keeps_the_framework_of_its_evaluations():
+    rows = [{"kind": "eval", "transport": "zerocopy", "task": "digits", "step": step, "wall_s": float(step),
+             "heldout_loss": 1.0, "metric": "accuracy", "metric_value": value, "framework": "torch",
+             "framework_version": "2.13.0+cpu"} for step, value in ((0, 0.1), (10, 0.98))]
+    (summary,) = summary_records(rows, Target("accuracy", 0.97))
+    assert (summary.framework, summary.framework_version, summary.steps_to_target) == ("torch", "2.13.0+cpu", 10)
+
+
 def test_losses_agree_reports_the_largest_relative_difference():
     assert losses_agree({"a": [1.0, 2.0], "b": [1.0, 2.0]}) == {"b": 0.0}
     assert losses_agree({"a": [1.0, 2.0], "b": [1.0, 2.2]})["b"] == pytest.approx(0.1)

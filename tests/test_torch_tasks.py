@@ -128,3 +128,35 @@ def test_evaluate_with_a_torch_predict(name, data_of):
     with torch.no_grad():
         torch_loss = float(workload.loss_fn()(torch.from_numpy(y), model(torch.from_numpy(x))))
     assert scores["heldout_loss"] == pytest.approx(torch_loss, rel=1e-4)
+
+
+def test_bench_converge_trains_a_torch_task_as_one_process_sgd_does(tmp_path):
+    """``bench converge --framework torch`` through the parameter-server runtime: every transport's loss per step
+    is the one-process SGD's from the same seeded start, and the records say torch."""
+    from bench.results import load_run
+    from tests.test_converge import bench
+
+    out = tmp_path / "run"
+    steps, lr = 4, 0.2
+    result = bench("converge", "digits", "--framework", "torch", "--transport", "grpc_tcp,zerocopy", "--servers", "1",
+                   "--batch-size", "8", "--steps", str(steps), "--eval-every", "2", "--learning-rate", str(lr),
+                   "--seed", "0", "--out", str(out), "--no-plot")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = load_run(out)
+    assert set(run.records["framework"]) == {"torch"}
+    assert run.meta["loss_max_relative_difference"] == {"zerocopy": 0.0}
+
+    workload = task_workload("digits", None, "torch")
+    model, loss = _built(workload, 0), workload.loss_fn()
+    expected = []
+    for step in range(steps):
+        x, y = workload.train_batch(step, 0, 1, 8)
+        model.zero_grad()
+        value = loss(torch.from_numpy(y), model(torch.from_numpy(x)))
+        value.backward()
+        expected.append(float(value.detach()))
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter -= lr * parameter.grad
+    for transport, rows in run.records.query("kind == 'step'").groupby("transport"):
+        assert rows.sort_values("step")["train_loss"].tolist() == pytest.approx(expected, rel=1e-5), transport
