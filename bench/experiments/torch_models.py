@@ -112,7 +112,7 @@ def measure_torch_compute(defn: ModelDef, batch_size: int, steps: int, *, model:
             parameter.grad = None
         value = loss(y, model(x))
         value.backward()
-        return float(value)  # backward() has returned: every gradient is computed
+        return float(value.detach())  # backward() has returned: every gradient is computed
 
     step()  # warm up
     started = time.perf_counter()
