@@ -33,6 +33,9 @@ For an ImageNet-sized head use ``get_model(name, num_classes=1000)`` (VGG16 is t
 
 Every model returns **logits**; ``loss_fn()`` is sparse categorical cross-entropy with
 ``from_logits=True``. TensorFlow is only imported inside functions, so importing this module is cheap.
+
+The same models in PyTorch: ``get_model(name, framework="torch")``, defined in
+``bench.experiments.torch_models`` (its docstring has their sizes beside these).
 """
 
 from __future__ import annotations
