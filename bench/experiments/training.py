@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -73,6 +74,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     on its host's link over the timed steps when it has one of its own (netns). With ``config.watch`` the
     transport is the watch's, and what its ``finish()`` says goes to ``extra["watch"]``.
     """
+    framework(config).use_cores(cores_per_rank(ctx, config.servers))
     plan = config.plan if config.plan is not None else plan_of(config)
     layout = plan.layout
     options = {**config.transport_options, "timeout_s": config.timeout_s}
@@ -109,6 +111,16 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
         if config.watch is not None:
             times.extra["watch"] = transport.finish()
     return role, times
+
+
+def cores_per_rank(ctx, workers: int) -> int:
+    """This rank's share of its host's cores for the framework's compute: a worker (ranks ``0..workers-1``) gets
+    the cores it may run on over the workers on its host, which compute at the same time in synchronous training;
+    a parameter server, whose apply is NumPy's, one."""
+    if ctx.rank >= workers:
+        return 1
+    hosts = [address.rpartition(":")[0] for address in ctx.cluster.addresses[:workers]]  # host:port
+    return max(1, len(os.sched_getaffinity(0)) // hosts.count(hosts[ctx.rank]))
 
 
 def local_job(config: TrainConfig, ctx) -> StepTimes:

@@ -84,6 +84,10 @@ class Framework(ABC):
         """The framework's own version, None when it is not installed."""
         return self.packages().get(self.distributions[0])
 
+    def use_cores(self, cores: int) -> None:  # noqa: B027 (TensorFlow keeps its own pools as they are)
+        """This process shares the machine with others of its run: compute on about ``cores`` cores, not on every
+        core (a framework whose threads spin while they wait would take the cores its peers' ranks need)."""
+
     @abstractmethod
     def build(self, workload: Any, seed: int) -> Any:
         """The workload's model, built afresh with the framework seeded by ``seed`` (the same model every time)."""
