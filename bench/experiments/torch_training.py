@@ -313,10 +313,7 @@ class _ParameterServer:
             updates = [updates[position] for updates in per_worker]
             value = self.values[index]
             if index < self.trainable:
-                total = updates[0]
-                for update in updates[1:]:
-                    total = total + update
-                value.grad = total / len(updates)
+                value.grad = _mean(updates)
             elif value.is_floating_point():
                 with torch.no_grad():
                     value.copy_(torch.stack(updates).mean(dim=0))
@@ -326,6 +323,19 @@ class _ParameterServer:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+
+
+def _mean(gradients: list[Any]) -> Any:
+    """The mean of the workers' gradients of one variable, summed into the first (received here: the PS's own
+    memory, no temporary of the variable's size); sparse ones (an embedding's rows) added as sparse tensors."""
+    total = gradients[0]
+    if total.is_sparse:
+        for gradient in gradients[1:]:
+            total = total + gradient
+        return total / len(gradients)
+    for gradient in gradients[1:]:
+        total.add_(gradient)
+    return total.div_(len(gradients)) if len(gradients) > 1 else total
 
 
 def _ps_values() -> list[Any]:
