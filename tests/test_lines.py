@@ -60,7 +60,7 @@ def test_the_registries_of_peers_and_references_are_the_catalogue_s():
     from bench.experiments.peers import REGISTRY as PEERS
     from bench.experiments.references import REGISTRY as REFERENCES
 
-    assert tuple(PEERS) == catalogue.names("peer")
+    assert tuple(PEERS) == catalogue.micro_peers()
     # the references, and the peers' plain loops (reference lines measured only with --calibrate)
     assert tuple(REFERENCES) + tuple(CALIBRATIONS) == tuple(sorted(
         catalogue.names("reference"), key=lambda name: name in CALIBRATIONS))

@@ -26,7 +26,7 @@ from bench.results import lines as catalogue
 from bench.results import load_run
 from tests import peer_faults
 
-PEER_NAMES = catalogue.names("peer")
+PEER_NAMES = catalogue.micro_peers()
 
 ROOT = Path(__file__).resolve().parent.parent
 #: a private emulated host can be made (a network namespace, root and iproute2)

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peers = parser.add_mutually_exclusive_group()
     peers.add_argument("--peers", type=peer_names, default=None, metavar="PEERS",
                        help="comma list of the peer lines to measure (known: "
-                       f"{', '.join(catalogue.names('peer'))}; default: every one installed here): the libraries "
+                       f"{', '.join(catalogue.micro_peers())}; default: every one installed here): the libraries "
                        "a user could pick instead (MPI two-sided and one-sided, NVIDIA NIXL, a plain TCP socket), "
                        "timed exactly like a transport, measured after the reference lines and before the "
                        "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
@@ -123,9 +123,9 @@ def peer_names(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise argparse.ArgumentTypeError("no peer named; pass --no-peers to measure none")
-    if unknown := [name for name in names if name not in catalogue.names("peer")]:
+    if unknown := [name for name in names if name not in catalogue.micro_peers()]:
         raise argparse.ArgumentTypeError(f"unknown peer {', '.join(map(repr, unknown))} (known: "
-                                         f"{', '.join(catalogue.names('peer'))})")
+                                         f"{', '.join(catalogue.micro_peers())})")
     return list(dict.fromkeys(names))
 
 
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         "rounds": args.rounds,
         "extra_copy": sorted(slowed),
         "source": args.source,
-        "peers": [] if args.no_peers else (args.peers or list(catalogue.names("peer"))),
+        "peers": [] if args.no_peers else (args.peers or list(catalogue.micro_peers())),
         "contend": args.contend,
         "calibrate": args.calibrate,
         "timeout_s": args.timeout,

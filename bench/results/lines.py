@@ -59,6 +59,8 @@ class Line:
     about: str = ""
     #: the peer line whose plain loop it is (``bench micro --calibrate``): measured only when asked, beside it
     calibrates: str | None = None
+    #: ``bench micro`` measures it (False: a training-only line, e.g. ``torch_ddp``: ``bench model`` runs it)
+    micro: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -68,12 +70,13 @@ class Line:
 _PEER_LOOK = {"linestyle": (0, (5, 2))}  # peers: thin and dashed beside the transports
 
 
-def _peer(name: str, paper: str, label: str, color: str, marker: str, measured_by: str, about: str,
+def _peer(name: str, paper: str, label: str, color: str, marker: str, measured_by: str | None, about: str,
           hollow: bool = True) -> Line:
-    """A peer line: dashed, its marker hollow unless told, measured by ``bench.experiments.peers.<measured_by>``."""
+    """A peer line: dashed, its marker hollow unless told, measured by ``bench.experiments.peers.<measured_by>``
+    (None: a training-only line, which ``bench model`` runs and ``bench micro`` does not)."""
     style = {"color": color, "marker": marker, **({"markerfacecolor": "none"} if hollow else {}), **_PEER_LOOK}
-    return Line(name, "peer", paper, label, style, implementation=f"bench.experiments.peers.{measured_by}",
-                about=about)
+    return Line(name, "peer", paper, label, style, about=about, micro=measured_by is not None,
+                implementation=measured_by and f"bench.experiments.peers.{measured_by}")
 
 
 _CATALOGUE: dict[str, Line] = {line.name: line for line in (
@@ -142,6 +145,20 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
          about="Mooncake's transfer_sync_write of the tensor, then of a flag the receiver polls, in a plain loop: "
                "what the harness costs the mooncake line",
          calibrates="mooncake"),
+    Line("torch_gloo_plain", "reference", "torch gloo plain loop",
+         "torch.distributed send/recv over gloo in a plain loop (the torch_gloo line's calibration)",
+         {"color": "#ee4c2c", "linestyle": ":", "marker": "X", "markerfacecolor": "none"},
+         implementation="bench.experiments.peers.torch_gloo:PlainGlooLine",
+         about="torch.distributed's send and recv (gloo) of a CPU tensor in a plain loop: what the harness costs the "
+               "torch_gloo line (the torch extra)",
+         calibrates="torch_gloo"),
+    Line("torch_rpc_plain", "reference", "torch RPC plain loop",
+         "torch.distributed.rpc rpc_sync over TensorPipe in a plain loop (the torch_rpc line's calibration)",
+         {"color": "#812ce5", "linestyle": ":", "marker": "p", "markerfacecolor": "none"},
+         implementation="bench.experiments.peers.torch_rpc:PlainRpcLine",
+         about="rpc_sync of the tensor to a function of the receiver's in a plain loop: what the harness costs the "
+               "torch_rpc line (the torch extra)",
+         calibrates="torch_rpc"),
     Line("harness", "reference", "harness (null transfer)", "the harness alone (a transfer that moves nothing)",
          {"color": "#bbbbbb", "linestyle": ":", "marker": "."}, hatched=True,
          implementation="bench.experiments.references.null:NullLine",
@@ -158,6 +175,15 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
           "Mooncake's transfer engine over tcp: a write of the tensor, then of a flag the receiver polls"),
     _peer("socket", "TCP socket", "TCP socket (peer)", "#a0522d", "h", "plain_socket:SocketLine",
           "a plain TCP socket: sendmsg of a length and the bytes, recv_into a preallocated buffer"),
+    _peer("torch_gloo", "torch gloo", "torch.distributed send/recv, gloo (peer: PyTorch)", "#ee4c2c", "X",
+          "torch_gloo:GlooLine", "PyTorch's torch.distributed: send and recv of a CPU tensor over gloo (the torch "
+          "extra)", hollow=False),
+    _peer("torch_rpc", "torch RPC", "torch.distributed.rpc over TensorPipe (peer: PyTorch)", "#812ce5", "p",
+          "torch_rpc:RpcLine", "PyTorch's torch.distributed.rpc: rpc_sync carrying the tensor to a function of the "
+          "receiver's, over TensorPipe (shm/cma on one host; the torch extra)", hollow=False),
+    _peer("torch_ddp", "PyTorch DDP", "PyTorch DDP (all-reduce)", "#fdae6b", ">", None,
+          "PyTorch's DistributedDataParallel: gradients all-reduced (gloo on the CPU, NCCL on a GPU); bench model "
+          "only", hollow=False),
 )}
 
 #: the lines the readers single out by name (the paper's comparisons are about them)
@@ -166,6 +192,9 @@ NO_ANALYSIS = "zerocopy:no_analysis"
 RDMA_CP = "rdma_cp"
 GRPC_TCP = "grpc_tcp"
 GRPC_RDMA = "grpc_rdma"
+#: PyTorch's own lines (a micro peer and a training line; a training-only line)
+TORCH_RPC = "torch_rpc"
+TORCH_DDP = "torch_ddp"
 
 #: colours for names the catalogue does not know, chosen by the name (the same in every figure)
 _SPARE_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
@@ -196,6 +225,11 @@ def names(kind: str) -> tuple[str, ...]:
     if kind not in KINDS:
         raise ValueError(f"unknown kind of line '{kind}' (known: {', '.join(KINDS)})")
     return tuple(name for name, entry in _CATALOGUE.items() if entry.kind == kind)
+
+
+def micro_peers() -> tuple[str, ...]:
+    """The peer lines ``bench micro`` measures, in the catalogue's order (not the training-only ones)."""
+    return tuple(entry.name for entry in of_kind("peer") if entry.micro)
 
 
 def of_kind(kind: str) -> Iterator[Line]:

@@ -198,8 +198,8 @@ def _peer_job(line: PeerLine, points: list[Point], ctx: RankContext) -> None:
 
 #: the peer lines, in the order they are measured and drawn: the catalogue's (bench.results.lines), whose entry
 #: names the class that measures each
-REGISTRY = Registry("peer", {line.name: (line.implementation, line.about) for line in catalogue.of_kind("peer")},
-                    unknown=ValueError)
+REGISTRY = Registry("peer", {line.name: (line.implementation, line.about) for line in catalogue.of_kind("peer")
+                            if line.micro}, unknown=ValueError)
 
 
 def peer_lines(names: list[str] | None = None, timeout_s: float = 120.0) -> list[PeerLine]:
