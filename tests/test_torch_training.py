@@ -151,6 +151,7 @@ def _refuse_namespaces(monkeypatch) -> None:
 def test_without_namespaces_a_loopback_run_is_refused(line, given, monkeypatch):
     """PyTorch's TCPStore listens on every interface and takes no token: without a private namespace a run meant for
     loopback (the default) is refused before any process starts, saying why and what to do."""
+    _torch()
     _refuse_namespaces(monkeypatch)
     with pytest.raises(TorchTrainingError, match=rf"^{line}: no private network namespace here \(.*namespaces "
                                                  r"refused by the test.*TCPStore.*not on 127\.0\.0\.1.*--bind"):
@@ -158,11 +159,15 @@ def test_without_namespaces_a_loopback_run_is_refused(line, given, monkeypatch):
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_runs_it_cannot_do_are_refused_in_one_line(line):
+def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
     with pytest.raises(ValueError, match=rf"{line} trains PyTorch models, not tensorflow's: use --framework torch"):
         run_torch_training(line, _config(tiny_models.TINY, "tests.tiny_models:TINY"))
     with pytest.raises(ValueError, match="cannot replay compute"):
         run_torch_training(line, dataclasses.replace(_config(), compute="replay"))
+    with monkeypatch.context() as patch:
+        patch.setattr("importlib.util.find_spec", lambda name, *args: None)
+        with pytest.raises(ValueError, match=rf"^{line} needs PyTorch, which is not installed here: pip install"):
+            run_torch_training(line, _config())
     _torch()
     config = _config()
     config.memory = "cuda"  # what bench model --memory cuda asks of a line
@@ -191,6 +196,7 @@ def test_a_sparse_gradient_and_batch_norm_train_as_in_one_process(line):
 def test_under_mpi_on_loopback_the_run_is_refused_before_anything_starts(line):
     """mpirun's ranks run where they were started, on the host's network: PyTorch's store would listen on every
     interface of it while the run was asked to stay on loopback."""
+    _torch()
     launcher = object.__new__(MpiLauncher)  # its class says what it is; no MPI is initialised here
     launcher.bind = "127.0.0.1"
     with pytest.raises(TorchTrainingError, match=rf"^{line}: .*TCPStore.* listens on every interface .*--launcher mpi "
