@@ -50,7 +50,7 @@ def test_every_peer_is_registered_and_named_in_the_results_layer():
     assert [line.name for line in peer_lines()] == list(PEER_NAMES)
     assert [line.name for line in peer_lines(["socket", "mpi"])] == ["mpi", "socket"]  # the registry's order
     with pytest.raises(ValueError, match=r"unknown peer 'carrier_pigeon' \(known: mpi, mpi_rma, nixl, mooncake, "
-                                         r"socket\)"):
+                                         r"socket, torch_gloo, torch_rpc\)"):
         peer_lines(["carrier_pigeon"])
 
 
@@ -124,7 +124,7 @@ def test_no_peers_and_a_chosen_peer(tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--peers", "carrier_pigeon"], "--peers: unknown peer 'carrier_pigeon' (known: mpi, mpi_rma, nixl, mooncake, "
-     "socket)"),
+     "socket, torch_gloo, torch_rpc)"),
     (["--peers", ","], "--peers: no peer named; pass --no-peers to measure none"),
     (["--peers", "socket", "--no-peers"], "argument --no-peers: not allowed with argument --peers"),
 ])

@@ -1,0 +1,103 @@
+"""PyTorch's own peer lines of ``bench micro`` (``torch_gloo``, ``torch_rpc``) and their plain loops: each moves the
+tensor intact at one size, torch_rpc's records name the TensorPipe transport and channel, each skips with one line
+where torch is missing, and their tokenless listeners run only on private hosts (or the line is left out)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.experiments.peers import calibration_lines, peer_lines
+from bench.experiments.peers.torch_gloo import GlooLine, PlainGlooLine
+from bench.experiments.peers.torch_rpc import PlainRpcLine, RpcLine
+from bench.launch import LaunchError
+from bench.launch.hosts import NetnsUnavailable
+from bench.launch.local import LocalLauncher
+from bench.results import lines as catalogue
+from bench.results import load_run
+from tests.test_peers import _run, bench
+
+TORCH_MISSING = GlooLine(name="torch_gloo").availability().reason or None
+needs_torch = pytest.mark.skipif(TORCH_MISSING is not None, reason=str(TORCH_MISSING))
+LINES = [GlooLine, RpcLine, PlainGlooLine, PlainRpcLine]
+TENSORPIPE = r"tensorpipe:(shm|uv|ibv),cma"
+
+
+def test_the_catalogue_has_pytorchs_lines_and_ddp_is_training_only():
+    assert {"torch_gloo", "torch_rpc"} <= set(catalogue.micro_peers())
+    assert catalogue.line("torch_ddp").kind == "peer" and catalogue.line("torch_ddp").label == \
+        "PyTorch DDP (all-reduce)"
+    assert "torch_ddp" not in catalogue.micro_peers()
+    assert [line.name for line in peer_lines(["torch_gloo", "torch_rpc"])] == ["torch_gloo", "torch_rpc"]
+    assert [line.name for line in calibration_lines(["torch_gloo", "torch_rpc"])] == ["torch_gloo_plain",
+                                                                                      "torch_rpc_plain"]
+
+
+@needs_torch
+@pytest.mark.system("netns")
+@pytest.mark.parametrize("line_class", [GlooLine, RpcLine])
+def test_each_torch_line_moves_the_tensor_intact_and_counts_it(line_class):
+    line = line_class(name=line_class.__name__, timeout_s=60)
+    [(point, sender, receiver)] = _run(line, [1 << 10])
+    moved = point.transfers - point.warmup
+    assert sender.stats.tensors_sent == receiver.stats.tensors_received == moved
+    assert sender.stats.payload_bytes_sent == receiver.stats.payload_bytes_received == moved * 1024
+    if line_class is RpcLine:
+        assert sender.fabric["fabric"] == "tensorpipe" and sender.fabric["used"][-1] == "cma"
+
+
+@needs_torch
+@pytest.mark.system("netns")
+def test_bench_micro_measures_the_torch_lines_beside_their_plain_loops(tmp_path):
+    out = tmp_path / "run"
+    result = bench("micro", "--sizes", "1KB", "--iters", "20", "--warmup", "2", "--peers", "torch_gloo,torch_rpc",
+                   "--calibrate", "--transports", "local", "--no-references", "--no-plot", "--timeout", "120",
+                   "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = load_run(out).records.set_index("transport")
+    for name in ("torch_gloo", "torch_rpc", "torch_gloo_plain", "torch_rpc_plain"):
+        assert records.loc[name, "size_bytes"] == 1024 and records.loc[name, "iters"] == 20
+        assert records.loc[name, "p50_us"] > 0
+    assert records.loc["torch_gloo", "line_kind"] == "peer"
+    assert records.loc["torch_rpc_plain", "line_kind"] == "reference"
+    assert records.loc["torch_gloo", "fabric"] == "gloo:tcp"
+    for name in ("torch_rpc", "torch_rpc_plain"):  # the TensorPipe transport and channel it was given
+        assert re.fullmatch(TENSORPIPE, records.loc[name, "fabric"]), records.loc[name, "fabric"]
+
+
+@pytest.mark.system("netns")
+@pytest.mark.parametrize("line_class", LINES)
+def test_a_torch_line_runs_on_a_private_host_of_its_own(line_class):
+    """Its store and listeners have no token: under the local launcher it gets a network namespace of its own."""
+    hosts = line_class(name="x").hosts(LocalLauncher())
+    try:
+        assert hosts.own and hosts.isolated
+    finally:
+        hosts.launcher.close()
+
+
+@pytest.mark.parametrize("line_class", LINES)
+def test_without_namespaces_a_loopback_run_leaves_a_torch_line_out_saying_why(line_class, monkeypatch):
+    def refuse() -> None:
+        raise NetnsUnavailable("namespaces refused by the test")
+
+    monkeypatch.setattr("bench.launch.netns.check_support", refuse)
+    with pytest.raises(LaunchError, match=r"namespaces refused by the test.*--peers without torch_(gloo|rpc)"):
+        line_class(name="x").hosts(LocalLauncher())
+
+
+def test_a_torch_line_without_torch_is_one_line(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"No module named '{name}'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    for line_class in (GlooLine, RpcLine):
+        status = line_class(name="x").availability()
+        assert not status.ok and "torch is not installed here" in status.reason and "\n" not in status.reason
