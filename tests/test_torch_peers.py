@@ -5,11 +5,15 @@ where torch is missing, and their tokenless listeners run only on private hosts 
 from __future__ import annotations
 
 import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from bench.experiments.peers import calibration_lines, peer_lines
-from bench.experiments.peers.torch_gloo import GlooLine, PlainGlooLine
+from bench.experiments.peers.torch_gloo import GlooLine, GlooLink, PlainGlooLine
 from bench.experiments.peers.torch_rpc import PlainRpcLine, RpcLine
 from bench.launch import LaunchError
 from bench.launch.hosts import NetnsUnavailable
@@ -101,3 +105,52 @@ def test_a_torch_line_without_torch_is_one_line(monkeypatch):
     for line_class in (GlooLine, RpcLine):
         status = line_class(name="x").availability()
         assert not status.ok and "torch is not installed here" in status.reason and "\n" not in status.reason
+
+
+@dataclass
+class _ExposedStore(GlooLine):
+    """The torch_gloo line's link, its receiver reporting where its store listens and holding it open until the test
+    has tried to reach it from this machine's own network (``tried`` appears)."""
+
+    tried: str = ""
+
+    def ranks(self, points: list) -> list:
+        return self.pair_ranks(_expose, points)
+
+
+def _expose(line: _ExposedStore, points: list, ctx) -> None:
+    with GlooLink(ctx.cluster, ctx.rank, line.timeout_s) as link:
+        if ctx.rank == 1:
+            host = ctx.cluster.addresses[1].rpartition(":")[0].strip("[]")
+            ctx.report(("store", host, link._store.port))
+            deadline = time.monotonic() + line.timeout_s
+            while not Path(line.tried).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+@needs_torch
+@pytest.mark.system("netns")
+def test_a_torch_lines_store_is_not_reachable_from_outside_its_private_host(tmp_path):
+    """gloo's TCPStore has no token and listens on every interface: the sender reached it inside the line's private
+    host (the link came up), and from this machine's own network it cannot be reached."""
+    line = _ExposedStore(name="torch_gloo", timeout_s=60, tried=str(tmp_path / "tried"))
+    outcomes = []
+
+    def on_report(rank: int, payload) -> None:
+        if isinstance(payload, tuple) and payload[:1] == ("store",):
+            _, host, port = payload
+            try:
+                socket.create_connection((host, port), timeout=5).close()
+                outcomes.append("reached")
+            except OSError as exc:
+                outcomes.append(type(exc).__name__)
+            (tmp_path / "tried").touch()
+
+    hosts = line.hosts(LocalLauncher())
+    try:
+        assert hosts.isolated
+        hosts.launcher.run(line.ranks([]), 120, on_report, label="exposed_store")
+    finally:
+        if hosts.own:
+            hosts.launcher.close()
+    assert len(outcomes) == 1 and outcomes[0] != "reached", outcomes
