@@ -79,15 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="comma list of the peer lines to measure (known: "
                        f"{', '.join(catalogue.micro_peers())}; default: every one installed here): the libraries "
                        "a user could pick instead (MPI two-sided and one-sided, NVIDIA NIXL, Mooncake, a plain TCP "
-                       "socket, PyTorch's torch.distributed over gloo and its RPC over TensorPipe), timed exactly like a transport, measured after the reference lines and before the "
+                       "socket, PyTorch's torch.distributed over gloo and its RPC over TensorPipe), timed exactly "
+                       "like a transport, measured after the reference lines and before the "
                        "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
                        "that size")
     peers.add_argument("--no-peers", action=_NotBoth, help="skip the peer lines")
     parser.add_argument("--calibrate", action=_NotBoth,
                         help="measure beside each peer line its library in a plain loop of its own, the ten lines "
                         "a user writes (mpi: mpi_plain, mpi_rma: mpi_rma_plain, socket: socket_plain, nixl: "
-                        "nixl_plain, mooncake: mooncake_plain, torch_gloo: torch_gloo_plain, torch_rpc: torch_rpc_plain): "
-                        "how far the harness is from the library's own cost "
+                        "nixl_plain, mooncake: mooncake_plain, torch_gloo: torch_gloo_plain, torch_rpc: "
+                        "torch_rpc_plain): how far the harness is from the library's own cost "
                         "(the harness reference line, in every run, is the harness alone)")
     parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
                         help="measure every point of every line a second time with N busy processes spinning on "
