@@ -47,12 +47,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.experiments.training import TrainingLine
+from bench.experiments.training import TrainingLine, cores_per_rank
 from bench.launch import Launcher, LaunchError, RankContext, RankFailed, RankSpec
 from bench.launch.addresses import interface_of
 from bench.launch.private import hosts_for_open_listeners
 from bench.results import ModelRecord
-from bench.runtime.ps import TrainConfig, build_model, worker_batch
+from bench.runtime.ps import TrainConfig, build_model, framework, worker_batch
 
 TORCH_RPC = "torch_rpc"
 TORCH_DDP = "torch_ddp"
@@ -382,6 +382,7 @@ def _rpc_rank(config: TrainConfig, device_kind: str, keep_weights: bool, ctx: Ra
 
     _rpc_functions()
     servers = config.servers
+    framework(config).use_cores(cores_per_rank(ctx, servers))  # as the runtime's ranks do
     device = _rank_device(device_kind, ctx.cluster.addresses, ctx.rank)
     model = build_model(config).to(device)
     variables, trainable = _variables(model), _trainable_count(model)
@@ -453,6 +454,7 @@ def _ddp_rank(config: TrainConfig, device_kind: str, keep_weights: bool, ctx: Ra
     from torch.nn.parallel import DistributedDataParallel
 
     server = ctx.rank
+    framework(config).use_cores(cores_per_rank(ctx, config.servers))
     device = _rank_device(device_kind, ctx.cluster.addresses, ctx.rank)
     backend = _ddp_backend(device, ctx)
     if device.type == "cuda":
