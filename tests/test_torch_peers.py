@@ -65,7 +65,7 @@ def test_bench_micro_measures_the_torch_lines_beside_their_plain_loops(tmp_path)
         assert records.loc[name, "p50_us"] > 0
     assert records.loc["torch_gloo", "line_kind"] == "peer"
     assert records.loc["torch_rpc_plain", "line_kind"] == "reference"
-    assert records.loc["torch_gloo", "fabric"] == "gloo:tcp"
+    assert records.loc["torch_gloo", "fabric"] == records.loc["torch_gloo_plain", "fabric"] == "gloo:tcp"
     for name in ("torch_rpc", "torch_rpc_plain"):  # the TensorPipe transport and channel it was given
         assert re.fullmatch(TENSORPIPE, records.loc[name, "fabric"]), records.loc[name, "fabric"]
 

@@ -32,6 +32,7 @@ from bench.launch.addresses import interface_of
 from bench.launch.private import PrivateHosts, hosts_for_open_listeners
 from transports import Cluster, Inbound, Key, Outbound
 from transports.common import Availability
+from transports.fabric import label
 
 _PORT = struct.Struct("<H")
 INSTALL = "pip install -e '.[torch]'"
@@ -218,7 +219,7 @@ def plain_loop(link: GlooLink, signals: DirectSignals, tensor: np.ndarray, total
 def _plain_job(line: PlainGlooLine, points: list[Point], ctx: RankContext) -> None:
     """One side of the torch_gloo line's plain loop; the receiver reports a record per point."""
     with GlooLink(ctx.cluster, ctx.rank, line.timeout_s) as link:
-        run_plain_points(ctx, line.name, points, "gloo", link._sock, filled_tensor,
+        run_plain_points(ctx, line.name, points, label(link.describe()), link._sock, filled_tensor,
                          functools.partial(plain_loop, link))
 
 
