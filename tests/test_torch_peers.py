@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.experiments.micro import MicroError
 from bench.experiments.peers import calibration_lines, peer_lines
 from bench.experiments.peers.torch_gloo import GlooLine, GlooLink, PlainGlooLine
-from bench.experiments.peers.torch_rpc import PlainRpcLine, RpcLine
+from bench.experiments.peers.torch_rpc import PlainRpcLine, RpcLine, RpcLink
 from bench.launch import LaunchError
 from bench.launch.hosts import NetnsUnavailable
 from bench.launch.local import LocalLauncher
 from bench.results import lines as catalogue
 from bench.results import load_run
+from tests.peer_faults import corrupting
 from tests.test_peers import _run, bench
 
 TORCH_MISSING = GlooLine(name="torch_gloo").availability().reason or None
@@ -154,3 +156,28 @@ def test_a_torch_lines_store_is_not_reachable_from_outside_its_private_host(tmp_
         if hosts.own:
             hosts.launcher.close()
     assert len(outcomes) == 1 and outcomes[0] != "reached", outcomes
+
+
+CorruptingGlooLink = corrupting(GlooLink)
+CorruptingRpcLink = corrupting(RpcLink)
+
+
+@dataclass
+class CorruptingGlooLine(GlooLine):
+    def link(self, cluster, rank: int) -> GlooLink:
+        return CorruptingGlooLink(cluster, rank, self.timeout_s)
+
+
+@dataclass
+class CorruptingRpcLine(RpcLine):
+    def link(self, cluster, rank: int) -> RpcLink:
+        return CorruptingRpcLink(cluster, rank, self.timeout_s)
+
+
+@needs_torch
+@pytest.mark.system("netns")
+@pytest.mark.parametrize("line_class", [CorruptingGlooLine, CorruptingRpcLine])
+def test_each_torch_lines_data_check_fails_on_a_corrupted_buffer(line_class):
+    line = line_class(name=line_class.__name__, timeout_s=60)
+    with pytest.raises(MicroError, match=r"transfer 0 of 64KB arrived wrong: element 8192 of 16384 differs"):
+        _run(line, [64 << 10])

@@ -134,11 +134,16 @@ class RpcLink(PeerLink):
     def describe(self) -> dict[str, Any]:
         return {"fabric": "tensorpipe", "used": [*self.transports, *self.channels]}
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """The agent shut down: gracefully (both sides wait for each other) unless this side failed, whose other
+        side may wait on it for something else."""
         try:
-            self._rpc.shutdown(graceful=True)
+            self._rpc.shutdown(graceful=graceful, timeout=self.timeout_s)
         finally:
             self._sock.close()
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(graceful=kind is None)
 
 
 @dataclass
