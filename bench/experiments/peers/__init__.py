@@ -19,7 +19,13 @@ The peers (:data:`REGISTRY`):
 - ``nixl``: NVIDIA's NIXL (UCX backend, host memory): a write into the receiver's registered tensor and a
   notification (``bench.experiments.peers.nixl``);
 - ``mooncake``: Mooncake's transfer engine over tcp: a write of the tensor into the receiver's registered buffer,
-  then of a flag the receiver polls (``bench.experiments.peers.mooncake``).
+  then of a flag the receiver polls (``bench.experiments.peers.mooncake``);
+- ``torch_gloo``: PyTorch's ``torch.distributed`` over gloo: ``dist.send``/``dist.recv`` of a CPU tensor
+  (``bench.experiments.peers.torch_gloo``);
+- ``torch_rpc``: PyTorch's ``torch.distributed.rpc`` over TensorPipe: ``rpc_sync`` carrying the tensor to a function
+  of the receiver's, its TensorPipe transport and channel in the records (``bench.experiments.peers.torch_rpc``).
+
+The catalogue's training-only peers (``torch_ddp``) are no line of ``bench micro``.
 
 A peer whose library is not installed is left out with one line naming the extra that brings it.
 """
