@@ -18,6 +18,7 @@ from typing import Any
 
 import transports
 from bench import LOCAL, TF_GRPC
+from bench.results.lines import TORCH_DDP, TORCH_RPC
 
 EXIT_USAGE = 2
 #: the distribution bench comes in (pyproject.toml's name)
@@ -381,8 +382,8 @@ def transport_choices(text: str) -> list[Choice]:
 
 
 def training_lines() -> tuple[str, ...]:
-    """The training lines that are not one of our transports and not ``local``: ``tf_grpc``, ``torch_rpc``,
-    ``torch_ddp`` (``bench.experiments.training.REGISTRY``)."""
+    """The training lines that are not one of our transports and not ``local``: TensorFlow's and PyTorch's own
+    (``bench.experiments.training.REGISTRY``)."""
     from bench.experiments.training import REGISTRY
 
     return tuple(name for name in REGISTRY if name != LOCAL)
@@ -574,8 +575,8 @@ def add_training_options(parser: argparse.ArgumentParser, experiment: str, defau
                         default=default_transports,
                         help=f"comma list of transports (name or name:mode), plus '{LOCAL}' (one process, no "
                         f"communication) and the frameworks' own training: '{TF_GRPC}' (TensorFlow's parameter "
-                        "server over gRPC; --framework tensorflow), 'torch_rpc' (PyTorch's parameter server over "
-                        "RPC) and 'torch_ddp' (PyTorch's all-reduce; both --framework torch)")
+                        f"server over gRPC; --framework tensorflow), '{TORCH_RPC}' (PyTorch's parameter server over "
+                        f"RPC) and '{TORCH_DDP}' (PyTorch's all-reduce; both --framework torch)")
     parser.add_argument("--batch-size", dest="batch_sizes", type=int_list, default=[1],
                         help="per-worker mini-batch sizes, comma list")
     parser.add_argument("--steps", type=positive_int, default=steps, help="timed steps")

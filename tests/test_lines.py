@@ -162,9 +162,12 @@ def test_training_lines_are_one_abc_in_one_registry_and_no_experiment_is_named()
 
     with pytest.raises(TypeError):
         TrainingLine()
-    assert list(REGISTRY) == [LOCAL, TF_GRPC]
-    assert [type(training.line_of(name)) for name in (LOCAL, TF_GRPC, "zerocopy", "grpc_tcp")] == [
-        LocalTraining, TfGrpcTraining, TransportTraining, TransportTraining]
+    from bench.experiments.torch_training import TorchDdpTraining, TorchRpcTraining
+    from bench.results.lines import TORCH_DDP, TORCH_RPC
+
+    assert list(REGISTRY) == [LOCAL, TF_GRPC, TORCH_RPC, TORCH_DDP]
+    assert [type(training.line_of(name)) for name in (LOCAL, TF_GRPC, TORCH_RPC, TORCH_DDP, "zerocopy", "grpc_tcp")] \
+        == [LocalTraining, TfGrpcTraining, TorchRpcTraining, TorchDdpTraining, TransportTraining, TransportTraining]
     compared = [node for node in ast.walk(ast.parse(inspect.getsource(training.Trainings)))
                 if isinstance(node, ast.Compare) and any(isinstance(side, ast.Constant) and side.value in
                                                          ("model", "scale") for side in [node.left, *node.comparators])]

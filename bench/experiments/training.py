@@ -25,6 +25,7 @@ from bench.experiments.models import resolve_model
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
 from bench.results import DiskError, ModelRecord, ScaleRecord
+from bench.results.lines import TORCH_DDP, TORCH_RPC
 from bench.runtime.analyzer import Layout, Plan
 from bench.runtime.framework import DEFAULT_FRAMEWORK
 from bench.runtime.ps import (
@@ -441,9 +442,9 @@ class TfGrpcTraining(TrainingLine):
 REGISTRY = Registry("training line", {
     LOCAL: ("bench.experiments.training:LocalTraining", "the same updates in one process, no communication"),
     TF_GRPC: ("bench.experiments.training:TfGrpcTraining", "TensorFlow's own parameter-server training over gRPC"),
-    "torch_rpc": ("bench.experiments.torch_training:TorchRpcTraining",
+    TORCH_RPC: ("bench.experiments.torch_training:TorchRpcTraining",
                   "PyTorch's own parameter-server training over torch.distributed.rpc (TensorPipe)"),
-    "torch_ddp": ("bench.experiments.torch_training:TorchDdpTraining",
+    TORCH_DDP: ("bench.experiments.torch_training:TorchDdpTraining",
                   "PyTorch's DistributedDataParallel: all-reduce of gradients (gloo on the CPU, NCCL on a GPU)"),
 })
 
