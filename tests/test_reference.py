@@ -648,13 +648,15 @@ def test_the_registry_names_every_reference_line_the_readers_know():
 
     calibrations = [line.name for line in catalogue.calibrations()]
     assert calibrations == list(CALIBRATIONS) == ["mpi_plain", "mpi_rma_plain", "socket_plain", "nixl_plain",
-                                                  "mooncake_plain"]
+                                                  "mooncake_plain", "torch_gloo_plain", "torch_rpc_plain"]
     assert tuple(REGISTRY) == tuple(n for n in catalogue.names("reference") if n not in calibrations)
     assert [REGISTRY.load(name)().name for name in REGISTRY] == list(REGISTRY)
     assert [line.name for line in calibration_lines(["mpi"])] == ["mpi_plain"]
     assert [line.name for line in calibration_lines(["socket", "mpi_rma"])] == ["mpi_rma_plain", "socket_plain"]
     assert [line.name for line in calibration_lines(["nixl"])] == ["nixl_plain"]
     assert [line.name for line in calibration_lines(["mooncake"])] == ["mooncake_plain"]
+    assert [line.name for line in calibration_lines(["torch_rpc", "torch_gloo"])] == ["torch_gloo_plain",
+                                                                                      "torch_rpc_plain"]
 
 
 def _fake_verbs_tool(tmp_path, monkeypatch, output: str, arguments=("-d", "mlx5_0", "-i", "1", "-x", "3")) -> Path:
