@@ -219,17 +219,18 @@ def _rank_device(device: str, addresses: list[str] | tuple[str, ...], rank: int)
     return torch.device("cuda", _host_ranks(addresses, rank).index(rank) % torch.cuda.device_count())
 
 
-def _variables(model: Any) -> list[Any]:
-    """The model's variables in the seam's order: trainable parameters, then buffers (state)."""
-    return [p for p in model.parameters() if p.requires_grad] + list(model.buffers())
+def _variables(model: Any) -> tuple[list[Any], int]:
+    """The model's variables in the seam's order (trainable parameters, then buffers) and how many are trainable."""
+    from bench.runtime.torch_bridge import variables
 
-
-def _trainable_count(model: Any) -> int:
-    return sum(1 for p in model.parameters() if p.requires_grad)
+    trainable, state = variables(model)
+    return trainable + state, len(trainable)
 
 
 def _model_mb(model: Any) -> float:
-    return sum(v.numel() * v.element_size() for v in _variables(model)) / 2**20
+    """The trainable variables' MB, as the runtime's records count a model's size."""
+    variables, trainable = _variables(model)
+    return sum(v.numel() * v.element_size() for v in variables[:trainable]) / 2**20
 
 
 def _batch(config: TrainConfig, server: int, step: int, device: Any) -> tuple[Any, Any]:
@@ -384,7 +385,7 @@ def _rpc_rank(config: TrainConfig, device_kind: str, keep_weights: bool, ctx: Ra
     framework(config).use_cores(cores_per_rank(ctx, servers))  # as the runtime's ranks do
     device = _rank_device(device_kind, ctx.cluster.addresses, ctx.rank)
     model = build_model(config).to(device)
-    variables, trainable = _variables(model), _trainable_count(model)
+    variables, trainable = _variables(model)
     options = _rpc_options(config, ctx, device)
     if ctx.rank >= servers:  # a PS: its share of the variables, served until every rank is done
         ps = ctx.rank - servers
@@ -482,8 +483,8 @@ def _ddp_rank(config: TrainConfig, device_kind: str, keep_weights: bool, ctx: Ra
             if step >= config.warmup:
                 times["steps"].append(done - began)  # the all-reduce is inside: no split (see the module)
         result = _worker_result(model, times, losses, backend, ctx)
-        trainable = _trainable_count(model)
-        result["weights"] = ({i: v.detach().cpu().numpy() for i, v in enumerate(_variables(model)[:trainable])}
+        variables, trainable = _variables(model)
+        result["weights"] = ({i: v.detach().cpu().numpy() for i, v in enumerate(variables[:trainable])}
                              if keep_weights and server == 0 else {})
         return result
     finally:

@@ -198,6 +198,11 @@ def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
     parameter.register_hook(before)
 
 
+def variables(model: Any) -> tuple[list[Any], list[Any]]:
+    """A torch model's variables in the seam's order: its trainable parameters, and its buffers (the state)."""
+    return [parameter for _, parameter in _trainable(model)], [buffer for _, buffer in _state(model)]
+
+
 def _sparse_gradient(parameter: Any) -> bool:
     """Whether ``parameter``'s gradient will be sparse (an ``nn.Embedding(sparse=True)``'s weight)."""
     return bool(getattr(parameter, "_sparse_gradient", False))
