@@ -6,16 +6,18 @@ Nothing outside the runtime's bridges and the model builders imports a framework
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import transports
-from bench.experiments.training import model_record, train
+from bench.experiments.training import DEVICE_CROSSINGS, model_record, train
 from bench.runtime.framework import FRAMEWORKS, framework_named, framework_of
 from bench.runtime.ps import TrainConfig, train_locally, worker_batch
 from tests import tiny_models, tiny_torch_models
+from transports.memory import Memory
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = [
@@ -123,6 +125,61 @@ def test_zerocopy_sends_gradients_during_the_backward_pass_and_copies_nothing(fr
     assert record["updates_sent_early_per_step"] == 4
     assert record["copied_bytes_per_step"] == 0
     assert record["runtime_copied_bytes_per_step"] == 0
+    assert record["memory"] == "host"
+    assert [record[f"{crossing}_per_step"] for crossing in DEVICE_CROSSINGS] == [0, 0, 0]
+
+
+#: where device memory moves device to device (UCX's cuda_ipc on one node), and where it is staged through the host
+DEVICE_TRANSPORTS = [("zerocopy", {}, False), ("rdma_cp", {}, False), ("grpc_tcp", {}, True)]
+
+
+def gpu_problem() -> str | None:
+    """Why this machine cannot train PyTorch in device memory (the reason a GPU case skips); None when it can."""
+    needs("torch")
+    return framework_named("torch").memory_problem(Memory.parse("cuda"))
+
+
+@pytest.mark.parametrize(("transport", "options", "staged"), DEVICE_TRANSPORTS,
+                         ids=[t for t, _, _ in DEVICE_TRANSPORTS])
+def test_torch_training_in_device_memory_ends_with_torchs_own_weights(transport, options, staged):
+    """``--memory cuda``: the model computes on the GPU, the parameter server applies SGD there, and the weights
+    are PyTorch's own training's; zerocopy and rdma_cp cross no bus (device to device), grpc_tcp stages both ways,
+    counted."""
+    if problem := gpu_problem():
+        pytest.skip(problem)
+    workload, name = TINY["torch"]
+    run = dataclasses.replace(config(workload, name, transport, options), memory="cuda")
+    result = train(run)
+    distributed = final_weights(result)
+    for index, weight in enumerate(torch_own_training(run)):  # (on the host: a GPU sums in another order)
+        np.testing.assert_allclose(distributed[index], weight, rtol=1e-3, atol=1e-4)
+    record = model_record(run, result["outcome"]).row()
+    assert record["memory"] == "cuda:0"
+    crossed = record["device_to_host_bytes_per_step"] + record["host_to_device_bytes_per_step"]
+    assert (crossed > 0) == staged
+
+
+def test_device_memory_is_refused_in_one_line_where_it_cannot_be_had(capsys):
+    """TensorFlow's runtime keeps host memory; a sparse gradient's rows are gathered on the host; PyTorch without a
+    GPU: each refused before a rank starts, naming the fix."""
+    cuda = Memory.parse("cuda")
+    assert "--framework torch" in framework_named("tensorflow").memory_problem(cuda)
+    assert framework_named("tensorflow").memory_problem(Memory.parse("host")) is None
+    from bench.cli import main
+
+    assert main(["model", "fcn5", "--memory", "cuda", "--steps", "1", "--no-plot"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "host memory only" in error
+    needs("torch")
+    workload, name = EMBEDDING["torch"]
+    plan = framework_of(workload).analyze(name, framework_of(workload).build(workload, 0), workload,
+                                          *workload.make_batch(4, 0), 1, 4)
+    sparse = dataclasses.replace(config(workload, name), memory="cuda", plan=plan)
+    assert "sparse gradient" in sparse.memory_problem()
+    assert dataclasses.replace(sparse, memory="host").memory_problem() is None
+    if gpu_problem() is None:
+        return  # (a GPU here: PyTorch can have device memory)
+    assert "CUDA device" in gpu_problem()
 
 
 def test_torch_weights_are_the_received_memory_and_gradients_leave_from_autograds():

@@ -43,11 +43,32 @@ EXTRAS = ("models",)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")
     add_framework_option(parser)
+    add_memory_option(parser)
     parser.add_argument("--servers", type=options.positive_int, default=None,
                         help="servers, each a worker and a PS (default 1; under --launcher mpi or slurm, half the "
                         "ranks)")
     parser.add_argument("--async", dest="asynchronous", action="store_true",
                         help="asynchronous SGD: each PS applies every worker's gradients as they arrive")
+
+
+def memory_kind(text: str) -> Any:
+    """``--memory`` of a training run: ``host``, ``cuda`` or ``cuda:N`` (one kind: a run's every tensor lives there)."""
+    from transports.memory import Memory
+
+    try:
+        return Memory.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_memory_option(parser: argparse.ArgumentParser) -> None:
+    """``--memory``: where a run's weights, gradients and received tensors live."""
+    parser.add_argument("--memory", type=memory_kind, default="host", metavar="KIND",
+                        help="where the weights, gradients and received tensors live: host, cuda (device 0) or "
+                        "cuda:N. With a GPU, PyTorch's model computes there and the parameter servers apply SGD "
+                        "there; zerocopy and rdma_cp move device memory to device memory, the others stage it "
+                        "through the host, each crossing counted (records: memory, *_bytes_per_step). --framework "
+                        "torch only; refused before any rank starts where there is no GPU (default: host)")
 
 
 def run(args: argparse.Namespace, launcher: Any) -> int:
@@ -107,6 +128,16 @@ def memory_problem(models: list[str], server_counts: list[int], compute: str, la
             f"{available / 2**30:.1f} GB of memory is available now (MemAvailable); {fix} (or free memory)")
 
 
+def device_memory_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--memory`` cannot be had by this framework on this machine (the framework's, or the GPU's), in one line;
+    None for host memory, or when it can."""
+    from bench.runtime.framework import framework_named
+    from transports.memory import HOST
+
+    memory = getattr(args, "memory", HOST)
+    return None if not memory.is_device else framework_named(args.framework).memory_problem(memory)
+
+
 def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, server_counts: list[int],
                   shape: Callable[[ModelRecord], ModelRecord] | None = None, scaled_local: bool = False) -> int:
     """``bench model`` and ``bench scale``: every model x batch size x transport x server count, a record each,
@@ -127,6 +158,8 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
         return options.fail(experiment, problem)
     if problem := memory_problem(args.models, server_counts, args.compute, launcher):  # before any rank starts
         return options.fail(experiment, problem)
+    if problem := device_memory_problem(args):
+        return options.fail(experiment, problem)
     spread = [n for _, _, c, n in runs if not line_of(c.name).one_process]  # a job of too few processes
     if spread and (problem := launcher.ranks_problem(2 * max(spread), f"a worker and a parameter server for each of "
                                                                       f"{max(spread)} servers")):
@@ -136,6 +169,7 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
                 "batch_sizes": args.batch_sizes,
                 "servers": server_counts, "steps": args.steps, "warmup": args.warmup,
                 "learning_rate": args.learning_rate, "asynchronous": args.asynchronous, "compute": args.compute,
+                "memory": str(getattr(args, "memory", "host")),
                 **options.fabric_settings(args, launcher)}
     writer = open_run(args.out, experiment, settings, launcher)
     if writer is None:

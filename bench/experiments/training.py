@@ -43,6 +43,7 @@ from bench.runtime.ps import (
 )
 from transports import fabric
 from transports.common import Registry
+from transports.memory import HOST
 
 COMPUTE_MODES = {
     "real": "every worker runs the model",
@@ -83,7 +84,7 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     with transports.create(config.transport, **options) as transport:
         transport.start(ctx.cluster, ctx.rank)
         transport.share_cores()  # its waits yield to TensorFlow's compute and the servers' apply
-        transport.placement.plan(plan.specs(ctx.rank))
+        transport.placement.plan(plan.specs(ctx.rank, config.memory))
         if config.watch is not None:
             transport = config.watch(transport, ctx)
         if ctx.rank < layout.servers:
@@ -229,7 +230,12 @@ def local_record(config: TrainConfig, times: StepTimes) -> ModelRecord:
                        steps=config.steps, step_time_s=step, throughput_batches_per_s=1.0 / step,
                        compute_s=times.compute / config.steps, comm_s=0.0, apply_s=times.apply / config.steps,
                        worker_peak_rss_mb=times.extra["peak_rss_mb"], copied_bytes_per_step=0,
-                       runtime_copied_bytes_per_step=0, fabric="none", compute=config.compute)
+                       runtime_copied_bytes_per_step=0, fabric="none", compute=config.compute,
+                       memory=str(config.memory_kind))
+
+
+#: the ledger's counts of bytes between device and host memory, and device to device (a record's ``*_per_step``)
+DEVICE_CROSSINGS = ("device_to_host_bytes", "host_to_device_bytes", "device_to_device_bytes")
 
 
 def model_record(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]]) -> ModelRecord:
@@ -275,6 +281,8 @@ def model_record(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]])
         unregistered_tensors=",".join(f"{name}:{count}" for site in sites[:1] for name, count in
                                       site["missed"].items()) if sites else None,
         updates_sent_early_per_step=float(np.mean([t.extra.get("updates_sent_early", 0) for t in workers])) / steps,
+        memory=str(config.memory_kind),
+        **{f"{crossing}_per_step": sum(s.get(crossing, 0) for s in stats) / steps for crossing in DEVICE_CROSSINGS},
     )
 
 
@@ -363,11 +371,14 @@ class Trainings:
         config = model_config(model, getattr(args, "framework", DEFAULT_FRAMEWORK), transport=choice.name,
                               transport_options={}, batch_size=batch, servers=servers, steps=args.steps,
                               warmup=args.warmup, learning_rate=args.learning_rate, timeout_s=args.timeout,
-                              label=choice.label, asynchronous=args.asynchronous, compute=args.compute)
+                              label=choice.label, asynchronous=args.asynchronous, compute=args.compute,
+                              memory=str(getattr(args, "memory", HOST)))
         if (model, batch) not in self.prepared:
             self.prepared[(model, batch)] = prepare(config, self.launcher)
         ready = self.prepared[(model, batch)]
         config = dataclasses.replace(config, plan=ready.plan, compute_s=ready.compute_s)
+        if problem := config.memory_problem():
+            raise ValueError(problem)
         options = choice.constructor_options(args, self.launcher)
         options.pop("timeout_s")  # the runtime's timeout is the config's
         config.transport_options = options

@@ -223,6 +223,9 @@ class ModelRecord(_OfALine, Record):
     batch_size: int
     servers: int
     round: int = 1
+    #: where the weights, gradients and received tensors lived (``host``, ``cuda:0``: ``--memory``); empty in runs
+    #: from before the column, which were all in host memory
+    memory: str | None = None
     steps: int
     step_time_s: float
     throughput_batches_per_s: float
@@ -254,6 +257,10 @@ class ModelRecord(_OfALine, Record):
     #: updates a worker sent while its step's backward pass still ran (dense gradients, as TensorFlow's dataflow
     #: sends them), per step and worker
     updates_sent_early_per_step: float | None = None
+    #: bytes crossing between device and host memory (staging) and copied device to device, all processes per step
+    device_to_host_bytes_per_step: float | None = None
+    host_to_device_bytes_per_step: float | None = None
+    device_to_device_bytes_per_step: float | None = None
 
 
 @dataclass(kw_only=True)

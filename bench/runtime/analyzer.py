@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from transports import TensorSpec
+from transports.memory import HOST, Memory
 
 #: where tensors the parameter servers send come from (memory the transport gives them)
 PS_SITE = "parameter server (transport memory)"
@@ -136,8 +137,9 @@ class Transfer:
             return None
         return int(np.prod(shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.name, self.shape, self.dtype, self.src, self.dst)
+    def spec(self, memory: Memory | str = HOST) -> TensorSpec:
+        """What a transport's placement takes for this tensor, living in ``memory`` on both sides (the run's)."""
+        return TensorSpec(self.name, self.shape, self.dtype, self.src, self.dst, memory, memory)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "variable": self.variable,
@@ -182,10 +184,10 @@ class Plan:
         """The tensors rank ``rank`` sends or receives."""
         return [t for t in self.transfers if rank in (t.src, t.dst)]
 
-    def specs(self, rank: int | None = None) -> list[TensorSpec]:
-        """What ``Placement.plan`` takes: every tensor (of ``rank``, when given)."""
+    def specs(self, rank: int | None = None, memory: Memory | str = HOST) -> list[TensorSpec]:
+        """What ``Placement.plan`` takes: every tensor (of ``rank``, when given), in ``memory`` (the run's)."""
         transfers = self.transfers if rank is None else self.of(rank)
-        return [t.spec() for t in transfers]
+        return [t.spec(memory) for t in transfers]
 
     def transfer(self, name: str, src: int, dst: int) -> Transfer:
         for t in self.transfers:

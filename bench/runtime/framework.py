@@ -3,9 +3,10 @@ analyzer's plan ask of TensorFlow or PyTorch, and nothing more.
 
 A :class:`Framework` builds a workload's model, says its variables in a stable order (trainable, then state),
 gives their starting values, analyses one step into the runtime's :class:`~bench.runtime.analyzer.Plan`, and makes
-the step a worker runs (:class:`Step`). Everything crosses the seam as NumPy arrays over the framework's own
-memory (DLPack, no copy): received values go in, gradients and new state come out; a sparse gradient comes out as
-its rows and their indices (:class:`SparseGradient`). The runtime (``bench.runtime.ps``), ``StepSends``, the plan
+the step a worker runs (:class:`Step`). Everything crosses the seam as arrays over the framework's own memory
+(DLPack, no copy): NumPy's in host memory, CuPy's in a GPU's (a run with ``--memory cuda``, PyTorch's only);
+received values go in, gradients and new state come out; a sparse gradient comes out as its rows and their
+indices (:class:`SparseGradient`, host memory). The runtime (``bench.runtime.ps``), ``StepSends``, the plan
 and the transports import no framework; the two implementations do: ``bench.runtime.tensorflow_bridge`` (the
 paper's, the default) and ``bench.runtime.torch_bridge``.
 
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.runtime.analyzer import Plan, Variable
+from transports.memory import HOST, Memory
 
 #: the frameworks a model can be trained in, the paper's first
 FRAMEWORKS = ("tensorflow", "torch")
@@ -88,9 +90,18 @@ class Framework(ABC):
         """This process shares the machine with others of its run: compute on about ``cores`` cores, not on every
         core (a framework whose threads spin while they wait would take the cores its peers' ranks need)."""
 
+    def memory_problem(self, memory: Memory) -> str | None:
+        """Why this framework's models cannot train with their tensors in ``memory`` here, in one line naming the
+        fix; None when they can. Host memory always can; device memory where the framework says so."""
+        if not memory.is_device:
+            return None
+        return (f"--memory {memory}: the runtime trains {self.name} models in host memory only; train a PyTorch "
+                "model (--framework torch) in device memory, or leave --memory out")
+
     @abstractmethod
-    def build(self, workload: Any, seed: int) -> Any:
-        """The workload's model, built afresh with the framework seeded by ``seed`` (the same model every time)."""
+    def build(self, workload: Any, seed: int, memory: Memory = HOST) -> Any:
+        """The workload's model, built afresh with the framework seeded by ``seed`` (the same model every time),
+        computing in ``memory`` (its variables' initial values the same wherever it computes)."""
 
     @abstractmethod
     def initial_values(self, model: Any) -> list[np.ndarray]:

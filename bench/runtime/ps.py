@@ -27,6 +27,13 @@ buffers through DLPack. Where a tensor cannot cross without a copy (read-only or
 misaligned memory: TensorFlow needs 64-byte alignment), the runtime copies it and
 counts the bytes.
 
+Device memory (``memory`` ``cuda``, PyTorch's models): every tensor of the plan lives on the GPU at both ends
+(``Plan.specs(rank, memory)``), so the transport receives weights into device memory, the model computes over them
+there and hands its gradients out from autograd's device memory (CuPy arrays through DLPack); a parameter server's
+weights are device memory and it applies SGD with CuPy. A transport that moves device memory itself (zerocopy and
+rdma_cp where the fabric has UCX's CUDA transports) puts device to device; the others stage through the host, each
+crossing counted in the ledger (``device_to_host_bytes``, ``host_to_device_bytes``).
+
 Replayed compute (``compute`` ``replay`` or ``paper``): a worker waits
 ``compute_s`` per step instead of running the model, then sends
 gradient-shaped tensors (built once in memory from ``transport.placement.allocate``);
@@ -36,7 +43,7 @@ once beforehand (:func:`bench.experiments.training.profile`), which also measure
 ``replay`` waits. Every transfer, ledger entry and runtime copy is the same as
 with real compute; only the CPU the model would take is left out.
 
-Why one module of 700 lines: the worker, the parameter server and the Local baseline are one runtime;
+Why one module of 780 lines: the worker, the parameter server and the Local baseline are one runtime;
 they share the config, the step times and the update functions, so that the Local line applies exactly the
 updates the servers apply.
 """
@@ -57,8 +64,11 @@ from bench.runtime.framework import Framework, SparseGradient, framework_name_of
 from bench.runtime.sites import AllocationSites
 from bench.runtime.workload import RealData, Workload, batch
 from transports import Key, TensorSpec
-from transports.common import aligned_empty
+from transports.common import aligned_empty, in_device_memory
+from transports.ledger import Ledger
+from transports.memory import HOST, Memory, array_module, memory_of
 from transports.placement import Placement
+from transports.tensors import empty, to_device, to_host
 
 ALIGNMENT = 64
 _SLICE = 1 << 20  # elements per slice of an SGD update
@@ -100,6 +110,9 @@ class TrainConfig:
     evaluate_every: int = 0
     #: stop once worker 0 has trained this many seconds (``steps`` is then the most it runs); None: run ``steps``
     time_s: float | None = None
+    #: where the weights, gradients and received tensors live (``host``, ``cuda``, ``cuda:N``): with device memory
+    #: the model computes on that GPU and the parameter servers apply SGD there (CuPy); see the module
+    memory: str = "host"
 
     @property
     def replayed(self) -> bool:
@@ -109,6 +122,21 @@ class TrainConfig:
     def framework(self) -> str:
         """The framework the workload is written in (``tensorflow``, ``torch``)."""
         return framework_name_of(self.workload)
+
+    @property
+    def memory_kind(self) -> Memory:
+        """:attr:`memory` as a :class:`~transports.memory.Memory`."""
+        return Memory.parse(self.memory)
+
+    def memory_problem(self) -> str | None:
+        """Why this run cannot keep its tensors in :attr:`memory`, in one line naming the fix; None when it can."""
+        memory = self.memory_kind
+        if not memory.is_device:
+            return None
+        if self.plan is not None and any(v.sparse for v in self.plan.trainable):
+            return (f"--memory {memory}: {self.model} has a sparse gradient, whose rows the runtime gathers in "
+                    "host memory only; train it with --memory host")
+        return framework(self).memory_problem(memory)
 
 
 @dataclass
@@ -133,11 +161,32 @@ class RuntimeCopies:
 
     def adoptable(self, array: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
         """``array``, or an aligned copy when the framework could not adopt its memory (read-only, not contiguous,
-        or not at ``alignment``: TensorFlow's 64 bytes)."""
+        or not at ``alignment``: TensorFlow's 64 bytes). A device array is adopted as it is (DLPack)."""
+        if in_device_memory(array):
+            return array
         if not array.flags.writeable or not array.flags.c_contiguous or array.ctypes.data % alignment:
             array = aligned_copy(array)
             self.bytes += array.nbytes
         return array
+
+
+def host_copy(array: Any) -> np.ndarray:
+    """A copy of ``array`` in host memory (off its device, for a device array)."""
+    return array.copy() if type(array) is np.ndarray else to_host(array, Ledger())
+
+
+def placed(target: Any, value: np.ndarray, ledger: Any) -> Any:
+    """``target`` (memory a transport gave: host or device) holding ``value`` (host memory); a copy onto a device
+    is counted in ``ledger``."""
+    if type(target) is np.ndarray:
+        target[...] = value
+        return target
+    return to_device(np.ascontiguousarray(value, target.dtype), memory_of(target), ledger, out=target)
+
+
+def _module_of(array: Any) -> Any:
+    """The array module of ``array``: NumPy for host memory, CuPy for a device's."""
+    return np if type(array) is np.ndarray else array_module()
 
 
 def aligned_copy(array: np.ndarray) -> np.ndarray:
@@ -157,9 +206,9 @@ def framework(config: TrainConfig) -> Framework:
     return framework_of(config.workload)
 
 
-def build_model(config: TrainConfig):
-    """The workload's model, built afresh (seeded; variable paths as in the plan)."""
-    return framework(config).build(config.workload, config.seed)
+def build_model(config: TrainConfig, memory: Memory = HOST):
+    """The workload's model, built afresh (seeded; variable paths as in the plan), computing in ``memory``."""
+    return framework(config).build(config.workload, config.seed, memory)
 
 
 def plan_of(config: TrainConfig) -> Plan:
@@ -243,7 +292,9 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
         compute = _replayed_compute(config, transport, plan, rank)
     else:
         compute = _model_compute(config, transport, plan, server)
-    sites = AllocationSites(transport, plan, rank) if transport.placement.zero_copy_sends else None
+    # (device memory: a gradient is registered where it lies, the allocator's regions are not traced)
+    tracing = transport.placement.zero_copy_sends and not config.memory_kind.is_device
+    sites = AllocationSites(transport, plan, rank) if tracing else None
     stopping = stopping or Stopping(config)
     evaluating_here = config.evaluate_every and server == 0 and on_eval is not None
     evaluate = _evaluator(config, len(plan.trainable)) if evaluating_here else None
@@ -347,7 +398,8 @@ def _model_compute(config: TrainConfig, transport, plan: Plan,
     """One forward and backward pass of the real model on the values received (entering the framework through
     DLPack): ``compute(step, values, copies, sends) -> (loss, updates)``; dense gradients go to ``sends`` as soon as
     their bucket is computed."""
-    model = build_model(config)
+    memory = config.memory_kind
+    model = build_model(config, memory)
     under_way: StepSends | _Unsent = _Unsent()  # the sends of the step under way, for the gradients' hand-over
 
     def hand_over(positions: list[int], gradients: list[np.ndarray]) -> None:
@@ -357,7 +409,8 @@ def _model_compute(config: TrainConfig, transport, plan: Plan,
     step_fn = framework(config).step(model, config.workload, list(plan.variables), on_gradients=hand_over)
     rows = SparseRows(transport, plan, plan.layout.worker(server))
     if isinstance(config.workload, RealData):  # trace the step now: a convergence run's clock leaves the tracing out
-        step_fn(framework(config).initial_values(model), *worker_batch(config, server, 0), RuntimeCopies())
+        values = [to_device(value, memory, Ledger()) for value in framework(config).initial_values(model)]
+        step_fn(values, *worker_batch(config, server, 0), RuntimeCopies())
 
     def compute(step: int, values: list[np.ndarray], copies: RuntimeCopies,
                 sends: StepSends) -> tuple[Any, Updates]:
@@ -429,8 +482,8 @@ def _evaluator(config: TrainConfig, trainable: int) -> Callable[[list[np.ndarray
     """The task's held-out loss and metric for given weights (a model of its own, inference only)."""
     predictor = framework(config).predictor(build_model(config), config.workload, trainable)
 
-    def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
-        return config.workload.evaluate(predictor(weights))
+    def evaluate(weights: list[np.ndarray]) -> dict[str, float]:  # (on the host: device weights copied off)
+        return config.workload.evaluate(predictor([to_host(w, Ledger()) for w in weights]))
 
     return evaluate
 
@@ -448,7 +501,8 @@ def _replayed_compute(config: TrainConfig, transport, plan: Plan,
             shape = transfer.shape if transfer.shape is not None else transfer.bound
             if shape is None:
                 raise ValueError(f"replayed compute needs a bound on the shape of dynamic tensor '{name}'")
-            tensor = transport.placement.allocate(TensorSpec(name, shape, transfer.dtype, rank, transfer.dst))
+            tensor = transport.placement.allocate(TensorSpec(name, shape, transfer.dtype, rank, transfer.dst,
+                                                             config.memory, config.memory))
             if transfer.shape is None:  # a sparse gradient's distinct rows
                 tensor = tensor[:max(1, min(shape[0] // 2, variable.shape[0]))]
             if name.endswith(".indices"):
@@ -475,9 +529,9 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
     initial = initial_weights(config, mine)
     weights: dict[int, np.ndarray] = {}
     for variable in mine:  # the initial values, in memory the transport can send from without copies
-        spec = plan.transfer(weight_key(variable), rank, layout.worker(0)).spec()
-        weights[variable.index] = transport.placement.allocate(spec)
-        weights[variable.index][...] = initial.pop(variable.index)
+        spec = plan.transfer(weight_key(variable), rank, layout.worker(0)).spec(config.memory)
+        weights[variable.index] = placed(transport.placement.allocate(spec), initial.pop(variable.index),
+                                         transport.ledger)
     workers = [layout.worker(s) for s in range(layout.servers)]
     update = threading.Lock()
     if config.asynchronous:  # one loop per worker, each applying its own gradients at once
@@ -492,7 +546,7 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
     else:
         times = _serve(config, transport, rank, mine, weights, workers, update, stopping)
     if not config.constant_memory:  # a soak compares no weights: no copy of them (fcn5's: 220 MB) in its memory
-        times.extra["final_weights"] = {index: w.copy() for index, w in weights.items()}
+        times.extra["final_weights"] = {index: host_copy(w) for index, w in weights.items()}
     return times
 
 
@@ -611,9 +665,10 @@ def apply_sgd(variable: Variable, weight: np.ndarray, gradients: list[np.ndarray
     # in slices: a whole-tensor temporary of hundreds of MB would be fresh memory every step
     scale = learning_rate / len(gradients)
     flat = weight.reshape(-1)
+    xp = _module_of(weight)
     for start in range(0, flat.size, _SLICE):
         stop = start + _SLICE
-        update = np.multiply(gradients[0].reshape(-1)[start:stop], scale)
+        update = xp.multiply(gradients[0].reshape(-1)[start:stop], scale)
         for gradient in gradients[1:]:
             update += scale * gradient.reshape(-1)[start:stop]
         flat[start:stop] -= update
@@ -648,7 +703,7 @@ def apply_state(variable: Variable, state: np.ndarray, values: list[np.ndarray])
     total = values[0].copy()
     for value in values[1:]:
         total += value
-    np.divide(total, len(values), out=state)
+    _module_of(state).divide(total, len(values), out=state)
 
 
 def initial_weights(config: TrainConfig, variables: list[Variable]) -> dict[int, np.ndarray]:
@@ -664,7 +719,8 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
     """The "local" line: one process, no communication, the same updates on the same batches."""
     plan = config.plan if config.plan is not None else plan_of(config)
     variables = list(plan.variables)
-    values = [aligned_copy(w) for w in initial_weights(config, variables).values()]
+    memory = config.memory_kind
+    values = [to_device(aligned_copy(w), memory, Ledger()) for w in initial_weights(config, variables).values()]
     local = _LocalMemory()
     if config.replayed:
         replayed = _replayed_compute(config, local, plan, plan.layout.worker(0))
@@ -672,7 +728,7 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         def compute(server: int, step: int) -> Updates:
             return replayed(step, values, RuntimeCopies(), None)[1]
     else:
-        step_fn = framework(config).step(build_model(config), config.workload, variables)
+        step_fn = framework(config).step(build_model(config, memory), config.workload, variables)
         copies = RuntimeCopies()
         rows = [SparseRows(local, plan, plan.layout.worker(server)) for server in range(config.servers)]
 
@@ -696,13 +752,15 @@ def train_locally(config: TrainConfig) -> tuple[StepTimes, dict[int, np.ndarray]
         times.steps.append(done - started)
         times.compute += computed - started
         times.apply += done - computed
-    return times, dict(enumerate(values))
+    return times, {index: host_copy(value) if memory.is_device else value for index, value in enumerate(values)}
 
 
 class _AlignedPlacement(Placement):
     """Aligned process memory, where local training builds what a transport's placement would give."""
 
     def allocate(self, spec: TensorSpec) -> np.ndarray:
+        if spec.src_memory.is_device:
+            return empty(spec.shape, spec.dtype, spec.src_memory)
         return aligned_empty(spec.shape, spec.dtype, ALIGNMENT)
 
 

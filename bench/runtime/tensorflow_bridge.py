@@ -20,6 +20,7 @@ import numpy as np
 
 from bench.runtime.analyzer import Output, Plan, Variable, gradient_buckets, plan_from
 from bench.runtime.framework import Framework, OnGradients, SparseGradient, Step, StepResult
+from transports.memory import HOST, Memory
 
 #: TensorFlow adopts memory through DLPack only at this alignment
 ALIGNMENT = 64
@@ -40,7 +41,8 @@ class TensorFlow(Framework):
     name = "tensorflow"
     distributions = ("tensorflow", "keras")
 
-    def build(self, workload: Any, seed: int) -> Any:
+    def build(self, workload: Any, seed: int, memory: Memory = HOST) -> Any:
+        """The Keras model, in host memory (:meth:`memory_problem` refuses a device's before a run starts)."""
         _environment()
         import keras
 

@@ -11,6 +11,12 @@ None first), so what a send still reads is never written again.
 State (BatchNorm's running statistics, its batch count) is updated by the forward pass in place: a worker's
 buffers are copies of the received values (counted), so that what came in stays what the parameter server sent.
 
+Device memory (``--memory cuda``): the model computes on the GPU, its parameters' ``.data`` over the received
+CuPy arrays (``torch.from_dlpack``: no copy) and its gradients handed out as CuPy arrays over autograd's device
+memory (DLPack, which orders the consumer's stream after PyTorch's). Each step's batch is copied to the device
+(the input pipeline's copy, not the runtime's); a buffer's copy is made on the device. A sparse gradient's rows
+are gathered in host memory only: such a model is refused on a device before the run starts.
+
 Variables in a stable order: the trainable parameters in ``named_parameters()`` order, then the buffers (state),
 the split Keras makes between trainable and non-trainable variables. An ``nn.Embedding(sparse=True)`` gives a
 sparse gradient: its rows and their indices, at most as many rows as the batch looks up (the plan's bound).
@@ -26,6 +32,8 @@ import numpy as np
 
 from bench.runtime.analyzer import Output, Plan, Variable, gradient_buckets, plan_from
 from bench.runtime.framework import Framework, OnGradients, SparseGradient, Step, StepResult
+from transports.memory import HOST, Memory, cuda_problem
+from transports.tensors import adopt, as_framework
 
 #: where autograd allocates a parameter's gradient (made afresh each step: ``grad`` is None before the backward pass)
 GRADIENT_SITE = "autograd: AccumulateGrad of"
@@ -48,13 +56,28 @@ class Torch(Framework):
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, cores))
 
-    def build(self, workload: Any, seed: int) -> Any:
+    def memory_problem(self, memory: Memory) -> str | None:
+        """Device memory needs a CUDA build of torch that sees that device, and what the transports need for it
+        (CuPy, the driver: ``transports.memory.cuda_problem``)."""
+        import torch
+
+        if not memory.is_device:
+            return None
+        if not torch.cuda.is_available() or memory.device >= torch.cuda.device_count():
+            return (f"--memory {memory}: the torch here ({torch.__version__}) sees {torch.cuda.device_count()} CUDA "
+                    "device(s) (a CPU build, or no GPU): run on a machine with an NVIDIA GPU and a CUDA build of "
+                    "torch, or leave --memory out")
+        problem = cuda_problem(memory)
+        return None if problem is None else f"--memory {memory}: {problem}"
+
+    def build(self, workload: Any, seed: int, memory: Memory = HOST) -> Any:
+        """The model, built on the host (the same initial values wherever it computes) and moved to ``memory``."""
         import torch
 
         torch.manual_seed(seed)
         model = workload.build()
         model.train()
-        return model
+        return model.to(_device(memory)) if memory.is_device else model
 
     def initial_values(self, model: Any) -> list[np.ndarray]:
         return [tensor.detach().cpu().numpy().copy() for _, tensor in _trainable(model) + _state(model)]
@@ -123,6 +146,8 @@ class _TorchStep(Step):
     def __init__(self, model: Any, loss: Any, on_gradients: OnGradients | None) -> None:
         self._model, self._loss, self._on_gradients = model, loss, on_gradients
         self._parameters = [parameter for _, parameter in _trainable(model)]
+        #: a GPU where the model computes in device memory, else None
+        self._device = next((p.device for p in self._parameters if p.device.type != "cpu"), None)
         self._buffers = [buffer for _, buffer in _state(model)]
         self._buckets: list[list[int]] = []
         self._waiting: dict[int, set[int]] = {}
@@ -134,18 +159,19 @@ class _TorchStep(Step):
                 _on_gradient(parameter, lambda gradient, position=position: self._gradient_in(position, gradient))
 
     def __call__(self, values: list[np.ndarray], x: np.ndarray, y: np.ndarray, copies: Any) -> StepResult:
-        import torch
-
         trainable = len(self._parameters)
         for parameter, value in zip(self._parameters, values[:trainable], strict=True):
-            parameter.data = torch.from_numpy(copies.adoptable(value, 1))
+            parameter.data = self._over(copies.adoptable(value, 1))
             parameter.grad = None
         for buffer, value in zip(self._buffers, values[trainable:], strict=True):
             copies.bytes += value.nbytes  # the forward pass writes it: the received value stays as it came
-            buffer.data = torch.from_numpy(np.array(value))
+            buffer.data = self._over(np.array(value)) if self._device is None else self._over(value).clone()
         if self._on_gradients is not None:
             self._start_buckets()
-        loss = self._loss(_tensor(y), self._model(_tensor(x)))
+        x, y = _tensor(x), _tensor(y)
+        if self._device is not None:  # the step's batch onto the GPU (the input pipeline's copy)
+            x, y = x.to(self._device), y.to(self._device)
+        loss = self._loss(y, self._model(x))
         loss.backward()
         gradients: list[np.ndarray | SparseGradient] = []
         for parameter in self._parameters:
@@ -153,8 +179,14 @@ class _TorchStep(Step):
             if gradient.is_sparse:
                 gradients.append(SparseGradient(gradient._values().numpy(), gradient._indices()[0].numpy()))
             else:
-                gradients.append(gradient.numpy())
-        return StepResult(loss.detach(), gradients, [buffer.numpy() for buffer in self._buffers])
+                gradients.append(_out(gradient))
+        return StepResult(loss.detach(), gradients, [_out(buffer) for buffer in self._buffers])
+
+    def _over(self, value: Any) -> Any:
+        """A tensor over a received array's memory (NumPy's on the host, CuPy's on the model's GPU): no copy."""
+        import torch
+
+        return torch.from_numpy(value) if self._device is None else as_framework(value, "torch")
 
     def _start_buckets(self) -> None:
         """This step's buckets: the dense gradients' (their sizes are the parameters'), each waiting for all its
@@ -179,7 +211,7 @@ class _TorchStep(Step):
         waiting.discard(position)
         if not waiting:
             bucket = self._buckets[number]
-            self._on_gradients(bucket, [self._arrived.pop(i).numpy() for i in bucket])
+            self._on_gradients(bucket, [_out(self._arrived.pop(i)) for i in bucket])
 
 
 def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
@@ -221,6 +253,17 @@ def _trainable(model: Any) -> list[tuple[str, Any]]:
 def _state(model: Any) -> list[tuple[str, Any]]:
     """The buffers the forward pass updates (BatchNorm's running statistics and batch count): the state."""
     return list(model.named_buffers())
+
+
+def _out(tensor: Any) -> Any:
+    """A dense tensor handed out over its own memory: a NumPy array on the host, a CuPy array on a GPU."""
+    return tensor.numpy() if tensor.device.type == "cpu" else adopt(tensor)
+
+
+def _device(memory: Memory) -> Any:
+    import torch
+
+    return torch.device("cuda", memory.device)
 
 
 def _tensor(array: Any) -> Any:
