@@ -1,0 +1,6 @@
+"""``bench predict``'s model (issue 62): a cost per transport from a micro run (:mod:`.costs`) and a discrete-event
+simulation of one parameter-server step at any number of servers and link rate (:mod:`.simulate`)."""
+
+from bench.experiments.predict.costs import TransferCost, cost_from_points, costs_from_run, sizes_needed
+
+__all__ = ["TransferCost", "cost_from_points", "costs_from_run", "sizes_needed"]

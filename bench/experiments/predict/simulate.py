@@ -1,0 +1,405 @@
+"""One parameter-server training step at any scale, simulated event by event with SimPy (issue 62, item 2).
+
+**The model.** Every server is one host running a worker and a parameter server (PS); variables are placed on
+the PSs as the runtime places them (``plan.layout``: round-robin). Per step, each worker computes for
+``compute_s``: the forward pass, then the backward pass (``backward_fraction`` of it), which makes the dense
+gradients ready in the runtime's own buckets (:func:`bench.runtime.analyzer.gradient_buckets`, last weights
+first), each bucket once backpropagation has produced its share of the gradient bytes; sparse gradients and state
+updates go when the compute ends. Each bucket's gradients go to their variables' PSs as soon as it is ready. A PS,
+once a variable has every worker's gradient (synchronous) or as each one comes (``asynchronous``), applies it
+(``apply_s_per_byte`` per byte of each worker's gradient: CPU on its host) and sends the variable's new value to
+every worker (asynchronous: to the worker whose gradient it applied); a worker starts its next step once it has
+every variable's value. Compute itself occupies no host core (a GPU's work, or the replayed compute of
+``--compute replay``, which waits).
+
+A transfer is, in order: the sender's host time (a core of its host: :meth:`TransferCost.host_s`), the per-message
+latency, the wire (one egress queue at the sender's NIC and one ingress queue at the receiver's, each at the link
+rate: full duplex, held for bytes / rate; with ``oversubscription`` > 1 it also holds one of the switch's
+``servers / oversubscription`` lanes, its bisection), then the receiver's host time (a core of the receiver's
+host). A worker's transfer to the PS on its own host crosses no NIC and has no latency: only both sides' host
+time on that host (as the runtime does it, through shared memory). Each host's cores are a SimPy ``Resource`` of
+``cores_per_host``; with ``shared_cores`` every host's work shares one pool of that many cores (all hosts emulated
+on one machine, as ``--launcher netns`` runs are).
+
+**What is merged, and why the answer does not change (much).** One worker's tensors of one bucket that go to one
+PS are one transfer carrying their summed bytes and summed per-tensor host times (the latency once: they are
+posted back to back, so their latencies overlap); the PS's answer for them (their new values) is one transfer the
+same way, and their apply one CPU job. Within a group nothing else could have run in between on the same queues
+in the same order, so the group's last tensor finishes when it would have; the earlier tensors of the group are
+held back to the group's end (store and forward), which makes a step at most one group's pipelining slower.
+
+**Representative worker (above :data:`EXACT_SERVERS` servers).** Simulating every worker is ``servers x groups``
+transfers a step each way: 97,000 for Inception-v3 at 256 servers, and SimPy runs about 10 events per transfer
+(tens of microseconds each), about 10 s a step, where the whole default grid has 60 s. Synchronous data-parallel
+workers are alike (same compute, same plan), so above :data:`EXACT_SERVERS` only worker 0 is simulated and every
+transfer it makes to or from PS ``p`` stands for all the workers' ones: at the PS's host it is ``servers`` times the
+host time and apply, and ``servers - 1`` times the bytes on its NIC (every worker but its own host's crosses it);
+at worker 0's host it is worker 0's own share. Each host's NIC and cores carry its PS's whole load; only host 0's
+also carry its worker's (the other workers' own NIC and core use, the same as worker 0's, is not simulated), and
+worker 0 waits for the last worker's copy of each value (the end of the PS's lumped send). With
+``shared_cores`` (a few emulated hosts) every worker is always simulated.
+
+``step_s`` is the mean of the simulated steps after the first (:data:`STEPS`, :data:`WARMUP`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import simpy
+
+from bench.experiments.predict.costs import TransferCost
+from bench.runtime.analyzer import Plan, gradient_buckets
+
+#: the SGD update's CPU cost per gradient byte when none is measured: ``w -= lr * g`` on float32 with NumPy,
+#: measured at about 0.2 ns per byte (16 MB tensors, this 2-core machine, 2026-11)
+APPLY_S_PER_BYTE = 0.2e-9
+#: steps simulated, and the first ones left out of the mean (the pipeline filling)
+STEPS = 4
+WARMUP = 1
+#: up to this many servers every worker is simulated; above it, worker 0 stands for all (see the module)
+EXACT_SERVERS = 8
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a step is predicted for: ``servers`` hosts with one NIC of ``link_rate_bps`` (bits per second;
+    None: an infinite link) and ``cores_per_host`` cores each, a switch ``oversubscription`` (1.0: non-blocking),
+    or every host's work on one pool of ``shared_cores`` cores (hosts emulated on one machine)."""
+
+    servers: int
+    link_rate_bps: float | None = None
+    cores_per_host: int = 8
+    oversubscription: float = 1.0
+    shared_cores: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.servers < 1:
+            raise ValueError(f"a cluster needs at least one server, not {self.servers}")
+        if self.link_rate_bps is not None and self.link_rate_bps <= 0:
+            raise ValueError(f"link rate {self.link_rate_bps} is not positive; give bits per second, or None")
+        if self.cores_per_host < 1 or (self.shared_cores is not None and self.shared_cores < 1):
+            raise ValueError("a host needs at least one core")
+        if self.oversubscription < 1:
+            raise ValueError(f"oversubscription {self.oversubscription} is below 1 (1.0: a non-blocking switch)")
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A predicted step and what it rests on.
+
+    ``fractions``: per worker, the parts of a step that are ``compute``, ``host`` (its host's CPU working for its
+    transfers while it does not compute), ``wire`` (its NIC moving its tensors, neither of those) and ``waiting``
+    (the rest: for a PS, another worker, the latency); they sum to 1. ``saturated`` is the busiest resource
+    (``nic:egress:<host>``, ``nic:ingress:<host>``, ``cpu:<host>``, ``cpu:shared``, ``switch``) and
+    ``utilisation`` its busy share of the step; ``nic_bytes[host]`` the bytes its NIC sent and received per step.
+    """
+
+    step_s: float
+    steps: tuple[float, ...]
+    fractions: tuple[dict[str, float], ...]
+    saturated: str
+    utilisation: float
+    utilisations: dict[str, float] = field(repr=False)
+    nic_bytes: dict[int, tuple[int, int]] = field(repr=False)
+    #: ``every worker`` or ``representative`` (see the module)
+    mode: str = "every worker"
+
+    @property
+    def steps_per_s(self) -> float:
+        return 1.0 / self.step_s if self.step_s > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Tensors of one variable group between a worker and one PS: a bucket's gradients and the values back."""
+
+    ps: int
+    up: tuple[int, ...]  # bytes of each tensor a worker sends
+    down: tuple[int, ...]  # bytes of each value the PS sends back
+    apply_bytes: int  # trainable gradient bytes the PS applies per worker
+
+
+def _groups(plan: Plan) -> tuple[list[tuple[float, list[_Group]]], int]:
+    """The step's sends of one worker: (fraction of the backward pass done when ready, groups), in order; and the
+    number of groups (what a worker waits for). Fraction 1.0 with a flag of 2.0 marks "after the compute"."""
+    servers = plan.servers
+    worker0 = plan.layout.worker(0)
+    up: dict[int, list[int]] = defaultdict(list)
+    for t in plan.transfers:
+        if t.src == worker0:
+            up[int(t.name[1:].split(".")[0])].append(t.nbytes or 0)
+    trainable = plan.trainable
+    dense = [None if v.sparse else v.nbytes for v in trainable]
+    total = sum(b for b in dense if b) or 1
+    schedule: list[tuple[float, list[_Group]]] = []
+    done = 0
+    count = 0
+
+    def grouped(variables: list) -> list[_Group]:
+        by_ps: dict[int, list] = defaultdict(list)
+        for v in variables:
+            by_ps[v.index % servers].append(v)
+        return [_Group(ps, tuple(b for v in vs for b in up[v.index]), tuple(v.nbytes for v in vs),
+                       sum(sum(up[v.index]) for v in vs if v.trainable)) for ps, vs in sorted(by_ps.items())]
+
+    for bucket in gradient_buckets(dense):
+        done += sum(dense[i] or 0 for i in bucket)
+        groups = grouped([trainable[i] for i in bucket])
+        count += len(groups)
+        schedule.append((done / total, groups))
+    after = grouped([v for v in plan.variables if v.sparse or not v.trainable])
+    count += len(after)
+    schedule.append((2.0, after))
+    return schedule, count
+
+
+class _Sim:
+    """One simulation: the resources, the processes and what they record."""
+
+    def __init__(self, plan: Plan, cost: TransferCost, cluster: Cluster, compute_s: float, backward_fraction: float,
+                 apply_s_per_byte: float, asynchronous: bool, exact: bool) -> None:
+        self.env = simpy.Environment()
+        self.plan, self.cost, self.cluster = plan, cost, cluster
+        self.compute_s, self.backward_fraction = compute_s, backward_fraction
+        self.apply_s_per_byte, self.asynchronous, self.exact = apply_s_per_byte, asynchronous, exact
+        servers = cluster.servers
+        env = self.env
+        if cluster.shared_cores is not None:
+            pool = simpy.Container(env, capacity=cluster.shared_cores, init=cluster.shared_cores)
+            self.cpu = [pool] * servers
+            self.cpu_names = ["cpu:shared"] * servers
+            self.cores = cluster.shared_cores
+        else:
+            self.cpu = [simpy.Container(env, capacity=cluster.cores_per_host, init=cluster.cores_per_host)
+                        for _ in range(servers)]
+            self.cpu_names = [f"cpu:{h}" for h in range(servers)]
+            self.cores = cluster.cores_per_host
+        self.egress = [simpy.Resource(env, capacity=1) for _ in range(servers)]
+        self.ingress = [simpy.Resource(env, capacity=1) for _ in range(servers)]
+        lanes = int(servers / cluster.oversubscription) if cluster.oversubscription > 1 else 0
+        self.switch = simpy.Resource(env, capacity=max(1, lanes)) if lanes else None
+        self.schedule, self.group_count = _groups(plan)
+        #: per group: (sender, receiver) host time of the gradients up and of the values down, per-tensor sums
+        self.group_costs = {id(g): (_host(cost, g.up), _host(cost, g.down)) for _, gs in self.schedule for g in gs}
+        self.workers = list(range(servers)) if exact else [0]
+        #: the copies of a worker's transfer a simulated one stands for at the PS's side
+        self.copies = 1 if exact else servers
+        self.starts: dict[int, list[float]] = {w: [] for w in self.workers}
+        self.pending: dict[tuple[int, int], int] = {}
+        self.done: dict[tuple[int, int], simpy.Event] = {}
+        self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)
+        self.busy: dict[str, float] = defaultdict(float)
+        self.nic_bytes: dict[int, list[int]] = {h: [0, 0] for h in range(servers)}
+        self.window_start = 0.0
+        self.intervals: dict[int, dict[str, list[tuple[float, float]]]] = {
+            w: {"compute": [], "host": [], "wire": []} for w in self.workers}
+
+    # -- resources ---------------------------------------------------------------------------------
+
+    def _account(self, name: str, start: float, duration: float) -> None:
+        if start >= self.window_start:
+            self.busy[name] += duration
+
+    def cpu_work(self, host: int, seconds: float, copies: int = 1, worker: int | None = None):
+        """``copies`` jobs of ``seconds`` each on ``host``'s cores: as many at once as there are cores (one
+        request for all of them: a lumped job takes its share of the cores at once)."""
+        if seconds <= 0:
+            return
+        cores = max(1, min(copies, self.cores))
+        duration = seconds * copies / cores
+        pool = self.cpu[host]
+        yield pool.get(cores)
+        start = self.env.now
+        yield self.env.timeout(duration)
+        yield pool.put(cores)
+        self._account(self.cpu_names[host], start, duration * cores)
+        if worker is not None:
+            self.intervals[worker]["host"].append((start, start + duration))
+
+    def wire(self, src: int, dst: int, out_bytes: int, in_bytes: int, worker: int | None):
+        """Hold ``src``'s egress for ``out_bytes`` and ``dst``'s ingress for ``in_bytes`` at the link rate (and a
+        switch lane while either is held, with oversubscription)."""
+        if self.env.now >= self.window_start:
+            self.nic_bytes[src][0] += out_bytes
+            self.nic_bytes[dst][1] += in_bytes
+        rate = self.cluster.link_rate_bps
+        if rate is None or out_bytes + in_bytes == 0:
+            return
+        out_s, in_s = out_bytes * 8 / rate, in_bytes * 8 / rate
+        held = []
+        if out_s > 0:
+            held.append((self.egress[src], out_s, f"nic:egress:{src}"))
+        if in_s > 0:
+            held.append((self.ingress[dst], in_s, f"nic:ingress:{dst}"))
+        if self.switch is not None:
+            held.append((self.switch, max(out_s, in_s), "switch"))
+        requests = [(resource.request(), seconds, name) for resource, seconds, name in held]
+        for request, _, _ in requests:  # always egress, ingress, switch: one order, so no deadlock
+            yield request
+        start = self.env.now
+        elapsed = 0.0
+        for request, seconds, name in sorted(requests, key=lambda r: r[1]):
+            if seconds > elapsed:
+                yield self.env.timeout(seconds - elapsed)
+                elapsed = seconds
+            request.resource.release(request)
+            self._account(name, start, seconds)
+        if worker is not None:
+            self.intervals[worker]["wire"].append((start, start + elapsed))
+
+    # -- the step ----------------------------------------------------------------------------------
+
+    def transfer(self, src: int, dst: int, host_s: tuple[float, float], nbytes: int, src_copies: int,
+                 dst_copies: int, worker: int, worker_sends: bool):
+        """A (merged) transfer of ``nbytes`` from host ``src`` to ``dst`` costing ``host_s`` (sender, receiver):
+        sender host time (``src_copies`` of it), then latency and wire unless local, then receiver host time
+        (``dst_copies``). In representative mode the PS's side also moves the other workers' copies (its host
+        NIC only: their hosts' NICs are not simulated)."""
+        sender, receiver = host_s
+        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None)
+        ps = dst if worker_sends else src
+        local = src == dst
+        others = 0 if self.exact else (self.cluster.servers - 1 - (0 if local else 1)) * nbytes
+        if not local or others:
+            if self.cost.latency_s > 0:
+                yield self.env.timeout(self.cost.latency_s)
+            own = None if local else self.env.process(self.wire(src, dst, nbytes, nbytes, worker))
+            if others:
+                out, into = (0, others) if worker_sends else (others, 0)
+                lump = self.env.process(self.wire(ps, ps, out, into, None))
+                yield (lump & own) if own is not None else lump
+            elif own is not None:
+                yield own
+        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker)
+
+    def send_gradients(self, worker: int, group: _Group, step: int):
+        costs = self.group_costs[id(group)]
+        yield from self.transfer(worker, group.ps, costs[0], sum(group.up), 1, self.copies, worker, True)
+        key = (group.ps, id(group), step)
+        self.arrived[key] += self.copies
+        if self.asynchronous or self.arrived[key] >= self.cluster.servers:
+            yield from self.cpu_work(group.ps, self.apply_s_per_byte * group.apply_bytes, self.copies)
+            for target in [worker] if self.asynchronous else self.workers:
+                self.env.process(self.send_values(target, group, step))
+
+    def send_values(self, worker: int, group: _Group, step: int):
+        costs = self.group_costs[id(group)]
+        yield from self.transfer(group.ps, worker, costs[1], sum(group.down), self.copies, 1, worker, False)
+        key = (worker, step)
+        self.pending[key] -= 1
+        if self.pending[key] == 0:
+            self.done[key].succeed()
+
+    def run_worker(self, worker: int):
+        env = self.env
+        forward = self.compute_s * (1 - self.backward_fraction)
+        for step in range(STEPS):
+            start = env.now
+            self.starts[worker].append(start)
+            if step == WARMUP and worker == self.workers[0]:
+                self.window_start = start
+            key = (worker, step)
+            self.pending[key] = self.group_count
+            self.done[key] = env.event()
+            self.intervals[worker]["compute"].append((start, start + self.compute_s))
+            for fraction, groups in self.schedule:
+                ready = start + (self.compute_s if fraction > 1 else forward + self.backward_fraction
+                                 * self.compute_s * fraction)
+                if ready > env.now:
+                    yield env.timeout(ready - env.now)
+                for group in groups:
+                    env.process(self.send_gradients(worker, group, step))
+            if self.group_count == 0:
+                self.done[key].succeed()
+            yield self.done[key]
+        self.starts[worker].append(env.now)
+
+    def run(self) -> StepPrediction:
+        for worker in self.workers:
+            self.env.process(self.run_worker(worker))
+        self.env.run()
+        ends = [max(self.starts[w][k] for w in self.workers) for k in range(STEPS + 1)]
+        steps = tuple(b - a for a, b in pairwise(ends))
+        measured = steps[WARMUP:]
+        step_s = sum(measured) / len(measured)
+        window = (ends[WARMUP], ends[STEPS])
+        span = window[1] - window[0]
+        fractions = [_fractions(self.intervals[w], window) for w in self.workers]
+        if not self.exact:
+            fractions = fractions * self.cluster.servers
+        utilisations = {}
+        for name, busy in self.busy.items():
+            capacity = self.cores if name.startswith("cpu") else (self.switch.capacity if name == "switch" else 1)
+            utilisations[name] = busy / (span * capacity) if span > 0 else 0.0
+        saturated = max(utilisations, key=lambda n: utilisations[n]) if utilisations else "none"
+        measured_steps = STEPS - WARMUP
+        if self.exact:
+            nic = {h: (e // measured_steps, i // measured_steps) for h, (e, i) in self.nic_bytes.items()}
+        else:
+            nic = nic_bytes(self.plan)
+        return StepPrediction(step_s, steps, tuple(fractions), saturated, utilisations.get(saturated, 0.0),
+                              utilisations, nic, "every worker" if self.exact else "representative")
+
+
+def _host(cost: TransferCost, sizes: tuple[int, ...]) -> tuple[float, float]:
+    """The summed sender and receiver host time of tensors of ``sizes`` sent back to back."""
+    times = [cost.host_s(b) for b in sizes]
+    return sum(t[0] for t in times), sum(t[1] for t in times)
+
+
+def _measure(intervals: list[tuple[float, float]], window: tuple[float, float]) -> float:
+    """The length of the union of ``intervals`` within ``window``."""
+    total, end = 0.0, window[0]
+    for a, b in sorted(intervals):
+        a, b = max(a, end), min(b, window[1])
+        if b > a:
+            total += b - a
+            end = b
+    return total
+
+
+def _fractions(intervals: dict[str, list[tuple[float, float]]], window: tuple[float, float]) -> dict[str, float]:
+    span = window[1] - window[0]
+    if span <= 0:
+        return {"compute": 1.0, "host": 0.0, "wire": 0.0, "waiting": 0.0}
+    compute = _measure(intervals["compute"], window)
+    host = _measure(intervals["compute"] + intervals["host"], window)
+    wire = _measure(intervals["compute"] + intervals["host"] + intervals["wire"], window)
+    return {"compute": compute / span, "host": (host - compute) / span, "wire": (wire - host) / span,
+            "waiting": (span - wire) / span}
+
+
+def nic_bytes(plan: Plan) -> dict[int, tuple[int, int]]:
+    """The bytes each host's NIC sends and receives per step by the plan's placement: every worker's tensors to
+    and from the PSs on other hosts (a worker's tensors to or from the PS on its own host cross no NIC)."""
+    servers = plan.servers
+    schedule, _ = _groups(plan)
+    up_on, down_on = [0] * servers, [0] * servers
+    for _, groups in schedule:
+        for g in groups:
+            up_on[g.ps] += sum(g.up)
+            down_on[g.ps] += sum(g.down)
+    up, down = sum(up_on), sum(down_on)
+    return {h: (up - up_on[h] + (servers - 1) * down_on[h], down - down_on[h] + (servers - 1) * up_on[h])
+            for h in range(servers)}
+
+
+def simulate(plan: Plan, cost: TransferCost, cluster: Cluster, compute_s: float, backward_fraction: float = 2 / 3,
+             apply_s_per_byte: float = APPLY_S_PER_BYTE, asynchronous: bool = False,
+             exact: bool | None = None) -> StepPrediction:
+    """Predict one step of ``plan`` (its variables and placement; its server count must be the cluster's) over a
+    transport costing ``cost`` on ``cluster``, for a worker computing ``compute_s`` a step (``backward_fraction``
+    of it the backward pass). ``exact`` simulates every worker (default: up to :data:`EXACT_SERVERS` servers, or
+    with shared cores); else worker 0 stands for all (see the module)."""
+    if plan.servers != cluster.servers:
+        raise ValueError(f"the plan is for {plan.servers} server(s), the cluster has {cluster.servers}; analyse "
+                         f"the model for {cluster.servers}")
+    if compute_s < 0 or not 0 <= backward_fraction <= 1:
+        raise ValueError(f"compute {compute_s} s with backward fraction {backward_fraction}: give compute >= 0 "
+                         f"and a fraction in [0, 1]")
+    if exact is None:
+        exact = cluster.servers <= EXACT_SERVERS or cluster.shared_cores is not None
+    return _Sim(plan, cost, cluster, compute_s, backward_fraction, apply_s_per_byte, asynchronous, exact).run()
