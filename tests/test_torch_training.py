@@ -174,7 +174,7 @@ def test_runs_it_cannot_do_are_refused_in_one_line(line, monkeypatch):
     import torch
 
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=rf"^{line}: --memory cuda: the torch here .* sees no CUDA device"):
+        with pytest.raises(ValueError, match=rf"^{line}: --memory cuda:0: the torch here .* sees 0 CUDA device"):
             run_torch_training(line, config)
 
 

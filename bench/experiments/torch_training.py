@@ -108,17 +108,7 @@ def record_row(record: dict[str, Any]) -> ModelRecord:
 
 def device_of(config: TrainConfig) -> str:
     """``cuda`` when the run asks for device memory (``config.memory``), else ``cpu``."""
-    return "cuda" if str(getattr(config, "memory", None) or "host").startswith("cuda") else "cpu"
-
-
-def cuda_problem() -> str | None:
-    """Why PyTorch cannot train on a GPU here, in one line; None when it can."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return (f"--memory cuda: the torch here ({torch.__version__}) sees no CUDA device (a CPU build, or no GPU): "
-                "run on a machine with an NVIDIA GPU and a CUDA build of torch, or leave --memory out")
-    return None
+    return "cuda" if config.memory_kind.is_device else "cpu"
 
 
 def run_torch_training(line: str, config: TrainConfig, launcher: Launcher | None = None,
@@ -141,7 +131,7 @@ def run_torch_training(line: str, config: TrainConfig, launcher: Launcher | None
         raise ValueError(f"{line} needs PyTorch, which is not installed here: pip install 'tensor-transport-bench"
                          "[torch]'")
     device = device_of(config)
-    if device == "cuda" and (problem := cuda_problem()):
+    if problem := framework(config).memory_problem(config.memory_kind):
         raise ValueError(f"{line}: {problem}")
     try:
         chosen, own, isolated, note = hosts_for_open_listeners(launcher, _LISTENERS, f"--transport without {line}")
@@ -183,7 +173,7 @@ def run_torch_training(line: str, config: TrainConfig, launcher: Launcher | None
         "peak_rss_mb_per_process": {r.name: r.peak_rss_mb for r in results},
         "model_mb": timed[0]["model_mb"], "fabric": timed[0]["fabric"],
         "framework": "torch", "framework_version": timed[0]["torch"],
-        "isolated_network": isolated, "isolation_note": note, "memory": device,
+        "isolated_network": isolated, "isolation_note": note, "memory": str(config.memory_kind),
         "first_loss": timed[0]["losses"][0], "last_loss": timed[0]["losses"][-1],
         "cluster": list(results[0].result["cluster"]),
     }
