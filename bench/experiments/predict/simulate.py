@@ -42,11 +42,17 @@ in issue 62's note): -5% (VGG16), -13% (Inception-v3, synthetic plan), +8% (FCN-
 8 classes; simulating every worker, workers drift out of step (one that got its values first starts first), which
 classes keep only between classes. With ``shared_cores`` (a few emulated hosts) every worker is simulated.
 
-``step_s`` is the mean of the simulated steps after the first (:data:`STEPS`, :data:`WARMUP`).
+``step_s`` is the mean of the simulated steps after the first (:data:`WARMUP`; :data:`STEPS` steps, up to
+:data:`MAX_STEPS` where a step is small against :data:`TRANSFER_BUDGET`: queues can settle into a cycle of a few
+steps, which more steps average better), or, where it is
+longer, the busiest resource's work a step (of those steps' transfers and applies) over its capacity: a short
+simulation's transient can have a step shorter than that (part of a step's work done in the step before), a steady
+state cannot.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -61,6 +67,7 @@ from bench.runtime.analyzer import Plan, gradient_buckets
 APPLY_S_PER_BYTE = 0.2e-9
 #: steps simulated, and the first ones left out of the mean (the pipeline filling)
 STEPS = 3
+MAX_STEPS = 9
 WARMUP = 1
 #: workers simulated: up to this many servers every one; above it, each stands for a class (see the module)
 CLASSES = 8
@@ -162,6 +169,33 @@ def _groups(plan: Plan) -> tuple[list[tuple[float, list[_Group]]], int]:
     return schedule, count
 
 
+class _Cores:
+    """A host's cores: a job takes some of them at once, waiting jobs go in order of their step (an earlier step's
+    work first, then first come first served), the first waiting one before any later one."""
+
+    def __init__(self, env: simpy.Environment, cores: int) -> None:
+        self.env, self.free, self.capacity = env, cores, cores
+        self.waiting: list[tuple[int, int, int, simpy.Event]] = []
+        self.count = 0
+
+    def get(self, cores: int, step: int) -> simpy.Event:
+        event = self.env.event()
+        self.count += 1
+        heapq.heappush(self.waiting, (step, self.count, cores, event))
+        self._grant()
+        return event
+
+    def put(self, cores: int) -> None:
+        self.free += cores
+        self._grant()
+
+    def _grant(self) -> None:
+        while self.waiting and self.waiting[0][2] <= self.free:
+            _, _, cores, event = heapq.heappop(self.waiting)
+            self.free -= cores
+            event.succeed()
+
+
 class _Sim:
     """One simulation: the resources, the processes and what they record."""
 
@@ -175,42 +209,43 @@ class _Sim:
         servers = cluster.servers
         env = self.env
         if cluster.shared_cores is not None:
-            pool = simpy.Container(env, capacity=cluster.shared_cores, init=cluster.shared_cores)
+            pool = _Cores(env, cluster.shared_cores)
             self.cpu = [pool] * servers
             self.cpu_names = ["cpu:shared"] * servers
             self.cores = cluster.shared_cores
         else:
-            self.cpu = [simpy.Container(env, capacity=cluster.cores_per_host, init=cluster.cores_per_host)
-                        for _ in range(servers)]
+            self.cpu = [_Cores(env, cluster.cores_per_host) for _ in range(servers)]
             self.cpu_names = [f"cpu:{h}" for h in range(servers)]
             self.cores = cluster.cores_per_host
-        self.egress = [simpy.Resource(env, capacity=1) for _ in range(servers)]
-        self.ingress = [simpy.Resource(env, capacity=1) for _ in range(servers)]
+        self.egress = [simpy.PriorityResource(env, capacity=1) for _ in range(servers)]
+        self.ingress = [simpy.PriorityResource(env, capacity=1) for _ in range(servers)]
         lanes = int(servers / cluster.oversubscription) if cluster.oversubscription > 1 else 0
-        self.switch = simpy.Resource(env, capacity=max(1, lanes)) if lanes else None
+        self.switch = simpy.PriorityResource(env, capacity=max(1, lanes)) if lanes else None
         self.schedule, self.group_count = _groups(plan)
         #: per group: (sender, receiver) host time of the gradients up and of the values down, per-tensor sums
         self.group_costs = {id(g): (_host(cost, g.up), _host(cost, g.down)) for _, gs in self.schedule for g in gs}
         #: the simulated workers, one per class: worker c stands for workers c, c + classes, ... (see the module)
         self.workers = list(range(min(classes, servers)))
         self.members = {c: len(range(c, servers, len(self.workers))) for c in self.workers}
+        transfers = max(1, len(self.workers) * self.group_count)
+        self.steps = max(STEPS, min(MAX_STEPS, TRANSFER_BUDGET // transfers))
         self.starts: dict[int, list[float]] = {w: [] for w in self.workers}
         self.pending: dict[tuple[int, int], int] = {}
         self.done: dict[tuple[int, int], simpy.Event] = {}
         self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)
-        self.busy: dict[str, float] = defaultdict(float)
         self.nic_bytes: dict[int, list[int]] = {h: [0, 0] for h in range(servers)}
-        self.window_start = 0.0
+        #: per resource, the work (seconds x units held) of the measured steps' transfers and applies
+        self.busy: dict[str, float] = defaultdict(float)
         self.intervals: dict[int, dict[str, list[tuple[float, float]]]] = {
             w: {"compute": [], "host": [], "wire": []} for w in self.workers}
 
     # -- resources ---------------------------------------------------------------------------------
 
-    def _account(self, name: str, start: float, duration: float) -> None:
-        if start >= self.window_start:
-            self.busy[name] += duration
+    def _account(self, name: str, step: int, work: float) -> None:
+        if step >= WARMUP:
+            self.busy[name] += work
 
-    def cpu_work(self, host: int, seconds: float, copies: int = 1, worker: int | None = None):
+    def cpu_work(self, host: int, seconds: float, copies: int, worker: int | None, step: int):
         """``copies`` jobs of ``seconds`` each on ``host``'s cores: as many at once as there are cores (one
         request for all of them: a lumped job takes its share of the cores at once)."""
         if seconds <= 0:
@@ -218,18 +253,18 @@ class _Sim:
         cores = max(1, min(copies, self.cores))
         duration = seconds * copies / cores
         pool = self.cpu[host]
-        yield pool.get(cores)
+        yield pool.get(cores, step)
         start = self.env.now
         yield self.env.timeout(duration)
-        yield pool.put(cores)
-        self._account(self.cpu_names[host], start, duration * cores)
+        pool.put(cores)
+        self._account(self.cpu_names[host], step, duration * cores)
         if worker is not None:
             self.intervals[worker]["host"].append((start, start + duration))
 
-    def wire(self, src: int, dst: int, out_bytes: int, in_bytes: int, worker: int | None):
+    def wire(self, src: int, dst: int, out_bytes: int, in_bytes: int, worker: int | None, step: int):
         """Hold ``src``'s egress for ``out_bytes`` and ``dst``'s ingress for ``in_bytes`` at the link rate (and a
         switch lane while either is held, with oversubscription)."""
-        if self.env.now >= self.window_start:
+        if step >= WARMUP:
             self.nic_bytes[src][0] += out_bytes
             self.nic_bytes[dst][1] += in_bytes
         rate = self.cluster.link_rate_bps
@@ -243,9 +278,11 @@ class _Sim:
             held.append((self.ingress[dst], in_s, f"nic:ingress:{dst}"))
         if self.switch is not None:
             held.append((self.switch, max(out_s, in_s), "switch"))
-        requests = [(resource.request(), seconds, name) for resource, seconds, name in held]
-        for request, _, _ in requests:  # always egress, ingress, switch: one order, so no deadlock
+        requests = []
+        for resource, seconds, name in held:  # one at a time, always egress, ingress, switch: no deadlock
+            request = resource.request(priority=step)
             yield request
+            requests.append((request, seconds, name))
         start = self.env.now
         elapsed = 0.0
         for request, seconds, name in sorted(requests, key=lambda r: r[1]):
@@ -253,20 +290,20 @@ class _Sim:
                 yield self.env.timeout(seconds - elapsed)
                 elapsed = seconds
             request.resource.release(request)
-            self._account(name, start, seconds)
+            self._account(name, step, seconds)
         if worker is not None:
             self.intervals[worker]["wire"].append((start, start + elapsed))
 
     # -- the step ----------------------------------------------------------------------------------
 
     def transfer(self, src: int, dst: int, host_s: tuple[float, float], nbytes: int, src_copies: int,
-                 dst_copies: int, worker: int, worker_sends: bool):
+                 dst_copies: int, worker: int, worker_sends: bool, step: int):
         """A (merged) transfer of ``nbytes`` from host ``src`` to ``dst`` costing ``host_s`` (sender, receiver):
         sender host time (``src_copies`` of it), then latency and wire unless local, then receiver host time
         (``dst_copies``). In representative mode the PS's side also moves the other workers' copies (its host
         NIC only: their hosts' NICs are not simulated)."""
         sender, receiver = host_s
-        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None)
+        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None, step)
         local = src == dst
         ps = dst if worker_sends else src
         # the class's other workers' copies that cross the PS's NIC: its members less the simulated one and
@@ -279,29 +316,30 @@ class _Sim:
             lump = None
             if others:  # beside the simulated worker's own copy, on the PS's NIC only
                 out, into = (0, others) if worker_sends else (others, 0)
-                lump = self.env.process(self.wire(ps, ps, out, into, None))
+                lump = self.env.process(self.wire(ps, ps, out, into, None, step))
             if not local:
-                yield from self.wire(src, dst, nbytes, nbytes, worker)
+                yield from self.wire(src, dst, nbytes, nbytes, worker, step)
             if lump is not None:
                 yield lump
-        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker)
+        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker, step)
 
     def send_gradients(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
         members = self.members[worker]
-        yield from self.transfer(worker, group.ps, costs[0], sum(group.up), 1, members, worker, True)
+        yield from self.transfer(worker, group.ps, costs[0], sum(group.up), 1, members, worker, True,
+                                 step)
         key = (group.ps, id(group), step)
         self.arrived[key] += members
         if self.asynchronous or self.arrived[key] >= self.cluster.servers:
             applied = members if self.asynchronous else self.cluster.servers  # one apply per worker's gradient
-            yield from self.cpu_work(group.ps, self.apply_s_per_byte * group.apply_bytes, applied)
+            yield from self.cpu_work(group.ps, self.apply_s_per_byte * group.apply_bytes, applied, None, step)
             for target in [worker] if self.asynchronous else self.workers:
                 self.env.process(self.send_values(target, group, step))
 
     def send_values(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
         yield from self.transfer(group.ps, worker, costs[1], sum(group.down), self.members[worker], 1, worker,
-                                 False)
+                                 False, step)
         key = (worker, step)
         self.pending[key] -= 1
         if self.pending[key] == 0:
@@ -310,11 +348,9 @@ class _Sim:
     def run_worker(self, worker: int):
         env = self.env
         forward = self.compute_s * (1 - self.backward_fraction)
-        for step in range(STEPS):
+        for step in range(self.steps):
             start = env.now
             self.starts[worker].append(start)
-            if step == WARMUP and worker == self.workers[0]:
-                self.window_start = start
             key = (worker, step)
             self.pending[key] = self.group_count
             self.done[key] = env.event()
@@ -335,20 +371,22 @@ class _Sim:
         for worker in self.workers:
             self.env.process(self.run_worker(worker))
         self.env.run()
-        ends = [max(self.starts[w][k] for w in self.workers) for k in range(STEPS + 1)]
+        ends = [max(self.starts[w][k] for w in self.workers) for k in range(self.steps + 1)]
         steps = tuple(b - a for a, b in pairwise(ends))
         measured = steps[WARMUP:]
-        step_s = sum(measured) / len(measured)
-        window = (ends[WARMUP], ends[STEPS])
-        span = window[1] - window[0]
+        window = (ends[WARMUP], ends[self.steps])
         fractions = [_fractions(self.intervals[w], window) for w in self.workers]
         fractions = [fractions[w % len(self.workers)] for w in range(self.cluster.servers)]
-        utilisations = {}
-        for name, busy in self.busy.items():
+        measured_steps = self.steps - WARMUP
+        # per resource, its measured steps' work a step over its capacity: no steady state is shorter, though a
+        # step of a short simulation's transient can be (work of a step done in the one before it)
+        bounds = {}
+        for name, work in self.busy.items():
             capacity = self.cores if name.startswith("cpu") else (self.switch.capacity if name == "switch" else 1)
-            utilisations[name] = busy / (span * capacity) if span > 0 else 0.0
+            bounds[name] = work / measured_steps / capacity
+        step_s = max(sum(measured) / len(measured), max(bounds.values(), default=0.0))
+        utilisations = {name: bound / step_s if step_s > 0 else 0.0 for name, bound in bounds.items()}
         saturated = max(utilisations, key=lambda n: utilisations[n]) if utilisations else "none"
-        measured_steps = STEPS - WARMUP
         if self.exact:
             nic = {h: (e // measured_steps, i // measured_steps) for h, (e, i) in self.nic_bytes.items()}
         else:

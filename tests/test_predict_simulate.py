@@ -1,0 +1,167 @@
+"""bench predict's simulation of a parameter-server step: its invariants, property-tested on small hand-made plans."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.experiments.predict.costs import TransferCost
+from bench.experiments.predict.simulate import Cluster, nic_bytes, simulate
+from bench.runtime.analyzer import Output, Plan, Variable, plan_from
+
+F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
+#: few examples (2 busy cores), the same ones every run (a property a rare example breaks must not be a flaky test)
+FEW = settings(max_examples=15, deadline=None, derandomize=True)
+#: a faster link can reorder when work reaches a host's cores, and greedy scheduling without preemption is not
+#: monotone (Graham's anomalies): on 300 random small cases 26 had a step slower with a faster link, by up to 7%
+#: (/tmp script in issue 62's note); a slowdown beyond this is a bug in the model, not an anomaly
+ANOMALY = 0.10
+
+
+def make_plan(sizes: list[int], trainable: list[bool], servers: int, sparse: bool = False) -> Plan:
+    """A plan of float32 variables of ``sizes`` elements (and one embedding table with a sparse gradient)."""
+    variables = [Variable(i, f"v{i}", (n,), F32, t) for i, (n, t) in enumerate(zip(sizes, trainable, strict=True))]
+    outputs = {v.index: Output(v.shape, F32, "op") for v in variables}
+    if sparse:
+        table = Variable(len(variables), "table", (100, 8), F32, True, sparse_rows=20)
+        variables.append(table)
+        outputs[table.index] = Output(None, F32, "gather", index_dtype=I64)
+    return plan_from("hand", variables, outputs, servers, 4)
+
+
+def make_cost(small: tuple[float, float], large: tuple[float, float], latency: float) -> TransferCost:
+    sender = (small[0], small[0] + large[0])
+    receiver = (small[1], small[1] + large[1])
+    return TransferCost("t", (64, 1 << 20), sender, receiver, latency,
+                        tuple(s + r + latency for s, r in zip(sender, receiver, strict=True)))
+
+
+plans = st.builds(
+    lambda n, seed, sparse, servers: make_plan(
+        [int(x) for x in np.random.default_rng(seed).integers(1, 400_000, n)],
+        [bool(x) for x in np.random.default_rng(seed + 1).random(n) < 0.8], servers, sparse),
+    st.integers(1, 8), st.integers(0, 1000), st.booleans(), st.integers(1, 4))
+costs = st.builds(make_cost, st.tuples(st.floats(1e-6, 1e-4), st.floats(1e-6, 1e-4)),
+                  st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-3)), st.floats(0, 1e-4))
+rates = st.floats(1e8, 1e11)
+
+
+def host_work(plan: Plan, cost: TransferCost, apply_s_per_byte: float) -> dict[int, float]:
+    """Every host's CPU work a step, from the plan tensor by tensor: each transfer's sender and receiver time and
+    the PS's apply of each worker's gradient."""
+    layout = plan.layout
+    host = {layout.worker(s): s for s in range(plan.servers)} | {layout.ps(s): s for s in range(plan.servers)}
+    trainable = {v.path for v in plan.trainable}
+    work: dict[int, float] = defaultdict(float)
+    for t in plan.transfers:
+        sender, receiver = cost.host_s(t.nbytes)
+        work[host[t.src]] += sender
+        work[host[t.dst]] += receiver
+        if t.role == "gradient" and t.variable in trainable:
+            work[host[t.dst]] += apply_s_per_byte * t.nbytes
+    return work
+
+
+def plan_nic_bytes(plan: Plan) -> dict[int, tuple[int, int]]:
+    """What each host's NIC sends and receives a step, tensor by tensor: every tensor between different hosts."""
+    layout = plan.layout
+    host = {layout.worker(s): s for s in range(plan.servers)} | {layout.ps(s): s for s in range(plan.servers)}
+    sent, received = defaultdict(int), defaultdict(int)
+    for t in plan.transfers:
+        if host[t.src] != host[t.dst]:
+            sent[host[t.src]] += t.nbytes
+            received[host[t.dst]] += t.nbytes
+    return {h: (sent[h], received[h]) for h in range(plan.servers)}
+
+
+def sums_to_one(prediction) -> bool:
+    return all(abs(sum(f.values()) - 1) < 1e-9 and min(f.values()) >= -1e-9 for f in prediction.fractions)
+
+
+@FEW
+@given(plans.map(lambda p: make_plan([v.nbytes // 4 for v in p.variables if not v.sparse],
+                                     [v.trainable for v in p.variables if not v.sparse], 1,
+                                     any(v.sparse for v in p.variables))),
+       costs, st.floats(0.0, 0.5), st.floats(0, 1e-8), st.sampled_from([None, 1e9]))
+def test_one_server_on_one_core_is_the_compute_then_the_host_work_of_its_own_transfers(plan, cost, compute_s,
+                                                                                      apply_s, rate):
+    # every gradient ready when the compute ends, one core: nothing overlaps, so the step is exactly the compute
+    # plus every tensor's host time on both sides plus the apply; no NIC, so the link rate does not matter
+    prediction = simulate(plan, cost, Cluster(1, rate, cores_per_host=1), compute_s, backward_fraction=0,
+                          apply_s_per_byte=apply_s)
+    expected = compute_s + host_work(plan, cost, apply_s)[0]
+    assert prediction.step_s == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert prediction.nic_bytes == {0: (0, 0)}
+    assert sums_to_one(prediction)
+    # with more cores and the gradients ready during the backward pass, host work overlaps the compute
+    overlapped = simulate(plan, cost, Cluster(1, None, cores_per_host=4), compute_s, backward_fraction=0.5,
+                          apply_s_per_byte=apply_s)
+    assert compute_s - 1e-12 <= overlapped.step_s <= expected + 1e-12
+
+
+@FEW
+@given(plans, costs, rates, st.floats(0.0, 0.2), st.integers(1, 3), st.booleans())
+def test_doubling_the_link_rate_never_slows_a_step(plan, cost, rate, compute_s, cores, asynchronous):
+    slow = simulate(plan, cost, Cluster(plan.servers, rate, cores_per_host=cores), compute_s,
+                    asynchronous=asynchronous)
+    fast = simulate(plan, cost, Cluster(plan.servers, 2 * rate, cores_per_host=cores), compute_s,
+                    asynchronous=asynchronous)
+    infinite = simulate(plan, cost, Cluster(plan.servers, None, cores_per_host=cores), compute_s,
+                        asynchronous=asynchronous)
+    assert infinite.step_s <= fast.step_s * (1 + ANOMALY)
+    assert fast.step_s <= slow.step_s * (1 + ANOMALY)
+    # and where the link is the bottleneck, halving its time per byte shortens the step
+    if slow.saturated.startswith("nic") and slow.utilisation > 0.99:
+        assert fast.step_s < slow.step_s
+
+
+@FEW
+@given(plans, costs, rates, st.floats(0.0, 0.2), st.integers(1, 3), st.floats(0, 1e-8), st.booleans(),
+       st.sampled_from([1.0, 2.0]))
+def test_a_step_is_never_faster_than_its_busiest_resource_allows(plan, cost, rate, compute_s, cores, apply_s,
+                                                                 asynchronous, oversubscription):
+    cluster = Cluster(plan.servers, rate, cores_per_host=cores, oversubscription=oversubscription)
+    prediction = simulate(plan, cost, cluster, compute_s, apply_s_per_byte=apply_s, asynchronous=asynchronous)
+    busiest_nic = max(max(sent, received) for sent, received in plan_nic_bytes(plan).values())
+    busiest_cpu = max(host_work(plan, cost, apply_s).values())
+    assert prediction.step_s >= compute_s * (1 - 1e-9)
+    assert prediction.step_s >= busiest_nic * 8 / rate * (1 - 1e-9)
+    assert prediction.step_s >= busiest_cpu / cores * (1 - 1e-9)
+    assert all(u <= 1 + 1e-9 for u in prediction.utilisations.values())
+    assert prediction.utilisation == max(prediction.utilisations.values(), default=0.0)
+    assert sums_to_one(prediction)
+
+
+@FEW
+@given(plans, costs, rates, st.booleans())
+def test_a_steps_bytes_on_every_nic_are_the_plans(plan, cost, rate, asynchronous):
+    prediction = simulate(plan, cost, Cluster(plan.servers, rate), 0.01, asynchronous=asynchronous)
+    assert prediction.classes == plan.servers  # every worker simulated: the bytes are the simulation's own count
+    assert prediction.nic_bytes == plan_nic_bytes(plan)
+    assert nic_bytes(plan) == plan_nic_bytes(plan)
+
+
+def test_above_the_classes_each_simulated_worker_carries_its_class_to_the_parameter_servers():
+    plan = make_plan([1000, 200_000, 50_000, 3000, 70_000, 9], [True] * 5 + [False], 6)
+    cost = make_cost((1e-5, 1e-5), (1e-4, 2e-4), 1e-5)
+    every = simulate(plan, cost, Cluster(6, 1e10), 0.01)
+    classes = simulate(plan, cost, Cluster(6, 1e10), 0.01, classes=2)
+    assert (every.classes, classes.classes) == (6, 2)
+    # the PS hosts carry every worker's tensors either way: the same bytes on their NICs' PS sides, so the
+    # busiest ingress (where the gradients of every worker meet) is as busy
+    assert classes.nic_bytes == every.nic_bytes == plan_nic_bytes(plan)
+    ingress = [u for name, u in every.utilisations.items() if name.startswith("nic:ingress")]
+    ingress_classes = [u for name, u in classes.utilisations.items() if name.startswith("nic:ingress")]
+    assert max(ingress_classes) * classes.step_s == pytest.approx(max(ingress) * every.step_s, rel=0.35)
+    assert len(classes.fractions) == 6
+
+
+def test_a_plan_for_another_server_count_is_one_error_naming_both():
+    plan = make_plan([10], [True], 2)
+    with pytest.raises(ValueError, match=r"plan is for 2 server\(s\), the cluster has 4") as error:
+        simulate(plan, make_cost((1e-6, 1e-6), (0, 0), 0), Cluster(4), 0.1)
+    assert "\n" not in str(error.value)
