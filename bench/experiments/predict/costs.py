@@ -10,7 +10,8 @@ poll interval). The split, per transport:
 * **latency** (``latency_s``, per message, size-independent): the part of the *smallest* size's p50 that is
   longer than the busier side's CPU per transfer, ``max(0, p50 - max(sender_cpu, receiver_cpu))``. A side that
   busy-polls is on a CPU for the whole transfer, so a polling transport gets 0 (nothing here is neither side's
-  CPU); a transport that blocks and is woken (gRPC's completion queues) gets its wake-up time.
+  CPU); a transport that blocks and is woken (gRPC's completion queues) gets its wake-up time. It is at most
+  the least p50 of any size (a noisy p50 can fall with size), so no size's host time is negative.
 * **host time** at each measured size: ``p50 - latency``, the critical path's CPU work (serialisation, the
   copies the ledger counts, the fabric's own copy), split between the sides in proportion to the CPU each spent
   per transfer. The measured CPU per transfer itself is not the host time: it includes the harness's loop and a
@@ -102,7 +103,8 @@ def cost_from_points(transport: str, rows: Iterable[dict[str, Any]], source: str
     p50 = [float(r["p50_us"]) * 1e-6 for r in points]
     sender_cpu = [float(r["sender_cpu_us_per_transfer"]) * 1e-6 for r in points]
     receiver_cpu = [float(r["receiver_cpu_us_per_transfer"]) * 1e-6 for r in points]
-    latency = max(0.0, p50[0] - max(sender_cpu[0], receiver_cpu[0]))
+    # no more than any size's p50, so that every size keeps a host time >= 0 (a noisy p50 can fall with size)
+    latency = min(max(0.0, p50[0] - max(sender_cpu[0], receiver_cpu[0])), min(p50))
     senders, receivers = [], []
     for time, cs, cr in zip(p50, sender_cpu, receiver_cpu, strict=True):
         host = max(0.0, time - latency)
