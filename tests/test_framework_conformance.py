@@ -129,6 +129,23 @@ def test_zerocopy_sends_gradients_during_the_backward_pass_and_copies_nothing(fr
     assert [record[f"{crossing}_per_step"] for crossing in DEVICE_CROSSINGS] == [0, 0, 0]
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_zerocopy_sends_every_update_from_registered_memory_after_the_first_step(framework):
+    """What a worker sends (gradients and new state) lies where the runtime registered its region in the first step:
+    every timed send is a registration-cache hit, in PyTorch as in TensorFlow (PyTorch's tensors left in the C
+    library's heap missed every step, and the runtime looked for their regions again every step)."""
+    needs(framework)
+    workload, name = TINY[framework]
+    run = config(workload, name, "zerocopy", {"fabric_transport": "shm"})
+    result = train(run)
+    [worker] = [times for role, times in result["outcome"].values() if role == "worker"]
+    assert worker.extra["sites"]["missed"] == {}
+    record = model_record(run, result["outcome"]).row()
+    assert record["unregistered_sends_per_step"] == 0
+    assert record["registration_hit_rate"] == 1.0
+    assert record["copied_bytes_per_step"] == 0
+
+
 #: where device memory moves device to device (UCX's cuda_ipc on one node), and where it is staged through the host
 DEVICE_TRANSPORTS = [("zerocopy", {}, False), ("rdma_cp", {}, False), ("grpc_tcp", {}, True)]
 

@@ -5,11 +5,20 @@ no copy; the transport wrote the weights there, and the model computes with them
 backward pass under autograd, and hands the gradients out as NumPy views of autograd's own buffers. As DDP does, a
 hook per parameter (``register_post_accumulate_grad_hook``, or ``Tensor.register_hook`` on a torch without it)
 fills buckets of about ``GRADIENT_BUCKET_BYTES``, last layers first; a bucket whose every gradient is in goes to
-``on_gradients`` while the rest of the backward pass runs. Gradients are made afresh every step (``grad`` set to
-None first), so what a send still reads is never written again.
+``on_gradients`` while the rest of the backward pass runs.
 
 State (BatchNorm's running statistics, its batch count) is updated by the forward pass in place: a worker's
 buffers are copies of the received values (counted), so that what came in stays what the parameter server sent.
+
+Where what a worker sends lives (host memory): as DDP's ``gradient_as_bucket_view``, each dense gradient is a view
+of one anonymous mapping the step keeps (zeroed at the start of a step; autograd accumulates into it in place), and
+so is each buffer's copy. The runtime registers that mapping with the fabric once (``bench.runtime.sites``), as it
+registers TensorFlow's BFC regions, and every later send is a registration-cache hit. Left where autograd and NumPy
+put them (the C library's main heap, ``[heap]``, which is not registered whole), each of inception_v3's 472 tensors
+missed every step and the runtime looked for its region again: 40 ms of a step's communication. The arrays a step
+hands out are therefore written again by the next step: the runtime waits for every send of a step before it begins
+the next (``bench.runtime.ps.run_worker``). In device memory gradients are made afresh each step (``grad`` set to
+None first) and a buffer's copy is made on the device.
 
 Device memory (``--memory cuda``): the model computes on the GPU, its parameters' ``.data`` over the received
 CuPy arrays (``torch.from_dlpack``: no copy) and its gradients handed out as CuPy arrays over autograd's device
@@ -24,6 +33,7 @@ sparse gradient: its rows and their indices, at most as many rows as the batch l
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable
 from typing import Any
@@ -149,6 +159,10 @@ class _TorchStep(Step):
         #: a GPU where the model computes in device memory, else None
         self._device = next((p.device for p in self._parameters if p.device.type != "cpu"), None)
         self._buffers = [buffer for _, buffer in _state(model)]
+        #: host memory: each dense gradient's tensor (None: a sparse one, made by autograd) and each buffer's copy,
+        #: over one anonymous mapping made at the first step (see the module); None until then, and on a device
+        self._held_gradients: list[Any] | None = None
+        self._held_state: list[Any] = []
         self._buckets: list[list[int]] = []
         self._waiting: dict[int, set[int]] = {}
         self._bucket_of: dict[int, int] = {}
@@ -160,12 +174,28 @@ class _TorchStep(Step):
 
     def __call__(self, values: list[np.ndarray], x: np.ndarray, y: np.ndarray, copies: Any) -> StepResult:
         trainable = len(self._parameters)
+        if self._device is None and self._held_gradients is None:
+            dense = [parameter for parameter in self._parameters if not _sparse_gradient(parameter)]
+            held = iter(_one_mapping(dense + self._buffers))
+            self._held_gradients = [None if _sparse_gradient(parameter) else next(held)
+                                    for parameter in self._parameters]
+            self._held_state = list(held)
         for parameter, value in zip(self._parameters, values[:trainable], strict=True):
             parameter.data = self._over(copies.adoptable(value, 1))
             parameter.grad = None
-        for buffer, value in zip(self._buffers, values[trainable:], strict=True):
+        if self._held_gradients is not None:
+            for parameter, gradient in zip(self._parameters, self._held_gradients, strict=True):
+                if gradient is not None:
+                    gradient.zero_()  # the step's sends of the last step are done (see the module)
+                    parameter.grad = gradient
+        for position, (buffer, value) in enumerate(zip(self._buffers, values[trainable:], strict=True)):
             copies.bytes += value.nbytes  # the forward pass writes it: the received value stays as it came
-            buffer.data = self._over(np.array(value)) if self._device is None else self._over(value).clone()
+            if self._device is not None:
+                buffer.data = self._over(value).clone()
+            else:
+                held = self._held_state[position]
+                held.numpy()[...] = value
+                buffer.data = held
         if self._on_gradients is not None:
             self._start_buckets()
         x, y = _tensor(x), _tensor(y)
@@ -228,6 +258,23 @@ def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
         return gradient
 
     parameter.register_hook(before)
+
+
+def _one_mapping(tensors: list[Any]) -> list[Any]:
+    """A host tensor shaped like each of ``tensors``, all over one anonymous mapping of their own (each 64-byte
+    aligned): memory the runtime registers with the fabric as one region, whatever the C library's heap does."""
+    import torch
+
+    offsets, end = [], 0
+    for tensor in tensors:
+        offsets.append(end)
+        end += -(-tensor.numel() * tensor.element_size() // 64) * 64
+    # private: a shared anonymous mapping is ``/dev/zero``'s, which the runtime does not register as an allocator's
+    memory = np.frombuffer(mmap.mmap(-1, max(end, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                           dtype=np.uint8)
+    return [torch.from_numpy(memory[offset:offset + tensor.numel() * tensor.element_size()]
+                             .view(_numpy_dtype(tensor.dtype)).reshape(tuple(tensor.shape)))
+            for offset, tensor in zip(offsets, tensors, strict=True)]
 
 
 def variables(model: Any) -> tuple[list[Any], list[Any]]:
