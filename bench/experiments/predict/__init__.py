@@ -2,5 +2,7 @@
 simulation of one parameter-server step at any number of servers and link rate (:mod:`.simulate`)."""
 
 from bench.experiments.predict.costs import TransferCost, cost_from_points, costs_from_run, sizes_needed
+from bench.experiments.predict.simulate import APPLY_S_PER_BYTE, Cluster, StepPrediction, nic_bytes, simulate
 
-__all__ = ["TransferCost", "cost_from_points", "costs_from_run", "sizes_needed"]
+__all__ = ["APPLY_S_PER_BYTE", "Cluster", "StepPrediction", "TransferCost", "cost_from_points", "costs_from_run",
+           "nic_bytes", "simulate", "sizes_needed"]
