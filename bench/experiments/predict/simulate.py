@@ -136,8 +136,9 @@ class _Group:
 
 
 def _groups(plan: Plan) -> tuple[list[tuple[float, list[_Group]]], int]:
-    """The step's sends of one worker: (fraction of the backward pass done when ready, groups), in order; and the
-    number of groups (what a worker waits for). Fraction 1.0 with a flag of 2.0 marks "after the compute"."""
+    """The step's sends of one worker, in order: (the fraction of the backward pass done when they are ready, their
+    groups), the last with fraction 2.0: after the compute (sparse gradients, state); and the number of groups (the
+    values a worker waits for)."""
     servers = plan.servers
     worker0 = plan.layout.worker(0)
     up: dict[int, list[int]] = defaultdict(list)
