@@ -10,5 +10,5 @@ Options several commands share are parsed in ``bench.options``; what commands th
 """
 
 #: the commands, in the order of ``bench --help``
-COMMANDS = ("info", "doctor", "micro", "model", "scale", "converge", "soak", "models", "analyze", "plot", "report",
-            "compare")
+COMMANDS = ("info", "doctor", "micro", "model", "scale", "predict", "converge", "soak", "models", "analyze", "plot",
+            "report", "compare")

@@ -389,8 +389,55 @@ class AnalysisRecord(Record):
     site: str | None = None
 
 
+@dataclass(kw_only=True)
+class PredictRecord(_OfALine, Record):
+    """``bench predict``: one predicted step of a model over a transport at a server count and link rate, from a
+    micro run's costs and a simulation of the step (bench/experiments/predict); ``kind`` is always ``predicted``:
+    nothing here was trained. Throughput and efficiency read as ``bench scale``'s; the fractions (``compute``,
+    ``host``, ``wire``, ``wait``: of a worker's step, averaged over the workers simulated) sum to 1; ``saturated``
+    is the busiest resource (``nic:egress:<host>``, ``nic:ingress:<host>``, ``cpu:<host>``) and
+    ``saturated_utilisation`` its busy share of the step; ``nic_bytes_per_step`` the bytes the busiest NIC sends
+    and receives per step."""
+
+    experiment = "predict"
+    key = ("transport", "framework", "model", "batch_size", "servers", "link_rate")
+    measure = "step_time_s"
+
+    kind: str = "predicted"
+    transport: str
+    line_kind: str | None = None
+    framework: str | None = None
+    framework_version: str | None = None
+    model: str
+    batch_size: int
+    servers: int
+    #: as given (``10gbit``), and in bits per second
+    link_rate: str
+    link_rate_bps: float
+    #: how the workers' compute was timed (``replay``: measured here once; ``paper``: Table 2) and its seconds
+    compute: str
+    compute_s: float
+    step_time_s: float
+    throughput_batches_per_s: float
+    total_batches_per_s: float
+    #: total / (servers x the 1-server throughput of the same transport, model, batch size and link rate)
+    scaling_efficiency: float
+    compute_fraction: float
+    host_fraction: float
+    wire_fraction: float
+    wait_fraction: float
+    saturated: str
+    saturated_utilisation: float
+    nic_bytes_per_step: int
+    #: the workers simulated, each standing for every ``classes``-th one (= servers: every worker)
+    classes: int | None = None
+    #: the ``bench micro`` run the transfer costs come from
+    micro_run: str
+
+
 RECORD_TYPES: dict[str, type[Record]] = {cls.experiment: cls for cls in (
-    MicroRecord, ModelRecord, ScaleRecord, SoakRecord, ConvergeRecord, ModelsRecord, AnalysisRecord)}
+    MicroRecord, ModelRecord, ScaleRecord, SoakRecord, ConvergeRecord, ModelsRecord, AnalysisRecord,
+    PredictRecord)}
 
 
 def record_type(experiment: str) -> type[Record]:

@@ -51,6 +51,7 @@ from bench.readers.plot.model import (
     model_throughput_figure,
 )
 from bench.readers.plot.models import models_vs_paper_figure
+from bench.readers.plot.predict import predict_efficiency_figure, predict_throughput_figure
 from bench.readers.plot.scale import scale_efficiency_figure, scale_throughput_figure
 from bench.results import Run, load_run, replace_file
 from bench.results.records import OLD_FRAMEWORK
@@ -139,6 +140,7 @@ FIGURES: dict[str, tuple[tuple[str, Builder], ...]] = {
               ("model_step_distribution", model_step_distribution_figure),
               ("copy_overhead", copy_overhead_figure)),
     "scale": (("scale_throughput", scale_throughput_figure), ("scale_efficiency", scale_efficiency_figure)),
+    "predict": (("predict_throughput", predict_throughput_figure), ("predict_efficiency", predict_efficiency_figure)),
     "converge": (("converge_loss_vs_time", converge_loss_vs_time_figure),
                  ("converge_metric_vs_step", converge_metric_vs_step_figure)),
     "models": (("models_vs_paper", models_vs_paper_figure),),

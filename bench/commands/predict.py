@@ -1,0 +1,166 @@
+"""Predict the step time, throughput and scaling efficiency of training MODEL on 1 to 256 servers over each transport
+and link rate, from a `bench micro` run of this machine (--from) and the model's plan: each transfer costs its
+measured host time plus its bytes on the link, and a parameter-server step is simulated event by event (every host
+one NIC and its cores). Nothing is trained: the records are of kind 'predicted'. The summary says, per line, the
+fractions of a step that are compute, host work, wire and waiting, and which resource saturates first, and at how
+many servers. Compute: --compute paper waits the paper's Table 2 time (a P100 GPU) times the batch size; replay the
+step measured here once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from bench import options
+from bench.commands.common import add_framework_option, disk_full, draw, failed, interrupted, open_run
+from bench.experiments.predict import grid
+from bench.results import DiskError
+
+HELP = "predicted throughput at 1 to 256 servers and 10 to 400 Gb/s links, per transport, from a micro run"
+#: shown at the end of --help: each command line and what it does
+EXAMPLES = (
+    ("bench predict --from results/micro-<time> --compute paper",
+     "the paper's six models, four transports, 1 to 256 servers, 10, 100 and 400 Gb/s"),
+    ("bench predict vgg16 --from results/micro-<time> --servers 1,2,4,8 --link-rate 100gbit --compute paper",
+     "VGG16 on the paper's cluster (100 Gb/s, P100 compute): Figure 11 predicted"),
+)
+STARTS_RANKS = False
+
+#: the optional part of the install it needs (checked before anything starts): the framework that builds the model
+EXTRAS = ("models",)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bench.ground.paper import SCALE_BATCH_SIZE
+
+    parser.add_argument("models", nargs="?", type=options.model_list, default=None, metavar="MODEL[,MODEL]",
+                        help="which models (default: the paper's six)")
+    parser.add_argument("--transport", "--transports", dest="transports", type=_transports,
+                        default=list(grid.DEFAULT_TRANSPORTS),
+                        help=f"comma list of transports, each measured in the micro run (default: "
+                        f"{','.join(grid.DEFAULT_TRANSPORTS)})")
+    parser.add_argument("--servers", dest="server_counts", type=grid.server_counts,
+                        default=list(grid.DEFAULT_SERVERS),
+                        help=f"comma list of server counts, each a worker and a parameter server on a host of its "
+                        f"own, up to {grid.MAX_SERVERS} (default: {','.join(map(str, grid.DEFAULT_SERVERS))})")
+    parser.add_argument("--link-rate", dest="link_rates", type=grid.link_rates, default=grid.DEFAULT_LINK_RATES,
+                        metavar="RATE[,RATE]",
+                        help=f"comma list of link rates, as --launcher netns takes one, e.g. 10gbit, 500mbit: each "
+                        f"host's NIC, full duplex, a non-blocking switch (default: {grid.DEFAULT_LINK_RATES})")
+    parser.add_argument("--from", dest="micro_run", type=options.output_path, default=None, metavar="RUN",
+                        help="the bench micro run of this machine the transfers' costs come from (results/micro-...; "
+                        "it must have every --transport at sizes spanning the model's tensors)")
+    parser.add_argument("--compute", choices=list(grid.COMPUTE_MODES), default="replay",
+                        help="replay: one worker's step measured here once; paper: the paper's Table 2 time per "
+                        "sample (a P100 GPU) times the batch size")
+    parser.add_argument("--batch-size", type=options.positive_int, default=SCALE_BATCH_SIZE,
+                        help=f"per-worker mini-batch size (default {SCALE_BATCH_SIZE}, the paper's Figure 11)")
+    add_framework_option(parser)
+    options.add_out(parser, "predict")
+    options.add_no_plot(parser)
+
+
+def _transports(text: str) -> list[str]:
+    """``--transport``: a comma list of names, each once (checked against the micro run, which has the costs)."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma list of transports, e.g. zerocopy,grpc_tcp, got '{text}'")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.experiments.models import MODELS, get_model
+    from bench.experiments.predict.costs import costs_from_run
+
+    if args.micro_run is None:
+        return options.fail("predict", "give the bench micro run the costs come from with --from results/micro-... "
+                            "(measure one with `bench micro --transports "
+                            f"{','.join(args.transports)} --no-peers --no-references`)")
+    problem = options.run_dir_problem(args.out)
+    if problem is not None:
+        return options.fail("predict", problem)
+    try:
+        names = [get_model(name, framework=args.framework).name if ":" not in name else name
+                 for name in (args.models or MODELS)]
+        costs = costs_from_run(args.micro_run, args.transports)
+        if args.compute == "paper":
+            for name in names:
+                grid.paper_compute_s(name, args.framework, args.batch_size)
+    except ValueError as exc:
+        return options.fail("predict", str(exc).splitlines()[0])
+    micro_run = str(args.micro_run)
+    print(f"bench predict: {len(names)} model(s) x {len(costs)} transport(s) x {len(args.server_counts)} server "
+          f"count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; analysing the models "
+          f"({args.framework}, batch size {args.batch_size}, compute {args.compute})", flush=True)
+    try:
+        models = [grid.analyse(name, args.framework, args.batch_size, args.compute) for name in names]
+    except ValueError as exc:
+        return options.fail("predict", str(exc).splitlines()[0])
+    settings = {"models": names, "transports": list(costs), "servers": args.server_counts,
+                "link_rates": [rate.text for rate in args.link_rates], "compute": args.compute,
+                "framework": args.framework, "batch_size": args.batch_size, "micro_run": micro_run}
+    writer = open_run(args.out, "predict", settings)
+    if writer is None:
+        return options.EXIT_USAGE
+    records = []
+    try:
+        from tqdm import tqdm
+
+        total = grid.grid_size(models, list(costs), args.server_counts, args.link_rates)
+        with tqdm(total=total, unit="step", desc="simulating", dynamic_ncols=True, disable=None) as bar:
+            for record in grid.predict(models, costs, args.server_counts, args.link_rates, micro_run,
+                                       on_prediction=bar.update):
+                writer.add(record)
+                records.append(record)
+    except DiskError as exc:
+        return disk_full(writer, "predict", exc, [])
+    except KeyboardInterrupt as exc:
+        return interrupted(writer, "predict", "the predictions", exc)
+    except BaseException as exc:
+        failed(writer, [], exc)
+        raise
+    writer.finish("complete")
+    summary(records, list(costs))
+    if not args.no_plot:
+        draw(writer.path, "predict")
+    print(f"results: {writer.path}")
+    return 0
+
+
+def summary(records: list[Any], transports: list[str], out: Any = None) -> None:
+    """Per model and link rate: total mini-batches/s and efficiency against servers, a column per transport; then
+    per line, its step's parts at the most servers, and what saturates first and at how many servers."""
+    out = out or sys.stdout
+    saturated = grid.saturation(records)
+    panels = list(dict.fromkeys((r.model, r.batch_size, r.link_rate) for r in records))
+    for model, batch, rate in panels:
+        rows = [r for r in records if (r.model, r.batch_size, r.link_rate) == (model, batch, rate)]
+        by_point = {(r.transport, r.servers): r for r in rows}
+        servers = sorted({r.servers for r in rows})
+        print(f"\n{model}, batch {batch}, {rate} links: total mini-batches/s (scaling efficiency)", file=out)
+        cells = [["servers", *transports]]
+        for n in servers:
+            cells.append([str(n), *(f"{by_point[(t, n)].total_batches_per_s:.4g} "
+                                    f"({by_point[(t, n)].scaling_efficiency:.2f})" if (t, n) in by_point else "-"
+                                    for t in transports)])
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+        for row in cells:
+            print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)), file=out)
+        for t in transports:
+            if (t, servers[-1]) not in by_point:
+                continue
+            last = by_point[(t, servers[-1])]
+            parts = (f"at {servers[-1]} servers a step is {last.compute_fraction:.0%} compute, "
+                     f"{last.host_fraction:.0%} host, {last.wire_fraction:.0%} wire, {last.wait_fraction:.0%} waiting")
+            first = saturated.get((model, batch, rate, t))
+            if first is None:
+                busiest = max((r for r in rows if r.transport == t), key=lambda r: r.saturated_utilisation)
+                what = (f"nothing saturates up to {servers[-1]} servers (busiest: "
+                        f"{grid.resource_name(busiest.saturated)}, {busiest.saturated_utilisation:.0%} at "
+                        f"{busiest.servers})")
+            else:
+                what = (f"{grid.resource_name(first.resource)} saturates first, at {first.servers} server(s) "
+                        f"({first.utilisation:.0%} busy)")
+            print(f"  {t}: {parts}; {what}", file=out)
+

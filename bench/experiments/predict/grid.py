@@ -1,0 +1,212 @@
+"""``bench predict``'s grid (issue 62, items 3 and 4): models x transports x servers x link rates -> records.
+
+Each model is analysed once per batch size, for one server (:func:`analyse`: the framework builds the model and
+traces its step, seconds for TensorFlow); a plan for N servers is then the same variables and the same per-worker
+updates laid out again by the runtime's own placement (:func:`relayout`, through
+:func:`bench.runtime.analyzer.plan_from`), with no model built again. What :func:`simulate` reads of a plan is its
+variables, its server count and worker 0's transfers (each update's bytes), so this is the plan the analyzer would
+give at N servers (``tests/test_predict_cli.py`` checks it against one analysed at 2).
+
+Compute per step is the paper's Table 2 time per sample times the batch size (``paper``), or one worker's step
+measured here once (``replay``: :func:`bench.experiments.training.profile`, as ``bench scale`` replays it).
+
+Per line (model, batch size, link rate, transport), :func:`saturation` says which resource saturates first and at
+how many servers: the first server count whose busiest resource is busy at least :data:`SATURATED` of the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bench.experiments.predict.costs import TransferCost
+from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate
+from bench.results.records import PredictRecord
+from bench.runtime.analyzer import Output, Plan, plan_from
+
+#: a resource busy at least this share of a step is saturated: the step cannot shorten without relieving it
+SATURATED = 0.9
+#: the most servers a prediction takes (the simulation's classes keep it quick; beyond this nobody asked)
+MAX_SERVERS = 4096
+#: the default grid (issue 62): the paper's six models, its four transports, 1 to 256 servers, 10 to 400 Gb/s
+DEFAULT_TRANSPORTS = ("zerocopy", "rdma_cp", "grpc_rdma", "grpc_tcp")
+DEFAULT_SERVERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_LINK_RATES = "10gbit,100gbit,400gbit"
+#: ``--compute`` modes bench predict takes (``real`` would need a cluster)
+COMPUTE_MODES = ("replay", "paper")
+
+
+@dataclass(frozen=True)
+class LinkRate:
+    """A link rate as given (``10gbit``) and in bits per second."""
+
+    text: str
+    bps: int
+
+
+def link_rates(text: str) -> list[LinkRate]:
+    """``--link-rate``: a comma list of rates as ``--launcher netns`` takes one (``10gbit,100gbit``), each once."""
+    from bench.launch.hosts import parse_rate
+
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected a link rate or a comma list of them, e.g. 10gbit,100gbit, got "
+                                         f"'{text}'")
+    try:
+        return list(dict.fromkeys(LinkRate(part, parse_rate(part)) for part in parts))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def server_counts(text: str) -> list[int]:
+    """``--servers``: a comma list of server counts, 1 to :data:`MAX_SERVERS`."""
+    from bench.options import int_list
+
+    counts = int_list(text)
+    if (large := [n for n in counts if n > MAX_SERVERS]):
+        raise argparse.ArgumentTypeError(f"{large[0]} servers is more than the {MAX_SERVERS} a prediction takes; "
+                                         f"give at most {MAX_SERVERS}")
+    return counts
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A model analysed once: its plan for one server and one worker's compute seconds per step."""
+
+    model: str
+    framework: str
+    framework_version: str
+    batch_size: int
+    plan: Plan
+    compute: str
+    compute_s: float
+
+
+def paper_compute_s(model: str, framework: str, batch_size: int) -> float:
+    """The paper's Table 2 compute per step of ``model`` at ``batch_size`` (seconds); ValueError naming the fix."""
+    from bench.experiments.models import resolve_model
+
+    per_sample = getattr(resolve_model(model, framework=framework), "paper_compute_ms_per_sample", None)
+    if per_sample is None:
+        raise ValueError(f"the paper gives no compute time for model '{model}'; use --compute replay")
+    return per_sample * batch_size / 1e3
+
+
+def analyse(model: str, framework: str, batch_size: int, compute: str) -> ModelPlan:
+    """``model`` built and its step traced once, in this process, for one server; its compute timed here
+    (``replay``: the median of 5 steps after 2 warm-up ones) or the paper's (``paper``)."""
+    from bench.experiments.training import model_config, profile
+    from bench.runtime.framework import framework_named
+
+    seconds = paper_compute_s(model, framework, batch_size) if compute == "paper" else None
+    config = model_config(model, framework=framework, transport="zerocopy", transport_options={},
+                          batch_size=batch_size, servers=1, compute=compute)
+    plan, measured = profile(config, None, steps=5 if compute == "replay" else 0)
+    return ModelPlan(model, framework, framework_named(framework).version(), batch_size, plan, compute,
+                     measured if seconds is None else seconds)
+
+
+def relayout(plan: Plan, servers: int) -> Plan:
+    """``plan`` (of any server count) laid out for ``servers``: the same variables and per-worker updates, placed as
+    the runtime places them (:func:`plan_from`), the model not built again."""
+    if servers == plan.servers:
+        return plan
+    worker = plan.layout.worker(0)
+    by_path = {v.path: v for v in plan.variables}
+    outputs: dict[int, Output] = {}
+    for t in plan.transfers:
+        if t.src != worker:
+            continue
+        variable = by_path[t.variable]
+        if t.name.endswith(".indices"):  # a sparse gradient: its rows and their indices
+            outputs[variable.index] = Output(None, variable.dtype, t.site, index_dtype=t.dtype)
+        elif not t.name.endswith(".values"):
+            outputs[variable.index] = Output(t.shape, t.dtype, t.site)
+    laid = plan_from(plan.model, list(plan.variables), outputs, servers, plan.batch_size)
+    return laid if plan.analysis else laid.without_analysis()
+
+
+def _fraction(prediction: StepPrediction, part: str) -> float:
+    values = [f[part] for f in prediction.fractions]
+    return sum(values) / len(values) if values else 0.0
+
+
+def record_of(model: ModelPlan, transport: str, servers: int, rate: LinkRate, prediction: StepPrediction,
+              single: StepPrediction, micro_run: str) -> PredictRecord:
+    """The record of one grid point; ``single`` is the same line's 1-server prediction (for the efficiency)."""
+    per_worker = prediction.steps_per_s
+    total = servers * per_worker
+    nic = max((sent + received for sent, received in prediction.nic_bytes.values()), default=0)
+    return PredictRecord(
+        transport=transport, framework=model.framework, framework_version=model.framework_version,
+        model=model.model, batch_size=model.batch_size, servers=servers, link_rate=rate.text,
+        link_rate_bps=float(rate.bps), compute=model.compute, compute_s=model.compute_s,
+        step_time_s=prediction.step_s, throughput_batches_per_s=per_worker, total_batches_per_s=total,
+        scaling_efficiency=total / (servers * single.steps_per_s),
+        compute_fraction=_fraction(prediction, "compute"), host_fraction=_fraction(prediction, "host"),
+        wire_fraction=_fraction(prediction, "wire"), wait_fraction=_fraction(prediction, "waiting"),
+        saturated=prediction.saturated, saturated_utilisation=prediction.utilisation, nic_bytes_per_step=int(nic),
+        classes=prediction.classes, micro_run=micro_run)
+
+
+def grid_size(models: list[ModelPlan], transports: list[str], servers: list[int], rates: list[LinkRate]) -> int:
+    """The predictions :func:`predict` makes (the 1-server ones the efficiency needs included)."""
+    counts = set(servers) | {1}
+    return len(models) * len(transports) * len(counts) * len(rates)
+
+
+def predict(models: list[ModelPlan], costs: dict[str, TransferCost], servers: list[int], rates: list[LinkRate],
+            micro_run: str, on_prediction: Callable[[], None] | None = None,
+            **cluster: Any) -> Iterator[PredictRecord]:
+    """A record per model, server count (ascending), link rate and transport (in the order of ``costs``); each
+    plan laid out once per server count. ``cluster``: more :class:`Cluster` settings (``cores_per_host``)."""
+    counts = sorted(set(servers) | {1})
+    for model in models:
+        single: dict[tuple[str, str], StepPrediction] = {}
+        for n in counts:
+            plan = relayout(model.plan, n)
+            for rate in rates:
+                where = Cluster(n, rate.bps, **cluster)
+                for transport, cost in costs.items():
+                    prediction = simulate(plan, cost, where, model.compute_s)
+                    if on_prediction is not None:
+                        on_prediction()
+                    if n == 1:
+                        single[(rate.text, transport)] = prediction
+                    if n in servers:
+                        yield record_of(model, transport, n, rate, prediction, single[(rate.text, transport)],
+                                        micro_run)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """Where a line saturates first: the server count, the resource and its busy share of the step."""
+
+    servers: int
+    resource: str
+    utilisation: float
+
+
+def resource_name(resource: str) -> str:
+    """A simulated resource for a person: ``nic:ingress:0`` -> ``host 0's NIC ingress``."""
+    parts = resource.split(":")
+    if parts[0] == "nic" and len(parts) == 3:
+        return f"host {parts[2]}'s NIC {parts[1]}"
+    if parts[0] == "cpu" and len(parts) == 2:
+        return "the shared CPUs" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
+    return resource
+
+
+def saturation(records: list[PredictRecord]) -> dict[tuple[str, int, str, str], Saturation | None]:
+    """Per line (model, batch size, link rate, transport): the fewest servers at which a resource is busy at least
+    :data:`SATURATED` of the step, and which; None where none is at any server count of the grid."""
+    lines: dict[tuple[str, int, str, str], Saturation | None] = {}
+    for r in sorted(records, key=lambda r: r.servers):
+        key = (r.model, r.batch_size, r.link_rate, r.transport)
+        lines.setdefault(key, None)
+        if lines[key] is None and r.saturated_utilisation >= SATURATED:
+            lines[key] = Saturation(r.servers, r.saturated, r.saturated_utilisation)
+    return lines
+
