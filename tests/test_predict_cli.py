@@ -1,0 +1,131 @@
+"""``bench predict``: its records and figures from a recorded micro run, its errors, and the grid's re-laid plans."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.ground.paper import TABLE2
+from bench.results import load_run
+from bench.results.records import PredictRecord
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install '.[torch]')")
+
+#: a real `bench micro --transports zerocopy,rdma_cp,grpc_rdma,grpc_tcp --sizes 1KB-64MB:x4 --iters 5 --no-peers
+#: --no-references` on this project's 2-core machine (logs left out)
+MICRO = Path(__file__).parent / "data" / "predict_cli" / "micro"
+TRANSPORTS = ["zerocopy", "rdma_cp", "grpc_rdma", "grpc_tcp"]
+#: the smallest grid that shows a line: FCN-5 in PyTorch (its analysis takes about a second), the paper's compute
+SMALL = ("fcn5", "--framework", "torch", "--compute", "paper", "--from", str(MICRO), "--servers", "1,4",
+         "--link-rate", "10gbit")
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def test_predict_writes_a_predicted_record_per_grid_point_its_summary_and_figures(tmp_path):
+    out = tmp_path / "run"
+    result = bench("predict", *SMALL, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    run = load_run(out)
+    assert run.experiment == "predict" and run.meta["status"] == "complete"
+    records = run.records
+    assert list(records.columns[:len(PredictRecord.columns())]) == PredictRecord.columns()
+    assert len(records) == len(TRANSPORTS) * 2  # 4 transports x 2 server counts x 1 rate x 1 model
+    assert set(records["kind"]) == {"predicted"}
+    assert sorted(set(records["transport"])) == sorted(TRANSPORTS)
+    assert sorted(set(records["servers"])) == [1, 4]
+    assert set(records["link_rate"]) == {"10gbit"} and set(records["link_rate_bps"]) == {1e10}
+    assert set(records["micro_run"]) == {str(MICRO)}
+    assert set(records["compute"]) == {"paper"}
+    # batch 32 (Figure 11's) by default, at the paper's Table 2 time per sample
+    assert set(records["batch_size"]) == {32}
+    assert records["compute_s"].to_numpy() == pytest.approx(32 * TABLE2["fcn5"].compute_ms_per_sample / 1e3)
+    single = records[records["servers"] == 1]
+    assert (single["scaling_efficiency"] == 1.0).all()
+    assert (single["total_batches_per_s"] == single["throughput_batches_per_s"]).all()
+    four = records[records["servers"] == 4]
+    assert (four["total_batches_per_s"] == 4 * four["throughput_batches_per_s"]).all()
+    assert ((four["nic_bytes_per_step"] > 0) & (single["nic_bytes_per_step"] == 0).all()).all()
+    parts = records[["compute_fraction", "host_fraction", "wire_fraction", "wait_fraction"]].sum(axis=1)
+    assert parts.round(9).eq(1.0).all()
+    assert records["saturated"].str.match(r"^(nic:(egress|ingress):\d+|cpu:\d+)$").all()
+    for stem in ("predict_throughput", "predict_efficiency"):
+        assert (out / f"{stem}.png").stat().st_size > 0 and (out / f"{stem}.svg").exists()
+    # the summary: a row per server count, and per line what a step is made of and what saturates
+    assert "fcn5, batch 32, 10gbit links" in result.stdout
+    for transport in TRANSPORTS:
+        assert f"  {transport}: at 4 servers a step is" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("nosuch",), "unknown model 'nosuch'"),
+    (("--link-rate", "10furlongs"), "bad link rate '10furlongs'"),
+    (("--link-rate", "0gbit"), "bad link rate '0gbit'"),
+    (("--servers", "0"), "--servers: expected a number of at least 1, got 0"),
+    (("--servers", "1,99999"), "99999 servers is more than"),
+    (("--transport", "zerocopy,nope"), "has no points of nope"),
+    (("--from", "RUN_DIR"), "is a predict run, not a micro run"),
+    (("--from", "MISSING"), "no meta.json"),
+    (("embedding",), "the paper gives no compute time for model 'embedding'"),
+])
+def test_predict_refuses_what_it_cannot_take_in_one_line_before_writing_anything(tmp_path, args, fragment):
+    other = tmp_path / "predicted"  # a run that is not a micro run, for --from
+    other.mkdir()
+    (other / "meta.json").write_text('{"schema_version": 4, "experiment": "predict", "status": "complete", '
+                                     '"settings": {}}')
+    (other / "records.csv").write_text(",".join(PredictRecord.columns()) + "\n")
+    args = tuple(str(other) if a == "RUN_DIR" else str(tmp_path / "missing") if a == "MISSING" else a for a in args)
+    given = dict(zip(SMALL[1::2], SMALL[2::2], strict=True)) | dict(zip(args[::2], args[1::2], strict=False))
+    model = args[0] if len(args) == 1 else SMALL[0]
+    options = [x for option, value in given.items() for x in (option, value)]
+    out = tmp_path / "out"
+    result = bench("predict", model, *options, "--out", str(out))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bench predict: error: ") and fragment in lines[0], lines
+    assert not out.exists()
+
+
+def test_predict_without_a_micro_run_says_to_give_one(tmp_path):
+    result = bench("predict", "fcn5", "--framework", "torch", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("bench predict: error: give the bench micro run") and "--from" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_laid_out_again_for_more_servers_is_the_one_analysed_for_them():
+    from bench.experiments.predict.grid import analyse, relayout
+    from bench.experiments.training import model_config, profile
+
+    one = analyse("fcn5", "torch", 2, "paper")
+    assert one.plan.servers == 1 and one.compute_s == pytest.approx(2 * TABLE2["fcn5"].compute_ms_per_sample / 1e3)
+    config = model_config("fcn5", framework="torch", transport="zerocopy", transport_options={}, batch_size=2,
+                          servers=3, compute="paper")
+    analysed, _ = profile(config, None, steps=0)
+    assert relayout(one.plan, 3) == analysed
+    assert relayout(analysed, 1) == one.plan
+
+
+def test_a_plan_traced_at_batch_size_1_is_taken_for_another_batch_only_where_no_tensor_depends_on_it():
+    from dataclasses import replace
+
+    from bench.experiments.predict.grid import analyse, batch_independent
+    from bench.experiments.training import model_config, profile
+
+    config = model_config("fcn5", framework="torch", transport="zerocopy", transport_options={}, batch_size=4,
+                          servers=1, compute="paper")
+    analysed, _ = profile(config, None, steps=0)
+    assert batch_independent(analysed)
+    assert analyse("fcn5", "torch", 4, "paper").plan == analysed
+    # a sparse variable or a dynamic tensor may depend on the batch: such a plan is traced at the batch asked for
+    sparse = replace(analysed, variables=(replace(analysed.variables[0], sparse_rows=3), *analysed.variables[1:]))
+    dynamic = replace(analysed, transfers=(replace(analysed.transfers[0], shape=None), *analysed.transfers[1:]))
+    assert not batch_independent(sparse) and not batch_independent(dynamic)
