@@ -45,7 +45,11 @@ def _predict_figure(run: Run, column: str, ylabel: str, title: str) -> Figure | 
     if points.empty:
         return None
     points = points.sort_values("servers")
-    panels = list(dict.fromkeys(zip(points["model"], points["batch_size"], points["link_rate"], strict=True)))
+    # a row per model (in the run's order), its link rates slowest first
+    models = {model: i for i, model in enumerate(dict.fromkeys(run.records["model"]))}
+    bps = dict(zip(points["link_rate"], points["link_rate_bps"], strict=True))
+    panels = sorted(set(zip(points["model"], points["batch_size"], points["link_rate"], strict=True)),
+                    key=lambda panel: (models[panel[0]], panel[1], bps[panel[2]]))
     fig, axes = _grid(len(panels), 3, 4.8, 3.8)
     paper = False
     for ax, (model, batch, rate) in zip(axes, panels, strict=True):
@@ -64,7 +68,10 @@ def _predict_figure(run: Run, column: str, ylabel: str, title: str) -> Figure | 
     if paper:
         notes.append("stars: the paper's measured 8-server speed-up over 1 server, over 8 (Figure 11)")
     _title(fig, title, run, notes)
-    return _finish(fig, axes)
+    _finish(fig, axes)
+    # above the panels, not on the top row's titles (the layout leaves a tall grid's title where it was)
+    fig.suptitle(fig.get_suptitle(), y=1.0, va="bottom", fontsize=10)
+    return fig
 
 
 def predict_throughput_figure(run: Run) -> Figure | None:
