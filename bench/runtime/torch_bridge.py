@@ -11,14 +11,16 @@ State (BatchNorm's running statistics, its batch count) is updated by the forwar
 buffers are copies of the received values (counted), so that what came in stays what the parameter server sent.
 
 Where what a worker sends lives (host memory): as DDP's ``gradient_as_bucket_view``, each dense gradient is a view
-of one anonymous mapping the step keeps (zeroed at the start of a step; autograd accumulates into it in place), and
+of an anonymous mapping the step keeps (zeroed at the start of a step; autograd accumulates into it in place), and
 so is each buffer's copy. The runtime registers that mapping with the fabric once (``bench.runtime.sites``), as it
 registers TensorFlow's BFC regions, and every later send is a registration-cache hit. Left where autograd and NumPy
 put them (the C library's main heap, ``[heap]``, which is not registered whole), each of inception_v3's 472 tensors
-missed every step and the runtime looked for its region again: 40 ms of a step's communication. The arrays a step
-hands out are therefore written again by the next step: the runtime waits for every send of a step before it begins
-the next (``bench.runtime.ps.run_worker``). In device memory gradients are made afresh each step (``grad`` set to
-None first) and a buffer's copy is made on the device.
+missed every step and the runtime looked for its region again: 40 ms of a step's communication. A mapping is
+written again only once every array handed out of it is gone (weak references), so a step's results stay valid as
+long as a caller holds them: the runtime's worker, which holds a step's until the next step's are in, takes two
+mappings in turns (made together, in one region); the local line holds one per worker of a step. Past
+:data:`MAPPINGS` in use, gradients are made afresh (``grad`` set to None first) and a buffer's copy by NumPy, as in
+device memory.
 
 Device memory (``--memory cuda``): the model computes on the GPU, its parameters' ``.data`` over the received
 CuPy arrays (``torch.from_dlpack``: no copy) and its gradients handed out as CuPy arrays over autograd's device
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +48,9 @@ from bench.runtime.framework import Framework, OnGradients, SparseGradient, Step
 from transports.memory import HOST, Memory, cuda_problem
 from transports.tensors import adopt, as_framework
 
+#: at most this many mappings per step function hold gradients and state: the runtime's worker takes two in turns,
+#: the local line one per worker of a step (see the module)
+MAPPINGS = 4
 #: where autograd allocates a parameter's gradient (made afresh each step: ``grad`` is None before the backward pass)
 GRADIENT_SITE = "autograd: AccumulateGrad of"
 #: where the forward pass leaves a buffer's new value (in the worker's copy of the received value)
@@ -159,10 +165,10 @@ class _TorchStep(Step):
         #: a GPU where the model computes in device memory, else None
         self._device = next((p.device for p in self._parameters if p.device.type != "cpu"), None)
         self._buffers = [buffer for _, buffer in _state(model)]
-        #: host memory: each dense gradient's tensor (None: a sparse one, made by autograd) and each buffer's copy,
-        #: over one anonymous mapping made at the first step (see the module); None until then, and on a device
-        self._held_gradients: list[Any] | None = None
-        self._held_state: list[Any] = []
+        #: host memory: the mappings a step's gradients and buffers' copies lie in (see the module); none on a device
+        self._held: list[_Held] = []
+        #: the one this step uses (None: a device's step, or none made yet)
+        self._holding: _Held | None = None
         self._buckets: list[list[int]] = []
         self._waiting: dict[int, set[int]] = {}
         self._bucket_of: dict[int, int] = {}
@@ -174,28 +180,23 @@ class _TorchStep(Step):
 
     def __call__(self, values: list[np.ndarray], x: np.ndarray, y: np.ndarray, copies: Any) -> StepResult:
         trainable = len(self._parameters)
-        if self._device is None and self._held_gradients is None:
-            dense = [parameter for parameter in self._parameters if not _sparse_gradient(parameter)]
-            held = iter(_one_mapping(dense + self._buffers))
-            self._held_gradients = [None if _sparse_gradient(parameter) else next(held)
-                                    for parameter in self._parameters]
-            self._held_state = list(held)
+        holding = self._holding = self._free_mapping() if self._device is None else None
         for parameter, value in zip(self._parameters, values[:trainable], strict=True):
             parameter.data = self._over(copies.adoptable(value, 1))
             parameter.grad = None
-        if self._held_gradients is not None:
-            for parameter, gradient in zip(self._parameters, self._held_gradients, strict=True):
+        if holding is not None:
+            for parameter, gradient in zip(self._parameters, holding.gradients, strict=True):
                 if gradient is not None:
-                    gradient.zero_()  # the step's sends of the last step are done (see the module)
+                    gradient.zero_()  # no array handed out of it is alive (see the module)
                     parameter.grad = gradient
         for position, (buffer, value) in enumerate(zip(self._buffers, values[trainable:], strict=True)):
             copies.bytes += value.nbytes  # the forward pass writes it: the received value stays as it came
-            if self._device is not None:
-                buffer.data = self._over(value).clone()
-            else:
-                held = self._held_state[position]
+            if holding is not None:
+                held = holding.state[position]
                 held.numpy()[...] = value
                 buffer.data = held
+            else:
+                buffer.data = self._over(np.array(value)) if self._device is None else self._over(value).clone()
         if self._on_gradients is not None:
             self._start_buckets()
         x, y = _tensor(x), _tensor(y)
@@ -209,8 +210,32 @@ class _TorchStep(Step):
             if gradient.is_sparse:
                 gradients.append(SparseGradient(gradient._values().numpy(), gradient._indices()[0].numpy()))
             else:
-                gradients.append(_out(gradient))
-        return StepResult(loss.detach(), gradients, [_out(buffer) for buffer in self._buffers])
+                gradients.append(self._out(gradient))
+        return StepResult(loss.detach(), gradients, [self._out(buffer) for buffer in self._buffers])
+
+    def _free_mapping(self) -> _Held | None:
+        """Host memory for this step's gradients and buffers' copies: a mapping made before whose arrays handed out
+        are all gone (the runtime's worker is done with a step's before the next: two take turns), or a new one; None
+        when :data:`MAPPINGS` are in use (autograd's and NumPy's memory then, made afresh)."""
+        for held in self._held:
+            if held.free():
+                return held
+        if len(self._held) >= MAPPINGS:
+            return None
+        dense = [parameter for parameter in self._parameters if not _sparse_gradient(parameter)]
+        made = []
+        for tensors in map(iter, _one_mapping(dense + self._buffers, 2)):  # two: the worker's turns, one region
+            made.append(_Held([None if _sparse_gradient(parameter) else next(tensors)
+                               for parameter in self._parameters], list(tensors)))
+        self._held += made
+        return made[0]
+
+    def _out(self, tensor: Any) -> Any:
+        """``tensor`` handed out (see :func:`_out`), its array remembered by the mapping it lies in."""
+        array = _out(tensor)
+        if self._holding is not None:
+            self._holding.handed_out.append(weakref.ref(array))
+        return array
 
     def _over(self, value: Any) -> Any:
         """A tensor over a received array's memory (NumPy's on the host, CuPy's on the model's GPU): no copy."""
@@ -241,7 +266,24 @@ class _TorchStep(Step):
         waiting.discard(position)
         if not waiting:
             bucket = self._buckets[number]
-            self._on_gradients(bucket, [_out(self._arrived.pop(i)) for i in bucket])
+            self._on_gradients(bucket, [self._out(self._arrived.pop(i)) for i in bucket])
+
+
+class _Held:
+    """One anonymous mapping a step's gradients and buffers' copies lie in (:func:`_one_mapping`), and the arrays
+    handed out of it: it is written again only once every one of them is gone."""
+
+    def __init__(self, gradients: list[Any], state: list[Any]) -> None:
+        #: each parameter's gradient tensor (None: a sparse gradient, made by autograd), each buffer's copy
+        self.gradients, self.state = gradients, state
+        self.handed_out: list[weakref.ref] = []
+
+    def free(self) -> bool:
+        """Whether no array handed out of this mapping is alive (then it is taken for a step)."""
+        if any(ref() is not None for ref in self.handed_out):
+            return False
+        self.handed_out = []
+        return True
 
 
 def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
@@ -260,21 +302,24 @@ def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
     parameter.register_hook(before)
 
 
-def _one_mapping(tensors: list[Any]) -> list[Any]:
-    """A host tensor shaped like each of ``tensors``, all over one anonymous mapping of their own (each 64-byte
-    aligned): memory the runtime registers with the fabric as one region, whatever the C library's heap does."""
+def _one_mapping(tensors: list[Any], sets: int) -> list[list[Any]]:
+    """``sets`` times a host tensor shaped like each of ``tensors``, all over one anonymous mapping of their own
+    (each 64-byte aligned): memory the runtime registers with the fabric as one region, whatever the C library's heap
+    does."""
     import torch
 
     offsets, end = [], 0
-    for tensor in tensors:
-        offsets.append(end)
-        end += -(-tensor.numel() * tensor.element_size() // 64) * 64
+    for _ in range(sets):
+        for tensor in tensors:
+            offsets.append(end)
+            end += -(-tensor.numel() * tensor.element_size() // 64) * 64
     # private: a shared anonymous mapping is ``/dev/zero``'s, which the runtime does not register as an allocator's
     memory = np.frombuffer(mmap.mmap(-1, max(end, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
                            dtype=np.uint8)
-    return [torch.from_numpy(memory[offset:offset + tensor.numel() * tensor.element_size()]
+    made = [torch.from_numpy(memory[offset:offset + tensor.numel() * tensor.element_size()]
                              .view(_numpy_dtype(tensor.dtype)).reshape(tuple(tensor.shape)))
-            for offset, tensor in zip(offsets, tensors, strict=True)]
+            for offset, tensor in zip(offsets, tensors * sets, strict=True)]
+    return [made[i * len(tensors):(i + 1) * len(tensors)] for i in range(sets)]
 
 
 def variables(model: Any) -> tuple[list[Any], list[Any]]:
