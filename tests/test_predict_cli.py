@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,8 @@ def test_predict_writes_a_predicted_record_per_grid_point_its_summary_and_figure
     assert sorted(set(records["transport"])) == sorted(TRANSPORTS)
     assert sorted(set(records["servers"])) == [1, 4]
     assert set(records["link_rate"]) == {"10gbit"} and set(records["link_rate_bps"]) == {1e10}
-    assert set(records["micro_run"]) == {str(MICRO)}
+    with (out / "records.csv").open() as rows:  # as written (readers shorten a long cell for display)
+        assert {r["micro_run"] for r in csv.DictReader(rows)} == {str(MICRO)}
     assert set(records["compute"]) == {"paper"}
     # batch 32 (Figure 11's) by default, at the paper's Table 2 time per sample
     assert set(records["batch_size"]) == {32}
@@ -94,11 +97,25 @@ def test_predict_refuses_what_it_cannot_take_in_one_line_before_writing_anything
     assert not out.exists()
 
 
-def test_predict_without_a_micro_run_says_to_give_one(tmp_path):
-    result = bench("predict", "fcn5", "--framework", "torch", "--out", str(tmp_path / "out"))
-    assert result.returncode == 2
-    assert result.stderr.startswith("bench predict: error: give the bench micro run") and "--from" in result.stderr
-    assert not (tmp_path / "out").exists()
+def test_predict_without_a_micro_run_measures_one_at_the_sizes_the_model_needs(tmp_path):
+    from bench.experiments.predict.costs import sizes_needed
+    from bench.experiments.predict.grid import analyse, micro_sizes
+
+    out = tmp_path / "run"
+    result = bench("predict", "fcn5", "--framework", "torch", "--compute", "paper", "--transport", "zerocopy",
+                   "--servers", "1,2", "--link-rate", "10gbit", "--no-plot", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (out / "records.csv").open() as rows:  # as written (readers shorten a long cell for display)
+        records = list(csv.DictReader(rows))
+    assert len(records) == 2 and {r["micro_run"] for r in records} == {str(out / "micro")}
+    micro = load_run(out / "micro")
+    assert micro.experiment == "micro" and set(micro.records["transport"]) == {"zerocopy"}
+    plan = analyse("fcn5", "torch", 32, "paper").plan
+    needed = sizes_needed(plan)
+    measured = sorted(set(micro.records["size_bytes"]))
+    assert measured == micro_sizes([plan])
+    assert measured[0] <= max(1024, needed[0]) and measured[-1] >= needed[-1]
+    assert all(b == 4 * a for a, b in pairwise(measured))
 
 
 def test_a_plan_laid_out_again_for_more_servers_is_the_one_analysed_for_them():

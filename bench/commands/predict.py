@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from bench import options
@@ -50,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"host's NIC, full duplex, a non-blocking switch (default: {grid.DEFAULT_LINK_RATES})")
     parser.add_argument("--from", dest="micro_run", type=options.output_path, default=None, metavar="RUN",
                         help="the bench micro run of this machine the transfers' costs come from (results/micro-...; "
-                        "it must have every --transport at sizes spanning the model's tensors)")
+                        "it must have every --transport at sizes spanning the model's tensors; default: a short one "
+                        "made now at the sizes the models need, into micro/ of this run)")
     parser.add_argument("--compute", choices=list(grid.COMPUTE_MODES), default="replay",
                         help="replay: one worker's step measured here once; paper: the paper's Table 2 time per "
                         "sample (a P100 GPU) times the batch size")
@@ -73,36 +75,49 @@ def run(args: argparse.Namespace) -> int:
     from bench.experiments.models import MODELS, get_model
     from bench.experiments.predict.costs import costs_from_run
 
-    if args.micro_run is None:
-        return options.fail("predict", "give the bench micro run the costs come from with --from results/micro-... "
-                            "(measure one with `bench micro --transports "
-                            f"{','.join(args.transports)} --no-peers --no-references`)")
     problem = options.run_dir_problem(args.out)
     if problem is not None:
         return options.fail("predict", problem)
     try:
         names = [get_model(name, framework=args.framework).name if ":" not in name else name
                  for name in (args.models or MODELS)]
-        costs = costs_from_run(args.micro_run, args.transports)
+        if args.micro_run is not None:
+            costs = costs_from_run(args.micro_run, args.transports)
+        else:  # measured once the plans say which sizes: each transport known and available here first
+            for name in args.transports:
+                options.choose(name)
         if args.compute == "paper":
             for name in names:
                 grid.paper_compute_s(name, args.framework, args.batch_size)
-    except ValueError as exc:
+    except (ValueError, argparse.ArgumentTypeError) as exc:
         return options.fail("predict", str(exc).splitlines()[0])
-    micro_run = str(args.micro_run)
-    print(f"bench predict: {len(names)} model(s) x {len(costs)} transport(s) x {len(args.server_counts)} server "
-          f"count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; analysing the models "
-          f"({args.framework}, batch size {args.batch_size}, compute {args.compute})", flush=True)
+    micro_run = str(args.micro_run) if args.micro_run is not None else "a bench micro run made now"
+    print(f"bench predict: {len(names)} model(s) x {len(args.transports)} transport(s) x "
+          f"{len(args.server_counts)} server count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; "
+          f"analysing the models ({args.framework}, batch size {args.batch_size}, compute {args.compute})", flush=True)
     try:
         models = [grid.analyse(name, args.framework, args.batch_size, args.compute) for name in names]
     except ValueError as exc:
         return options.fail("predict", str(exc).splitlines()[0])
-    settings = {"models": names, "transports": list(costs), "servers": args.server_counts,
+    settings = {"models": names, "transports": args.transports, "servers": args.server_counts,
                 "link_rates": [rate.text for rate in args.link_rates], "compute": args.compute,
-                "framework": args.framework, "batch_size": args.batch_size, "micro_run": micro_run}
+                "framework": args.framework, "batch_size": args.batch_size,
+                "micro_run": str(args.micro_run) if args.micro_run is not None else "micro (made now)"}
     writer = open_run(args.out, "predict", settings)
     if writer is None:
         return options.EXIT_USAGE
+    if args.micro_run is None:
+        micro_run = str(writer.path / "micro")
+        problem = measure_costs(writer.path / "micro", args.transports, grid.micro_sizes([m.plan for m in models]))
+        if problem is None:
+            try:
+                costs = costs_from_run(micro_run, args.transports)
+            except ValueError as exc:
+                problem = str(exc).splitlines()[0]
+        if problem is not None:
+            writer.finish("failed", failures=[problem])
+            print(f"bench predict: error: {problem}", file=sys.stderr)
+            return 1
     records = []
     try:
         from tqdm import tqdm
@@ -126,6 +141,23 @@ def run(args: argparse.Namespace) -> int:
         draw(writer.path, "predict")
     print(f"results: {writer.path}")
     return 0
+
+
+def measure_costs(out: Path, transports: list[str], sizes: list[int]) -> str | None:
+    """A short ``bench micro`` of ``transports`` at ``sizes`` into ``out`` (its progress shown as it goes); None, or
+    why it failed in one line."""
+    import subprocess
+
+    from bench.ground.sizes import format_size
+
+    command = [sys.executable, "-m", "bench.cli", "micro", "--transports", ",".join(transports), "--sizes",
+               ",".join(map(format_size, sizes)), "--no-peers", "--no-references", "--no-plot", "--out", str(out)]
+    print(f"bench predict: measuring the costs: {' '.join(['bench', *command[3:]])}", flush=True)
+    result = subprocess.run(command, stdout=sys.stderr, check=False)
+    if result.returncode != 0:
+        return (f"the bench micro run for the costs failed (exit {result.returncode}; its output is above, its "
+                f"records in {out}); measure one yourself and give it with --from")
+    return None
 
 
 def summary(records: list[Any], transports: list[str], out: Any = None) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bench.experiments.predict.costs import TransferCost
+from bench.experiments.predict.costs import TransferCost, sizes_needed
 from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate
 from bench.results.records import PredictRecord
 from bench.runtime.analyzer import Output, Plan, plan_from
@@ -34,6 +34,8 @@ MAX_SERVERS = 4096
 DEFAULT_TRANSPORTS = ("zerocopy", "rdma_cp", "grpc_rdma", "grpc_tcp")
 DEFAULT_SERVERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_LINK_RATES = "10gbit,100gbit,400gbit"
+#: the smallest size an on-the-spot micro run measures (below it a transfer's host time is taken as flat)
+SMALLEST_MEASURED = 1024
 #: ``--compute`` modes bench predict takes (``real`` would need a cluster)
 COMPUTE_MODES = ("replay", "paper")
 
@@ -145,6 +147,17 @@ def relayout(plan: Plan, servers: int) -> Plan:
             outputs[variable.index] = Output(t.shape, t.dtype, t.site)
     laid = plan_from(plan.model, list(plan.variables), outputs, servers, plan.batch_size)
     return laid if plan.analysis else laid.without_analysis()
+
+
+def micro_sizes(plans: list[Plan]) -> list[int]:
+    """What a ``bench micro`` made for ``plans`` on the spot measures: from the smallest tensor (at least
+    :data:`SMALLEST_MEASURED`) in steps of x4, up to the first size at or past the largest; the costs interpolate
+    between them (:mod:`.costs`)."""
+    needed = sorted({size for plan in plans for size in sizes_needed(plan)}) or [SMALLEST_MEASURED]
+    sizes = [max(SMALLEST_MEASURED, 1 << (needed[0].bit_length() - 1))]
+    while sizes[-1] < needed[-1]:
+        sizes.append(sizes[-1] * 4)
+    return sizes
 
 
 def _fraction(prediction: StepPrediction, part: str) -> float:
