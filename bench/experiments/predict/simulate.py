@@ -43,7 +43,7 @@ this machine: -5.1% to +8.4%, 11 of 16 within 2.1% (issue 62's note). With ``sha
 hosts) every worker is simulated.
 
 ``step_s`` is the mean of the simulated steps after the first (:data:`WARMUP`; :data:`STEPS` steps, up to
-:data:`MAX_STEPS` where a step is small against :data:`TRANSFER_BUDGET`: queues can settle into a cycle of a few
+:data:`MAX_STEPS` where a step is small (:data:`SMALL_STEP`): queues can settle into a cycle of a few
 steps, which more steps average better), or, where it is
 longer, the busiest resource's work a step (of those steps' transfers and applies) over its capacity: a short
 simulation's transient can have a step shorter than that (part of a step's work done in the step before), a steady
@@ -68,6 +68,8 @@ APPLY_S_PER_BYTE = 0.2e-9
 #: steps simulated, and the first ones left out of the mean (the pipeline filling)
 STEPS = 3
 MAX_STEPS = 9
+#: a step of at most this many transfers each way is small: up to :data:`MAX_STEPS` of it are simulated
+SMALL_STEP = 192
 WARMUP = 1
 #: workers simulated: up to this many servers every one; above it, each stands for a class (see the module)
 CLASSES = 8
@@ -229,7 +231,7 @@ class _Sim:
         self.workers = list(range(min(classes, servers)))
         self.members = {c: len(range(c, servers, len(self.workers))) for c in self.workers}
         transfers = max(1, len(self.workers) * self.group_count)
-        self.steps = max(STEPS, min(MAX_STEPS, TRANSFER_BUDGET // transfers))
+        self.steps = max(STEPS, min(MAX_STEPS, SMALL_STEP // transfers))
         self.starts: dict[int, list[float]] = {w: [] for w in self.workers}
         self.pending: dict[tuple[int, int], int] = {}
         self.done: dict[tuple[int, int], simpy.Event] = {}
