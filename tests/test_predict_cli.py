@@ -146,3 +146,17 @@ def test_a_plan_traced_at_batch_size_1_is_taken_for_another_batch_only_where_no_
     sparse = replace(analysed, variables=(replace(analysed.variables[0], sparse_rows=3), *analysed.variables[1:]))
     dynamic = replace(analysed, transfers=(replace(analysed.transfers[0], shape=None), *analysed.transfers[1:]))
     assert not batch_independent(sparse) and not batch_independent(dynamic)
+
+
+def test_the_grid_simulated_by_a_pool_of_processes_is_the_grid_simulated_in_one():
+    from bench.experiments.predict.costs import costs_from_run
+    from bench.experiments.predict.grid import analyse, link_rates, predict
+
+    model = analyse("fcn5", "torch", 32, "paper")
+    costs = costs_from_run(MICRO, ["zerocopy", "grpc_tcp"])
+    told: list[int] = []
+    alone = list(predict([model], costs, [1, 4], link_rates("10gbit"), str(MICRO), on_prediction=told.append))
+    pooled = list(predict([model], costs, [1, 4], link_rates("10gbit"), str(MICRO), processes=2))
+    assert pooled == alone and len(alone) == 4 and sum(told) == 4
+    assert [(r.servers, r.transport) for r in alone] == [(1, "zerocopy"), (1, "grpc_tcp"), (4, "zerocopy"),
+                                                         (4, "grpc_tcp")]

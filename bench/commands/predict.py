@@ -9,6 +9,7 @@ step measured here once."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench predict: {len(names)} model(s) x {len(args.transports)} transport(s) x "
           f"{len(args.server_counts)} server count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; "
           f"analysing the models ({args.framework}, batch size {args.batch_size}, compute {args.compute})", flush=True)
-    try:
-        models = [grid.analyse(name, args.framework, args.batch_size, args.compute) for name in names]
+    try:  # the first model analysed before anything is written; the others as the simulations of it run
+        first = grid.analyse(names[0], args.framework, args.batch_size, args.compute)
     except ValueError as exc:
         return options.fail("predict", str(exc).splitlines()[0])
     settings = {"models": names, "transports": args.transports, "servers": args.server_counts,
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return options.EXIT_USAGE
     if args.micro_run is None:
         micro_run = str(writer.path / "micro")
+        models = [first, *(grid.analyse(name, args.framework, args.batch_size, args.compute) for name in names[1:])]
         problem = measure_costs(writer.path / "micro", args.transports, grid.micro_sizes([m.plan for m in models]))
         if problem is None:
             try:
@@ -118,14 +120,21 @@ def run(args: argparse.Namespace) -> int:
             writer.finish("failed", failures=[problem])
             print(f"bench predict: error: {problem}", file=sys.stderr)
             return 1
+    else:
+        models = None
     records = []
     try:
         from tqdm import tqdm
 
-        total = grid.grid_size(models, list(costs), args.server_counts, args.link_rates)
+        def analysed():
+            yield first
+            for name in names[1:]:
+                yield grid.analyse(name, args.framework, args.batch_size, args.compute)
+
+        total = grid.grid_size(len(names), list(costs), args.server_counts, args.link_rates)
         with tqdm(total=total, unit="step", desc="simulating", dynamic_ncols=True, disable=None) as bar:
-            for record in grid.predict(models, costs, args.server_counts, args.link_rates, micro_run,
-                                       on_prediction=bar.update):
+            for record in grid.predict(models or analysed(), costs, args.server_counts, args.link_rates, micro_run,
+                                       on_prediction=bar.update, processes=len(os.sched_getaffinity(0))):
                 writer.add(record)
                 records.append(record)
     except DiskError as exc:

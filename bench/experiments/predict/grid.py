@@ -17,7 +17,9 @@ how many servers: the first server count whose busiest resource is busy at least
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -183,33 +185,60 @@ def record_of(model: ModelPlan, transport: str, servers: int, rate: LinkRate, pr
         classes=prediction.classes, micro_run=micro_run)
 
 
-def grid_size(models: list[ModelPlan], transports: list[str], servers: list[int], rates: list[LinkRate]) -> int:
-    """The predictions :func:`predict` makes (the 1-server ones the efficiency needs included)."""
+def grid_size(models: int, transports: list[str], servers: list[int], rates: list[LinkRate]) -> int:
+    """The predictions :func:`predict` makes for ``models`` models (the 1-server ones the efficiency needs
+    included)."""
     counts = set(servers) | {1}
-    return len(models) * len(transports) * len(counts) * len(rates)
+    return models * len(transports) * len(counts) * len(rates)
 
 
-def predict(models: list[ModelPlan], costs: dict[str, TransferCost], servers: list[int], rates: list[LinkRate],
-            micro_run: str, on_prediction: Callable[[], None] | None = None,
+def _simulate_count(plan: Plan, servers: int, rates: list[LinkRate], costs: dict[str, TransferCost],
+                    compute_s: float, cluster: dict[str, Any]) -> dict[tuple[str, str], StepPrediction]:
+    """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool)."""
+    laid = relayout(plan, servers)
+    return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s)
+            for rate in rates for transport, cost in costs.items()}
+
+
+def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers: list[int], rates: list[LinkRate],
+            micro_run: str, on_prediction: Callable[[int], Any] | None = None, processes: int = 1,
             **cluster: Any) -> Iterator[PredictRecord]:
     """A record per model, server count (ascending), link rate and transport (in the order of ``costs``); each
-    plan laid out once per server count. ``cluster``: more :class:`Cluster` settings (``cores_per_host``)."""
+    plan laid out once per server count. ``cluster``: more :class:`Cluster` settings (``cores_per_host``).
+
+    With ``processes`` > 1 the server counts are simulated by that many processes (one job per model and server
+    count), the models taken from ``models`` as the jobs go (it may analyse each as it is asked for: the next
+    model is analysed while the pool simulates the last); ``on_prediction(n)`` is told of ``n`` more done."""
     counts = sorted(set(servers) | {1})
-    for model in models:
-        single: dict[tuple[str, str], StepPrediction] = {}
-        for n in counts:
-            plan = relayout(model.plan, n)
-            for rate in rates:
-                where = Cluster(n, rate.bps, **cluster)
-                for transport, cost in costs.items():
-                    prediction = simulate(plan, cost, where, model.compute_s)
-                    if on_prediction is not None:
-                        on_prediction()
-                    if n == 1:
-                        single[(rate.text, transport)] = prediction
-                    if n in servers:
-                        yield record_of(model, transport, n, rate, prediction, single[(rate.text, transport)],
-                                        micro_run)
+    each = len(rates) * len(costs)
+
+    def done(_future: Any = None) -> None:
+        if on_prediction is not None:
+            on_prediction(each)
+
+    def records(model: ModelPlan, results: dict[int, dict[tuple[str, str], StepPrediction]]) -> list[PredictRecord]:
+        return [record_of(model, transport, n, rate, results[n][(rate.text, transport)],
+                          results[1][(rate.text, transport)], micro_run)
+                for n in counts if n in servers for rate in rates for transport in costs]
+
+    if processes <= 1:
+        for model in models:
+            results = {}
+            for n in counts:
+                results[n] = _simulate_count(model.plan, n, rates, costs, model.compute_s, cluster)
+                done()
+            yield from records(model, results)
+        return
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = []
+        for model in models:
+            futures = {}
+            for n in reversed(counts):  # the largest first: the longest jobs start soonest
+                futures[n] = pool.submit(_simulate_count, model.plan, n, rates, costs, model.compute_s, cluster)
+                futures[n].add_done_callback(done)
+            jobs.append((model, futures))
+        for model, futures in jobs:
+            yield from records(model, {n: future.result() for n, future in futures.items()})
 
 
 @dataclass(frozen=True)
