@@ -167,3 +167,14 @@ def test_a_plan_for_another_server_count_is_one_error_naming_both():
     with pytest.raises(ValueError, match=r"plan is for 2 server\(s\), the cluster has 4") as error:
         simulate(plan, make_cost((1e-6, 1e-6), (0, 0), 0), Cluster(4), 0.1)
     assert "\n" not in str(error.value)
+
+
+def test_transfers_crossing_in_opposite_directions_never_deadlock_on_the_nic_queues():
+    # asynchronous: workers drift apart, so one host's egress and ingress are wanted by transfers of different
+    # steps at once; taking both queues in one order (egress, then ingress) keeps every step finishing
+    plan = make_plan([int(x) for x in np.random.default_rng(0).integers(1, 400_000, 4)],
+                     [bool(x) for x in np.random.default_rng(1).random(4) < 0.8], 4)
+    cost = make_cost((6.103515625e-05, 9.05294492269632e-05), (0.0, 0.0), 0.0)
+    prediction = simulate(plan, cost, Cluster(4, 417171200.0), 0.01, asynchronous=True)
+    assert len(prediction.steps) >= 3 and prediction.step_s > 0
+    assert prediction.nic_bytes == plan_nic_bytes(plan)

@@ -374,6 +374,10 @@ class _Sim:
         for worker in self.workers:
             self.env.process(self.run_worker(worker))
         self.env.run()
+        stalled = [w for w in self.workers if len(self.starts[w]) <= self.steps]
+        if stalled:  # every event ran and a worker still waits: a queue never granted (a bug in this model)
+            raise RuntimeError(f"the simulation stalled: worker(s) {stalled} never finished step "
+                               f"{len(self.starts[stalled[0]]) - 1}")
         ends = [max(self.starts[w][k] for w in self.workers) for k in range(self.steps + 1)]
         steps = tuple(b - a for a, b in pairwise(ends))
         measured = steps[WARMUP:]
