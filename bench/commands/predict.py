@@ -1,10 +1,10 @@
 """Predict the step time, throughput and scaling efficiency of training MODEL on 1 to 256 servers over each transport
-and link rate, from a `bench micro` run of this machine (--from) and the model's plan: each transfer costs its
-measured host time plus its bytes on the link, and a parameter-server step is simulated event by event (every host
-one NIC and its cores). Nothing is trained: the records are of kind 'predicted'. The summary says, per line, the
-fractions of a step that are compute, host work, wire and waiting, and which resource saturates first, and at how
-many servers. Compute: --compute paper waits the paper's Table 2 time (a P100 GPU) times the batch size; replay the
-step measured here once."""
+and link rate, from a `bench micro` run of this machine (--from, or a short one made first) and the model's plan:
+each transfer costs its measured host time plus its bytes on the link, and a parameter-server step is simulated
+event by event (every host one NIC and its cores). Nothing is trained: the records are of kind 'predicted'. The
+summary says, per line, the fractions of a step that are compute, host work, wire and waiting, and which resource
+saturates first, and at how many servers. Compute: --compute paper waits the paper's Table 2 time (a P100 GPU)
+times the batch size; replay the step measured here once."""
 
 from __future__ import annotations
 
