@@ -149,8 +149,9 @@ def test_a_plan_traced_at_batch_size_1_is_taken_for_another_batch_only_where_no_
 
 
 def test_the_grid_simulated_by_a_pool_of_processes_is_the_grid_simulated_in_one():
+    from bench.commands.predict import link_rates
     from bench.experiments.predict.costs import costs_from_run
-    from bench.experiments.predict.grid import analyse, link_rates, predict
+    from bench.experiments.predict.grid import analyse, predict
 
     model = analyse("fcn5", "torch", 32, "paper")
     costs = costs_from_run(MICRO, ["zerocopy", "grpc_tcp"])

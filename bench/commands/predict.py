@@ -33,6 +33,29 @@ STARTS_RANKS = False
 EXTRAS = ("models",)
 
 
+def link_rates(text: str) -> list[grid.LinkRate]:
+    """``--link-rate``: a comma list of rates as ``--launcher netns`` takes one (``10gbit,100gbit``), each once."""
+    from bench.launch.hosts import parse_rate
+
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"expected a link rate or a comma list of them, e.g. 10gbit,100gbit, got "
+                                         f"'{text}'")
+    try:
+        return list(dict.fromkeys(grid.LinkRate(part, parse_rate(part)) for part in parts))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def server_counts(text: str) -> list[int]:
+    """``--servers``: a comma list of server counts, 1 to :data:`grid.MAX_SERVERS`."""
+    counts = options.int_list(text)
+    if (large := [n for n in counts if n > grid.MAX_SERVERS]):
+        raise argparse.ArgumentTypeError(f"{large[0]} servers is more than the {grid.MAX_SERVERS} a prediction takes; "
+                                         f"give at most {grid.MAX_SERVERS}")
+    return counts
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.ground.paper import SCALE_BATCH_SIZE
 
@@ -42,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=list(grid.DEFAULT_TRANSPORTS),
                         help=f"comma list of transports, each measured in the micro run (default: "
                         f"{','.join(grid.DEFAULT_TRANSPORTS)})")
-    parser.add_argument("--servers", dest="server_counts", type=grid.server_counts,
+    parser.add_argument("--servers", dest="server_counts", type=server_counts,
                         default=list(grid.DEFAULT_SERVERS),
                         help=f"comma list of server counts, each a worker and a parameter server on a host of its "
                         f"own, up to {grid.MAX_SERVERS} (default: {','.join(map(str, grid.DEFAULT_SERVERS))})")
-    parser.add_argument("--link-rate", dest="link_rates", type=grid.link_rates, default=grid.DEFAULT_LINK_RATES,
+    parser.add_argument("--link-rate", dest="link_rates", type=link_rates, default=grid.DEFAULT_LINK_RATES,
                         metavar="RATE[,RATE]",
                         help=f"comma list of link rates, as --launcher netns takes one, e.g. 10gbit, 500mbit: each "
                         f"host's NIC, full duplex, a non-blocking switch (default: {grid.DEFAULT_LINK_RATES})")

@@ -16,7 +16,6 @@ how many servers: the first server count whose busiest resource is busy at least
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -48,31 +47,6 @@ class LinkRate:
 
     text: str
     bps: int
-
-
-def link_rates(text: str) -> list[LinkRate]:
-    """``--link-rate``: a comma list of rates as ``--launcher netns`` takes one (``10gbit,100gbit``), each once."""
-    from bench.launch.hosts import parse_rate
-
-    parts = [part.strip() for part in text.split(",")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"expected a link rate or a comma list of them, e.g. 10gbit,100gbit, got "
-                                         f"'{text}'")
-    try:
-        return list(dict.fromkeys(LinkRate(part, parse_rate(part)) for part in parts))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def server_counts(text: str) -> list[int]:
-    """``--servers``: a comma list of server counts, 1 to :data:`MAX_SERVERS`."""
-    from bench.options import int_list
-
-    counts = int_list(text)
-    if (large := [n for n in counts if n > MAX_SERVERS]):
-        raise argparse.ArgumentTypeError(f"{large[0]} servers is more than the {MAX_SERVERS} a prediction takes; "
-                                         f"give at most {MAX_SERVERS}")
-    return counts
 
 
 @dataclass(frozen=True)
