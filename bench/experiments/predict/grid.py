@@ -24,6 +24,7 @@ from typing import Any
 
 from bench.experiments.predict.costs import TransferCost, sizes_needed
 from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate
+from bench.results.lines import GRPC_RDMA, GRPC_TCP, RDMA_CP, ZERO_COPY
 from bench.results.records import PredictRecord
 from bench.runtime.analyzer import Output, Plan, plan_from
 
@@ -32,7 +33,7 @@ SATURATED = 0.9
 #: the most servers a prediction takes (the simulation's classes keep it quick; beyond this nobody asked)
 MAX_SERVERS = 4096
 #: the default grid (issue 62): the paper's six models, its four transports, 1 to 256 servers, 10 to 400 Gb/s
-DEFAULT_TRANSPORTS = ("zerocopy", "rdma_cp", "grpc_rdma", "grpc_tcp")
+DEFAULT_TRANSPORTS = (ZERO_COPY, RDMA_CP, GRPC_RDMA, GRPC_TCP)
 DEFAULT_SERVERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_LINK_RATES = "10gbit,100gbit,400gbit"
 #: the smallest size an on-the-spot micro run measures (below it a transfer's host time is taken as flat)
