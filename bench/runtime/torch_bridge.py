@@ -289,8 +289,8 @@ class _Held:
 def _on_gradient(parameter: Any, call: Callable[[Any], None]) -> None:
     """Call ``call(gradient)`` once autograd has computed ``parameter``'s gradient of a step: after it is
     accumulated into ``parameter.grad`` (``register_post_accumulate_grad_hook``), or, on a torch without that hook,
-    as it is handed to the accumulation (which takes that tensor as the gradient: ``grad`` is None before every
-    backward pass, so a step's one gradient is not added to anything)."""
+    as it is handed to the accumulation (the step's one gradient of that parameter: ``grad`` is None before the
+    backward pass, or, in host memory, the step's zeroed mapping it is added into, so the values are the same)."""
     if hasattr(parameter, "register_post_accumulate_grad_hook"):
         parameter.register_post_accumulate_grad_hook(lambda accumulated: call(accumulated.grad))
         return
