@@ -78,6 +78,12 @@ def test_predict_writes_a_predicted_record_per_grid_point_its_summary_and_figure
     (("--from", "RUN_DIR"), "is a predict run, not a micro run"),
     (("--from", "MISSING"), "no meta.json"),
     (("embedding",), "the paper gives no compute time for model 'embedding'"),
+    (("--cores-per-host", "0"), "--cores-per-host: expected a number of at least 1, got 0"),
+    (("--shared-cores", "two"), "--shared-cores: expected a whole number, got 'two'"),
+    (("--shared-cores", "2", "--cores-per-host", "4"), "--shared-cores and --cores-per-host exclude each other"),
+    (("--oversubscription", "0.5"), "--oversubscription: expected a ratio of at least 1"),
+    (("--oversubscription", "4:0"), "--oversubscription: expected a ratio of at least 1"),
+    (("--oversubscription", "inf"), "--oversubscription: expected a ratio of at least 1"),
 ])
 def test_predict_refuses_what_it_cannot_take_in_one_line_before_writing_anything(tmp_path, args, fragment):
     other = tmp_path / "predicted"  # a run that is not a micro run, for --from

@@ -9,6 +9,7 @@ times the batch size; replay the step measured here once."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from bench import options
 from bench.commands.common import add_framework_option, disk_full, draw, failed, interrupted, open_run
 from bench.experiments.predict import grid
 from bench.results import DiskError
+from bench.results.records import PredictRecord
 
 HELP = "predicted throughput at 1 to 256 servers and 10 to 400 Gb/s links, per transport, from a micro run"
 #: shown at the end of --help: each command line and what it does
@@ -56,6 +58,19 @@ def server_counts(text: str) -> list[int]:
     return counts
 
 
+def oversubscription(text: str) -> float:
+    """``--oversubscription``: the switch's ratio, ``4`` or ``4:1``, at least 1 (1: non-blocking)."""
+    over, _, under = text.partition(":")
+    try:
+        ratio = float(over) / float(under or 1)
+    except (ValueError, ZeroDivisionError):
+        ratio = math.nan
+    if not math.isfinite(ratio) or ratio < 1:
+        raise argparse.ArgumentTypeError(f"expected a ratio of at least 1, e.g. 4 or 4:1 (1: a non-blocking switch), "
+                                         f"got '{text}'")
+    return ratio
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.ground.paper import SCALE_BATCH_SIZE
 
@@ -82,6 +97,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sample (a P100 GPU) times the batch size")
     parser.add_argument("--batch-size", type=options.positive_int, default=SCALE_BATCH_SIZE,
                         help=f"per-worker mini-batch size (default {SCALE_BATCH_SIZE}, the paper's Figure 11)")
+    parser.add_argument("--cores-per-host", type=options.positive_int, default=None, metavar="N",
+                        help=f"each host's cores for host work (its worker's and its parameter server's transfers "
+                        f"and applies; default {PredictRecord.DEFAULT_CORES_PER_HOST})")
+    parser.add_argument("--shared-cores", type=options.positive_int, default=None, metavar="N",
+                        help="every host's work on one pool of N cores: hosts emulated on one machine, as bench "
+                        "scale --launcher netns runs them; to predict this machine's netns runs, give this machine's "
+                        f"cores (here --shared-cores {len(os.sched_getaffinity(0))}); not with --cores-per-host")
+    parser.add_argument("--oversubscription", type=oversubscription, default=1.0, metavar="X",
+                        help="the switch's oversubscription, 4 or 4:1: its bisection carries servers / X links at "
+                        "once (default 1: non-blocking)")
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help="asynchronous parameter servers: each worker's gradient applied as it comes and the "
+                        "values sent back to that worker alone (default: synchronous)")
     add_framework_option(parser)
     options.add_out(parser, "predict")
     options.add_no_plot(parser)
@@ -102,6 +130,13 @@ def run(args: argparse.Namespace) -> int:
     problem = options.run_dir_problem(args.out)
     if problem is not None:
         return options.fail("predict", problem)
+    if args.shared_cores is not None and args.cores_per_host is not None:
+        return options.fail("predict", "--shared-cores and --cores-per-host exclude each other: give --shared-cores "
+                            "for hosts emulated on one machine (netns), --cores-per-host for a cluster's hosts")
+    cluster = {"cores_per_host": args.cores_per_host, "shared_cores": args.shared_cores,
+               "oversubscription": args.oversubscription}
+    cluster = {name: value for name, value in cluster.items() if value is not None}
+    described = PredictRecord.describe_cluster(**cluster, asynchronous=args.asynchronous)
     try:
         names = [get_model(name, framework=args.framework).name if ":" not in name else name
                  for name in (args.models or MODELS)]
@@ -118,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     micro_run = str(args.micro_run) if args.micro_run is not None else "a bench micro run made now"
     print(f"bench predict: {len(names)} model(s) x {len(args.transports)} transport(s) x "
           f"{len(args.server_counts)} server count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; "
-          f"analysing the models ({args.framework}, batch size {args.batch_size}, compute {args.compute})", flush=True)
+          f"analysing the models ({args.framework}, batch size {args.batch_size}, compute {args.compute}"
+          f"{', ' + described if described else ''})", flush=True)
     try:  # the first model analysed before anything is written; the others as the simulations of it run
         first = grid.analyse(names[0], args.framework, args.batch_size, args.compute)
     except ValueError as exc:
@@ -126,7 +162,10 @@ def run(args: argparse.Namespace) -> int:
     settings = {"models": names, "transports": args.transports, "servers": args.server_counts,
                 "link_rates": [rate.text for rate in args.link_rates], "compute": args.compute,
                 "framework": args.framework, "batch_size": args.batch_size,
-                "micro_run": str(args.micro_run) if args.micro_run is not None else "micro (made now)"}
+                "micro_run": str(args.micro_run) if args.micro_run is not None else "micro (made now)",
+                "cores_per_host": args.cores_per_host or PredictRecord.DEFAULT_CORES_PER_HOST,
+                "shared_cores": args.shared_cores, "oversubscription": args.oversubscription,
+                "asynchronous": args.asynchronous}
     writer = open_run(args.out, "predict", settings)
     if writer is None:
         return options.EXIT_USAGE
@@ -157,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         total = grid.grid_size(len(names), list(costs), args.server_counts, args.link_rates)
         with tqdm(total=total, unit="step", desc="simulating", dynamic_ncols=True, disable=None) as bar:
             for record in grid.predict(models or analysed(), costs, args.server_counts, args.link_rates, micro_run,
-                                       on_prediction=bar.update, processes=len(os.sched_getaffinity(0))):
+                                       on_prediction=bar.update, processes=len(os.sched_getaffinity(0)),
+                                       asynchronous=args.asynchronous, **cluster):
                 writer.add(record)
                 records.append(record)
     except DiskError as exc:
@@ -202,7 +242,9 @@ def summary(records: list[Any], transports: list[str], out: Any = None) -> None:
         rows = [r for r in records if (r.model, r.batch_size, r.link_rate) == (model, batch, rate)]
         by_point = {(r.transport, r.servers): r for r in rows}
         servers = sorted({r.servers for r in rows})
-        print(f"\n{model}, batch {batch}, {rate} links: total mini-batches/s (scaling efficiency)", file=out)
+        cluster = ", ".join(dict.fromkeys(r.cluster for r in rows if r.cluster))
+        print(f"\n{model}, batch {batch}, {rate} links{', ' + cluster if cluster else ''}: total mini-batches/s "
+              "(scaling efficiency)", file=out)
         cells = [["servers", *transports]]
         for n in servers:
             cells.append([str(n), *(f"{by_point[(t, n)].total_batches_per_s:.4g} "

@@ -395,13 +395,16 @@ class PredictRecord(_OfALine, Record):
     micro run's costs and a simulation of the step (bench/experiments/predict); ``kind`` is always ``predicted``:
     nothing here was trained. Throughput and efficiency read as ``bench scale``'s; the fractions (``compute``,
     ``host``, ``wire``, ``wait``: of a worker's step, averaged over the workers simulated) sum to 1; ``saturated``
-    is the busiest resource (``nic:egress:<host>``, ``nic:ingress:<host>``, ``cpu:<host>``) and
-    ``saturated_utilisation`` its busy share of the step; ``nic_bytes_per_step`` the bytes the busiest NIC sends
-    and receives per step."""
+    is the busiest resource (``nic:egress:<host>``, ``nic:ingress:<host>``, ``cpu:<host>``, ``cpu:shared``,
+    ``switch``) and ``saturated_utilisation`` its busy share of the step; ``nic_bytes_per_step`` the bytes the
+    busiest NIC sends and receives per step. The cluster predicted for (``cores_per_host``, ``shared_cores``,
+    ``oversubscription``, ``asynchronous``) is in words in :meth:`describe_cluster`."""
 
     experiment = "predict"
     key = ("transport", "framework", "model", "batch_size", "servers", "link_rate")
     measure = "step_time_s"
+    #: each host's cores unless a record says otherwise (the simulation's ``Cluster`` default)
+    DEFAULT_CORES_PER_HOST = 8
 
     kind: str = "predicted"
     transport: str
@@ -414,6 +417,15 @@ class PredictRecord(_OfALine, Record):
     #: as given (``10gbit``), and in bits per second
     link_rate: str
     link_rate_bps: float
+    #: each host's cores for host work (the simulation's ``Cluster``: 8 unless ``--cores-per-host``; records from
+    #: before the column were made with 8); unused where ``shared_cores`` is set
+    cores_per_host: int = DEFAULT_CORES_PER_HOST
+    #: every host's work on one pool of this many cores (hosts emulated on one machine), or None
+    shared_cores: int | None = None
+    #: the switch's oversubscription (1.0: non-blocking)
+    oversubscription: float = 1.0
+    #: asynchronous parameter servers (each worker's gradient applied as it comes)
+    asynchronous: bool = False
     #: how the workers' compute was timed (``replay``: measured here once; ``paper``: Table 2) and its seconds
     compute: str
     compute_s: float
@@ -433,6 +445,39 @@ class PredictRecord(_OfALine, Record):
     classes: int | None = None
     #: the ``bench micro`` run the transfer costs come from
     micro_run: str
+
+    @staticmethod
+    def describe_cluster(cores_per_host: Any = DEFAULT_CORES_PER_HOST, shared_cores: Any = None,
+                         oversubscription: Any = 1.0, asynchronous: Any = False) -> str:
+        """The cluster predicted for in words where it is not the default (hosts of 8 cores, a non-blocking switch,
+        synchronous parameter servers), e.g. ``2 shared cores, oversubscribed 4:1, async``; '' where it is. Takes
+        the values as a reader has them too: NaN or None for none, ``'True'`` or a NumPy bool for true."""
+
+        def number(value: Any) -> float | None:
+            if value is None or isinstance(value, bool | str):
+                return None
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                return None
+            return value if math.isfinite(value) else None
+
+        parts = []
+        shared, cores, ratio = number(shared_cores), number(cores_per_host), number(oversubscription)
+        if shared is not None:
+            parts.append(f"{shared:g} shared core{'' if shared == 1 else 's'}")
+        elif cores is not None and cores != PredictRecord.DEFAULT_CORES_PER_HOST:
+            parts.append(f"{cores:g} core{'' if cores == 1 else 's'} per host")
+        if ratio is not None and ratio > 1:
+            parts.append(f"oversubscribed {ratio:g}:1")
+        if str(asynchronous).strip().lower() == "true":
+            parts.append("async")
+        return ", ".join(parts)
+
+    @property
+    def cluster(self) -> str:
+        """This record's cluster in words (:meth:`describe_cluster`)."""
+        return self.describe_cluster(self.cores_per_host, self.shared_cores, self.oversubscription, self.asynchronous)
 
 
 RECORD_TYPES: dict[str, type[Record]] = {cls.experiment: cls for cls in (

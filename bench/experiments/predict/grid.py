@@ -143,17 +143,22 @@ def _fraction(prediction: StepPrediction, part: str) -> float:
 
 
 def record_of(model: ModelPlan, transport: str, servers: int, rate: LinkRate, prediction: StepPrediction,
-              single: StepPrediction, micro_run: str) -> PredictRecord:
-    """The record of one grid point; ``single`` is the same line's 1-server prediction (for the efficiency)."""
+              single: StepPrediction, micro_run: str, cluster: Cluster | None = None,
+              asynchronous: bool = False) -> PredictRecord:
+    """The record of one grid point; ``single`` is the same line's 1-server prediction (for the efficiency);
+    ``cluster``: any of the grid's clusters (its cores, shared cores and oversubscription are recorded; default:
+    :class:`Cluster`'s)."""
+    cluster = cluster or Cluster(servers)
     per_worker = prediction.steps_per_s
     total = servers * per_worker
     nic = max((sent + received for sent, received in prediction.nic_bytes.values()), default=0)
     return PredictRecord(
         transport=transport, framework=model.framework, framework_version=model.framework_version,
         model=model.model, batch_size=model.batch_size, servers=servers, link_rate=rate.text,
-        link_rate_bps=float(rate.bps), compute=model.compute, compute_s=model.compute_s,
-        step_time_s=prediction.step_s, throughput_batches_per_s=per_worker, total_batches_per_s=total,
-        scaling_efficiency=total / (servers * single.steps_per_s),
+        link_rate_bps=float(rate.bps), cores_per_host=cluster.cores_per_host, shared_cores=cluster.shared_cores,
+        oversubscription=cluster.oversubscription, asynchronous=asynchronous, compute=model.compute,
+        compute_s=model.compute_s, step_time_s=prediction.step_s, throughput_batches_per_s=per_worker,
+        total_batches_per_s=total, scaling_efficiency=total / (servers * single.steps_per_s),
         compute_fraction=_fraction(prediction, "compute"), host_fraction=_fraction(prediction, "host"),
         wire_fraction=_fraction(prediction, "wire"), wait_fraction=_fraction(prediction, "waiting"),
         saturated=prediction.saturated, saturated_utilisation=prediction.utilisation, nic_bytes_per_step=int(nic),
@@ -168,22 +173,27 @@ def grid_size(models: int, transports: list[str], servers: list[int], rates: lis
 
 
 def _simulate_count(plan: Plan, servers: int, rates: list[LinkRate], costs: dict[str, TransferCost],
-                    compute_s: float, cluster: dict[str, Any]) -> dict[tuple[str, str], StepPrediction]:
+                    compute_s: float, cluster: dict[str, Any],
+                    asynchronous: bool = False) -> dict[tuple[str, str], StepPrediction]:
     """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool)."""
     laid = relayout(plan, servers)
-    return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s)
+    return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s,
+                                             asynchronous=asynchronous)
             for rate in rates for transport, cost in costs.items()}
 
 
 def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers: list[int], rates: list[LinkRate],
             micro_run: str, on_prediction: Callable[[int], Any] | None = None, processes: int = 1,
-            **cluster: Any) -> Iterator[PredictRecord]:
+            asynchronous: bool = False, **cluster: Any) -> Iterator[PredictRecord]:
     """A record per model, server count (ascending), link rate and transport (in the order of ``costs``); each
-    plan laid out once per server count. ``cluster``: more :class:`Cluster` settings (``cores_per_host``).
+    plan laid out once per server count. ``cluster``: more :class:`Cluster` settings (``cores_per_host``,
+    ``shared_cores``, ``oversubscription``; a ValueError names one it cannot take); ``asynchronous``: the
+    parameter servers apply each worker's gradient as it comes (:func:`simulate`). Both are in every record.
 
     With ``processes`` > 1 the server counts are simulated by that many processes (one job per model and server
     count), the models taken from ``models`` as the jobs go (it may analyse each as it is asked for: the next
     model is analysed while the pool simulates the last); ``on_prediction(n)`` is told of ``n`` more done."""
+    shape = Cluster(1, **cluster)  # checked before any model is asked for
     counts = sorted(set(servers) | {1})
     each = len(rates) * len(costs)
 
@@ -193,14 +203,14 @@ def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers
 
     def records(model: ModelPlan, results: dict[int, dict[tuple[str, str], StepPrediction]]) -> list[PredictRecord]:
         return [record_of(model, transport, n, rate, results[n][(rate.text, transport)],
-                          results[1][(rate.text, transport)], micro_run)
+                          results[1][(rate.text, transport)], micro_run, shape, asynchronous)
                 for n in counts if n in servers for rate in rates for transport in costs]
 
     if processes <= 1:
         for model in models:
             results = {}
             for n in counts:
-                results[n] = _simulate_count(model.plan, n, rates, costs, model.compute_s, cluster)
+                results[n] = _simulate_count(model.plan, n, rates, costs, model.compute_s, cluster, asynchronous)
                 done()
             yield from records(model, results)
         return
@@ -209,7 +219,8 @@ def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers
         for model in models:
             futures = {}
             for n in reversed(counts):  # the largest first: the longest jobs start soonest
-                futures[n] = pool.submit(_simulate_count, model.plan, n, rates, costs, model.compute_s, cluster)
+                futures[n] = pool.submit(_simulate_count, model.plan, n, rates, costs, model.compute_s, cluster,
+                                         asynchronous)
                 futures[n].add_done_callback(done)
             jobs.append((model, futures))
         for model, futures in jobs:
@@ -232,6 +243,8 @@ def resource_name(resource: str) -> str:
         return f"host {parts[2]}'s NIC {parts[1]}"
     if parts[0] == "cpu" and len(parts) == 2:
         return "the shared CPUs" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
+    if resource == "switch":
+        return "the switch (oversubscribed)"
     return resource
 
 

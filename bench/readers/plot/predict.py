@@ -21,6 +21,7 @@ from bench.readers.plot.common import (
     _transports_in_order,
 )
 from bench.results import Run
+from bench.results.records import PredictRecord
 
 #: how the paper's Figure 11 points are told apart from the predicted lines
 _PAPER_MARKER = {"marker": "*", "markersize": 11, "linestyle": "none", "markeredgecolor": "black"}
@@ -37,6 +38,16 @@ def _paper_points(ax, model: str, name: str) -> bool:
     ax.plot([SCALE_SERVERS], [claim.low / SCALE_SERVERS], label=f"{_label(name)}: paper, batch {SCALE_BATCH_SIZE}"
             f"{bound}", color=_style(name).get("color"), **_PAPER_MARKER)
     return True
+
+
+def _cluster(records) -> str:
+    """The cluster the run predicted for in words, where it is not the default (:meth:`PredictRecord.describe_cluster`;
+    a run from before the columns: the default)."""
+    columns = [c for c in ("cores_per_host", "shared_cores", "oversubscription", "asynchronous") if c in records]
+    if not columns:
+        return ""
+    rows = records[columns].drop_duplicates().to_dict("records")
+    return "; ".join(dict.fromkeys(text for row in rows if (text := PredictRecord.describe_cluster(**row))))
 
 
 def _predict_figure(run: Run, column: str, ylabel: str, title: str) -> Figure | None:
@@ -67,7 +78,8 @@ def _predict_figure(run: Run, column: str, ylabel: str, title: str) -> Figure | 
     notes = ["PREDICTED from a micro run of this machine (bench predict), not measured", _notes(run.records)]
     if paper:
         notes.append("stars: the paper's measured 8-server speed-up over 1 server, over 8 (Figure 11)")
-    _title(fig, title, run, notes)
+    cluster = _cluster(run.records)
+    _title(fig, f"{title} ({cluster})" if cluster else title, run, notes)
     _finish(fig, axes)
     # above the panels, not on the top row's titles (the layout leaves a tall grid's title where it was)
     fig.suptitle(fig.get_suptitle(), y=1.0, va="bottom", fontsize=10)
