@@ -18,7 +18,8 @@ What a reader takes from a run directory is bounded, as input from anyone who co
 read up to :data:`META_LIMIT_BYTES` and :data:`META_DEPTH_LIMIT` levels deep, the fields readers use must have
 their types (a one-line :class:`ResultsError` names the file and the field otherwise), the columns of the records
 and samples must hold numbers where their record type says so, and every string is shown escaped and cut
-(:mod:`bench.results.text`: names to :data:`~bench.results.text.NAME_LIMIT` characters).
+(:mod:`bench.results.text`: names to :data:`~bench.results.text.NAME_LIMIT` characters, free text and paths,
+such as the micro run a prediction rests on, to :data:`~bench.results.text.TEXT_LIMIT`).
 """
 
 from __future__ import annotations
@@ -500,23 +501,29 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
     return meta
 
 
-def _bounded(value: Any, meta_file: Path, depth: int) -> Any:
-    """A parsed JSON value with every string (keys too) shown escaped and cut to a name's length; deeper than
-    :data:`META_DEPTH_LIMIT` is a ResultsError."""
+#: fields of meta.json that hold a path (a run's micro run), kept to a text's length rather than a name's
+_LONG_META = frozenset({("settings", "micro_run")})
+
+
+def _bounded(value: Any, meta_file: Path, depth: int, where: tuple[str, ...] = ()) -> Any:
+    """A parsed JSON value with every string (keys too) shown escaped and cut to a name's length (a path of
+    :data:`_LONG_META` to a text's); deeper than :data:`META_DEPTH_LIMIT` is a ResultsError. ``where``: the keys
+    down to ``value``."""
     if depth > META_DEPTH_LIMIT:
         raise ResultsError(f"{meta_file} is nested deeper than {META_DEPTH_LIMIT} levels; it is not a meta.json "
                            "written by bench: run the experiment again")
     if isinstance(value, str):
-        return printable(value, NAME_LIMIT)
+        return printable(value, TEXT_LIMIT if where in _LONG_META else NAME_LIMIT)
     if isinstance(value, list):
-        return [_bounded(item, meta_file, depth + 1) for item in value]
+        return [_bounded(item, meta_file, depth + 1, (*where, "[]")) for item in value]
     if isinstance(value, dict):
-        return {printable(key, NAME_LIMIT): _bounded(item, meta_file, depth + 1) for key, item in value.items()}
+        return {printable(key, NAME_LIMIT): _bounded(item, meta_file, depth + 1, (*where, key))
+                for key, item in value.items()}
     return value
 
 
-#: record columns of free text (tensor names, source sites, lists of names), kept longer than a name
-_LONG_TEXT = frozenset({"unregistered_tensors", "site", "tensor", "variable", "shape", "bound"})
+#: record columns of free text (tensor names, source sites, lists of names, a path), kept longer than a name
+_LONG_TEXT = frozenset({"unregistered_tensors", "site", "tensor", "variable", "shape", "bound", "micro_run"})
 
 
 def _kind(annotation: Any) -> str | None:
