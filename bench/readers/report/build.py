@@ -19,6 +19,7 @@ from pathlib import Path
 from bench.readers.report.overview import overview_tables
 from bench.readers.report.page import Figure, Report, ReportError, Section
 from bench.readers.report.sections import SECTIONS, Kind
+from bench.readers.report.text import listing
 from bench.results import META_FILE, RECORDS_FILE, ResultsError, Run, load_run, look_at, make_dir, printable
 from bench.results.records import framework_title
 
@@ -176,6 +177,11 @@ def build_report(paths: Sequence[Path], figure_dir: Path, figures: bool = True) 
                 place_figures(made, drawn, note)
             placed += [((order.index(kind.key), SECTIONS.index(kind)) if kind else (len(order), 0), kind, section)
                        for kind, section in made]
+    for kind in SECTIONS:  # the sections across runs, each over every run of the page it reads
+        if kind.across is not None:
+            runs = [(label, run) for label, run in report.runs if run.experiment in kind.experiments]
+            placed += [((order.index(kind.key), SECTIONS.index(kind)), kind, section)
+                       for section in across_section(kind, runs, report.warnings)]
     placed.sort(key=lambda item: item[0])  # stable: sections of one kind in the order of their runs
     shown_once: dict[str, Section] = {}
     for _, kind, section in placed:
@@ -202,8 +208,9 @@ def run_sections(run: Run, label: str, problems: list[str]) -> list[tuple[Kind |
     """The sections of one run with the kind that made each, in the registry's order; for a run whose records defy
     them (or that no section reads) one section without a kind that says why, the problem added to ``problems``."""
     try:
-        made = [(kind, kind.make(run, label)) for kind in SECTIONS if run.experiment in kind.experiments]
-        if not made:
+        made = [(kind, kind.make(run, label)) for kind in SECTIONS
+                if run.experiment in kind.experiments and kind.make is not None]
+        if not any(run.experiment in kind.experiments for kind in SECTIONS):
             raise ReportError(f"no section of the report reads {run.experiment} runs")
     except Exception as exc:  # a run whose records defy the tables still shows up, saying why
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -217,6 +224,23 @@ def run_sections(run: Run, label: str, problems: list[str]) -> list[tuple[Kind |
             if not kind.once:
                 section.title += f" ({framework_title(run.framework)})"
     return made
+
+
+def across_section(kind: Kind, runs: list[tuple[str, Run]], problems: list[str]) -> list[Section]:
+    """The section of a kind across runs over ``runs`` (none when it has nothing for them, or no run is given); for
+    runs whose records defy it, one section without tables that says why, the problem added to ``problems``."""
+    if not runs or kind.across is None:
+        return []
+    try:
+        section = kind.across(runs)
+    except Exception as exc:  # the runs still show in their own sections; this one says why it is missing
+        first = (str(exc).strip().splitlines() or [""])[0]
+        problem = (f"{listing(label for label, _ in runs)}: the {kind.key} tables could not be made "
+                   f"({type(exc).__name__}: {first})")
+        problems.append(problem)
+        return [Section("other", f"{kind.key} across runs", None, gathered=runs,
+                        notes=[problem + "; were their records edited by hand?"])]
+    return [] if section is None else [section]
 
 
 def place_figures(made: list[tuple[Kind | None, Section]], figures: list[Figure], note: str) -> None:

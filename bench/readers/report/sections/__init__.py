@@ -1,9 +1,9 @@
 """The sections of the page, one module per figure or table of the paper, and their registry.
 
-A section module computes its ratios and rows from one run and says its prose: it returns a
-:class:`~bench.readers.report.page.Section` (or None when the run has nothing for it) and knows nothing of
-rendering. :data:`SECTIONS` lists them in the order they stand on the page; a new experiment's section is one
-module here and one entry there.
+A section module computes its ratios and rows from one run (or, a section across runs, from every run of the page
+it reads) and says its prose: it returns a :class:`~bench.readers.report.page.Section` (or None when the runs have
+nothing for it) and knows nothing of rendering. :data:`SECTIONS` lists them in the order they stand on the page; a
+new experiment's section is one module here and one entry there.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from bench.readers.report.sections import (
     gpu,
     micro,
     plan,
+    predict,
     scale,
     soak,
     table2,
@@ -35,14 +36,18 @@ class Kind:
     key: str
     #: the experiments whose runs it reads
     experiments: tuple[str, ...]
-    #: ``make(run, label)``: the section of that run, or None when the run has nothing for it
-    make: Callable[[Run, str], Section | None]
+    #: ``make(run, label)``: the section of that run, or None when the run has nothing for it (None for a section
+    #: across runs)
+    make: Callable[[Run, str], Section | None] | None
     #: the beginnings of the names of the run's figures (:mod:`bench.readers.plot`'s stems) shown beside this
     #: section; a run's other figures go to the first of its sections that shows any
     figures: tuple[str, ...] = ()
     #: one section on the page for every run it reads, not one per run (its tables one after the other): Table 2
     #: describes the models, whichever runs measured them
     once: bool = False
+    #: ``across([(label, run), ...])``: one section over every run of the page it reads (predictions beside the
+    #: measured runs they predict), made after the sections of each run; None when they have nothing for it
+    across: Callable[[list[tuple[str, Run]]], Section | None] | None = None
 
 
 #: every section, in the order of the page
@@ -55,6 +60,7 @@ SECTIONS: tuple[Kind, ...] = (
     Kind("figure9", ("model",), throughput.figure9, figures=("model_",)),
     Kind("figure10", ("converge",), converge.figure10, figures=("converge_",)),
     Kind("figure11", ("scale",), scale.figure11, figures=("scale_",)),
+    Kind("figure11-predicted-measured", ("predict", "scale"), None, across=predict.predicted_against_measured),
     Kind("figure12", ("model",), copy_overhead.figure12, figures=("copy_overhead",)),
     Kind("soak", ("soak",), soak.soak),
 )
