@@ -33,7 +33,7 @@ def test_predict_on_a_given_cluster_records_it_says_it_and_reads_a_long_micro_ru
     assert len(records) == 4
     assert set(records["shared_cores"]) == {2} and set(records["oversubscription"]) == {4.0}
     assert set(records["cores_per_host"]) == {PredictRecord.DEFAULT_CORES_PER_HOST}
-    assert records["asynchronous"].astype(bool).all()
+    assert set(records["asynchronous"]) == {True}
     assert set(records["micro_run"]) == {str(micro)}  # whole, not cut to a name's length
     settings = run.meta["settings"]
     assert settings["micro_run"] == str(micro)
@@ -83,3 +83,14 @@ def test_a_records_cluster_in_words_only_where_it_is_not_the_default():
     assert describe(np.int64(8), math.nan, np.float64(1.5), np.bool_(True)) == "oversubscribed 1.5:1, async"
     assert describe(np.float64(4.0), np.float64(2.0), 1.0, "True") == "2 shared cores, async"
     assert describe("lots", "x", "fast", "no") == ""
+
+
+def test_records_from_before_the_cluster_columns_read_as_the_default_cluster():
+    import pandas as pd
+
+    from bench.readers.plot.predict import _cluster
+
+    cluster = {"cores_per_host", "shared_cores", "oversubscription", "asynchronous"}
+    assert cluster <= set(PredictRecord.columns()) and not cluster & set(PredictRecord.required())
+    assert _cluster(pd.DataFrame({"model": ["fcn5"], "servers": [1]})) == ""
+    assert _cluster(pd.DataFrame({"cores_per_host": [16, 16], "asynchronous": [False, False]})) == "16 cores per host"
