@@ -242,7 +242,7 @@ def resource_name(resource: str) -> str:
     if parts[0] == "nic" and len(parts) == 3:
         return f"host {parts[2]}'s NIC {parts[1]}"
     if parts[0] == "cpu" and len(parts) == 2:
-        return "the shared CPUs" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
+        return "the pool of shared cores" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
     if resource == "switch":
         return "the switch (oversubscribed)"
     return resource
