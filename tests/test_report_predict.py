@@ -101,6 +101,14 @@ def test_optimus_clamps_b_to_zero_when_two_servers_step_faster(t1, shrinks):
 
 
 @SOME
+@given(steps, st.floats(min_value=2.01, max_value=100.0))
+def test_optimus_clamps_a_to_zero_when_throughput_falls_with_the_second_server(t1, grows):
+    a, b = optimus_fit([(1, t1), (2, t1 * grows)])  # T(2) > 2 T(1): 2 / T(2) < 1 / T(1)
+    assert a == 0
+    assert b == pytest.approx((t1 + 2 * t1 * grows) / 5, rel=1e-9)  # the least squares of b alone
+
+
+@SOME
 @given(st.lists(st.tuples(st.integers(1, 64), steps), min_size=2, max_size=8).filter(
     lambda points: len({n for n, _ in points}) >= 2))
 def test_optimus_is_the_non_negative_least_squares_fit(points):

@@ -13,9 +13,11 @@ worker and one parameter server (p = w = N), so T(N) = a + b·N with a, b >= 0 (
 T(N) batches/s (:func:`optimus_predict`). It is fitted per line (model, framework, batch size, transport, link
 rate, launcher, compute) to the measured steps at 1 and 2 servers: the fewest points that fix its two parameters,
 and the ones a user measures on one machine before asking about more. Its 1- and 2-server errors are therefore
-zero by construction (but where the 2-server step was faster than the 1-server one: b is then clamped to 0), so
-its median and largest errors are taken over the other server counts only; ours are given over every point and
-over those same points, like for like.
+zero by construction, so its median and largest errors are taken over the other server counts only; ours are given
+over every point and over those same points, like for like. (A line through both points needs a, b >= 0: the
+2-server step at least the 1-server one, at most twice it. Outside that one of them is clamped to 0, the other the
+least squares: b = 0 where the 2-server step was the faster, a = 0 where the total throughput fell with the second
+server; the 1- and 2-server errors are then not zero, and still not counted.)
 """
 
 from __future__ import annotations
@@ -107,9 +109,9 @@ def predicted_against_measured(runs: list[tuple[str, Run]]) -> Section | None:
     section.notes.append("Optimus (Peng et al., EuroSys '18) is the baseline: each line's step time T(N) = a + b·N "
                          "(a, b >= 0; every server one worker and one parameter server) fitted by non-negative "
                          "least squares to its measured 1- and 2-server steps, predicting N / T(N) mini-batches/s. "
-                         "Its 1- and 2-server errors are zero by construction (unless the 2-server step was the "
-                         "faster: b is then 0), so its errors are counted beyond 2 servers only, and ours over "
-                         "those same points beside every point.")
+                         "Its 1- and 2-server errors are zero by construction (but where the 2-server step was "
+                         "faster than the 1-server one, b then 0, or more than twice it, a then 0), so its errors "
+                         "are counted beyond 2 servers only, and ours over those same points beside every point.")
     return section
 
 
