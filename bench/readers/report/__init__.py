@@ -14,6 +14,8 @@ Figure 7, tensor sizes      analysis     static/dynamic tensors, bytes, share ab
 Figure 9, model throughput  model        zero copy's mini-batches/s / the other transport's
 Figure 10, convergence      converge     time to target of grpc_tcp (and grpc_rdma) / zero copy's
 Figure 11, scalability      scale        total throughput / the Local line's, / the 1-server one's
+Figure 11 against measured  predict,     predicted total mini-batches/s / measured - 1, and Optimus's
+                            scale        (a + b·N fitted to the 1- and 2-server steps): across runs
 Figure 12, copy overhead    model        step time with the analysis off (or RDMA.cp) / on
 ==========================  ===========  ============================================================
 
@@ -32,8 +34,9 @@ The modules:
 
 - :mod:`~bench.readers.report.sections`: one module per section above (``micro``, ``table2``, ``plan``,
   ``throughput``, ``converge``, ``scale``, ``copy_overhead``, ``soak``) that computes its ratios and rows from a
-  run and says its prose, and the registry :data:`~bench.readers.report.sections.SECTIONS` listing them in the
-  page's order; :mod:`~bench.readers.report.text` (names of the lines, numbers and ratios as cells) and
+  run and says its prose (``predict``: from every predict and scale run of the page at once), and the registry
+  :data:`~bench.readers.report.sections.SECTIONS` listing them in the page's order; :mod:`~bench.readers.report.text`
+  (names of the lines, numbers and ratios as cells) and
   :mod:`~bench.readers.report.notes` (why the numbers differ) are what they share;
 - :mod:`~bench.readers.report.page`: what a page is made of (tables, figures, sections, the report);
   :mod:`~bench.readers.report.overview`: the runs and the setup above the sections;
