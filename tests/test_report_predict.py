@@ -174,6 +174,21 @@ def test_optimus_is_fitted_across_runs_and_clamped_where_two_servers_step_faster
     assert errors.rows[0][4:] == ["1", "10.0%", "10.0%", "11.1%", "11.1%"]
 
 
+def test_two_link_rates_are_two_tables_and_a_row_for_both(tmp_path):
+    slow = scale_run(tmp_path / "scale-1g", MEASURED)
+    fast = scale_run(tmp_path / "scale-10g", {("zerocopy", 1): 2.0, ("zerocopy", 2): 4.0, ("zerocopy", 4): 6.0},
+                     link_rate="10gbit")  # Optimus: T(N) = 0.5, 8 at 4 servers: +33.3%
+    predicted = [predict_run(tmp_path / "predict-1g", PREDICTED),
+                 predict_run(tmp_path / "predict-10g", {("zerocopy", 4): 6.6}, link_rate="10gbit")]  # +10%
+    section = section_of([*predicted, slow, fast], tmp_path)
+    errors = next(t for t in section.tables if t.name == "predicted-measured-errors")
+    assert [row[0] for row in errors.rows] == ["FCN-5, batch 32, 1gbit (run predict-1g)",
+                                               "FCN-5, batch 32, 10gbit (run predict-10g)", "all tables"]
+    assert errors.rows[2][1:] == ["7", "5.0%", "10.0%", "3", "3.0%", "10.0%", "33.3%", "33.3%"]
+    assert ("All tables together: over the 3 point(s) beyond 2 servers the median absolute error is 3.0% "
+            "predicted, 33.3% with Optimus's fit: ours is lower.") in section.notes
+
+
 def test_a_line_without_one_and_two_server_points_has_no_optimus(tmp_path):
     measured = scale_run(tmp_path / "scale", {("zerocopy", 1): 2.0, ("zerocopy", 4): 5.0})
     section = section_of([predict_run(tmp_path / "predict", PREDICTED), measured], tmp_path)

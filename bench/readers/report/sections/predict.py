@@ -99,7 +99,10 @@ def predicted_against_measured(runs: list[tuple[str, Run]]) -> Section | None:
         section.notes.insert(0, _none_matched(predicted, points))
         return section
     if len(every) > 1:
-        summary.append(_summary_row("all tables", pd.concat(every, ignore_index=True)))
+        together = pd.concat(every, ignore_index=True)
+        summary.append(_summary_row("all tables", together))
+        if together["compared"].any():
+            section.notes.append(_verdict("All tables together", together))
     section.tables.append(Table("predicted-measured-errors", "Absolute errors of the predicted total throughput: "
                                 "the median and the largest, ours over every point and over the points Optimus "
                                 "predicts (beyond 2 servers), and Optimus's over those",
