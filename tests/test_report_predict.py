@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from bench.readers.report import build
 from bench.readers.report.build import build_report
 from bench.readers.report.html_page import render_html
+from bench.readers.report.markdown_page import render_markdown
 from bench.readers.report.page import Section
 from bench.readers.report.sections.predict import optimus_fit, optimus_predict
 from bench.results import RunWriter
@@ -154,8 +155,9 @@ def test_each_measured_point_a_prediction_covers_has_its_error_and_optimus(tmp_p
                for note in section.notes)
     assert any("zero by construction" in note for note in section.notes)
     assert [label for label, _ in section.runs] == ["predict", "scale-1g", "scale-b64"]
-    assert f'data-section="{KEY}"' in render_html(build_report([tmp_path / "predict", measured], tmp_path / "f",
-                                                               figures=False))
+    report = build_report([tmp_path / "predict", measured], tmp_path / "f", figures=False)
+    assert f'data-section="{KEY}"' in render_html(report)
+    assert "## Figure 11 predicted against measured\n\nRun predict: " in render_markdown(report, {})
 
 
 def test_optimus_is_fitted_across_runs_and_clamped_where_two_servers_step_faster(tmp_path):
