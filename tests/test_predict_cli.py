@@ -167,3 +167,44 @@ def test_the_grid_simulated_by_a_pool_of_processes_is_the_grid_simulated_in_one(
     assert pooled == alone and len(alone) == 4 and sum(told) == 4
     assert [(r.servers, r.transport) for r in alone] == [(1, "zerocopy"), (1, "grpc_tcp"), (4, "zerocopy"),
                                                          (4, "grpc_tcp")]
+
+
+def _replayed_scale_run(path: Path, compute_s: list[float], model: str = "fcn5", batch: int = 32) -> Path:
+    """A ``bench scale`` run of torch ``model`` with replayed compute, one record per compute time given."""
+    from bench.results import RunWriter
+
+    writer = RunWriter(path, "scale", {"compute": "replay"})
+    for servers, seconds in enumerate(compute_s, start=1):
+        writer.add({"transport": "zerocopy", "framework": "torch", "model": model, "batch_size": batch,
+                    "servers": servers, "steps": 5, "step_time_s": 1.0, "throughput_batches_per_s": 1.0,
+                    "compute_s": seconds, "comm_s": 0.2, "launcher": "netns", "compute": "replay",
+                    "link_rate": "1gbit", "total_batches_per_s": float(servers), "scaling_efficiency": 1.0})
+    writer.finish()
+    return path
+
+
+def test_predict_takes_each_models_compute_from_a_replayed_run_to_check_against(tmp_path):
+    scale = _replayed_scale_run(tmp_path / "scale", [0.3, 0.7, 0.5])
+    out = tmp_path / "run"
+    result = bench("predict", "fcn5", "--framework", "torch", "--compute", "replay", "--compute-from", str(scale),
+                   "--from", str(MICRO), "--servers", "1,2", "--link-rate", "10gbit", "--transport", "zerocopy",
+                   "--out", str(out), "--no-plot")
+    assert result.returncode == 0, result.stderr
+    records = load_run(out).records
+    assert set(records["compute"]) == {"replay"}
+    assert set(records["compute_s"]) == {0.5}  # the run's median, not a time measured now
+    assert load_run(out).meta["settings"]["compute_from"] == str(scale)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--compute", "paper"), "goes with --compute replay"),
+    (("--batch-size", "8"), "has no torch fcn5 at batch size 8"),
+])
+def test_predict_refuses_a_compute_run_it_cannot_take(tmp_path, args, words):
+    scale = _replayed_scale_run(tmp_path / "scale", [0.3])
+    out = tmp_path / "run"
+    result = bench("predict", "fcn5", "--framework", "torch", "--compute-from", str(scale), "--from", str(MICRO),
+                   "--servers", "1", "--link-rate", "10gbit", *args, "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()

@@ -95,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute", choices=list(grid.COMPUTE_MODES), default="replay",
                         help="replay: one worker's step measured here once; paper: the paper's Table 2 time per "
                         "sample (a P100 GPU) times the batch size")
+    parser.add_argument("--compute-from", type=options.output_path, default=None, metavar="RUN",
+                        help="with --compute replay: take each model's compute seconds per step from a bench scale "
+                        "or bench model run of it with replayed compute (the median of its records'), instead of "
+                        "timing the step again: to check the predictions against that run's communication alone")
     parser.add_argument("--batch-size", type=options.positive_int, default=SCALE_BATCH_SIZE,
                         help=f"per-worker mini-batch size (default {SCALE_BATCH_SIZE}, the paper's Figure 11)")
     parser.add_argument("--cores-per-host", type=options.positive_int, default=None, metavar="N",
@@ -148,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
         if args.compute == "paper":
             for name in names:
                 grid.paper_compute_s(name, args.framework, args.batch_size)
+        if args.compute_from is not None and args.compute != "replay":
+            raise ValueError(f"--compute-from takes a run's replayed compute: it goes with --compute replay, not "
+                             f"{args.compute}")
+        measured = {name: grid.measured_compute_s(str(args.compute_from), name, args.framework, args.batch_size)
+                    for name in names} if args.compute_from is not None else {}
     except (ValueError, argparse.ArgumentTypeError) as exc:
         return options.fail("predict", str(exc).splitlines()[0])
     micro_run = str(args.micro_run) if args.micro_run is not None else "a bench micro run made now"
@@ -155,14 +164,18 @@ def run(args: argparse.Namespace) -> int:
           f"{len(args.server_counts)} server count(s) x {len(args.link_rates)} link rate(s), costs from {micro_run}; "
           f"analysing the models ({args.framework}, batch size {args.batch_size}, compute {args.compute}"
           f"{', ' + described if described else ''})", flush=True)
+    def analysed_model(name: str) -> grid.ModelPlan:
+        return grid.analyse(name, args.framework, args.batch_size, args.compute, measured.get(name))
+
     try:  # the first model analysed before anything is written; the others as the simulations of it run
-        first = grid.analyse(names[0], args.framework, args.batch_size, args.compute)
+        first = analysed_model(names[0])
     except ValueError as exc:
         return options.fail("predict", str(exc).splitlines()[0])
     settings = {"models": names, "transports": args.transports, "servers": args.server_counts,
                 "link_rates": [rate.text for rate in args.link_rates], "compute": args.compute,
                 "framework": args.framework, "batch_size": args.batch_size,
                 "micro_run": str(args.micro_run) if args.micro_run is not None else "micro (made now)",
+                "compute_from": str(args.compute_from) if args.compute_from is not None else None,
                 "cores_per_host": args.cores_per_host or PredictRecord.DEFAULT_CORES_PER_HOST,
                 "shared_cores": args.shared_cores, "oversubscription": args.oversubscription,
                 "asynchronous": args.asynchronous}
@@ -171,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         return options.EXIT_USAGE
     if args.micro_run is None:
         micro_run = str(writer.path / "micro")
-        models = [first, *(grid.analyse(name, args.framework, args.batch_size, args.compute) for name in names[1:])]
+        models = [first, *(analysed_model(name) for name in names[1:])]
         problem = measure_costs(writer.path / "micro", args.transports, grid.micro_sizes([m.plan for m in models]))
         if problem is None:
             try:
@@ -191,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         def analysed():
             yield first
             for name in names[1:]:
-                yield grid.analyse(name, args.framework, args.batch_size, args.compute)
+                yield analysed_model(name)
 
         total = grid.grid_size(len(names), list(costs), args.server_counts, args.link_rates)
         with tqdm(total=total, unit="step", desc="simulating", dynamic_ncols=True, disable=None) as bar:

@@ -20,6 +20,7 @@ import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bench.experiments.predict.costs import TransferCost, sizes_needed
@@ -73,14 +74,35 @@ def paper_compute_s(model: str, framework: str, batch_size: int) -> float:
     return per_sample * batch_size / 1e3
 
 
-def analyse(model: str, framework: str, batch_size: int, compute: str) -> ModelPlan:
+def measured_compute_s(run_dir: str, model: str, framework: str, batch_size: int) -> float:
+    """One worker's compute seconds per step of ``model`` at ``batch_size`` as a ``bench scale`` or ``bench model``
+    run with replayed compute waited it (the median of its records' ``compute_s``); ValueError naming the fix."""
+    from bench.results import ResultsError, load_run
+
+    try:
+        records = load_run(Path(run_dir)).records
+    except (ResultsError, OSError) as exc:
+        raise ValueError(f"--compute-from {run_dir}: {str(exc).splitlines()[0]}") from None
+    if "compute_s" not in records or "compute" not in records:
+        raise ValueError(f"--compute-from {run_dir} is not a bench scale or bench model run; give one of those")
+    rows = records[(records["model"] == model) & (records["batch_size"] == batch_size)
+                   & (records["framework"] == framework) & (records["compute"] == "replay")]
+    if rows.empty:
+        raise ValueError(f"--compute-from {run_dir} has no {framework} {model} at batch size {batch_size} with "
+                         f"replayed compute; give a run of it (bench scale {model} --batch-size {batch_size})")
+    return float(rows["compute_s"].median())
+
+
+def analyse(model: str, framework: str, batch_size: int, compute: str,
+            compute_s: float | None = None) -> ModelPlan:
     """``model`` built and its step traced once, in this process, for one server; its compute timed here
     (``replay``: the median of 5 steps after 2 warm-up ones, at ``batch_size``) or the paper's (``paper``).
 
     With the paper's compute the step is traced at batch size 1 first (PyTorch's trace runs the step: VGG16 at
     batch 32 took 51 s here, at 1 two): a plan whose every tensor is static and dense has the variables' shapes,
     the same at any batch size, so it is that plan; a model with a sparse or dynamic tensor is traced again at
-    ``batch_size``."""
+    ``batch_size``. ``compute_s`` (``replay`` only): the seconds to take instead of timing the step (a run's,
+    :func:`measured_compute_s`)."""
     from bench.experiments.training import model_config, profile
     from bench.runtime.framework import framework_named
 
@@ -90,6 +112,8 @@ def analyse(model: str, framework: str, batch_size: int, compute: str) -> ModelP
         return profile(config, None, steps=steps)
 
     version = framework_named(framework).version()
+    if compute == "replay" and compute_s is not None:  # the compute of a run to check against, not timed again
+        return ModelPlan(model, framework, version, batch_size, traced(batch_size, 0)[0], compute, compute_s)
     if compute == "replay":
         plan, measured = traced(batch_size, 5)
         return ModelPlan(model, framework, version, batch_size, plan, compute, measured)
