@@ -222,6 +222,10 @@ def test_scale_end_to_end_labels_replayed_records_and_draws_figure_11(tmp_path):
     assert records.loc[("zerocopy", 2), "total_batches_per_s"] == pytest.approx(
         2 * records.loc[("zerocopy", 2), "throughput_batches_per_s"])
     assert run.meta["compute_s"]["tests.tiny_models:TINY-b1"] > 0
+    # the plan analysed once (at 1 server) is laid out for 2: both workers talk to both PSs, a control message
+    # pair each a step (a 1-server plan reused as it was ran one worker and one PS on two servers' ranks)
+    assert records.loc[("zerocopy", 2), "control_messages_per_step"] == 4 * records.loc[
+        ("zerocopy", 1), "control_messages_per_step"] > 0
     assert (out / "scale_throughput.png").is_file() and (out / "scale_efficiency.svg").is_file()
 
 

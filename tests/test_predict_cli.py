@@ -125,7 +125,7 @@ def test_predict_without_a_micro_run_measures_one_at_the_sizes_the_model_needs(t
 
 
 def test_a_plan_laid_out_again_for_more_servers_is_the_one_analysed_for_them():
-    from bench.experiments.predict.grid import analyse, relayout
+    from bench.experiments.predict.grid import analyse
     from bench.experiments.training import model_config, profile
 
     one = analyse("fcn5", "torch", 2, "paper")
@@ -133,8 +133,8 @@ def test_a_plan_laid_out_again_for_more_servers_is_the_one_analysed_for_them():
     config = model_config("fcn5", framework="torch", transport="zerocopy", transport_options={}, batch_size=2,
                           servers=3, compute="paper")
     analysed, _ = profile(config, None, steps=0)
-    assert relayout(one.plan, 3) == analysed
-    assert relayout(analysed, 1) == one.plan
+    assert one.plan.for_servers(3) == analysed
+    assert analysed.for_servers(1) == one.plan
 
 
 def test_a_plan_traced_at_batch_size_1_is_taken_for_another_batch_only_where_no_tensor_depends_on_it():

@@ -48,7 +48,7 @@ def test_predict_on_a_given_cluster_records_it_says_it_and_reads_a_long_micro_ru
 def test_the_grid_passes_its_cluster_and_async_to_every_simulation():
     from bench.commands.predict import link_rates
     from bench.experiments.predict.costs import costs_from_run
-    from bench.experiments.predict.grid import analyse, predict, relayout
+    from bench.experiments.predict.grid import analyse, predict
     from bench.experiments.predict.simulate import Cluster, simulate
 
     model = analyse("fcn5", "torch", 32, "paper")
@@ -59,7 +59,7 @@ def test_the_grid_passes_its_cluster_and_async_to_every_simulation():
         records = list(predict([model], costs, [4], rate, str(MICRO), asynchronous=asynchronous, **cluster))
         assert len(records) == 1
         shape = Cluster(4, rate[0].bps, **cluster)
-        expected = simulate(relayout(model.plan, 4), costs["grpc_tcp"], shape, model.compute_s,
+        expected = simulate(model.plan.for_servers(4), costs["grpc_tcp"], shape, model.compute_s,
                             asynchronous=asynchronous)
         record = records[0]
         assert record.step_time_s == expected.step_s and record.saturated == expected.saturated

@@ -78,6 +78,9 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
     """
     framework(config).use_cores(cores_per_rank(ctx, config.servers))
     plan = config.plan if config.plan is not None else plan_of(config)
+    if plan.servers != config.servers:
+        raise TrainingError(f"the plan of {config.model} is laid out for {plan.servers} server(s), the run has "
+                            f"{config.servers}: lay it out for the run (Plan.for_servers)")
     layout = plan.layout
     options = {**config.transport_options, "timeout_s": config.timeout_s}
     stopping = Stopping(config, ctx)
@@ -376,7 +379,9 @@ class Trainings:
         if (model, batch) not in self.prepared:
             self.prepared[(model, batch)] = prepare(config, self.launcher)
         ready = self.prepared[(model, batch)]
-        config = dataclasses.replace(config, plan=ready.plan, compute_s=ready.compute_s)
+        # the plan analysed once per model and batch size, laid out for this run's servers (placement and
+        # roles follow the plan's layout: a plan of another server count would run other ranks than the config's)
+        config = dataclasses.replace(config, plan=ready.plan.for_servers(servers), compute_s=ready.compute_s)
         if problem := config.memory_problem():
             raise ValueError(problem)
         options = choice.constructor_options(args, self.launcher)

@@ -207,6 +207,25 @@ class Plan:
         return replace(self, analysis=False,
                        transfers=tuple(replace(t, shape=None, bound=t.shape or t.bound) for t in self.transfers))
 
+    def for_servers(self, servers: int) -> Plan:
+        """This plan laid out for ``servers``: the same variables and per-worker updates, placed as :func:`plan_from`
+        places them (round-robin over the parameter servers), the model not built again."""
+        if servers == self.servers:
+            return self
+        worker = self.layout.worker(0)
+        by_path = {v.path: v for v in self.variables}
+        outputs: dict[int, Output] = {}
+        for t in self.transfers:
+            if t.src != worker:
+                continue
+            variable = by_path[t.variable]
+            if t.name.endswith(".indices"):  # a sparse gradient: its rows and their indices
+                outputs[variable.index] = Output(None, variable.dtype, t.site, index_dtype=t.dtype)
+            elif not t.name.endswith(".values"):
+                outputs[variable.index] = Output(t.shape, t.dtype, t.site)
+        laid = plan_from(self.model, list(self.variables), outputs, servers, self.batch_size)
+        return laid if self.analysis else laid.without_analysis()
+
     def summary(self) -> dict[str, Any]:
         static = [t for t in self.transfers if t.static]
         dynamic = [t for t in self.transfers if not t.static]

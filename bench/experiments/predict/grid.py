@@ -2,8 +2,8 @@
 
 Each model is analysed once per batch size, for one server (:func:`analyse`: the framework builds the model and
 traces its step, seconds for TensorFlow); a plan for N servers is then the same variables and the same per-worker
-updates laid out again by the runtime's own placement (:func:`relayout`, through
-:func:`bench.runtime.analyzer.plan_from`), with no model built again. What :func:`simulate` reads of a plan is its
+updates laid out again by the runtime's own placement (:meth:`bench.runtime.analyzer.Plan.for_servers`, as
+``bench scale`` lays out its replayed runs), with no model built again. What :func:`simulate` reads of a plan is its
 variables, its server count and worker 0's transfers (each update's bytes), so this is the plan the analyzer would
 give at N servers (``tests/test_predict_cli.py`` checks it against one analysed at 2).
 
@@ -27,7 +27,7 @@ from bench.experiments.predict.costs import TransferCost, sizes_needed
 from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate
 from bench.results.lines import GRPC_RDMA, GRPC_TCP, RDMA_CP, ZERO_COPY
 from bench.results.records import PredictRecord
-from bench.runtime.analyzer import Output, Plan, plan_from
+from bench.runtime.analyzer import Plan
 
 #: a resource busy at least this share of a step is saturated: the step cannot shorten without relieving it
 SATURATED = 0.9
@@ -130,26 +130,6 @@ def batch_independent(plan: Plan) -> bool:
     return not any(v.sparse for v in plan.variables) and all(t.static for t in plan.transfers)
 
 
-def relayout(plan: Plan, servers: int) -> Plan:
-    """``plan`` (of any server count) laid out for ``servers``: the same variables and per-worker updates, placed as
-    the runtime places them (:func:`plan_from`), the model not built again."""
-    if servers == plan.servers:
-        return plan
-    worker = plan.layout.worker(0)
-    by_path = {v.path: v for v in plan.variables}
-    outputs: dict[int, Output] = {}
-    for t in plan.transfers:
-        if t.src != worker:
-            continue
-        variable = by_path[t.variable]
-        if t.name.endswith(".indices"):  # a sparse gradient: its rows and their indices
-            outputs[variable.index] = Output(None, variable.dtype, t.site, index_dtype=t.dtype)
-        elif not t.name.endswith(".values"):
-            outputs[variable.index] = Output(t.shape, t.dtype, t.site)
-    laid = plan_from(plan.model, list(plan.variables), outputs, servers, plan.batch_size)
-    return laid if plan.analysis else laid.without_analysis()
-
-
 def micro_sizes(plans: list[Plan]) -> list[int]:
     """What a ``bench micro`` made for ``plans`` on the spot measures: from the smallest tensor (at least
     :data:`SMALLEST_MEASURED`) in steps of x4, up to the first size at or past the largest; the costs interpolate
@@ -200,7 +180,7 @@ def _simulate_count(plan: Plan, servers: int, rates: list[LinkRate], costs: dict
                     compute_s: float, cluster: dict[str, Any],
                     asynchronous: bool = False) -> dict[tuple[str, str], StepPrediction]:
     """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool)."""
-    laid = relayout(plan, servers)
+    laid = plan.for_servers(servers)
     return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s,
                                              asynchronous=asynchronous)
             for rate in rates for transport, cost in costs.items()}
