@@ -39,6 +39,8 @@ DEFAULT_SERVERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_LINK_RATES = "10gbit,100gbit,400gbit"
 #: the smallest size an on-the-spot micro run measures (below it a transfer's host time is taken as flat)
 SMALLEST_MEASURED = 1024
+#: the share of a step's compute that is the backward pass, over which real training's gradients leave
+BACKWARD_FRACTION = 2 / 3
 #: ``--compute`` modes bench predict takes (``real`` would need a cluster)
 COMPUTE_MODES = ("replay", "paper")
 
@@ -62,6 +64,14 @@ class ModelPlan:
     plan: Plan
     compute: str
     compute_s: float
+
+    @property
+    def backward_fraction(self) -> float:
+        """The share of a step's compute over which its gradients leave (:func:`simulate`'s): none with ``replay``,
+        as ``bench scale``'s replaying workers post every update once their wait is over; the backward pass's
+        (:data:`BACKWARD_FRACTION`) with ``paper``, as the paper's runs trained for real, each gradient sent as the
+        backward pass made it (so do ``bench scale``'s with real compute, in the runtime's buckets)."""
+        return 0.0 if self.compute == "replay" else BACKWARD_FRACTION
 
 
 def paper_compute_s(model: str, framework: str, batch_size: int) -> float:
@@ -177,12 +187,12 @@ def grid_size(models: int, transports: list[str], servers: list[int], rates: lis
 
 
 def _simulate_count(plan: Plan, servers: int, rates: list[LinkRate], costs: dict[str, TransferCost],
-                    compute_s: float, cluster: dict[str, Any],
-                    asynchronous: bool = False) -> dict[tuple[str, str], StepPrediction]:
+                    compute_s: float, cluster: dict[str, Any], asynchronous: bool = False,
+                    backward_fraction: float = BACKWARD_FRACTION) -> dict[tuple[str, str], StepPrediction]:
     """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool)."""
     laid = plan.for_servers(servers)
     return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s,
-                                             asynchronous=asynchronous)
+                                             backward_fraction=backward_fraction, asynchronous=asynchronous)
             for rate in rates for transport, cost in costs.items()}
 
 
@@ -214,7 +224,8 @@ def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers
         for model in models:
             results = {}
             for n in counts:
-                results[n] = _simulate_count(model.plan, n, rates, costs, model.compute_s, cluster, asynchronous)
+                results[n] = _simulate_count(model.plan, n, rates, costs, model.compute_s, cluster, asynchronous,
+                                             model.backward_fraction)
                 done()
             yield from records(model, results)
         return
@@ -224,7 +235,7 @@ def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers
             futures = {}
             for n in reversed(counts):  # the largest first: the longest jobs start soonest
                 futures[n] = pool.submit(_simulate_count, model.plan, n, rates, costs, model.compute_s, cluster,
-                                         asynchronous)
+                                         asynchronous, model.backward_fraction)
                 futures[n].add_done_callback(done)
             jobs.append((model, futures))
         for model, futures in jobs:
