@@ -19,6 +19,10 @@ Micro and model records have a ``round`` column: with ``bench micro --rounds N``
 times, interleaved with the other transports, one row each.
 
 :func:`points` folds the rounds of each point into one row with the spread across them.
+
+Why one module of 630 lines: the record types are the results contract, read as one table of every experiment's
+columns; split, a reader would have to gather the columns of one run from several files, and ``record_type``'s
+registry would import them all back anyway.
 """
 
 from __future__ import annotations

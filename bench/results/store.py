@@ -501,8 +501,7 @@ def _read_meta(meta_file: Path) -> dict[str, Any]:
     return meta
 
 
-#: fields of meta.json that hold a path (the micro run a prediction's costs and the run its compute come from), kept
-#: to a text's length rather than a name's
+#: meta.json's paths (a prediction's micro run and compute run): kept to a text's length rather than a name's
 _LONG_META = frozenset({("settings", "micro_run"), ("settings", "compute_from")})
 
 

@@ -15,6 +15,7 @@ from bench.readers.report.page import Section
 from bench.readers.report.sections import (
     converge,
     copy_overhead,
+    figure11_predicted,
     gpu,
     micro,
     plan,
@@ -60,6 +61,7 @@ SECTIONS: tuple[Kind, ...] = (
     Kind("figure9", ("model",), throughput.figure9, figures=("model_",)),
     Kind("figure10", ("converge",), converge.figure10, figures=("converge_",)),
     Kind("figure11", ("scale",), scale.figure11, figures=("scale_",)),
+    Kind("figure11-predicted", ("predict",), figure11_predicted.figure11_predicted, figures=("predict_",)),
     Kind("figure11-predicted-measured", ("predict", "scale"), None, across=predict.predicted_against_measured),
     Kind("figure12", ("model",), copy_overhead.figure12, figures=("copy_overhead",)),
     Kind("soak", ("soak",), soak.soak),
