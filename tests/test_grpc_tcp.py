@@ -200,3 +200,28 @@ def test_calls_waiting_for_their_tensors_do_not_hold_back_the_others():
     finally:
         for transport in pair:
             transport.close()
+
+
+def test_a_sender_closed_right_after_its_send_is_done_still_delivers_the_stream_in_flight(monkeypatch):
+    """A send is done once its bytes are handed to gRPC; a slow receiver still reads the rest after the sender's
+    close (a worker's last gradients at 1 Gbit/s): the close waits for the stream instead of cancelling it."""
+    from transports.grpc_tcp import wire
+
+    slow_add = wire.TensorAssembler.add
+
+    def add(self, message):  # a receiver taking 0.5 s a chunk, as a slow link delivers them
+        time.sleep(0.5)
+        slow_add(self, message)
+
+    monkeypatch.setattr(wire.TensorAssembler, "add", add)
+    pair = start_pair("grpc_tcp", chunk_bytes=16 << 20)
+    try:  # more than gRPC's flow-control windows hold, so the sender's last chunks wait for the receiver
+        array = np.arange(64 << 20, dtype=np.float32)  # 256 MiB: sixteen chunks
+        key = Key("last", 0, 0, 1)
+        received = pair[1].recv_async(key)
+        pair[0].send_async(key, array).result(timeout=60)
+        pair[0].close()  # as soon as the send is done, as a worker ends its run
+        np.testing.assert_array_equal(received.result(timeout=60), array)
+    finally:
+        for t in pair:
+            t.close()

@@ -192,8 +192,8 @@ class GrpcTcpTransport(Transport):
             settle(sent, error=closed)
         for future in receiving:
             settle(future, error=closed)
-        try:
-            self._run(self._shutdown(), timeout=10)
+        try:  # the streams still in flight finish first, within a send's own time (see _shutdown)
+            self._run(self._shutdown(), timeout=self.timeout_s + 10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -214,7 +214,10 @@ class GrpcTcpTransport(Transport):
             await channel.close(grace=None)
         server, self._server = self._server, None
         if server is not None:
-            await server.stop(grace=0.5)
+            # a send is done once its bytes are handed to gRPC, not once they arrived: a stream still draining to
+            # its receiver (a 16 MiB chunk takes 0.13 s at 1 Gbit/s, several wait behind it) finishes before the
+            # server goes, as a receiver still reading is not a failure; a receiver gone ends its stream at once
+            await server.stop(grace=self.timeout_s)
 
     def _run(self, coroutine, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
