@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,16 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.experiments.predict.costs import TransferCost
-from bench.experiments.predict.simulate import Cluster, nic_bytes, simulate
+from bench.experiments.predict.simulate import Cluster, _Sim, nic_bytes, simulate, simulate_rates
 from bench.runtime.analyzer import Output, Plan, Variable, plan_from
 
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
 #: few examples (2 busy cores), the same ones every run (a property a rare example breaks must not be a flaky test)
 FEW = settings(max_examples=15, deadline=None, derandomize=True)
-#: a faster link can reorder when work reaches a host's cores, and greedy scheduling without preemption is not
-#: monotone (Graham's anomalies): on 300 random small cases 26 had a step slower with a faster link, by up to 7%
-#: (issue 62's note); a slowdown beyond this is a bug in the model, not an anomaly
-ANOMALY = 0.10
+#: enough examples that each rate simulated on its own (first come first served, as simulate does) has a faster
+#: link slow a step: 18 of these 120 did before simulate_rates, by up to 4.5% (Graham's anomalies; issue 62)
+MANY = settings(max_examples=120, deadline=None, derandomize=True)
+#: float rounding: a step is a sum of many event times
+ROUNDING = 1e-9
 
 
 def make_plan(sizes: list[int], trainable: list[bool], servers: int, sparse: bool = False) -> Plan:
@@ -103,20 +105,37 @@ def test_one_server_on_one_core_is_the_compute_then_the_host_work_of_its_own_tra
     assert compute_s - 1e-12 <= overlapped.step_s <= expected + 1e-12
 
 
-@FEW
+@MANY
 @given(plans, costs, rates, st.floats(0.0, 0.2), st.integers(1, 3), st.booleans())
 def test_doubling_the_link_rate_never_slows_a_step(plan, cost, rate, compute_s, cores, asynchronous):
-    slow = simulate(plan, cost, Cluster(plan.servers, rate, cores_per_host=cores), compute_s,
-                    asynchronous=asynchronous)
-    fast = simulate(plan, cost, Cluster(plan.servers, 2 * rate, cores_per_host=cores), compute_s,
-                    asynchronous=asynchronous)
-    infinite = simulate(plan, cost, Cluster(plan.servers, None, cores_per_host=cores), compute_s,
-                        asynchronous=asynchronous)
-    assert infinite.step_s <= fast.step_s * (1 + ANOMALY)
-    assert fast.step_s <= slow.step_s * (1 + ANOMALY)
+    predicted = simulate_rates(plan, cost, Cluster(plan.servers, cores_per_host=cores), [2 * rate, None, rate],
+                               compute_s, asynchronous=asynchronous)
+    slow, fast, infinite = predicted[rate], predicted[2 * rate], predicted[None]
+    assert infinite.step_s <= fast.step_s * (1 + ROUNDING)
+    assert fast.step_s <= slow.step_s * (1 + ROUNDING)
     # and where the link is the bottleneck, halving its time per byte shortens the step
     if slow.saturated.startswith("nic") and slow.utilisation > 0.99:
         assert fast.step_s < slow.step_s
+
+
+@FEW
+@given(plans, costs, rates, st.floats(0.0, 0.2), st.integers(1, 3), st.booleans())
+def test_each_rate_is_its_own_schedule_or_a_slower_rates_replayed_whichever_is_faster(plan, cost, rate, compute_s,
+                                                                                      cores, asynchronous):
+    cluster = Cluster(plan.servers, rate, cores_per_host=cores)
+    alone = simulate(plan, cost, cluster, compute_s, asynchronous=asynchronous)
+    predicted = simulate_rates(plan, cost, cluster, [rate, 2 * rate], compute_s, asynchronous=asynchronous)
+    # the slowest rate has no slower schedule to take: it is the rate simulated on its own
+    assert predicted[rate] == alone
+    # a faster rate is never predicted slower than its own schedule
+    faster = simulate(plan, cost, replace(cluster, link_rate_bps=2 * rate), compute_s, asynchronous=asynchronous)
+    assert predicted[2 * rate].step_s <= faster.step_s
+    # replaying a schedule's own queue orders at its own rate is that schedule, event for event
+    first = _Sim(plan, cost, cluster, compute_s, 2 / 3, 0.2e-9, asynchronous, plan.servers)
+    first_prediction = first.run()
+    order = {name: queue.granted for name, queue in first.queues.items()}
+    replayed = _Sim(plan, cost, cluster, compute_s, 2 / 3, 0.2e-9, asynchronous, plan.servers, orders=order).run()
+    assert replayed.steps == pytest.approx(first_prediction.steps, rel=1e-12, abs=1e-15)
 
 
 @FEW
