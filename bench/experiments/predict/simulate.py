@@ -42,32 +42,30 @@ Inception-v3, FCN-5 and AlexNet at 16 and 32 servers, 100 Gb/s, zerocopy and grp
 this machine: -5.1% to +8.4%, 11 of 16 within 2.1% (issue 62's note). With ``shared_cores`` (a few emulated
 hosts) every worker is simulated.
 
-``step_s`` is the mean of the simulated steps from an idle cluster (:data:`STEPS` steps, up to :data:`MAX_STEPS`
-where a step is small (:data:`SMALL_STEP`): queues can settle into a cycle of a few steps, which more steps
-average better), or, where it is longer, the busiest resource's work a step (of the steps after the first,
-:data:`WARMUP`) over its capacity: a short simulation's transient can have a step shorter than that (part of a
-step's work done in the step before), a steady state cannot. The first step is in the mean (the time of all the
-steps over their count) because that is an event time, which a faster link can only make earlier (below); the
-mean of the steps after it is a difference of two, which can grow. It adds a median 0.7% to a step (most 12%, one
-step's burst when every worker starts at once) on 150 random small cases.
+``step_s`` is the mean of the simulated steps after the first (:data:`WARMUP`; :data:`STEPS` steps, up to
+:data:`MAX_STEPS` where a step is small (:data:`SMALL_STEP`): queues can settle into a cycle of a few
+steps, which more steps average better), or, where it is
+longer, the busiest resource's work a step (of those steps' transfers and applies) over its capacity: a short
+simulation's transient can have a step shorter than that (part of a step's work done in the step before), a steady
+state cannot.
 
 **A faster link never predicts a slower step (:func:`simulate_rates`).** The queues serve first come first served
 (an earlier step's work first): a host's cores, as an OS runs ready threads, and a NIC's queues. That is not
-monotone: a faster link changes the order work reaches a host's cores, and greedy scheduling without preemption
-can then leave a core idle that the slower order kept busy (Graham's anomalies; issue 62's note: in 120 random
-small cases, 18 steps were slower at twice the rate, by up to 4.5%; the smallest, two hosts of one core, is a CPU
-that one reordered job leaves idle for 0.2% of a step, plus a 3-step cycle the mean cut short). No first-come,
-priority or shared-processor discipline is monotone in general, but a schedule whose every queue keeps a fixed
-order is: each event time is then a max of sums of durations, and a faster link only shortens some. So each rate
-of :func:`simulate_rates` takes the best of its own schedule and every slower rate's schedule replayed at it
-(each queue granting the jobs, named by step, worker, group and side, in the order the slower rate's did; a job
-ready early waits for its turn): a faster link can always carry a schedule as the slower one did, so the
-prediction is never slower, and never slower than the rate's own schedule. Replaying cannot deadlock: a job only
-waits for one the slower schedule served before it. It costs a replay per slower rate, none where the step is
-already at the busiest resource's bound or on one server (at most twice the simulation for three rates). A
-single :func:`simulate` is the rate's own schedule. Fixing one order for every rate instead (an infinite link's)
-is monotone at no cost, but a core waits for work the fixed order put first though other work is ready: +11%
-a step in the median of 150 random cases, up to twice (measured, issue 62's note).
+monotone in the link rate: a faster link changes the order work reaches a host's cores, and greedy scheduling
+without preemption can then leave a core idle that the slower order kept busy (Graham's anomalies). Measured (issue
+62's note): 18 of 120 random small cases were slower at twice the rate, by up to 4.5%, and 9 of the default grid's
+432 pairs of rates (a rate and the next faster), by up to 8.6%. It is not the measurement alone (a mean cut short of a
+cycle of steps, the smallest case's cause): with the mean over a whole detected cycle, 14 of 300 random cases
+stay slower. Neither a static priority (tried: Graham's
+anomalies are of priority lists) nor processor sharing is monotone in general; a fixed order on every queue is
+(each event time a max of sums of durations), but one order for every rate (an infinite link's, replayed) made
+a core wait for work the order put first though other work was ready: +11% a step in the median of 150 random
+cases, up to twice. So each rate keeps its own first-come schedule, and :func:`simulate_rates`, predicting several
+rates of one cluster together, gives each rate the faster of its own schedule and the next slower rate's
+prediction: a faster link can carry the slower rate's schedule unchanged (each transfer paced to the slower rate,
+as a NIC's rate limiter does), so that step is one the faster link can run. It costs nothing (no simulation more)
+and changes a prediction only where the anomaly would have: 9 of the default grid's 648, by up to 8.6%; such a
+prediction is the slower rate's (its fractions and utilisations, its NIC held for the slower rate's time).
 """
 
 from __future__ import annotations
@@ -142,8 +140,6 @@ class StepPrediction:
     nic_bytes: dict[int, tuple[int, int]] = field(repr=False)
     #: the workers simulated, each standing for every ``classes``-th one (= servers: every worker; see the module)
     classes: int = 1
-    #: the busiest resource's work a step over its capacity: no schedule's step is shorter
-    bound_s: float = 0.0
 
     @property
     def steps_per_s(self) -> float:
@@ -195,52 +191,30 @@ def _groups(plan: Plan) -> tuple[list[tuple[float, list[_Group]]], int]:
     return schedule, count
 
 
-class _Queue:
-    """A host's cores, a NIC's queue or the switch's lanes: ``capacity`` units, a job takes some of them at once.
+class _Cores:
+    """A host's cores: a job takes some of them at once, waiting jobs go in order of their step (an earlier step's
+    work first, then first come first served), the first waiting one before any later one."""
 
-    Recording (``order`` None): waiting jobs go in order of their step (an earlier step's work first, then first
-    come first served), the first waiting one before any later one; ``granted`` keeps the order they got in.
-    Replaying (``order`` given: the keys another simulation granted, in that order): jobs get in exactly that
-    order, a job that came early waiting for the ones before it (see the module: what makes a step monotone)."""
-
-    def __init__(self, env: simpy.Environment, capacity: int, order: list | None = None) -> None:
-        self.env, self.free, self.capacity = env, capacity, capacity
-        self.order = order
-        self.granted: list = []
-        self.heap: list[tuple[int, int, int, object, simpy.Event]] = []
-        self.waiting: dict[object, tuple[int, simpy.Event]] = {}
-        self.next = 0
+    def __init__(self, env: simpy.Environment, cores: int) -> None:
+        self.env, self.free, self.capacity = env, cores, cores
+        self.waiting: list[tuple[int, int, int, simpy.Event]] = []
         self.count = 0
 
-    def get(self, units: int, step: int, key: object) -> simpy.Event:
+    def get(self, cores: int, step: int) -> simpy.Event:
         event = self.env.event()
-        if self.order is None:
-            self.count += 1
-            heapq.heappush(self.heap, (step, self.count, units, key, event))
-        else:
-            self.waiting[key] = (units, event)
+        self.count += 1
+        heapq.heappush(self.waiting, (step, self.count, cores, event))
         self._grant()
         return event
 
-    def put(self, units: int) -> None:
-        self.free += units
+    def put(self, cores: int) -> None:
+        self.free += cores
         self._grant()
 
     def _grant(self) -> None:
-        if self.order is None:
-            while self.heap and self.heap[0][2] <= self.free:
-                _, _, units, key, event = heapq.heappop(self.heap)
-                self.free -= units
-                self.granted.append(key)
-                event.succeed()
-            return
-        while self.next < len(self.order) and self.order[self.next] in self.waiting:
-            units, event = self.waiting[self.order[self.next]]
-            if units > self.free:
-                return
-            del self.waiting[self.order[self.next]]
-            self.free -= units
-            self.next += 1
+        while self.waiting and self.waiting[0][2] <= self.free:
+            _, _, cores, event = heapq.heappop(self.waiting)
+            self.free -= cores
             event.succeed()
 
 
@@ -248,8 +222,7 @@ class _Sim:
     """One simulation: the resources, the processes and what they record."""
 
     def __init__(self, plan: Plan, cost: TransferCost, cluster: Cluster, compute_s: float, backward_fraction: float,
-                 apply_s_per_byte: float, asynchronous: bool, classes: int,
-                 orders: dict[str, list] | None = None) -> None:
+                 apply_s_per_byte: float, asynchronous: bool, classes: int) -> None:
         self.env = simpy.Environment()
         self.plan, self.cost, self.cluster = plan, cost, cluster
         self.compute_s, self.backward_fraction = compute_s, backward_fraction
@@ -257,25 +230,20 @@ class _Sim:
         self.exact = classes >= cluster.servers
         servers = cluster.servers
         env = self.env
-        #: every queue by its name; replaying, each grants in the order ``orders[name]`` (see :class:`_Queue`)
-        self.queues: dict[str, _Queue] = {}
-        self.replaying = orders is not None
-
-        def queue(name: str, capacity: int) -> _Queue:
-            if name not in self.queues:
-                self.queues[name] = _Queue(env, capacity, None if orders is None else orders.get(name, []))
-            return self.queues[name]
-
-        self.cores = cluster.cores_per_host if cluster.shared_cores is None else cluster.shared_cores
-        self.cpu_names = [f"cpu:{h}" if cluster.shared_cores is None else "cpu:shared" for h in range(servers)]
-        self.cpu = [queue(name, self.cores) for name in self.cpu_names]
-        self.egress = [queue(f"nic:egress:{h}", 1) for h in range(servers)]
-        self.ingress = [queue(f"nic:ingress:{h}", 1) for h in range(servers)]
+        if cluster.shared_cores is not None:
+            pool = _Cores(env, cluster.shared_cores)
+            self.cpu = [pool] * servers
+            self.cpu_names = ["cpu:shared"] * servers
+            self.cores = cluster.shared_cores
+        else:
+            self.cpu = [_Cores(env, cluster.cores_per_host) for _ in range(servers)]
+            self.cpu_names = [f"cpu:{h}" for h in range(servers)]
+            self.cores = cluster.cores_per_host
+        self.egress = [simpy.PriorityResource(env, capacity=1) for _ in range(servers)]
+        self.ingress = [simpy.PriorityResource(env, capacity=1) for _ in range(servers)]
         lanes = int(servers / cluster.oversubscription) if cluster.oversubscription > 1 else 0
-        self.switch = queue("switch", max(1, lanes)) if lanes else None
+        self.switch = simpy.PriorityResource(env, capacity=max(1, lanes)) if lanes else None
         self.schedule, self.group_count = _groups(plan)
-        #: each group's place in the schedule: with the step and the worker it names a job in every simulation
-        self.index = {id(g): i for i, g in enumerate(g for _, gs in self.schedule for g in gs)}
         #: per group: (sender, receiver) host time of the gradients up and of the values down, per-tensor sums
         self.group_costs = {id(g): (_host(cost, g.up), _host(cost, g.down)) for _, gs in self.schedule for g in gs}
         #: the simulated workers, one per class: worker c stands for workers c, c + classes, ... (see the module)
@@ -299,15 +267,15 @@ class _Sim:
         if step >= WARMUP:
             self.busy[name] += work
 
-    def cpu_work(self, host: int, seconds: float, copies: int, worker: int | None, step: int, key: tuple):
+    def cpu_work(self, host: int, seconds: float, copies: int, worker: int | None, step: int):
         """``copies`` jobs of ``seconds`` each on ``host``'s cores: as many at once as there are cores (one
-        request for all of them: a lumped job takes its share of the cores at once); ``key`` names the job."""
+        request for all of them: a lumped job takes its share of the cores at once)."""
         if seconds <= 0:
             return
         cores = max(1, min(copies, self.cores))
         duration = seconds * copies / cores
         pool = self.cpu[host]
-        yield pool.get(cores, step, key)
+        yield pool.get(cores, step)
         start = self.env.now
         yield self.env.timeout(duration)
         pool.put(cores)
@@ -315,39 +283,35 @@ class _Sim:
         if worker is not None:
             self.intervals[worker]["host"].append((start, start + duration))
 
-    def wire(self, src: int, dst: int, out_bytes: int, in_bytes: int, worker: int | None, step: int, key: tuple):
+    def wire(self, src: int, dst: int, out_bytes: int, in_bytes: int, worker: int | None, step: int):
         """Hold ``src``'s egress for ``out_bytes`` and ``dst``'s ingress for ``in_bytes`` at the link rate (and a
-        switch lane while either is held, with oversubscription); ``key`` names the transfer. On an infinite
-        link nothing is held, except that a replayed order is kept (each queue passed in its turn)."""
+        switch lane while either is held, with oversubscription)."""
         if step >= WARMUP:
             self.nic_bytes[src][0] += out_bytes
             self.nic_bytes[dst][1] += in_bytes
-        if out_bytes + in_bytes == 0:
-            return
         rate = self.cluster.link_rate_bps
+        if rate is None or out_bytes + in_bytes == 0:
+            return
+        out_s, in_s = out_bytes * 8 / rate, in_bytes * 8 / rate
         held = []
-        if out_bytes > 0:
-            held.append((self.egress[src], out_bytes, f"nic:egress:{src}"))
-        if in_bytes > 0:
-            held.append((self.ingress[dst], in_bytes, f"nic:ingress:{dst}"))
+        if out_s > 0:
+            held.append((self.egress[src], out_s, f"nic:egress:{src}"))
+        if in_s > 0:
+            held.append((self.ingress[dst], in_s, f"nic:ingress:{dst}"))
         if self.switch is not None:
-            held.append((self.switch, max(out_bytes, in_bytes), "switch"))
-        if rate is None and not self.replaying:
-            return
-        for queue, _, _ in held:  # one at a time, always egress, ingress, switch, each in its order: no deadlock
-            yield queue.get(1, step, key)
-        if rate is None:
-            for queue, _, _ in held:
-                queue.put(1)
-            return
+            held.append((self.switch, max(out_s, in_s), "switch"))
+        requests = []
+        for resource, seconds, name in held:  # one at a time, always egress, ingress, switch: no deadlock
+            request = resource.request(priority=step)
+            yield request
+            requests.append((request, seconds, name))
         start = self.env.now
         elapsed = 0.0
-        for queue, nbytes, name in sorted(held, key=lambda h: h[1]):
-            seconds = nbytes * 8 / rate
+        for request, seconds, name in sorted(requests, key=lambda r: r[1]):
             if seconds > elapsed:
                 yield self.env.timeout(seconds - elapsed)
                 elapsed = seconds
-            queue.put(1)
+            request.resource.release(request)
             self._account(name, step, seconds)
         if worker is not None:
             self.intervals[worker]["wire"].append((start, start + elapsed))
@@ -355,15 +319,13 @@ class _Sim:
     # -- the step ----------------------------------------------------------------------------------
 
     def transfer(self, src: int, dst: int, host_s: tuple[float, float], nbytes: int, src_copies: int,
-                 dst_copies: int, worker: int, worker_sends: bool, step: int, group: int):
-        """A (merged) transfer of ``nbytes`` (of group ``group``) from host ``src`` to ``dst`` costing ``host_s``
-        (sender, receiver):
+                 dst_copies: int, worker: int, worker_sends: bool, step: int):
+        """A (merged) transfer of ``nbytes`` from host ``src`` to ``dst`` costing ``host_s`` (sender, receiver):
         sender host time (``src_copies`` of it), then latency and wire unless local, then receiver host time
         (``dst_copies``). In representative mode the PS's side also moves the other workers' copies (its host
         NIC only: their hosts' NICs are not simulated)."""
         sender, receiver = host_s
-        key = (step, worker, group, worker_sends)
-        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None, step, ("src", *key))
+        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None, step)
         local = src == dst
         ps = dst if worker_sends else src
         # the class's other workers' copies that cross the PS's NIC: its members less the simulated one and
@@ -376,32 +338,30 @@ class _Sim:
             lump = None
             if others:  # beside the simulated worker's own copy, on the PS's NIC only
                 out, into = (0, others) if worker_sends else (others, 0)
-                lump = self.env.process(self.wire(ps, ps, out, into, None, step, ("lump", *key)))
+                lump = self.env.process(self.wire(ps, ps, out, into, None, step))
             if not local:
-                yield from self.wire(src, dst, nbytes, nbytes, worker, step, ("wire", *key))
+                yield from self.wire(src, dst, nbytes, nbytes, worker, step)
             if lump is not None:
                 yield lump
-        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker, step, ("dst", *key))
+        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker, step)
 
     def send_gradients(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
         members = self.members[worker]
-        index = self.index[id(group)]
         yield from self.transfer(worker, group.ps, costs[0], sum(group.up), 1, members, worker, True,
-                                 step, index)
+                                 step)
         key = (group.ps, id(group), step)
         self.arrived[key] += members
         if self.asynchronous or self.arrived[key] >= self.cluster.servers:
             applied = members if self.asynchronous else self.cluster.servers  # one apply per worker's gradient
-            yield from self.cpu_work(group.ps, self.apply_s_per_byte * group.apply_bytes, applied, None, step,
-                                     ("apply", step, worker if self.asynchronous else None, index))
+            yield from self.cpu_work(group.ps, self.apply_s_per_byte * group.apply_bytes, applied, None, step)
             for target in [worker] if self.asynchronous else self.workers:
                 self.env.process(self.send_values(target, group, step))
 
     def send_values(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
         yield from self.transfer(group.ps, worker, costs[1], sum(group.down), self.members[worker], 1, worker,
-                                 False, step, self.index[id(group)])
+                                 False, step)
         key = (worker, step)
         self.pending[key] -= 1
         if self.pending[key] == 0:
@@ -439,6 +399,7 @@ class _Sim:
                                f"{len(self.starts[stalled[0]]) - 1}")
         ends = [max(self.starts[w][k] for w in self.workers) for k in range(self.steps + 1)]
         steps = tuple(b - a for a, b in pairwise(ends))
+        measured = steps[WARMUP:]
         window = (ends[WARMUP], ends[self.steps])
         fractions = [_fractions(self.intervals[w], window) for w in self.workers]
         fractions = [fractions[w % len(self.workers)] for w in range(self.cluster.servers)]
@@ -447,9 +408,9 @@ class _Sim:
         # step of a short simulation's transient can be (work of a step done in the one before it)
         bounds = {}
         for name, work in self.busy.items():
-            bounds[name] = work / measured_steps / self.queues[name].capacity
-        bound_s = max(bounds.values(), default=0.0)
-        step_s = max(ends[self.steps] / self.steps, bound_s)
+            capacity = self.cores if name.startswith("cpu") else (self.switch.capacity if name == "switch" else 1)
+            bounds[name] = work / measured_steps / capacity
+        step_s = max(sum(measured) / len(measured), max(bounds.values(), default=0.0))
         utilisations = {name: bound / step_s if step_s > 0 else 0.0 for name, bound in bounds.items()}
         saturated = max(utilisations, key=lambda n: utilisations[n]) if utilisations else "none"
         if self.exact:
@@ -457,7 +418,7 @@ class _Sim:
         else:
             nic = nic_bytes(self.plan)
         return StepPrediction(step_s, steps, tuple(fractions), saturated, utilisations.get(saturated, 0.0),
-                              utilisations, nic, len(self.workers), bound_s)
+                              utilisations, nic, len(self.workers))
 
 
 def _host(cost: TransferCost, sizes: tuple[int, ...]) -> tuple[float, float]:
@@ -503,9 +464,14 @@ def nic_bytes(plan: Plan) -> dict[int, tuple[int, int]]:
             for h in range(servers)}
 
 
-def _prepared(plan: Plan, cluster: Cluster, compute_s: float, backward_fraction: float,
-              classes: int | None) -> int:
-    """The arguments checked (ValueError naming the fix) and the workers to simulate."""
+def simulate(plan: Plan, cost: TransferCost, cluster: Cluster, compute_s: float, backward_fraction: float = 2 / 3,
+             apply_s_per_byte: float = APPLY_S_PER_BYTE, asynchronous: bool = False,
+             classes: int | None = None) -> StepPrediction:
+    """Predict one step of ``plan`` (its variables and placement; its server count must be the cluster's) over a
+    transport costing ``cost`` on ``cluster``, for a worker computing ``compute_s`` a step (``backward_fraction``
+    of it the backward pass). ``classes`` workers are simulated, each standing for every ``classes``-th worker
+    (default :data:`CLASSES`; every worker with shared cores); see the module. Several link rates of one cluster:
+    :func:`simulate_rates` (a faster link never slower)."""
     if plan.servers != cluster.servers:
         raise ValueError(f"the plan is for {plan.servers} server(s), the cluster has {cluster.servers}; analyse "
                          f"the model for {cluster.servers}")
@@ -518,42 +484,22 @@ def _prepared(plan: Plan, cluster: Cluster, compute_s: float, backward_fraction:
             max(1, min(CLASSES, TRANSFER_BUDGET // max(1, groups)))
     if classes < 1:
         raise ValueError(f"classes {classes}: simulate at least one worker")
-    return min(classes, cluster.servers)
-
-
-def simulate(plan: Plan, cost: TransferCost, cluster: Cluster, compute_s: float, backward_fraction: float = 2 / 3,
-             apply_s_per_byte: float = APPLY_S_PER_BYTE, asynchronous: bool = False,
-             classes: int | None = None) -> StepPrediction:
-    """Predict one step of ``plan`` (its variables and placement; its server count must be the cluster's) over a
-    transport costing ``cost`` on ``cluster``, for a worker computing ``compute_s`` a step (``backward_fraction``
-    of it the backward pass). ``classes`` workers are simulated, each standing for every ``classes``-th worker
-    (default :data:`CLASSES`; every worker with shared cores); see the module. Several link rates of one
-    cluster: :func:`simulate_rates` (a faster one never slower)."""
-    classes = _prepared(plan, cluster, compute_s, backward_fraction, classes)
-    return _Sim(plan, cost, cluster, compute_s, backward_fraction, apply_s_per_byte, asynchronous, classes).run()
+    return _Sim(plan, cost, cluster, compute_s, backward_fraction, apply_s_per_byte, asynchronous,
+                min(classes, cluster.servers)).run()
 
 
 def simulate_rates(plan: Plan, cost: TransferCost, cluster: Cluster, rates: Iterable[float | None], compute_s: float,
                    backward_fraction: float = 2 / 3, apply_s_per_byte: float = APPLY_S_PER_BYTE,
                    asynchronous: bool = False, classes: int | None = None) -> dict[float | None, StepPrediction]:
     """:func:`simulate` at each of ``rates`` (bits per second; None: an infinite link; ``cluster``'s own rate is
-    not used), where a faster link never predicts a slower step: at each rate, the best of its own schedule
-    (first come first served) and every slower rate's schedule replayed at it (its queues' orders kept: a
-    faster link can carry a schedule as the slower one did; see the module)."""
-    classes = _prepared(plan, cluster, compute_s, backward_fraction, classes)
-    ordered = sorted(set(rates), key=lambda r: float("inf") if r is None else r)
-    args = (compute_s, backward_fraction, apply_s_per_byte, asynchronous, classes)
-    orders: list[dict[str, list]] = []
+    not used), where a faster link never predicts a slower step: each rate's prediction is the faster of its own
+    schedule and the next slower rate's prediction, which a faster link can carry paced (see the module)."""
     predictions: dict[float | None, StepPrediction] = {}
-    for rate in ordered:
-        at = replace(cluster, link_rate_bps=rate)
-        sim = _Sim(plan, cost, at, *args)
-        best = sim.run()
-        if plan.servers > 1 and best.step_s > best.bound_s:  # (at the busiest resource's bound: none is faster)
-            for order in orders:
-                replayed = _Sim(plan, cost, at, *args, orders=order).run()
-                if replayed.step_s < best.step_s:
-                    best = replayed
-        orders.append({name: queue.granted for name, queue in sim.queues.items()})
-        predictions[rate] = best
+    slower: StepPrediction | None = None
+    for rate in sorted(set(rates), key=lambda r: float("inf") if r is None else r):
+        own = simulate(plan, cost, replace(cluster, link_rate_bps=rate), compute_s, backward_fraction,
+                       apply_s_per_byte, asynchronous, classes)
+        slower = own if slower is None or own.step_s <= slower.step_s else slower
+        predictions[rate] = slower
     return predictions
+
