@@ -26,7 +26,14 @@ PS are one transfer carrying their summed bytes and summed per-tensor host times
 posted back to back, so their latencies overlap); the PS's answer for them (their new values) is one transfer the
 same way, and their apply one CPU job. Within a group nothing else could have run in between on the same queues
 in the same order, so the group's last tensor finishes when it would have; the earlier tensors of the group are
-held back to the group's end (store and forward), which makes a step at most one group's pipelining slower.
+held back to the group's end (store and forward), which makes a step at most one group's pipelining slower. The
+group's host time is not one core's, though: the transports post each tensor's send and receive as its own job
+(the fabric transports' pool of 64 threads), so a host's cores take a group's tensors at once; a group's sender
+and receiver time each run on as many cores as it has tensors (at most the host's, and as many as leave each
+part at least its longest tensor's time). On one core per group instead, one server's step was its groups'
+tensors one after another where N servers' were spread over N groups, and bench predict gave Inception-v3 over
+grpc_rdma (paper compute, 100 Gb/s) a scaling efficiency of 1.25 at 8 servers (one server 2.93 s a step, of
+2.19 s compute; now 2.30 s, and 0.997 to 1.001 from 2 to 16 servers).
 
 **Worker classes (above :data:`CLASSES` servers).** Simulating every worker is ``servers x groups`` transfers a
 step each way: 97,000 for Inception-v3 at 256 servers; SimPy runs about 19 events per transfer here (measured:
@@ -244,7 +251,7 @@ class _Sim:
         lanes = int(servers / cluster.oversubscription) if cluster.oversubscription > 1 else 0
         self.switch = simpy.PriorityResource(env, capacity=max(1, lanes)) if lanes else None
         self.schedule, self.group_count = _groups(plan)
-        #: per group: (sender, receiver) host time of the gradients up and of the values down, per-tensor sums
+        #: per group: (sender, receiver, cores at once) host time of the gradients up and of the values down
         self.group_costs = {id(g): (_host(cost, g.up), _host(cost, g.down)) for _, gs in self.schedule for g in gs}
         #: the simulated workers, one per class: worker c stands for workers c, c + classes, ... (see the module)
         self.workers = list(range(min(classes, servers)))
@@ -318,14 +325,14 @@ class _Sim:
 
     # -- the step ----------------------------------------------------------------------------------
 
-    def transfer(self, src: int, dst: int, host_s: tuple[float, float], nbytes: int, src_copies: int,
+    def transfer(self, src: int, dst: int, host_s: tuple[float, float, int], nbytes: int, src_copies: int,
                  dst_copies: int, worker: int, worker_sends: bool, step: int):
         """A (merged) transfer of ``nbytes`` from host ``src`` to ``dst`` costing ``host_s`` (sender, receiver):
         sender host time (``src_copies`` of it), then latency and wire unless local, then receiver host time
-        (``dst_copies``). In representative mode the PS's side also moves the other workers' copies (its host
-        NIC only: their hosts' NICs are not simulated)."""
-        sender, receiver = host_s
-        yield from self.cpu_work(src, sender, src_copies, worker if worker_sends else None, step)
+        (``dst_copies``), each spread over up to ``host_s[2]`` cores. In representative mode the PS's side also
+        moves the other workers' copies (its host NIC only: their hosts' NICs are not simulated)."""
+        sender, receiver, parts = host_s
+        yield from self.cpu_work(src, sender / parts, src_copies * parts, worker if worker_sends else None, step)
         local = src == dst
         ps = dst if worker_sends else src
         # the class's other workers' copies that cross the PS's NIC: its members less the simulated one and
@@ -343,7 +350,7 @@ class _Sim:
                 yield from self.wire(src, dst, nbytes, nbytes, worker, step)
             if lump is not None:
                 yield lump
-        yield from self.cpu_work(dst, receiver, dst_copies, None if worker_sends else worker, step)
+        yield from self.cpu_work(dst, receiver / parts, dst_copies * parts, None if worker_sends else worker, step)
 
     def send_gradients(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
@@ -421,10 +428,14 @@ class _Sim:
                               utilisations, nic, len(self.workers))
 
 
-def _host(cost: TransferCost, sizes: tuple[int, ...]) -> tuple[float, float]:
-    """The summed sender and receiver host time of tensors of ``sizes`` sent back to back."""
+def _host(cost: TransferCost, sizes: tuple[int, ...]) -> tuple[float, float, int]:
+    """The summed sender and receiver host time of tensors of ``sizes``, and on how many cores at once they can
+    run: one per tensor, as many as leave each at least the longest tensor's time (see the module)."""
     times = [cost.host_s(b) for b in sizes]
-    return sum(t[0] for t in times), sum(t[1] for t in times)
+    total = [a + b for a, b in times]
+    longest = max(total, default=0.0)
+    parts = max(1, min(len(times), int(sum(total) / longest))) if longest > 0 else 1
+    return sum(t[0] for t in times), sum(t[1] for t in times), parts
 
 
 def _measure(intervals: list[tuple[float, float]], window: tuple[float, float]) -> float:
