@@ -60,19 +60,20 @@ state cannot.
 (an earlier step's work first): a host's cores, as an OS runs ready threads, and a NIC's queues. That is not
 monotone in the link rate: a faster link changes the order work reaches a host's cores, and greedy scheduling
 without preemption can then leave a core idle that the slower order kept busy (Graham's anomalies). Measured (issue
-62's note): 18 of 120 random small cases were slower at twice the rate, by up to 4.5%, and 9 of the default grid's
-432 pairs of rates (a rate and the next faster), by up to 8.6%. It is not the measurement alone (a mean cut short of a
-cycle of steps, the smallest case's cause): with the mean over a whole detected cycle, 14 of 300 random cases
-stay slower. Neither a static priority (tried: Graham's
-anomalies are of priority lists) nor processor sharing is monotone in general; a fixed order on every queue is
-(each event time a max of sums of durations), but one order for every rate (an infinite link's, replayed) made
-a core wait for work the order put first though other work was ready: +11% a step in the median of 150 random
-cases, up to twice. So each rate keeps its own first-come schedule, and :func:`simulate_rates`, predicting several
-rates of one cluster together, gives each rate the faster of its own schedule and the next slower rate's
-prediction: a faster link can carry the slower rate's schedule unchanged (each transfer paced to the slower rate,
-as a NIC's rate limiter does), so that step is one the faster link can run. It costs nothing (no simulation more)
-and changes a prediction only where the anomaly would have: 9 of the default grid's 648, by up to 8.6%; such a
-prediction is the slower rate's (its fractions and utilisations, its NIC held for the slower rate's time).
+62's note): 18 of 120 random small cases were slower at twice the rate, by up to 4.5%, and 8 of the default grid's
+432 pairs of rates (a rate and the next faster), by up to 8.6%. It is not the measurement alone (a mean cut short of
+a cycle of steps, the smallest case's cause): with the mean over a whole detected cycle, 14 of 300 random cases stay
+slower. Neither a static priority (tried: Graham's anomalies are of priority lists) nor processor sharing is
+monotone in general; a fixed order on every queue is (each event time a max of sums of durations), but one order for
+every rate (an infinite link's, replayed) made a core wait for work the order put first though other work was ready:
++11% a step in the median of 150 random cases, up to twice. So each rate keeps its own first-come schedule, and
+:func:`simulate_rates`, predicting several rates of one cluster together, gives each rate the faster of its own
+schedule and the next slower rate's prediction: a faster link can carry the slower rate's schedule unchanged (each
+transfer paced to the slower rate, as a NIC's rate limiter does), so that step is one the faster link can run. It
+costs nothing (no simulation more) and changes a prediction only where the anomaly would have: 9 of the default
+grid's 648 (a change carries on to the next faster rate), by up to 8.6%, at 26.7 s for the grid's simulations here,
+26.0 s each rate alone; such a prediction is the slower rate's (its fractions and utilisations, its NIC held for the
+slower rate's time).
 """
 
 from __future__ import annotations
