@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.experiments.predict.costs import TransferCost, sizes_needed
-from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate
+from bench.experiments.predict.simulate import Cluster, StepPrediction, simulate_rates
 from bench.results.lines import GRPC_RDMA, GRPC_TCP, RDMA_CP, ZERO_COPY
 from bench.results.records import PredictRecord
 from bench.runtime.analyzer import Plan
@@ -189,11 +189,14 @@ def grid_size(models: int, transports: list[str], servers: list[int], rates: lis
 def _simulate_count(plan: Plan, servers: int, rates: list[LinkRate], costs: dict[str, TransferCost],
                     compute_s: float, cluster: dict[str, Any], asynchronous: bool = False,
                     backward_fraction: float = BACKWARD_FRACTION) -> dict[tuple[str, str], StepPrediction]:
-    """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool)."""
+    """Every link rate and transport at one server count: ``plan`` laid out once for it (a job of the pool); the
+    rates of a transport together, so that a faster link never predicts a slower step (:func:`simulate_rates`)."""
     laid = plan.for_servers(servers)
-    return {(rate.text, transport): simulate(laid, cost, Cluster(servers, rate.bps, **cluster), compute_s,
-                                             backward_fraction=backward_fraction, asynchronous=asynchronous)
-            for rate in rates for transport, cost in costs.items()}
+    by_transport = {transport: simulate_rates(laid, cost, Cluster(servers, **cluster), [rate.bps for rate in rates],
+                                              compute_s, backward_fraction=backward_fraction,
+                                              asynchronous=asynchronous)
+                    for transport, cost in costs.items()}
+    return {(rate.text, transport): by_transport[transport][rate.bps] for rate in rates for transport in costs}
 
 
 def predict(models: Iterable[ModelPlan], costs: dict[str, TransferCost], servers: list[int], rates: list[LinkRate],
