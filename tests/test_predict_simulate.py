@@ -210,3 +210,14 @@ def test_a_groups_tensors_share_the_hosts_cores_as_the_transports_send_pools_do(
     # up and down, each tensor's sender and receiver time: 4e-4 a tensor, eight of them over the cores
     assert prediction.step_s == pytest.approx(4e-4 * 8 / cores, rel=1e-9)
     assert prediction.utilisations["cpu:0"] == pytest.approx(1.0, rel=1e-9)  # every core busy all the step
+
+
+def test_a_workers_values_wait_until_it_has_sent_every_update_of_the_step():
+    """Two servers, two 100 MB variables on PS 0 (and a tiny one on PS 1), no host time: worker 1 sends both
+    gradients to PS 0 and only then asks for the next values, so neither value comes back alongside the second
+    gradient on the links' other direction: the step is both gradients up, then both values down."""
+    plan = make_plan([25_000_000, 10, 25_000_000], [True, True, True], 2)  # v0, v2 on PS 0; v1 on PS 1
+    free = make_cost((0.0, 0.0), (0.0, 0.0), 0.0)
+    rate = 8e9  # a GB/s: each 100 MB tensor takes 0.1 s on a link
+    step = simulate(plan, free, Cluster(2, rate, cores_per_host=4), 0.0, apply_s_per_byte=0.0).step_s
+    assert step == pytest.approx(0.4, rel=1e-3)  # 0.3 if v2's value came down while v0's gradient went up

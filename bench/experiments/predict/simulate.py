@@ -8,8 +8,9 @@ first), each bucket once backpropagation has produced its share of the gradient 
 updates go when the compute ends. Each bucket's gradients go to their variables' PSs as soon as it is ready. A PS,
 once a variable has every worker's gradient (synchronous) or as each one comes (``asynchronous``), applies it
 (``apply_s_per_byte`` per byte of each worker's gradient: CPU on its host) and sends the variable's new value to
-every worker (asynchronous: to the worker whose gradient it applied); a worker starts its next step once it has
-every variable's value. Compute itself occupies no host core (a GPU's work, or the replayed compute of
+every worker (asynchronous: to the worker whose gradient it applied) once that worker has sent all its updates of
+the step (the runtime's worker posts the next step's receives only then: until it does, the PS's values wait); a
+worker starts its next step once it has every variable's value. Compute itself occupies no host core (a GPU's work, or the replayed compute of
 ``--compute replay``, which waits).
 
 A transfer is, in order: the sender's host time (a core of its host: :meth:`TransferCost.host_s`), the per-message
@@ -262,6 +263,9 @@ class _Sim:
         self.starts: dict[int, list[float]] = {w: [] for w in self.workers}
         self.pending: dict[tuple[int, int], int] = {}
         self.done: dict[tuple[int, int], simpy.Event] = {}
+        #: per (worker, step): its updates not yet sent, and the event of the last one sent
+        self.unsent: dict[tuple[int, int], int] = {}
+        self.sent: dict[tuple[int, int], simpy.Event] = {}
         self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)
         self.nic_bytes: dict[int, list[int]] = {h: [0, 0] for h in range(servers)}
         #: per resource, the work (seconds x units held) of the measured steps' transfers and applies
@@ -358,6 +362,10 @@ class _Sim:
         members = self.members[worker]
         yield from self.transfer(worker, group.ps, costs[0], sum(group.up), 1, members, worker, True,
                                  step)
+        posted = (worker, step)
+        self.unsent[posted] -= 1
+        if self.unsent[posted] == 0:
+            self.sent[posted].succeed()
         key = (group.ps, id(group), step)
         self.arrived[key] += members
         if self.asynchronous or self.arrived[key] >= self.cluster.servers:
@@ -368,6 +376,10 @@ class _Sim:
 
     def send_values(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
+        # the worker asks for the next step's values once all its updates of this step are sent (the runtime's
+        # worker posts its receives at the start of a step, after the last step's sends are done): until then the
+        # PS's values wait (grpc's parked in its rendezvous, zerocopy's for the receiver's buffer)
+        yield self.sent[(worker, step)]
         yield from self.transfer(group.ps, worker, costs[1], sum(group.down), self.members[worker], 1, worker,
                                  False, step)
         key = (worker, step)
@@ -382,8 +394,8 @@ class _Sim:
             start = env.now
             self.starts[worker].append(start)
             key = (worker, step)
-            self.pending[key] = self.group_count
-            self.done[key] = env.event()
+            self.pending[key] = self.unsent[key] = self.group_count
+            self.done[key], self.sent[key] = env.event(), env.event()
             self.intervals[worker]["compute"].append((start, start + self.compute_s))
             for fraction, groups in self.schedule:
                 ready = start + (self.compute_s if fraction > 1 else forward + self.backward_fraction
@@ -394,6 +406,7 @@ class _Sim:
                     env.process(self.send_gradients(worker, group, step))
             if self.group_count == 0:
                 self.done[key].succeed()
+                self.sent[key].succeed()
             yield self.done[key]
         self.starts[worker].append(env.now)
 
