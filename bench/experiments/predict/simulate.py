@@ -1,17 +1,17 @@
 """One parameter-server training step at any scale, simulated event by event with SimPy (issue 62, item 2).
 
-**The model.** Every server is one host running a worker and a parameter server (PS); variables are placed on
-the PSs as the runtime places them (``plan.layout``: round-robin). Per step, each worker computes for
-``compute_s``: the forward pass, then the backward pass (``backward_fraction`` of it), which makes the dense
-gradients ready in the runtime's own buckets (:func:`bench.runtime.analyzer.gradient_buckets`, last weights
-first), each bucket once backpropagation has produced its share of the gradient bytes; sparse gradients and state
-updates go when the compute ends. Each bucket's gradients go to their variables' PSs as soon as it is ready. A PS,
-once a variable has every worker's gradient (synchronous) or as each one comes (``asynchronous``), applies it
-(``apply_s_per_byte`` per byte of each worker's gradient: CPU on its host) and sends the variable's new value to
-every worker (asynchronous: to the worker whose gradient it applied) once that worker has sent all its updates of
-the step (the runtime's worker posts the next step's receives only then: until it does, the PS's values wait); a
-worker starts its next step once it has every variable's value. Compute itself occupies no host core (a GPU's work, or the replayed compute of
-``--compute replay``, which waits).
+**The model.** Every server is one host running a worker and a parameter server (PS); variables are placed on the
+PSs as the runtime places them (``plan.layout``: round-robin). Per step, each worker computes for ``compute_s``:
+the forward pass, then the backward pass (``backward_fraction`` of it), which makes the dense gradients ready in
+the runtime's own buckets (:func:`bench.runtime.analyzer.gradient_buckets`, last weights first), each bucket once
+backpropagation has produced its share of the gradient bytes; sparse gradients and state updates go when the
+compute ends. Each bucket's gradients go to their variables' PSs as soon as it is ready. A PS, once a variable has
+every worker's gradient (synchronous) or as each one comes (``asynchronous``), applies it (``apply_s_per_byte`` per
+byte of each worker's gradient: CPU on its host) and sends the variable's new value to every worker (asynchronous:
+to the worker whose gradient it applied) once that worker has sent all its updates of the step (the runtime's
+worker posts the next step's receives only then: until it does, the PS's values wait); a worker starts its next
+step once it has every variable's value. Compute itself occupies no host core (a GPU's work, or the replayed
+compute of ``--compute replay``, which waits).
 
 A transfer is, in order: the sender's host time (a core of its host: :meth:`TransferCost.host_s`), the per-message
 latency, the wire (one egress queue at the sender's NIC and one ingress queue at the receiver's, each at the link
