@@ -115,6 +115,8 @@ def rank_job(config: TrainConfig, ctx) -> tuple[str, StepTimes]:
         times.extra["fabric"] = transport.describe()
         if config.watch is not None:
             times.extra["watch"] = transport.finish()
+        if config.watch is None:  # (a soak's watch reads the launcher's messages itself, and drains them)
+            stopping.finish(layout)
     return role, times
 
 
@@ -381,7 +383,8 @@ class Trainings:
         ready = self.prepared[(model, batch)]
         # the plan analysed once per model and batch size, laid out for this run's servers (placement and
         # roles follow the plan's layout: a plan of another server count would run other ranks than the config's)
-        config = dataclasses.replace(config, plan=ready.plan.for_servers(servers), compute_s=ready.compute_s)
+        plan = ready.plan.for_servers(servers) if ready.plan is not None else None  # real compute: each rank's own
+        config = dataclasses.replace(config, plan=plan, compute_s=ready.compute_s)
         if problem := config.memory_problem():
             raise ValueError(problem)
         options = choice.constructor_options(args, self.launcher)

@@ -43,7 +43,7 @@ once beforehand (:func:`bench.experiments.training.profile`), which also measure
 ``replay`` waits. Every transfer, ledger entry and runtime copy is the same as
 with real compute; only the CPU the model would take is left out.
 
-Why one module of 780 lines: the worker, the parameter server and the Local baseline are one runtime;
+Why one module of 790 lines: the worker, the parameter server and the Local baseline are one runtime;
 they share the config, the step times and the update functions, so that the Local line applies exactly the
 updates the servers apply.
 """
@@ -222,6 +222,10 @@ def plan_of(config: TrainConfig) -> Plan:
 # -- the roles -----------------------------------------------------------------
 
 
+#: what each parameter server tells each worker once it has every update of the run (:meth:`Stopping.finish`)
+RUN_DONE = "run_done"
+
+
 class Stopping:
     """Where a run's steps end: ``warmup + steps``, or sooner when it trains for a time (``time_s``).
 
@@ -242,14 +246,37 @@ class Stopping:
         self.time_s = config.time_s
         self.timeout_s = config.timeout_s
         self._ctx = ctx
+        self._done: set[int] = set()  # the parameter servers that said they have every update (finish)
 
     def poll(self) -> int:
         """The end as far as this rank knows it now (reading worker 0's word if it came)."""
         if self._ctx is not None and self.time_s is not None:
             while (message := self._ctx.poll()) is not None:
-                if isinstance(message, tuple) and message[:1] == ("stop",):
-                    self.end = min(self.end, int(message[1]))
+                self._take(message)
         return self.end
+
+    def _take(self, message: Any) -> None:
+        if isinstance(message, tuple) and message[:1] == ("stop",):
+            self.end = min(self.end, int(message[1]))
+        elif isinstance(message, tuple) and message[:1] == (RUN_DONE,):
+            self._done.add(int(message[1]))
+
+    def finish(self, layout) -> None:
+        """The run's end, after the last step: each PS tells every worker once it has received all their updates,
+        and a worker waits to hear it from every PS before it closes its transport. A transport's send can be done
+        before its bytes arrive (grpc_tcp's once they are handed to gRPC): a worker that closed and exited at once
+        took its last stream with it (fcn5 over grpc_tcp, 4 servers on 1 Gbit/s links: 'Connection reset by peer'
+        at its parameter server). Through the launcher, not the transport: a transport's last message has the same
+        problem (its sender gone before its receiver asks for it, over grpc_rdma); ``tell`` returns once the word
+        is in every worker's inbox."""
+        if self._ctx is None:
+            return
+        workers = [layout.worker(s) for s in range(layout.servers)]
+        if self._ctx.rank not in workers:
+            self._ctx.tell(workers, (RUN_DONE, self._ctx.rank), self.timeout_s)
+            return
+        while not {layout.ps(s) for s in range(layout.servers)} <= self._done:
+            self._take(self._ctx.receive(self.timeout_s))
 
     def decide(self, step: int, trained_s: float) -> None:
         """Worker 0, as step ``step`` begins after ``trained_s`` seconds of training: end soon if the time is up."""
