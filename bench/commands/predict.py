@@ -276,10 +276,10 @@ def summary(records: list[Any], transports: list[str], out: Any = None) -> None:
             if first is None:
                 busiest = max((r for r in rows if r.transport == t), key=lambda r: r.saturated_utilisation)
                 what = (f"nothing saturates up to {servers[-1]} servers (busiest: "
-                        f"{grid.resource_name(busiest.saturated)}, {busiest.saturated_utilisation:.0%} at "
+                        f"{PredictRecord.describe_resource(busiest.saturated)}, {busiest.saturated_utilisation:.0%} at "
                         f"{busiest.servers})")
             else:
-                what = (f"{grid.resource_name(first.resource)} saturates first, at {first.servers} server(s) "
-                        f"({first.utilisation:.0%} busy)")
+                what = (f"{PredictRecord.describe_resource(first.resource)} saturates first, at {first.servers} "
+                        f"server(s) ({first.utilisation:.0%} busy)")
             print(f"  {t}: {parts}; {what}", file=out)
 

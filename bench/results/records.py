@@ -483,6 +483,18 @@ class PredictRecord(_OfALine, Record):
         """This record's cluster in words (:meth:`describe_cluster`)."""
         return self.describe_cluster(self.cores_per_host, self.shared_cores, self.oversubscription, self.asynchronous)
 
+    @staticmethod
+    def describe_resource(resource: Any) -> str:
+        """A ``saturated`` resource for a person: ``nic:ingress:0`` -> ``host 0's NIC ingress``."""
+        parts = str(resource).split(":")
+        if parts[0] == "nic" and len(parts) == 3:
+            return f"host {parts[2]}'s NIC {parts[1]}"
+        if parts[0] == "cpu" and len(parts) == 2:
+            return "the pool of shared cores" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
+        if str(resource) == "switch":
+            return "the switch (oversubscribed)"
+        return str(resource)
+
 
 RECORD_TYPES: dict[str, type[Record]] = {cls.experiment: cls for cls in (
     MicroRecord, ModelRecord, ScaleRecord, SoakRecord, ConvergeRecord, ModelsRecord, AnalysisRecord,

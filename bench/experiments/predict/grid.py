@@ -254,18 +254,6 @@ class Saturation:
     utilisation: float
 
 
-def resource_name(resource: str) -> str:
-    """A simulated resource for a person: ``nic:ingress:0`` -> ``host 0's NIC ingress``."""
-    parts = resource.split(":")
-    if parts[0] == "nic" and len(parts) == 3:
-        return f"host {parts[2]}'s NIC {parts[1]}"
-    if parts[0] == "cpu" and len(parts) == 2:
-        return "the pool of shared cores" if parts[1] == "shared" else f"host {parts[1]}'s CPU (its worker and PS)"
-    if resource == "switch":
-        return "the switch (oversubscribed)"
-    return resource
-
-
 def saturation(records: list[PredictRecord]) -> dict[tuple[str, int, str, str], Saturation | None]:
     """Per line (model, batch size, link rate, transport): the fewest servers at which a resource is busy at least
     :data:`SATURATED` of the step, and which; None where none is at any server count of the grid."""

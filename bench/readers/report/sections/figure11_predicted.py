@@ -17,6 +17,7 @@ from bench.readers.report.page import Section, Table
 from bench.readers.report.text import ZERO_COPY, claim_cell, divide, line_name, listing, num, ordered, times
 from bench.results import Run
 from bench.results import lines as catalogue
+from bench.results.records import PredictRecord
 
 #: the link rate of the paper's cluster (§5.1: 100 Gb/s RoCE), the one its Figure 11 ratios are compared at
 PAPER_LINK_BPS = 100e9
@@ -52,8 +53,8 @@ def figure11_predicted(run: Run, label: str) -> Section | None:
             first = next((n for n in servers if (t, n) in at and at[(t, n)].saturated_utilisation >= SATURATED), None)
             parts.append([line_name(t), f"{r.step_time_s:.4g}", f"{r.compute_fraction:.0%}", f"{r.host_fraction:.0%}",
                           f"{r.wire_fraction:.0%}", f"{r.wait_fraction:.0%}",
-                          f"{resource_name(r.saturated)} ({r.saturated_utilisation:.0%})",
-                          f"{first}: {resource_name(at[(t, first)].saturated)}" if first else "none"])
+                          f"{PredictRecord.describe_resource(r.saturated)} ({r.saturated_utilisation:.0%})",
+                          f"{first}: {PredictRecord.describe_resource(at[(t, first)].saturated)}" if first else "none"])
         section.tables.append(Table(f"predicted-parts-{tag}", f"{model_name(model)}, {rate} links, {most} servers: "
                                     "what a predicted step rests on (per worker, averaged)",
                                     ["line", "step (s)", "compute", "host", "wire", "waiting", "busiest resource",
@@ -71,16 +72,6 @@ def figure11_predicted(run: Run, label: str) -> Section | None:
                          f"a worker and a parameter server, each host one NIC at the link rate.")
     section.notes += status_notes(run)
     return section
-
-
-def resource_name(resource: str) -> str:
-    """A simulated resource for a person: ``nic:ingress:0`` -> ``host 0's NIC ingress``."""
-    parts = str(resource).split(":")
-    if parts[0] == "nic" and len(parts) == 3:
-        return f"host {parts[2]}'s NIC {parts[1]}"
-    if parts[0] == "cpu" and len(parts) == 2:
-        return "the shared CPUs" if parts[1] == "shared" else f"host {parts[1]}'s CPU"
-    return str(resource)
 
 
 def _paper_quotes(records) -> list[tuple[str, str]]:
