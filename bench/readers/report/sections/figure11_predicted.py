@@ -14,7 +14,17 @@ from bench.ground import paper
 from bench.ground.paper import model_name
 from bench.readers.report.notes import status_notes
 from bench.readers.report.page import Section, Table
-from bench.readers.report.text import ZERO_COPY, claim_cell, divide, line_name, listing, num, ordered, times
+from bench.readers.report.text import (
+    ZERO_COPY,
+    claim_cell,
+    divide,
+    line_name,
+    listing,
+    num,
+    ordered,
+    quote,
+    times,
+)
 from bench.results import Run
 from bench.results import lines as catalogue
 from bench.results.records import PredictRecord
@@ -31,7 +41,7 @@ def figure11_predicted(run: Run, label: str) -> Section | None:
     if records.empty:
         return None
     section = Section("figure11-predicted", "Figure 11 predicted: scalability beyond this machine", run, label,
-                      paper=[quote for quote in _paper_quotes(records)])
+                      paper=_paper_quotes(records))
     panels = list(dict.fromkeys(zip(records["model"], records["batch_size"], records["link_rate"], strict=True)))
     for model, batch, rate in panels:
         rows = records[(records["model"] == model) & (records["batch_size"] == batch) & (records["link_rate"] == rate)]
@@ -75,8 +85,6 @@ def figure11_predicted(run: Run, label: str) -> Section | None:
 
 
 def _paper_quotes(records) -> list[tuple[str, str]]:
-    from bench.readers.report.text import quote
-
     if "vgg16" not in set(records["model"]):
         return []
     return [quote(paper.SCALE_OVER_GRPC_RDMA["vgg16"]), quote(paper.SCALE_OVER_ONE_SERVER[("vgg16", ZERO_COPY)]),

@@ -298,12 +298,9 @@ def _none_matched(predicted: list[tuple[str, Run]], points: pd.DataFrame) -> str
 def cluster_text(run: Run) -> str:
     """The cluster a predict run's records say it assumed, in :meth:`PredictRecord.describe_cluster`'s words (a run
     from before they recorded one assumed the defaults)."""
-    describe = getattr(PredictRecord, "describe_cluster", None)
     present = [n for n in ("cores_per_host", "shared_cores", "oversubscription", "asynchronous") if n in run.records]
-    found = [""]
-    if describe is not None and present:
-        found = list(dict.fromkeys(describe(**dict(zip(present, values, strict=True)))
-                                   for values in zip(*(run.records[n] for n in present), strict=True)))
+    found = list(dict.fromkeys(PredictRecord.describe_cluster(**dict(zip(present, values, strict=True)))
+                               for values in zip(*(run.records[n] for n in present), strict=True))) if present else [""]
     return listing(f"{words} (else as the defaults: {_DEFAULT_CLUSTER})" if words else _DEFAULT_CLUSTER
                    for words in found)
 
