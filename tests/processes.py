@@ -45,7 +45,7 @@ def gone(pid: int) -> bool:
     """Whether ``pid`` has ended (a zombie has ended)."""
     try:
         return _stat_fields(pid)[0] == "Z"
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # reaped before, or between open and read
         return True
 
 
