@@ -375,20 +375,19 @@ def _write_raw_message(link_owner, peer: int, raw: np.ndarray) -> None:
     from transports.grpc_rdma.transport import IMM_MESSAGE
 
     link = link_owner._links[peer]
-
-    def write() -> None:  # on the link's writer, where every write to the peer goes
+    with link.lock:
         link.tx_message.array[:] = raw
         channel = link.channel
         channel.wait(channel.write(link.tx_message.array, link.peer_message), SHORT_TIMEOUT_S)
         channel.wait(channel.flush(), SHORT_TIMEOUT_S)
         link.remote_busy = True
         link_owner._write_entry(link, IMM_MESSAGE)
-    link_owner._queue_write(link, write).result(timeout=SHORT_TIMEOUT_S)
 
 
 def _write_imm(link_owner, peer: int, imm: int) -> None:
     link = link_owner._links[peer]
-    link_owner._queue_write(link, lambda: link_owner._write_entry(link, imm)).result(timeout=SHORT_TIMEOUT_S)
+    with link.lock:
+        link_owner._write_entry(link, imm)
 
 
 @FABRIC

@@ -14,13 +14,6 @@ and tensors then go over the fabric, following the design note in
 * Per peer and direction one message is in flight: the writer marks the remote
   buffer busy; the reader parses the message and answers with an ACK, which
   marks it idle again. Further messages wait in a queue.
-* Every write to a peer (messages, ACKs, tensor content) goes through that peer's
-  *writer*, one thread running them in order, as a queue pair's send queue runs
-  its work requests: whoever asks for a write (the poller, the thread whose send
-  met a waiting request) queues it and goes on, as TensorFlow's verbs code posts
-  a write and goes on. Before, the asking thread waited for the write: a poller
-  writing a large tensor to one peer handled no other peer's messages meanwhile,
-  and a worker's sends went one at a time, copy and wire in turn.
 * ``buffered`` mode (the default, the paper's gRPC.RDMA): the sender copies the
   tensor into a registered send buffer, writes it into the receiver's registered
   proxy buffer, and the receiver copies it into the result tensor: one copy on
@@ -61,8 +54,7 @@ import threading
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,8 +113,6 @@ class _Link:
     attached: LinkRequest | None = None  # what the peer told us at setup (a second, different one is refused)
     responses: dict[int, _Response] = field(default_factory=dict)  # clones waiting for their re-request
     queue: deque[Message] = field(default_factory=deque)
-    #: runs every write to the peer, in order (see the module); started once the link is ready
-    writer: ThreadPoolExecutor | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -222,10 +212,6 @@ class GrpcRdmaTransport(FabricTransport):
         for request in requests:
             settle(request.future, error=closed)
         self._poller.join(timeout=5)
-        with self._lock:
-            writers = [link.writer for link in self._links.values() if link.writer is not None]
-        for writer in writers:  # what is queued fails at once: the device's waits are interrupted
-            writer.shutdown(wait=True)
 
     # links: setup over gRPC ------------------------------------------------
 
@@ -268,7 +254,6 @@ class GrpcRdmaTransport(FabricTransport):
                     raise TransportError(f"grpc_rdma: rank {link.peer} is already linked; a rank links once")
                 return
             link.channel = self._channel(link.peer, 0, list(peer.device))
-            link.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"grpc_rdma-{self.rank}-to-{link.peer}")
             link.peer_message = peer.message
             link.peer_ring = peer.ring
             link.attached = peer
@@ -330,9 +315,9 @@ class GrpcRdmaTransport(FabricTransport):
 
     def _write_entry(self, link: _Link, imm: int, data: np.ndarray | None = None,
                      target: RemoteRegion | None = None) -> None:
-        """Deliver immediate ``imm`` to the peer after ``data`` (if any) is at ``target`` (on the link's writer:
-        :meth:`_queue_write`): a native write with immediate where the fabric has one (verbs), else the next entry
-        of the peer's immediate ring, written after the data, and a doorbell."""
+        """Deliver immediate ``imm`` to the peer after ``data`` (if any) is at ``target`` (the caller holds
+        link.lock): a native write with immediate where the fabric has one (verbs), else the next entry of
+        the peer's immediate ring, written after the data, and a doorbell."""
         channel = link.channel
         if self.device.immediates:
             if data is None:
@@ -352,22 +337,6 @@ class GrpcRdmaTransport(FabricTransport):
         self._fabric(channel, channel.notify(), "waking the peer", link.peer)  # its "completion event"
         link.written += 1
 
-    def _queue_write(self, link: _Link, job: Callable[[], None]) -> Future:
-        """Run ``job`` (writes to ``link.peer``) on the link's writer, after the writes queued before it (see the
-        module); a write that fails there fails everything waiting on the peer. Done when the job is."""
-        try:
-            return link.writer.submit(self._run_write, link, job)
-        except RuntimeError:  # the writer was shut down
-            raise TransportClosed(f"grpc_rdma rank {self.rank} was closed") from None
-
-    def _run_write(self, link: _Link, job: Callable[[], None]) -> None:
-        try:
-            job()
-        except (TransportError, FabricError, ProtocolError) as exc:
-            if not self._closed.is_set():
-                self._fail_peer(link.peer, exc if isinstance(exc, PeerError) else PeerError(
-                    f"grpc_rdma: writing to {self.peer_name(link.peer)} failed: {type(exc).__name__}: {exc}"))
-
     def _post(self, link: _Link, message: Message) -> None:
         """Send a protocol message now if the peer's buffer is idle, else queue it behind the others."""
         with link.lock:
@@ -382,21 +351,19 @@ class GrpcRdmaTransport(FabricTransport):
             if link.remote_busy or not link.queue:
                 return
             message = link.queue.popleft()
-            # the buffer is ours again only after the peer's ACK, which comes after it read this message
             encode(message, link.tx_message.array)
             link.remote_busy = True
-            self._queue_write(link, lambda: self._write_entry(link, IMM_MESSAGE, link.tx_message.array,
-                                                              link.peer_message))
+            self._write_entry(link, IMM_MESSAGE, link.tx_message.array, link.peer_message)
             self.messages_sent[message.type.name] += 1
             self.ledger.add(control_messages=1)
 
     def _write_content(self, link: _Link, index: int, source: np.ndarray, addr: int, rkey: bytes) -> None:
-        """Write tensor content to where a request asked, then its immediate (the request index): on the link's
-        writer."""
-        if source.nbytes:
-            self._write_entry(link, index, source, RemoteRegion(addr, source.nbytes, rkey))
-        else:
-            self._write_entry(link, index)
+        """Write tensor content to where a request asked, then its immediate (the request index)."""
+        with link.lock:
+            if source.nbytes:
+                self._write_entry(link, index, source, RemoteRegion(addr, source.nbytes, rkey))
+            else:
+                self._write_entry(link, index)
 
     # sending: passive --------------------------------------------------------
 
@@ -425,19 +392,9 @@ class GrpcRdmaTransport(FabricTransport):
         waiting.add_done_callback(lambda done: self._respond(link, message, key, done))
 
     def _respond(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
-        """The tensor for a request is here (or failed): answer on the link's writer, not on this thread (the
-        poller's, or the one whose send met the request)."""
-        try:
-            self._queue_write(link, lambda: self._respond_now(link, request, key, taken))
-        except TransportClosed as exc:
-            if taken.exception() is None:
-                settle(taken.result()[1], error=exc)
-
-    def _respond_now(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
-        """On the link's writer: answer with meta-data, or write the tensor."""
+        """The tensor for a request is here (or failed): answer with meta-data or write it."""
         index = request.request_index
-        # the decision under the link's lock, so that a CANCEL (handled under it too) comes wholly before or
-        # after it; a CANCEL after it queues its confirmation behind this write
+        # under the link's lock, so that a CANCEL (handled under it too) comes wholly before or after
         with link.lock:
             with self._lock:
                 serving = self._serving.pop((link.peer, index), None)
@@ -446,21 +403,29 @@ class GrpcRdmaTransport(FabricTransport):
                     with contextlib.suppress(ValueError, TransportClosed):
                         self._outbox.put(key, taken.result())
                 return
-            if taken.exception() is not None:
-                self._send_error(link, request, key, taken.exception())
-                return
-            array, sent = taken.result()
-            try:
-                meta = TensorMeta.of(array)
-                if self.validate or request.meta != meta:
-                    self._respond_with_meta(link, index, key, array, meta)
-                    settle(sent)
-                    return
-            except Exception as exc:  # whatever it is, both sides learn of it: nobody waits out a timeout
-                settle(sent, error=exc)
-                self._send_error(link, request, key, exc)
-                return
+            self._respond_now(link, request, key, taken)
+
+    def _respond_now(self, link: _Link, request: Message, key: Key, taken: Future) -> None:
+        index = request.request_index
+        if taken.exception() is not None:
+            self._send_error(link, request, key, taken.exception())
+            return
+        array, sent = taken.result()
         try:
+            meta = TensorMeta.of(array)
+            if self.validate or request.meta != meta:
+                if len(link.responses) >= link.slots:  # more than the peer may have in flight
+                    raise ProtocolError(f"{len(link.responses)} meta-data responses wait for a re-request")
+                # keep a clone in registered memory until the re-request says where to write (on the tensor's device,
+                # for one this transport moves device to device)
+                clone = self._alloc(array.nbytes, None, memory_of(array) if in_device_memory(array) else None)
+                self._copy_into(clone, array)
+                link.responses[index] = _Response(index, key, clone, meta)
+                settle(sent)
+                checksum = self._checksum(clone.array) if self.validate else 0
+                self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
+                                         meta=meta, checksum=checksum))
+                return
             # counted first: once the immediate is written, the receiver may look at our ledger
             self.ledger.sent(array.nbytes)
             self._write_tensor(link, index, array, request.remote_addr, request.rkey)
@@ -468,19 +433,6 @@ class GrpcRdmaTransport(FabricTransport):
         except Exception as exc:  # whatever it is, both sides learn of it: nobody waits out a timeout
             settle(sent, error=exc)
             self._send_error(link, request, key, exc)
-
-    def _respond_with_meta(self, link: _Link, index: int, key: Key, array: np.ndarray, meta: TensorMeta) -> None:
-        """The receiver's meta-data is new or changed: keep a clone of ``array`` in registered memory until the
-        re-request says where to write (on the tensor's device, for one this transport moves device to device),
-        and answer META_DATA_RESPONSE (the caller holds the link's lock)."""
-        if len(link.responses) >= link.slots:  # more than the peer may have in flight
-            raise ProtocolError(f"{len(link.responses)} meta-data responses wait for a re-request")
-        clone = self._alloc(array.nbytes, None, memory_of(array) if in_device_memory(array) else None)
-        self._copy_into(clone, array)
-        link.responses[index] = _Response(index, key, clone, meta)
-        checksum = self._checksum(clone.array) if self.validate else 0
-        self._post(link, Message(MessageType.META_DATA_RESPONSE, index, name=key.name, step_id=key.step,
-                                 meta=meta, checksum=checksum))
 
     # registered memory for a tensor's bytes: the pool's, or a device's ------------------------------------------
 
@@ -541,18 +493,11 @@ class GrpcRdmaTransport(FabricTransport):
             response = link.responses.pop(message.request_index, None)
         if response is None:
             raise ProtocolError(f"TENSOR_RE_REQUEST for unknown request {message.request_index}")
-
-        def write() -> None:
-            try:
-                self.ledger.sent(response.meta.nbytes)
-                self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
-            finally:
-                self._free(response.clone)
         try:
-            self._queue_write(link, write)
-        except TransportClosed:
+            self.ledger.sent(response.meta.nbytes)
+            self._write_content(link, response.index, response.clone.array, message.remote_addr, message.rkey)
+        finally:
             self._free(response.clone)
-            raise
 
     def _on_cancel(self, link: _Link, message: Message) -> None:
         """The receiver gave up on a request: write nothing more for it, free its clone, confirm."""
@@ -801,7 +746,7 @@ class GrpcRdmaTransport(FabricTransport):
         elif imm == IMM_MESSAGE:
             message = parse(link.rx_message.array)
             with link.lock:  # the buffer is free for the peer's next message
-                self._queue_write(link, lambda: self._write_entry(link, IMM_ACK))
+                self._write_entry(link, IMM_ACK)
                 self.messages_sent["ACK"] += 1
             handler = {
                 MessageType.TENSOR_REQUEST: self._on_request,
