@@ -67,3 +67,12 @@ def test_predictions_off_the_papers_cluster_get_no_paper_comparison(tmp_path):
     assert not [t for t in made.tables if t.name == "predicted-paper"]
     made = section(tmp_path / "slow", link_rate="10gbit")
     assert not [t for t in made.tables if t.name == "predicted-paper"]
+
+
+def test_a_predict_run_says_how_to_check_it_against_real_runs_here(tmp_path):
+    made = section(tmp_path, link_rate="10gbit")
+    check = [note for note in made.notes if note.startswith("To check predictions")]
+    assert len(check) == 1
+    launcher = "--launcher " + "netns"  # named, not run: the command a user is told to run
+    assert f"`bench scale vgg16 {launcher} --compute replay --link-rate 10gbit --servers 1,2,4`" in check[0]
+    assert "--compute-from" in check[0] and "`bench report` of both runs" in check[0]

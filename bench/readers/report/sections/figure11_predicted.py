@@ -80,8 +80,19 @@ def figure11_predicted(run: Run, label: str) -> Section | None:
                          f"micro run {run.meta.get('settings', {}).get('micro_run', '?')} of the machine that made "
                          f"the run, compute {listing(sorted(set(records['compute'])))}; a server is one host running "
                          f"a worker and a parameter server, each host one NIC at the link rate.")
+    section.notes.append(_how_to_check(records))
     section.notes += status_notes(run)
     return section
+
+
+def _how_to_check(records) -> str:
+    """How a user checks such predictions against real runs on one machine (issue 62's validation)."""
+    model, rate = records["model"].iloc[0], records["link_rate"].iloc[0]
+    return (f"To check predictions against real runs here: `bench scale {model} --launcher netns --compute replay "
+            f"--link-rate {rate} --servers 1,2,4`, then `bench predict {model} --servers 1,2,4 --link-rate {rate} "
+            f"--shared-cores <this machine's cores> --compute-from <that run>` (every emulated host on this "
+            f"machine's cores, its measured compute); `bench report` of both runs sets each prediction beside its "
+            f"measured point with the error, and Optimus's curve fit beside it.")
 
 
 def _paper_quotes(records) -> list[tuple[str, str]]:
