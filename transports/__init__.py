@@ -32,7 +32,10 @@ class TransportUnavailable(RuntimeError):
     """A registered transport that cannot run on this machine."""
 
 
-#: name -> the Transport class, ``module:TRANSPORT``; the order is the order of figures and tables.
+#: name -> the Transport class, ``module:TRANSPORT``, in the order ``bench info`` lists them and ``bench micro`` runs
+#: them by default. Figures and tables order lines by the catalogue (``bench/results/lines.py``), which gives each
+#: its paper name, label and look; transports/ imports nothing from bench/, so the names are written here and
+#: tests/test_catalogue_names.py checks that every one is a line of the catalogue and the reverse.
 REGISTRY = Registry("transport", {
     "grpc_tcp": "transports.grpc_tcp:TRANSPORT",
     "grpc_rdma": "transports.grpc_rdma:TRANSPORT",

@@ -25,7 +25,7 @@ from bench.experiments.models import resolve_model
 from bench.launch import Launcher, RankSpec
 from bench.launch.local import LocalLauncher
 from bench.results import DiskError, ModelRecord, ScaleRecord
-from bench.results.lines import TORCH_DDP, TORCH_RPC
+from bench.results import lines as catalogue
 from bench.runtime.analyzer import Layout, Plan
 from bench.runtime.framework import DEFAULT_FRAMEWORK
 from bench.runtime.ps import (
@@ -219,7 +219,7 @@ def train(config: TrainConfig, launcher: Launcher | None = None,
 
 def train_local(config: TrainConfig, launcher: Launcher | None = None) -> StepTimes | None:
     """The "local" line in a process of its own (its peak memory is its own); None off the coordinator."""
-    results = (launcher or LocalLauncher()).run([RankSpec(functools.partial(local_job, config), "local")],
+    results = (launcher or LocalLauncher()).run([RankSpec(functools.partial(local_job, config), LOCAL)],
                                                 config.timeout_s + _SLACK_S, label=f"{config.model}-local")
     if not results:
         return None
@@ -457,15 +457,9 @@ class TfGrpcTraining(TrainingLine):
         return tf_grpc_record(config, launcher), None
 
 
-#: the training lines that are not one of our transports; every registered transport is a :class:`TransportTraining`
-REGISTRY = Registry("training line", {
-    LOCAL: ("bench.experiments.training:LocalTraining", "the same updates in one process, no communication"),
-    TF_GRPC: ("bench.experiments.training:TfGrpcTraining", "TensorFlow's own parameter-server training over gRPC"),
-    TORCH_RPC: ("bench.experiments.torch_training:TorchRpcTraining",
-                  "PyTorch's own parameter-server training over torch.distributed.rpc (TensorPipe)"),
-    TORCH_DDP: ("bench.experiments.torch_training:TorchDdpTraining",
-                  "PyTorch's DistributedDataParallel: all-reduce of gradients (gloo on the CPU, NCCL on a GPU)"),
-})
+#: the training lines that are not one of our transports, in the catalogue's order: its lines that name a training
+#: line (bench.results.lines, ``Line.training``); every registered transport is a :class:`TransportTraining`
+REGISTRY = Registry("training line", {line.name: line.training for line in catalogue.trained()})
 
 
 def line_of(name: str) -> TrainingLine:

@@ -61,6 +61,9 @@ class Line:
     calibrates: str | None = None
     #: ``bench micro`` measures it (False: a training-only line, e.g. ``torch_ddp``: ``bench model`` runs it)
     micro: bool = True
+    #: ``module:attribute`` of the :class:`~bench.experiments.training.TrainingLine` that trains it, for a line of
+    #: the training figures that is not one of this suite's transports (those train over the PS runtime)
+    training: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -71,17 +74,19 @@ _PEER_LOOK = {"linestyle": (0, (5, 2))}  # peers: thin and dashed beside the tra
 
 
 def _peer(name: str, paper: str, label: str, color: str, marker: str, measured_by: str | None, about: str,
-          hollow: bool = True) -> Line:
+          hollow: bool = True, trained_by: str | None = None) -> Line:
     """A peer line: dashed, its marker hollow unless told, measured by ``bench.experiments.peers.<measured_by>``
-    (None: a training-only line, which ``bench model`` runs and ``bench micro`` does not)."""
+    (None: a training-only line, which ``bench model`` runs and ``bench micro`` does not) and trained by
+    ``bench.experiments.<trained_by>`` (None: no training line)."""
     style = {"color": color, "marker": marker, **({"markerfacecolor": "none"} if hollow else {}), **_PEER_LOOK}
     return Line(name, "peer", paper, label, style, about=about, micro=measured_by is not None,
-                implementation=measured_by and f"bench.experiments.peers.{measured_by}")
+                implementation=measured_by and f"bench.experiments.peers.{measured_by}",
+                training=trained_by and f"bench.experiments.{trained_by}")
 
 
 _CATALOGUE: dict[str, Line] = {line.name: line for line in (
     Line(LOCAL, "local", "Local", "Local (no transfer)", {"color": "#444444", "marker": "s", "linestyle": "--"},
-         hatched=True),
+         hatched=True, training="bench.experiments.training:LocalTraining"),
     # this suite's transports, from the RPC baseline to zero copy (the report's tables take them the other way)
     Line("grpc_tcp", "transport", "gRPC.TCP", "gRPC.TCP", {"color": "#d62728", "marker": "o"}, copying=True),
     Line("grpc_rdma:direct", "transport", "gRPC.RDMA direct", "gRPC.RDMA direct (0-copy)",
@@ -164,7 +169,8 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
          implementation="bench.experiments.references.null:NullLine",
          about="the harness measuring itself: the same loops over a link that moves nothing, below 64KB"),
     Line(TF_GRPC, "tf_grpc", "TF gRPC (tf_grpc)", "TensorFlow PS over gRPC (today)",
-         {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp"),
+         {"color": "#7f7f7f", "marker": "*", "linestyle": "-."}, paper_line="grpc_tcp",
+         training="bench.experiments.training:TfGrpcTraining"),
     _peer("mpi", "MPI Send/Recv", "MPI Send/Recv (peer: Open MPI)", "#000000", "o", "mpi:MpiLine",
           "MPI point-to-point: mpi4py Send/Recv (the mpi extra)"),
     _peer("mpi_rma", "MPI one-sided put", "MPI one-sided put + flag (peer)", "#555555", "s", "mpi:MpiRmaLine",
@@ -180,10 +186,11 @@ _CATALOGUE: dict[str, Line] = {line.name: line for line in (
           "extra)", hollow=False),
     _peer("torch_rpc", "torch RPC", "torch.distributed.rpc over TensorPipe (peer: PyTorch)", "#812ce5", "p",
           "torch_rpc:RpcLine", "PyTorch's torch.distributed.rpc: rpc_sync carrying the tensor to a function of the "
-          "receiver's, over TensorPipe (shm/cma on one host; the torch extra)", hollow=False),
+          "receiver's, over TensorPipe (shm/cma on one host; the torch extra)", hollow=False,
+          trained_by="torch_training:TorchRpcTraining"),
     _peer("torch_ddp", "PyTorch DDP", "PyTorch DDP (all-reduce)", "#fdae6b", ">", None,
           "PyTorch's DistributedDataParallel: gradients all-reduced (gloo on the CPU, NCCL on a GPU); bench model "
-          "only", hollow=False),
+          "only", hollow=False, trained_by="torch_training:TorchDdpTraining"),
 )}
 
 #: the lines the readers single out by name (the paper's comparisons are about them)
@@ -265,6 +272,11 @@ def table_order(present: Iterable[str], kinds: Mapping[str, str] | None = None) 
 def calibrations() -> Iterator[Line]:
     """The lines that calibrate a peer line (its plain loop), in the catalogue's order."""
     return (entry for entry in _CATALOGUE.values() if entry.calibrates)
+
+
+def trained() -> Iterator[Line]:
+    """The lines with a training line of their own (:attr:`Line.training`), in the catalogue's order."""
+    return (entry for entry in _CATALOGUE.values() if entry.training)
 
 
 def bandwidth_reference(fabric: str) -> str | None:
