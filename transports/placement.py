@@ -6,7 +6,7 @@ will send (:meth:`Placement.allocate`) and says what of the process's memory is 
 (``transport.placement``); this default places nothing: the plan is remembered (a receive may check what
 arrives against it), tensors are plain numpy memory and nothing is registered. The fabric transports
 register memory (``transports.fabric_transport.FabricPlacement``) and zerocopy places its receive slots and
-sends in its pool (``transports.zerocopy.transport.PoolPlacement``).
+sends in its pool (``transports.zerocopy.placement.PoolPlacement``).
 """
 
 from __future__ import annotations

@@ -50,9 +50,10 @@ where polling it is cheap. No doorbell, no pull, no copy of the sender's own int
 rdma_cp stages such a tensor on its GPU (a device-to-device copy, counted). Any other transfer of a device tensor
 is staged through host memory by the base class (``transports/base.py``).
 
-Why one module of 900 lines: the sender's and the receiver's paths of one protocol (static, dynamic,
+Why one module of 990 lines: the sender's and the receiver's paths of one protocol (static, dynamic,
 pull), each reading the state the other's connect made; the wire format is ``protocol.py``, the credits
-``credits.py``.
+``credits.py``, the persistent transfers ``persistent.py``, where the slots and sends are placed
+``placement.py``, and rdma_cp's sending policy (stage every send) ``transports/rdma_cp/transport.py``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ import weakref
 import zlib
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -94,12 +95,12 @@ from transports.fabric.base import (
     TakePlan,
 )
 from transports.fabric.pool import Block
-from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricPlacement, FabricTransport
+from transports.fabric_transport import LIVENESS_EVERY_S, DeviceBlock, FabricTransport
 from transports.memory import memory_of
-from transports.placement import TensorSpec
 from transports.tensors import contiguous, read_by_now, ready, to_host
 from transports.zerocopy.credits import CreditMirror, Credits, CreditTables
 from transports.zerocopy.persistent import CREDIT_SLICE_S, PlannedInbound, PlannedOutbound
+from transports.zerocopy.placement import PoolPlacement
 from transports.zerocopy.protocol import (
     BELL_AT,
     CONTROL_BYTES,
@@ -281,20 +282,6 @@ class SendInPlace:
     def source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
         """What a dynamic send offers: the tensor's bytes (``flat``) where they are."""
         return flat
-
-
-class StageEverySend(SendInPlace):
-    """rdma_cp's sender: every tensor copied into its registered staging buffer first (one copy, counted);
-    ``allocate()`` hands out ordinary memory, the analysis places the receives only."""
-
-    places_sends = False
-    analysis = "receives"
-
-    def static_source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, array: np.ndarray) -> np.ndarray:
-        return transport._flat(outgoing, array)
-
-    def source(self, transport: ZeroCopyTransport, outgoing: _Outgoing, flat: np.ndarray) -> np.ndarray:
-        return transport._stage(outgoing, flat)
 
 
 class ZeroCopyTransport(FabricTransport):
@@ -1002,45 +989,3 @@ class ZeroCopyTransport(FabricTransport):
         self.credits.grant(incoming.mirror, [incoming], reads_done=seq + 1)  # the sender may reuse its buffer
         incoming.lent = block
         return block.view(meta.dtype, meta.shape)
-
-
-class PoolPlacement(FabricPlacement):
-    """zerocopy's placement: its receive slots and (unless it stages every send, rdma_cp) the tensors it sends
-    live in its registered pool, placed when the plan gives their shapes (the graph analysis)."""
-
-    def __init__(self, transport: ZeroCopyTransport) -> None:
-        super().__init__(transport)
-        self._zerocopy = transport
-
-    @property
-    def zero_copy_sends(self) -> bool:
-        """Whether a tensor in registered memory is sent from where it is (the analysis on, no staging)."""
-        return self._zerocopy.analysis and self._zerocopy.sender.places_sends
-
-    def plan(self, specs) -> None:
-        transport = self._zerocopy
-        specs = list(specs)
-        if not transport.analysis:  # nothing is known ahead: every tensor goes by dynamic allocation
-            specs = [replace(s, shape=None) for s in specs]
-        incoming = [s for s in specs if s.dst == transport.rank and s.shape is not None]
-        outgoing = [s for s in specs if s.src == transport.rank and s.shape is not None]
-        in_pool = [s for s in incoming if not transport.moves_device(s)]  # (the others' slots: in device memory)
-        for spec in incoming:  # each slot must fit this rank's memory (a product of Python ints: no overflow)
-            if (nbytes := math.prod(spec.shape) * np.dtype(spec.dtype).itemsize) > transport.memory_bytes:
-                raise ValueError(f"{transport.name}: cannot place '{spec.name}' from rank {spec.src}: "
-                                 f"{np.dtype(spec.dtype)} {tuple(spec.shape)} is {nbytes} bytes, more than this "
-                                 f"rank's memory ({transport.memory_bytes} bytes)")
-        super().plan(specs)
-        sizes = [slots_bytes(s.nbytes, slots_for(s.nbytes)) for s in in_pool] + [CONTROL_BYTES] * len(incoming)
-        placed = [s for s in outgoing if not s.src_memory.is_device] if transport.sender.places_sends else []
-        transport.pool.reserve(sizes, [s.nbytes for s in placed], peers=[s.src for s in in_pool + incoming],
-                               source_peers=[s.dst for s in placed])
-        for spec in incoming:
-            transport._incoming_slot(spec.name, spec.src)
-
-    def allocate(self, spec: TensorSpec) -> np.ndarray:
-        if spec.shape is None:
-            raise ValueError(f"cannot allocate tensor '{spec.name}': its shape is not known statically")
-        if not self.zero_copy_sends or spec.src_memory.is_device:  # ordinary memory (the analysis off, rdma_cp) or
-            return super().allocate(spec)  # device memory (staged through the pool: transports/base.py)
-        return self._zerocopy.pool.alloc(spec.nbytes, source=True, peer=spec.dst).view(spec.dtype, spec.shape)
