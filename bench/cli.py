@@ -161,7 +161,7 @@ def _main(raw: list[str], saved: dict[int, object]) -> int:
 
 def submit_problem(args: argparse.Namespace) -> str | None:
     """Why ``--nodes``, ``--tasks`` or ``--dry-run`` do not apply here, or None."""
-    from bench.launch.slurm import in_step
+    from bench.launch.slurm_step import in_step
 
     given = [flag for flag, value in (("--nodes", args.nodes), ("--tasks", args.tasks), ("--dry-run", args.dry_run))
              if value]
@@ -181,7 +181,7 @@ def _submit(args: argparse.Namespace, raw: list[str]) -> int:
     """``--launcher slurm --nodes N`` outside a step: submit this command as a batch job and follow it."""
     from pathlib import Path
 
-    from bench.launch.slurm import Submission, strip_submit_options, submit
+    from bench.launch.sbatch import Submission, strip_submit_options, submit
     from bench.results import default_run_dir
 
     out = (getattr(args, "out", None) or default_run_dir(args.command)).resolve()

@@ -28,7 +28,9 @@ from bench.launch.context import connect
 from bench.launch.hub import Hub, _died_first, _RankState
 from bench.launch.job import channel_decode
 from bench.launch.messages import LaunchError, RankSpec, Report
-from bench.launch.slurm import RENDEZVOUS_VARIABLE, SlurmChannel, SlurmStep
+from bench.launch.rendezvous import RENDEZVOUS_VARIABLE
+from bench.launch.slurm import SlurmChannel
+from bench.launch.slurm_step import SlurmStep
 from bench.launch.wire import WireError, decode_message, encode_message, receive_message
 from tests import launch_jobs as jobs
 from tests.test_wire_format import frame, instance, items, partial, ref, string, text
@@ -144,7 +146,7 @@ def test_task_0_stopped_while_it_waits_removes_its_rendezvous_file(tmp_path, sig
     # inherits (Python then installs no KeyboardInterrupt for it). Set in the child's own code, not in preexec_fn:
     # that forks this process, and gRPC's fork handlers can abort the child before its exec
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from bench.launch.slurm import SlurmChannel, SlurmStep; "
+            "from bench.launch.slurm import SlurmChannel; from bench.launch.slurm_step import SlurmStep; "
             "SlurmChannel(SlurmStep('41', '0', 0, 2, ('localhost',), 'localhost'))")
     env = {**os.environ, RENDEZVOUS_VARIABLE: str(folder), "PYTHONPATH": str(ROOT)}
     env.pop("TENSOR_BENCH_TOKEN", None)

@@ -36,7 +36,7 @@ import pytest
 
 from bench.launch import REGISTRY, Launcher, LauncherUnavailable, RankFailed, RankSpec, create
 from bench.launch.messages import TOKEN_VARIABLE
-from bench.launch.slurm import RENDEZVOUS_VARIABLE
+from bench.launch.rendezvous import RENDEZVOUS_VARIABLE
 from tests import launch_jobs as jobs
 from tests.launch_jobs import BOUND_S
 from tests.mpirun import MPIRUN, NO_MPIRUN, mpirun

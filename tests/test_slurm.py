@@ -19,14 +19,9 @@ import pandas as pd
 import pytest
 
 from bench.launch import detect
-from bench.launch.slurm import (
-    RENDEZVOUS_VARIABLE,
-    SlurmEnvironmentError,
-    SlurmStep,
-    Submission,
-    expand_hostlist,
-    strip_submit_options,
-)
+from bench.launch.rendezvous import RENDEZVOUS_VARIABLE
+from bench.launch.sbatch import Submission, strip_submit_options
+from bench.launch.slurm_step import SlurmEnvironmentError, SlurmStep, expand_hostlist
 from tests.launch_jobs import BOUND_S
 from tests.processes import gone
 from tests.slurm import left_after_steps, leftovers, srun

@@ -44,7 +44,7 @@ def detect(env: Mapping[str, str] = os.environ) -> str:
     """The launcher of the processes bench runs in: mpi under ``mpirun``, slurm in a task of a Slurm step
     (``srun``), local otherwise."""
     from bench.launch.mpi import PMI_VARIABLES
-    from bench.launch.slurm import in_step
+    from bench.launch.slurm_step import in_step
 
     if env.get("OMPI_COMM_WORLD_SIZE"):  # mpirun's, also when mpirun runs inside a step
         return "mpi"

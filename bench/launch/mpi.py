@@ -33,7 +33,7 @@ from bench.launch.job import (
     value_problem,
 )
 from bench.launch.messages import LaunchError
-from bench.launch.slurm import in_step
+from bench.launch.slurm_step import in_step
 from transports import load_fabric
 from transports.common import Availability
 
