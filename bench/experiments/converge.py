@@ -29,9 +29,10 @@ from typing import Any
 
 from bench.ground.paper import CONVERGE_SPEEDUP
 from bench.results import ConvergeRecord, DiskError
+from bench.results.lines import GRPC_TCP, ZERO_COPY
 
 #: transport whose time to target every other is compared with (the paper's baseline)
-BASELINE = "grpc_tcp"
+BASELINE = GRPC_TCP
 
 
 def paper_speedup(task: str) -> float | None:
@@ -127,7 +128,7 @@ def summary_records(evaluations: list[ConvergeRecord | dict[str, Any]], target: 
             framework=template.framework, framework_version=template.framework_version, target=str(target),
             steps_to_target=row.step if row else None, time_to_target_s=seconds,
             speedup_vs_grpc_tcp=(baseline.wall_s / seconds) if (row and baseline and seconds) else None,
-            paper_speedup_vs_grpc_tcp=paper_speedup(template.task) if label == "zerocopy" else None))
+            paper_speedup_vs_grpc_tcp=paper_speedup(template.task) if label == ZERO_COPY else None))
     return rows
 
 

@@ -60,8 +60,6 @@ NO_DRIVER_FIX = ("run where the kernel has RDMA support, or try the RDMA paths o
                  "tools/softroce .venv/bin/bench doctor --fabric verbs")
 NO_DEVICE_FIX = ("load the NIC's driver (e.g. modprobe mlx5_ib), or add Soft-RoCE to try the RDMA paths: "
                  "modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0")
-#: perftest's programs the verbs fabric's reference lines run (named as the lines they draw)
-PERFTEST = ("ib_write_bw", "ib_write_lat")
 #: fabric transports that ask for RDMA only (the ucx fabric's ``rdma``, where it has one)
 RDMA_ONLY = ("rdma",)
 
@@ -463,7 +461,9 @@ def diagnose(name: str, fabric_transport: str, memory: int, paths: Paths | None 
     unavailable = None if error or reach["verbs"] else _availability("verbs")
     checks.append(pyverbs_check(error, version, origin, rdma_core_version(), reach["verbs"], unavailable, ports,
                                 needs))
-    checks.append(perftest_check({tool: shutil.which(tool) for tool in PERFTEST}, needs))
+    # perftest's programs: the verbs fabric's reference tools, each named as the reference line it draws
+    perftest = fabric.backend("verbs").reference_tools
+    checks.append(perftest_check({tool: shutil.which(tool) for tool in perftest}, needs))
     from bench.experiments.gpus import gpu_facts
 
     has_verbs = not unavailable_ucx and library.error is None and "--without-verbs" not in library.without

@@ -63,10 +63,6 @@ class GpuFacts:
     cuda_ipc: str
     gpudirect: tuple[Prerequisite, ...]
 
-    @property
-    def gpudirect_ready(self) -> bool:
-        return all(p.met for p in self.gpudirect)
-
 
 def _cupy() -> tuple[str | None, str | None, str | None]:
     try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bench.results.lines import GRPC_RDMA, GRPC_TCP, RDMA_CP, ZERO_COPY
+
 CITATION = ("Jilong Xue, Youshan Miao, Cheng Chen, Ming Wu, Lintao Zhang, Lidong Zhou. Fast Distributed Deep "
             "Learning over RDMA. EuroSys '19. https://doi.org/10.1145/3302424.3303975")
 
@@ -94,13 +96,13 @@ SETUP_SECTION = "§5 Evaluation"
 #: Section 5.1, Figure 8: how many times faster zero copy (RDMA.zerocp) transfers a tensor than each other
 #: transport, over the message sizes of the figure (up to 1 GB; gRPC.RDMA has no 1 GB point: it crashed)
 MICRO_SPEEDUP: dict[str, Claim] = {
-    "grpc_tcp": Claim(1.7, 61.0, "§5.1, Figure 8",
-                      "RDMA.zerocp can improve the speed by 1.7x to 61x over gRPC.TCP for different message sizes"),
-    "grpc_rdma": Claim(1.3, 14.0, "§5.1, Figure 8",
-                       "achieves 1.3x to 14x performance improvement compared to gRPC.RDMA for different message "
-                       "sizes"),
-    "rdma_cp": Claim(1.2, 1.8, "§5.1, Figure 8",
-                     "RDMA.zerocp outperforms the RDMA.cp by 1.2x to 1.8x for different message sizes"),
+    GRPC_TCP: Claim(1.7, 61.0, "§5.1, Figure 8",
+                    "RDMA.zerocp can improve the speed by 1.7x to 61x over gRPC.TCP for different message sizes"),
+    GRPC_RDMA: Claim(1.3, 14.0, "§5.1, Figure 8",
+                     "achieves 1.3x to 14x performance improvement compared to gRPC.RDMA for different message "
+                     "sizes"),
+    RDMA_CP: Claim(1.2, 1.8, "§5.1, Figure 8",
+                   "RDMA.zerocp outperforms the RDMA.cp by 1.2x to 1.8x for different message sizes"),
 }
 #: Section 5.1: the largest tensor of Figure 8
 MICRO_MAX_SIZE = 1 << 30
@@ -169,16 +171,16 @@ MODEL_BATCH_SIZES = "1 to 64 (128 for some)"
 _FIG9 = "§5.2 Performance, Figure 9"
 #: Section 5.2, Figure 9: zero copy's throughput over each other transport's, per model (average improvements)
 MODEL_SPEEDUP: dict[tuple[str, str], Claim] = {
-    ("vgg16", "grpc_rdma"): Claim(2.17, 2.45, _FIG9, "the average improvements from using RDMA against gRPC.RDMA "
-                                                     "range from 117% up to 145% for VGGNet-16", percent=True),
-    ("alexnet", "grpc_rdma"): Claim(2.69, None, _FIG9, "The improvements observed for other benchmarks reach 169% for "
-                                                       "AlexNet", percent=True),
-    ("inception_v3", "grpc_rdma"): Claim(1.65, None, _FIG9, "65% for Inception-v3", percent=True),
-    ("fcn5", "grpc_rdma"): Claim(2.51, None, _FIG9, "151% for FCN-5", percent=True),
-    ("lstm", "grpc_rdma"): Claim(2.18, None, _FIG9, "118% for LSTM", percent=True),
-    ("gru", "grpc_rdma"): Claim(1.69, None, _FIG9, "and 69% for GRU", percent=True),
-    ("vgg16", "grpc_tcp"): Claim(25.0, None, _FIG9, "the improvements over gRPC.TCP are much greater; for example, "
-                                                    "25x for VGGNet-16"),
+    ("vgg16", GRPC_RDMA): Claim(2.17, 2.45, _FIG9, "the average improvements from using RDMA against gRPC.RDMA "
+                                                   "range from 117% up to 145% for VGGNet-16", percent=True),
+    ("alexnet", GRPC_RDMA): Claim(2.69, None, _FIG9, "The improvements observed for other benchmarks reach 169% for "
+                                                     "AlexNet", percent=True),
+    ("inception_v3", GRPC_RDMA): Claim(1.65, None, _FIG9, "65% for Inception-v3", percent=True),
+    ("fcn5", GRPC_RDMA): Claim(2.51, None, _FIG9, "151% for FCN-5", percent=True),
+    ("lstm", GRPC_RDMA): Claim(2.18, None, _FIG9, "118% for LSTM", percent=True),
+    ("gru", GRPC_RDMA): Claim(1.69, None, _FIG9, "and 69% for GRU", percent=True),
+    ("vgg16", GRPC_TCP): Claim(25.0, None, _FIG9, "the improvements over gRPC.TCP are much greater; for example, "
+                                                  "25x for VGGNet-16"),
 }
 #: Section 5.2, "Performance": the passage of Figure 9's numbers, whole
 MODEL_SPEEDUP_QUOTE = ("In general, the average improvements from using RDMA against gRPC.RDMA range from 117% up to "
@@ -192,14 +194,14 @@ _FIG10 = "§5.2 Convergence, Figure 10"
 #: Section 5.2, Figure 10: how many times sooner zero copy reaches the target than each other transport, by task
 #: (bench/experiments/tasks.py's names; the paper's SE task has no counterpart here)
 CONVERGE_SPEEDUP: dict[tuple[str, str], Claim] = {
-    ("seq2seq", "grpc_tcp"): Claim(3.0, None, _FIG10, "it takes about 220 minutes to converge to perplexity under 20 "
-                                                      "with gRPC.TCP. However, when using our RDMA mechanism, it "
-                                                      "takes only 66 minutes, about 3x speedup"),
-    ("seq2seq", "grpc_rdma"): Claim(1.53, None, _FIG10, "Even comparing to gRPC.RDMA, our RDMA mechanism achieves 53% "
-                                                        "performance improvement", percent=True),
-    ("cifar10", "grpc_tcp"): Claim(2.6, None, _FIG10, "For the CIFAR model, our RDMA mechanism can speed up "
-                                                      "convergence by 2.6x compared to gRPC.TCP"),
-    ("cifar10", "grpc_rdma"): Claim(1.18, None, _FIG10, "and 18% to gRPC.RDMA", percent=True),
+    ("seq2seq", GRPC_TCP): Claim(3.0, None, _FIG10, "it takes about 220 minutes to converge to perplexity under 20 "
+                                                    "with gRPC.TCP. However, when using our RDMA mechanism, it "
+                                                    "takes only 66 minutes, about 3x speedup"),
+    ("seq2seq", GRPC_RDMA): Claim(1.53, None, _FIG10, "Even comparing to gRPC.RDMA, our RDMA mechanism achieves 53% "
+                                                      "performance improvement", percent=True),
+    ("cifar10", GRPC_TCP): Claim(2.6, None, _FIG10, "For the CIFAR model, our RDMA mechanism can speed up "
+                                                    "convergence by 2.6x compared to gRPC.TCP"),
+    ("cifar10", GRPC_RDMA): Claim(1.18, None, _FIG10, "and 18% to gRPC.RDMA", percent=True),
 }
 #: the paper's name of each task of Figure 10
 CONVERGE_TASKS = {"seq2seq": "Seq2Seq (WMT French-English)", "cifar10": "CIFAR (CIFAR-10)"}
@@ -213,27 +215,27 @@ SCALE_BATCH_SIZE = 32
 SCALE_SERVERS = 8
 #: Section 5.2, Figure 11: throughput on 8 servers over the Local line (one process, no communication)
 SCALE_OVER_LOCAL: dict[tuple[str, str], Claim] = {
-    ("lstm", "zerocopy"): Claim(5.0, None, _FIG11, "with our RDMA, all the three distributed benchmarks can outperform "
-                                                   "the local implementations with only 2 servers. The speedups on 8 "
-                                                   "servers are 5x, 7.9x, and 4.3x"),
-    ("inception_v3", "zerocopy"): Claim(7.9, None, _FIG11, "The speedups on 8 servers are 5x, 7.9x, and 4.3x for the "
-                                                           "three benchmarks"),
-    ("vgg16", "zerocopy"): Claim(4.3, None, _FIG11, "The speedups on 8 servers are 5x, 7.9x, and 4.3x for the three "
-                                                    "benchmarks"),
-    ("lstm", "grpc_rdma"): Claim(1.5, None, _FIG11, "for the gRPC.RDMA case, the speedups on 8 servers relative to the "
-                                                    "local implementations for LSTM and Inception-v3 are 1.5x and 6x"),
-    ("inception_v3", "grpc_rdma"): Claim(6.0, None, _FIG11, "the speedups on 8 servers relative to the local "
-                                                            "implementations for LSTM and Inception-v3 are 1.5x and "
-                                                            "6x"),
+    ("lstm", ZERO_COPY): Claim(5.0, None, _FIG11, "with our RDMA, all the three distributed benchmarks can outperform "
+                                                  "the local implementations with only 2 servers. The speedups on 8 "
+                                                  "servers are 5x, 7.9x, and 4.3x"),
+    ("inception_v3", ZERO_COPY): Claim(7.9, None, _FIG11, "The speedups on 8 servers are 5x, 7.9x, and 4.3x for the "
+                                                          "three benchmarks"),
+    ("vgg16", ZERO_COPY): Claim(4.3, None, _FIG11, "The speedups on 8 servers are 5x, 7.9x, and 4.3x for the three "
+                                                   "benchmarks"),
+    ("lstm", GRPC_RDMA): Claim(1.5, None, _FIG11, "for the gRPC.RDMA case, the speedups on 8 servers relative to the "
+                                                  "local implementations for LSTM and Inception-v3 are 1.5x and 6x"),
+    ("inception_v3", GRPC_RDMA): Claim(6.0, None, _FIG11, "the speedups on 8 servers relative to the local "
+                                                          "implementations for LSTM and Inception-v3 are 1.5x and "
+                                                          "6x"),
 }
 #: Section 5.2, Figure 11: throughput on 8 servers over the same transport on one server
 SCALE_OVER_ONE_SERVER: dict[tuple[str, str], Claim] = {
     (model, transport): Claim(7.0, None, _FIG11, "the speedup on 8 servers for both RDMA solutions on the two "
                                                  "benchmarks are larger than 7x against their single server cases",
                               bound="more than")
-    for model in ("lstm", "inception_v3") for transport in ("zerocopy", "grpc_rdma")
+    for model in ("lstm", "inception_v3") for transport in (ZERO_COPY, GRPC_RDMA)
 } | {
-    ("vgg16", "zerocopy"): Claim(5.2, None, _FIG11, "our RDMA can still get 5.2x speedup against its single server"),
+    ("vgg16", ZERO_COPY): Claim(5.2, None, _FIG11, "our RDMA can still get 5.2x speedup against its single server"),
 }
 #: Section 5.2, Figure 11: zero copy's throughput over gRPC.RDMA's (on 8 servers; VGG16 at every scale)
 SCALE_OVER_GRPC_RDMA: dict[str, Claim] = {
@@ -243,9 +245,6 @@ SCALE_OVER_GRPC_RDMA: dict[str, Claim] = {
     "vgg16": Claim(2.40, None, _FIG11, "consistently remains more than 140% faster than gRPC based RDMA on different "
                                       "scales", percent=True, bound="more than"),
 }
-#: Section 5.2, Figure 11: the fewest servers with which a transport outperforms the Local line
-SCALE_SERVERS_TO_BEAT_LOCAL = {("lstm", "grpc_rdma"): 4, ("vgg16", "grpc_rdma"): 8,
-                               ("lstm", "zerocopy"): 2, ("inception_v3", "zerocopy"): 2, ("vgg16", "zerocopy"): 2}
 
 # -- Figure 12: the cost of the sender's copy (section 5.2, "Memory Copy Overhead") ---------------------
 
@@ -256,5 +255,3 @@ COPY_OVERHEAD = Claim(1.21, None, "§5.2 Memory Copy Overhead, Figure 12",
                       "8. However, for some benchmarks such as the Inception-v3 and GRU, the performance gain is "
                       "relatively small", percent=True, bound="up to")
 COPY_OVERHEAD_BATCH_SIZE = 8
-#: the models whose gain the paper calls "relatively small"
-COPY_OVERHEAD_SMALL = ("inception_v3", "gru")

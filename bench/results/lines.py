@@ -29,6 +29,8 @@ KINDS = ("transport", "local", "tf_grpc", "reference", "peer")
 OTHERS_KINDS = ("reference", "peer")
 #: ... and of the lines that are not this suite's transports (bench compare counts none of them as a slow-down)
 NOT_OURS_KINDS = ("reference", "peer", "tf_grpc")
+#: ... and of the lines of the paper's comparisons: this suite's transports and its two baselines (local, tf_grpc)
+COMPARED_KINDS = tuple(kind for kind in KINDS if kind not in OTHERS_KINDS)
 
 
 @dataclass(frozen=True)

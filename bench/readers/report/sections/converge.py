@@ -40,11 +40,11 @@ def figure10(run: Run, label: str) -> Section:
     for r in summary.itertuples(index=False):
         reached = not missing(r.time_to_target_s)
         over_tcp = r.speedup_vs_grpc_tcp if not missing(getattr(r, "speedup_vs_grpc_tcp", None)) else divide(
-            seconds.get("grpc_tcp"), r.time_to_target_s)
+            seconds.get(catalogue.GRPC_TCP), r.time_to_target_s)
         rows.append([line_name(r.transport), str(r.target) if not missing(r.target) else MISSING,
                      num(r.steps_to_target) if reached else "not reached",
                      num(r.time_to_target_s) if reached else "not reached", times(over_tcp),
-                     claim_cell(claims["grpc_tcp"]) if r.transport == ZERO_COPY else ""])
+                     claim_cell(claims[catalogue.GRPC_TCP]) if r.transport == ZERO_COPY else ""])
     section.tables.append(Table("figure10-summary", "Time to the target per transport, and how many times sooner than "
                                 "gRPC.TCP it got there", ["transport", "target", "steps", "seconds", "over gRPC.TCP",
                                                           "paper (RDMA.zerocp)"], rows))
@@ -68,7 +68,7 @@ def figure10(run: Run, label: str) -> Section:
         section.notes.append(f"No transport reached the target {listing(unique(summary, 'target'))} within the "
                              "run: train for longer (--steps, --time) or set an easier --target.")
     if task not in paper.CONVERGE_TASKS:
-        sooner = listing(f"{paper.CONVERGE_SPEEDUP[(name, 'grpc_tcp')].text()} ({title})"
+        sooner = listing(f"{paper.CONVERGE_SPEEDUP[(name, catalogue.GRPC_TCP)].text()} ({title})"
                           for name, title in paper.CONVERGE_TASKS.items())
         section.notes.append(f"The task '{task}' has no counterpart in the paper, whose Figure 10 trains "
                              f"{listing(paper.CONVERGE_TASKS.values())}: RDMA.zerocp reached the target {sooner} "

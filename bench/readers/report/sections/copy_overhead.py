@@ -22,6 +22,7 @@ from bench.readers.report.text import (
 )
 from bench.results import Run
 from bench.results import ratio as ratio_of
+from bench.results.lines import RDMA_CP
 
 
 def figure12(run: Run, label: str) -> Section | None:
@@ -29,13 +30,13 @@ def figure12(run: Run, label: str) -> Section | None:
     them."""
     points = run.points()
     present = set(points["transport"])
-    if ZERO_COPY not in present or not present & {NO_ANALYSIS, "rdma_cp"}:
+    if ZERO_COPY not in present or not present & {NO_ANALYSIS, RDMA_CP}:
         return None
     claim = paper.COPY_OVERHEAD
     section = Section("figure12", "Figure 12: the cost of the sender's copy", run, label, paper=[quote(claim)])
     point = {(r["transport"], r["model"], int(r["batch_size"]), int(r["servers"])): r for _, r in points.iterrows()}
     step = {key: row["step_time_s"] for key, row in point.items()}
-    lines = [t for t in (NO_ANALYSIS, "rdma_cp") if t in present]
+    lines = [t for t in (NO_ANALYSIS, RDMA_CP) if t in present]
     cases = list(dict.fromkeys((r.model, int(r.batch_size), int(r.servers)) for r in points.itertuples(index=False)
                                if r.transport == ZERO_COPY))
     header = ["model", "batch", "servers", "RDMA.zerocp step (s)"]

@@ -20,9 +20,10 @@ from bench.readers.report.text import (
     ratio_cell,
 )
 from bench.results import Run
+from bench.results.lines import GRPC_TCP
 
 #: the line zero copy's speed-up on device memory is taken against (TensorFlow's GPU RecvTensor over gRPC)
-RPC = "grpc_tcp"
+RPC = GRPC_TCP
 
 
 def table3(run: Run, label: str) -> Section | None:

@@ -32,6 +32,7 @@ from bench.readers.report.text import (
     ratio_cell,
 )
 from bench.results import Run
+from bench.results.lines import COMPARED_KINDS
 
 
 def figure8(run: Run, label: str) -> Section:
@@ -39,7 +40,7 @@ def figure8(run: Run, label: str) -> Section:
     points = run.points(also=("of_reference", "of_peer"))
     section = Section("figure8", "Figure 8: send/receive micro-benchmark", run, label,
                       paper=[quote(c) for c in paper.MICRO_SPEEDUP.values()])
-    lines = lines_of(points, "transport", "local", "tf_grpc")
+    lines = lines_of(points, *COMPARED_KINDS)
     peers = lines_of(points, "peer")
     references = lines_of(points, "reference")
     sizes = sorted({int(s) for s in points["size_bytes"]})

@@ -22,16 +22,17 @@ from bench.readers.report.text import (
     times,
 )
 from bench.results import Run
+from bench.results.lines import GRPC_RDMA
 
 
 def figure11(run: Run, label: str) -> Section:
     """Figure 11: throughput against servers, over the Local line and over the same transport's single server."""
     points = run.points()
     section = Section("figure11", "Figure 11: scalability", run, label,
-                      paper=[quote(paper.SCALE_OVER_LOCAL[("lstm", "grpc_rdma")]),
-                             quote(paper.SCALE_OVER_LOCAL[("lstm", "zerocopy")]),
-                             quote(paper.SCALE_OVER_ONE_SERVER[("lstm", "zerocopy")]),
-                             quote(paper.SCALE_OVER_ONE_SERVER[("vgg16", "zerocopy")]),
+                      paper=[quote(paper.SCALE_OVER_LOCAL[("lstm", GRPC_RDMA)]),
+                             quote(paper.SCALE_OVER_LOCAL[("lstm", ZERO_COPY)]),
+                             quote(paper.SCALE_OVER_ONE_SERVER[("lstm", ZERO_COPY)]),
+                             quote(paper.SCALE_OVER_ONE_SERVER[("vgg16", ZERO_COPY)]),
                              quote(paper.SCALE_OVER_GRPC_RDMA["lstm"])])
     per_worker_sum = points["throughput_batches_per_s"] * points["servers"]
     points = points.assign(total_batches_per_s=points["total_batches_per_s"].fillna(per_worker_sum)
@@ -77,9 +78,9 @@ def figure11(run: Run, label: str) -> Section:
             ratio = divide(value, total.get((line, model, batch, 1)))
             comparisons.append([model_name(model), line_name(line), f"over 1 server at {at}", times(ratio),
                                 claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
-        if ZERO_COPY in lines and "grpc_rdma" in lines:
+        if ZERO_COPY in lines and GRPC_RDMA in lines:
             claim = paper.SCALE_OVER_GRPC_RDMA.get(model)
-            ratio = divide(total.get((ZERO_COPY, model, batch, most)), total.get(("grpc_rdma", model, batch, most)))
+            ratio = divide(total.get((ZERO_COPY, model, batch, most)), total.get((GRPC_RDMA, model, batch, most)))
             comparisons.append([model_name(model), "RDMA.zerocp", f"over gRPC.RDMA at {at}", percent(ratio),
                                 claim_cell(claim), claim.verdict([ratio]) if claim else "no paper number"])
     if comparisons:
@@ -93,7 +94,7 @@ def figure11(run: Run, label: str) -> Section:
                          f"{paper.SCALE_BATCH_SIZE} per worker; this run has {listing(servers)} server(s) at batch "
                          f"{listing(batches)}: with {max(servers)} servers the most any line can reach is "
                          f"{max(servers)}x its single server.")
-    if "local" not in set(points["transport"]):
+    if LOCAL not in set(points["transport"]):
         section.notes.append("The run has no Local line (transport local), so no speed-up over it is shown.")
     section.notes += fabric_notes(points)
     section.notes += compute_notes(run, points)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from bench import TF_GRPC
 from bench.ground import paper
 from bench.ground.paper import model_name
 from bench.readers.report.notes import compute_notes, cores_note, fabric_notes, launch_notes, rounds_note, status_notes
@@ -36,7 +37,7 @@ def figure9(run: Run, label: str) -> Section:
     """Zero copy's throughput over each other line's, and where the speed-ups fall against the paper's."""
     points = run.points()
     section = Section("figure9", "Figure 9: training throughput", run, label,
-                      paper=[(paper.MODEL_SPEEDUP_QUOTE, paper.MODEL_SPEEDUP[("vgg16", "grpc_rdma")].section)])
+                      paper=[(paper.MODEL_SPEEDUP_QUOTE, paper.MODEL_SPEEDUP[("vgg16", catalogue.GRPC_RDMA)].section)])
     lines = ordered(t for t in points["transport"] if t != NO_ANALYSIS)
     tput = {(r.transport, r.model, int(r.batch_size), int(r.servers)): r.throughput_batches_per_s
             for r in points.itertuples(index=False)}
@@ -76,7 +77,7 @@ def figure9(run: Run, label: str) -> Section:
             section.tables.append(Table("figure9-paper", "RDMA.zerocp over each line: here (over the batch sizes run) "
                                         "and in the paper (§5.2, Figure 9)",
                                         ["model", "over", "here", "paper", "here against the paper"], summary))
-        if "tf_grpc" in others:
+        if TF_GRPC in others:
             section.notes.append("TF gRPC (tf_grpc) is TensorFlow's own parameter-server training over its gRPC "
                                  "runtime, what the paper calls gRPC.TCP: the paper's gRPC.TCP numbers are set beside "
                                  "it too.")
