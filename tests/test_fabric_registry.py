@@ -15,7 +15,6 @@ from transports import fabric
 from transports.common import Availability, done_future
 from transports.fabric.base import Channel, Device, FabricError, FabricInterrupted, MemRegion, RemoteRegion
 from transports.fabric.settings import RdmaSettings, SettingsError, read_settings
-from transports.fabric.waits import PolledWaits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,7 +227,8 @@ def test_a_registration_being_withdrawn_is_never_found_for_new_memory():
 class _InProcessRegion(MemRegion):
     """Process memory, reachable by its address: all a backend in one process needs."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, device: Device, nbytes: int) -> None:
+        self.device = device
         self.array = np.zeros(nbytes, np.uint8)
 
     def export(self) -> RemoteRegion:
@@ -236,6 +236,7 @@ class _InProcessRegion(MemRegion):
 
     def release(self) -> None:
         self.array = np.zeros(0, np.uint8)
+        self.device._cache.forget(self)
 
 
 class _InProcessChannel(Channel):
@@ -266,35 +267,25 @@ class _InProcessChannel(Channel):
         pass
 
 
-class _InProcessDevice(PolledWaits, Device):
+class _InProcessDevice(Device):
     """The smallest backend: the abstract methods and nothing else (docs/fabric-backend.md shows it)."""
 
     name = "in_process"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.made = 0
 
     @classmethod
     def availability(cls, fabric_transport="auto"):
         return Availability(True)
 
     @property
-    def registrations_made(self):
-        return self.made
-
-    def registrations(self):
-        return self.made
-
-    @property
     def address(self):
         return [b"here"]
 
     def alloc(self, nbytes, shared=True):
-        self.made += 1
-        return _InProcessRegion(nbytes)
+        region = _InProcessRegion(self, nbytes)
+        self._count_region(region)
+        return region
 
-    def register(self, array):
+    def _register_span(self, array, start, end, owner):
         raise FabricError("in_process registers nothing it did not allocate")
 
     def channel(self, peer, lane=0, exchange=None):
@@ -303,22 +294,27 @@ class _InProcessDevice(PolledWaits, Device):
     def wait_for_activity(self, timeout):
         self.interrupted.wait(timeout)
 
-    def close(self) -> None:
+    def _shut(self):
         self.interrupt_waits()
+        return []
+
+    def _free(self) -> None:
+        pass
 
 
 def test_a_backend_writes_the_paper_s_table_1_and_the_rest_has_defaults():
-    """A fabric backend writes about fifteen methods (tensorpipe's transport: 6); the waits have defaults in
-    fabric/waits.py, the per-transfer calls, plans and descriptions defaults in fabric/base.py, which a backend
-    may replace with a faster path."""
+    """A fabric backend writes fifteen methods (tensorpipe's transport: 6); the waits (polled, fabric/waits.py),
+    the registration cache and its counts, closing, the per-transfer calls, plans and descriptions have defaults in
+    fabric/base.py, which a backend may replace with a faster path."""
     abstract = sorted(f"{cls.__name__}.{name}" for cls in (Device, Channel, MemRegion)
                       for name in cls.__abstractmethods__)
-    polled = {f"Device.{name}" for name in vars(PolledWaits) if not name.startswith("_")} & set(abstract)
-    assert polled == {"Device.flag_set", "Device.wait_counter", "Device.wait_counters"}
-    assert len(abstract) - len(polled) <= 16, abstract
-    assert len(Device.__abstractmethods__) <= 15
+    assert abstract == ["Channel.fail", "Channel.failed", "Channel.flush", "Channel.read", "Channel.write",
+                        "Device._free", "Device._register_span", "Device._shut", "Device.address", "Device.alloc",
+                        "Device.availability", "Device.channel", "Device.wait_for_activity", "MemRegion.export",
+                        "MemRegion.release"]
     for optional in ("Device.interrupt_waits", "Device.describe", "Device.without_effect", "Channel.write_flagged",
-                     "Channel.read_now", "Channel.notify"):
+                     "Channel.read_now", "Channel.notify", "Device.flag_set", "Device.wait_counter",
+                     "Device.wait_counters", "Device.close", "Device.register", "Device.registrations"):
         assert optional not in abstract
 
     device = _InProcessDevice()
@@ -338,10 +334,16 @@ def test_a_backend_writes_the_paper_s_table_1_and_the_rest_has_defaults():
     assert device.wait_counter(counter, 0, 0.01) is False
     counter[0] = 3
     assert device.wait_counters([np.zeros(1, np.uint64), counter], [0, 2], 1.0) == 1
-    assert device.describe() == {"fabric": "in_process", "used": []}
+    assert device.describe() == {"fabric": "in_process", "used": [], "progress_threads": 1, "lanes_per_peer": 1,
+                                 "rdma_settings_without_effect": {}}
+    assert device.registrations_made == device.registrations() == 2
     settings = read_settings({"RDMA_QP_QUEUE_DEPTH": "64", "RDMA_QP_SL": "1"})
     assert list(_InProcessDevice.without_effect(settings)) == list(settings.given())
     assert list(settings.given()) == ["RDMA_QP_SL", "RDMA_QP_QUEUE_DEPTH"]
     device.close()
+    device.close()  # once: a second close does nothing
+    assert device.registrations() == 0  # the base released every region
+    with pytest.raises(FabricError, match="in_process: the device is closed"):
+        device.register(np.zeros(8, np.uint8))
     with pytest.raises(FabricInterrupted):
         device.wait_counter(np.zeros(1, np.uint64), 0, 5.0)

@@ -29,26 +29,20 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transports.common import Availability, data_pointer, done_future
+from transports.fabric.errors import FabricError, FabricInterrupted, FabricTimeout
+from transports.fabric.plans import BELL_BYTES, CounterPlan, FlagSet, SendPlan, TakePlan
+from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
 from transports.fabric.settings import RdmaSettings
+from transports.fabric.waits import DEFAULT_SPIN_S, SHARED_SPIN_S, PolledFlagSet
+from transports.fabric.waits import wait_counter as _polled_counter
+from transports.fabric.waits import wait_counters as _polled_counters
+
+#: what the transports import from here, though other modules of the fabric define it
+__all__ = ["BELL_BYTES", "DEFAULT_SPIN_S", "SHARED_SPIN_S", "CounterPlan", "FabricError", "FabricInterrupted",
+           "FabricTimeout", "FlagSet", "SendPlan", "TakePlan"]
 
 #: the longest remote key a peer may send (UCX's are under 100 bytes here)
 MAX_RKEY_BYTES = 1024
-#: a planned slot's bell, in the receiver's registered memory beside its trailer (8-byte aligned): the doorbell a
-#: waiting receiver sleeps on, and a sender's ask that the waiting receiver pull a large transfer itself (see
-#: :meth:`Channel.send_plan`)
-BELL_BYTES = 40
-
-
-class FabricError(RuntimeError):
-    """A fabric operation failed; the message names the operation and the backend's reason."""
-
-
-class FabricTimeout(FabricError):
-    """A blocking fabric operation or wait did not finish in time."""
-
-
-class FabricInterrupted(FabricError):
-    """A blocking wait was cut short by :meth:`Device.interrupt_waits` (the owner is closing)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +58,11 @@ class RemoteRegion:
         if offset < 0 or length < 0 or offset + length > self.length:
             raise ValueError(f"range [{offset}, {offset + length}) lies outside a remote region of {self.length} bytes")
         return RemoteRegion(self.addr + offset, length, self.rkey)
+
+    def too_small(self, nbytes: int, what: str) -> ValueError:
+        """The error to raise for ``what`` (an operation) of ``nbytes`` bytes that does not fit this region (the
+        callers compare ``nbytes > length`` themselves, on the per-transfer path)."""
+        return ValueError(f"{what} of {nbytes} bytes does not fit a remote region of {self.length}")
 
     def to_json(self) -> dict[str, Any]:
         return {"addr": self.addr, "length": self.length, "rkey": self.rkey.hex()}
@@ -146,6 +145,10 @@ class Channel(ABC):
         """
         return done_future()
 
+    def close(self) -> None:
+        """Release the connection (:meth:`Device.close` calls it; default: nothing held)."""
+        return None
+
     def wait(self, future: Future, timeout: float | None = None):
         """The result of an operation's future; backends may progress from the caller meanwhile."""
         return future.result(timeout)
@@ -217,116 +220,6 @@ class Channel(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no write with immediate (see Device.immediates)")
 
 
-class SendPlan(ABC):
-    """A static tensor's sends towards one peer through one call each (:meth:`Channel.send_plan`)."""
-
-    #: every target is mapped here: a send is this process's own copy, which never waits on the peer
-    mapped: bool = False
-    #: the times a send found the peer asleep on its doorbell and woke it
-    rung: int = 0
-    #: the transfers the peer pulled itself (see :meth:`Channel.send_plan`)
-    pulled: int = 0
-
-    @abstractmethod
-    def send(self, data: np.ndarray, seq: int, step: int, credit_wait: float, timeout: float = 60.0) -> bool:
-        """Transfer ``seq`` (of ``data``, the planned size): wait up to ``credit_wait`` seconds for its credit
-        (receives posted > seq + 1 - slots), write it into slot ``seq % slots``, then the trailer (``step``, the
-        flag ``1 + seq % 255``). False: no credit yet, nothing written. Errors as :meth:`Channel.write_flagged`."""
-
-    def fast(self, data: np.ndarray, credit_wait: float, timeout: float = 60.0) -> Callable[[int, int], int]:
-        """:meth:`send` of ``data`` made once, for a persistent send: a call of ``(seq, step)`` answering 0 once
-        transfer ``seq`` is written, anything else when it is not (no credit within ``credit_wait``, or a failure):
-        the caller then calls :meth:`send` for it, which waits again or says what is wrong. A backend whose send is
-        one call into C gives that call itself."""
-        send = self.send
-        return lambda seq, step: 0 if send(data, seq, step, credit_wait, timeout) else 1
-
-
-class CounterPlan(ABC):
-    """A counter the peer reads, set through one call each time (:meth:`Channel.counter_plan`)."""
-
-    #: the peer's counter is mapped here: setting it is a store, which never waits on the peer
-    mapped: bool = False
-
-    @abstractmethod
-    def set(self, value: int, timeout: float = 60.0) -> None:
-        """Set the counter here and at the peer; returns once the peer can read it (errors as
-        :meth:`Channel.write_flagged`)."""
-
-    def fast(self, timeout: float = 60.0) -> Callable[[int], int]:
-        """:meth:`set` made once (see :meth:`SendPlan.fast`): a call of ``value`` answering 0 once set, anything
-        else when not (the caller then calls :meth:`set`, which says what is wrong)."""
-        set_ = self.set
-
-        def set_value(value: int) -> int:
-            set_(value, timeout)
-            return 0
-
-        return set_value
-
-
-class TakePlan(ABC):
-    """A static tensor's receives through one call each (:meth:`Device.take_plan`): the wait for a transfer's
-    trailer and its take."""
-
-    @abstractmethod
-    def take(self, seq: int, step: int, timeout: float) -> bool | None:
-        """Transfer ``seq``: wait up to ``timeout`` seconds for the flag of its slot (``seq % slots``); once
-        raised, lower it and say whether the trailer is transfer ``seq``'s (its flag ``1 + seq % 255``) of
-        ``step``: True, or False (:attr:`last` has what came). None while not raised; FabricInterrupted when
-        the device's waits are interrupted."""
-
-    #: what a :meth:`fast` take answers: the transfer asked for, another transfer's trailer (:attr:`last`), not
-    #: raised within the time; the device's waits interrupted
-    TAKEN, TAKEN_OTHER, NOT_RAISED, INTERRUPTED = 1, 0, -1, -2
-
-    def fast(self) -> Callable[[int, int, int], int]:
-        """:meth:`take` made once, for a persistent receive: a call of ``(seq, step, timeout_ns)`` answering
-        :attr:`TAKEN`, :attr:`TAKEN_OTHER`, :attr:`NOT_RAISED` or :attr:`INTERRUPTED`."""
-        take, answers = self.take, {True: self.TAKEN, False: self.TAKEN_OTHER, None: self.NOT_RAISED}
-
-        def take_fast(seq: int, step: int, timeout_ns: int) -> int:
-            try:
-                return answers[take(seq, step, timeout_ns / 1e9)]
-            except FabricInterrupted:
-                return self.INTERRUPTED
-
-        return take_fast
-
-    @property
-    @abstractmethod
-    def last(self) -> tuple[int, int]:
-        """``(flag, step)`` of the trailer last taken."""
-
-    #: the transfers this plan pulled itself, asked by the sender (see :meth:`Channel.send_plan`)
-    pulls: int = 0
-
-    @abstractmethod
-    def use_bells(self, on: bool) -> None:
-        """Whether the peer maps this memory (:meth:`Channel.send_plan`): a wait past its spin then sleeps on the
-        slot's doorbell rather than as the device's waits sleep, and serves the sender's asks to pull a transfer
-        into its slot; where the plan has no bells, nothing changes."""
-
-
-class FlagSet(ABC):
-    """Flag bytes (each a one-byte view of registered memory) waited on together; see :meth:`Device.flag_set`."""
-
-    @abstractmethod
-    def wait_any(self, timeout: float) -> int | None:
-        """The index of a raised flag not yet :meth:`done`, or None after ``timeout`` seconds.
-
-        FabricInterrupted when the device's waits are interrupted.
-        """
-
-    @abstractmethod
-    def done(self, index: int) -> None:
-        """Stop watching flag ``index``."""
-
-    @abstractmethod
-    def reset(self) -> None:
-        """Watch every flag again."""
-
-
 @dataclass(frozen=True)
 class Tool:
     """A benchmark program that ships beside a backend's library (``ucx_perftest``, ``ib_write_bw``):
@@ -342,13 +235,6 @@ class Tool:
 Exchange = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-#: how long a wait spins, holding its core, before it sleeps: a transfer that lands within it is seen at once
-DEFAULT_SPIN_S = 0.0005
-#: ... where the process shares the machine's cores with compute (:meth:`Device.share_cores`): a moment, then the
-#: core goes back to the compute and the wait is woken by the write (a doorbell) or its naps
-SHARED_SPIN_S = 0.00002
-
-
 class Device(ABC):
     """One process's endpoint on the fabric.
 
@@ -356,22 +242,37 @@ class Device(ABC):
     class methods say what a backend is before one is opened: whether it can run here, which
     ``--fabric-transport`` choices and RDMA_* settings it takes, and its reference tools.
 
-    *The contract.* A backend writes the abstract methods of this class (whether it can run here,
-    its address, memory registration, channels, its registrations counted, the waits on flags and counters,
-    sleeping until traffic, closing), of :class:`MemRegion` (export, release) and of :class:`Channel` (write,
-    read, flush, and its health): the paper's Table 1. The waits have defaults in ``fabric/waits.py``
-    (``PolledWaits``: polled from Python, interrupted through :attr:`interrupted`) that a backend without
-    waits of its own inherits; everything else has a default here it may replace with a faster path: the
-    per-transfer calls composed of writes, reads and flushes, no plans (the transports then take the general
-    path), a description of the backend's name alone. ``docs/fabric-backend.md`` walks through one.
+    *The contract.* A backend writes the abstract methods of this class (whether it can run here, its address,
+    allocating and registering memory, channels, sleeping until traffic, and the two halves of closing), of
+    :class:`MemRegion` (export, release) and of :class:`Channel` (write, read, flush, and its health): the
+    paper's Table 1. This class does the rest once for every backend: the registration cache and its count
+    (:meth:`register` around the backend's :meth:`_register_span`), :meth:`close` (idempotent: threads stopped,
+    channels closed, registrations released), the "device is closed" check, the common keys of :meth:`describe`,
+    and the waits on flags and counters (polled from Python by ``waits.py``, interrupted through
+    :attr:`interrupted`). Everything else has a default a backend may replace with a faster path: the
+    per-transfer calls composed of writes, reads and flushes, no plans (``plans.py``; the transports then take
+    the general path). ``docs/fabric-backend.md`` walks through one.
     """
 
     #: how long this device's waits spin before they sleep (the backend's default; :meth:`share_cores` shortens it)
     spin_s: float = DEFAULT_SPIN_S
 
-    def __init__(self) -> None:
+    def __init__(self, progress_threads: int = 1, lanes_per_peer: int = 1, settings: RdmaSettings | None = None,
+                 fabric_transport: str = "auto") -> None:
+        self._check_transport(fabric_transport)
+        if progress_threads < 1 or lanes_per_peer < 1:
+            raise ValueError("progress_threads and lanes_per_peer must be at least 1")
+        self.fabric_transport = fabric_transport
+        self.progress_threads = progress_threads
+        self.lanes_per_peer = lanes_per_peer
+        self.settings = settings or RdmaSettings()
         #: set by :meth:`interrupt_waits`: every wait of this device then raises FabricInterrupted
         self.interrupted = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        #: the live regions, and the registrations of foreign memory among them (``registrations.py``)
+        self._cache: RegistrationCache[Any] = RegistrationCache()
+        self._registrations_made = 0
 
     def share_cores(self) -> None:
         """This process's waits share the machine's cores with compute (TensorFlow's, a parameter server's apply):
@@ -429,33 +330,49 @@ class Device(ABC):
     def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
         """Reference program ``name`` (one of :attr:`reference_tools`) set up for ``fabric_transport``.
 
-        FabricError names what is missing and how to install it.
+        FabricError names what is missing and how to install it; ValueError an unknown ``fabric_transport``.
         """
-        raise FabricError(f"{cls.name}: no reference tool '{name}' (known: {', '.join(cls.reference_tools) or 'none'})")
+        if name not in cls.reference_tools:
+            raise FabricError(f"{cls.name}: no reference tool '{name}' "
+                              f"(known: {', '.join(cls.reference_tools) or 'none'})")
+        cls._check_transport(fabric_transport)
+        return cls._tool(name, fabric_transport)
+
+    @classmethod
+    def _tool(cls, name: str, fabric_transport: str) -> Tool:
+        """:meth:`tool` of a known ``name`` and ``fabric_transport`` (a backend with :attr:`reference_tools` writes
+        it)."""
+        raise FabricError(f"{cls.name}: reference tool '{name}' is listed but not set up")
+
+    @classmethod
+    def _check_transport(cls, fabric_transport: str) -> None:
+        """ValueError unless ``fabric_transport`` is one of :attr:`fabric_transports`."""
+        if fabric_transport not in cls.fabric_transports:
+            raise ValueError(f"unknown fabric transport '{fabric_transport}' "
+                             f"(known: {', '.join(cls.fabric_transports)})")
+
+    def _check_open(self) -> None:
+        """FabricError once the device is closed."""
+        if self._closed:
+            raise FabricError(f"{self.name}: the device is closed")
+
+    # -- memory --------------------------------------------------------------------------------------
 
     @property
-    @abstractmethod
     def registrations_made(self) -> int:
         """Every memory registration this device made since it was opened (allocations and registrations)."""
+        return self._registrations_made
 
-    @abstractmethod
     def registrations(self) -> int:
         """How many regions are registered now (those whose memory died are released first)."""
+        return self._cache.count()
 
-    def accept(self, request: dict[str, Any], peer: list[bytes]) -> dict[str, Any]:
-        """Serve a peer's connection request (the other end of the ``exchange`` given to :meth:`channel`).
-
-        ``peer``: the requester's :attr:`address` as the requester's own control server gives it (not as
-        the request says): a request for another device is refused. ValueError says what is wrong with a
-        malformed or refused request. Backends whose channels need no handshake (UCX connects from the
-        address alone) refuse every request.
-        """
-        raise ValueError(f"the {self.name} fabric takes no connection requests")
-
-    def take_immediates(self) -> list[tuple[tuple[bytes, ...], int]]:
-        """The immediates peers delivered since the last call: (the peer's :attr:`address`, value), in order
-        per peer. Only where :attr:`immediates` is true; :meth:`wait_for_activity` wakes when one arrives."""
-        return []
+    def _count_region(self, region: MemRegion) -> None:
+        """Count ``region`` (an allocation or a registration this device just made) and keep it until released
+        (its ``release()`` ends with ``self._cache.forget(region)``)."""
+        with self._lock:
+            self._registrations_made += 1
+        self._cache.track(region)
 
     @property
     @abstractmethod
@@ -470,9 +387,37 @@ class Device(ABC):
         the backend has such memory and room for it; otherwise process memory (huge pages where possible).
         """
 
-    @abstractmethod
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register memory the device did not allocate (cached by address range)."""
+        """Register memory the device did not allocate, cached while the memory lives (``registrations.py``): the
+        registration that covers it already (:meth:`_registered`), else a new one of its owner's whole buffer
+        (:meth:`_register_span`), which evicts the least recently used beyond the cache's limit."""
+        self._check_open()
+        self._cache.release_expired()
+        start = start_of(array)
+        found = self._registered(array, start, start + array.nbytes)
+        if found is not None:
+            return found
+        start, end = span_of(array)
+        owner = owner_of(array)
+        region = self._register_span(array, start, end, owner)
+        self._count_region(region)
+        for old in self._cache.add(start, end, region, owner, evictable=self._evictable):
+            old.release()
+        return region
+
+    def _registered(self, array: np.ndarray, start: int, end: int) -> MemRegion | None:
+        """The live registration that covers ``[start, end)`` of ``array``, or None (default: the cache's)."""
+        return self._cache.find(start, end)
+
+    @abstractmethod
+    def _register_span(self, array: np.ndarray, start: int, end: int, owner: np.ndarray) -> MemRegion:
+        """A new registration of ``[start, end)``, the memory ``owner`` holds and ``array`` lies in (for
+        :meth:`register`, which counts and caches it)."""
+
+    def _evictable(self, region: MemRegion) -> bool:
+        """Whether the cache may release ``region`` to make room (default: any)."""
+        del region
+        return True
 
     def registered(self, array: np.ndarray) -> bool:
         """Whether ``array``'s bytes lie in memory registered with :meth:`register` that is still live."""
@@ -488,10 +433,10 @@ class Device(ABC):
         agree on a connection with the peer (verbs' queue pairs) use it once per peer, for all lanes.
         """
 
-    @abstractmethod
     def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        """A set of one-byte flags in registered memory that peers raise, to wait on together (polled from Python
-        by ``waits.PolledWaits``, which a backend without waits of its own inherits)."""
+        """A set of one-byte flags in registered memory that peers raise, to wait on together (default: polled from
+        Python, ``waits.py``)."""
+        return PolledFlagSet(flags, self.interrupted, self.name, self.spin_s)
 
     def take_plan(self, trailers: list[np.ndarray], bells: list[np.ndarray] | None = None,
                   slots: list[np.ndarray] | None = None) -> TakePlan | None:
@@ -504,24 +449,33 @@ class Device(ABC):
         itself)."""
         return None
 
-    @abstractmethod
     def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
         """Wait until the uint64 ``counter[0]`` (registered memory a peer writes) exceeds ``above``.
 
         Spins for a moment, then naps in growing steps without holding the GIL: an idle waiter
         burns no core. False after ``timeout``; FabricInterrupted by :meth:`interrupt_waits`.
-        (``waits.PolledWaits`` polls it from Python.)
+        (Default: polled from Python, ``waits.py``.)
         """
+        return _polled_counter(counter, above, timeout, self.interrupted, self.name, self.spin_s)
 
     def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
                             trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
         """:meth:`Channel.write_flagged` with the data spread over ``channels`` (lanes to one peer), the
-        trailer over the first once all of them are flushed. Backends that cannot spread use the first."""
+        trailer over the first once all of them are flushed. One lane, or no data: the first's
+        :meth:`~Channel.write_flagged`; else :meth:`_write_spread`."""
+        if len(channels) == 1 or not data.nbytes:
+            channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
+        else:
+            self._write_spread(channels, data, remote, trailer, trailer_remote, timeout)
+
+    def _write_spread(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                      trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float) -> None:
+        """:meth:`write_flagged_lanes` over two lanes or more, with data (default: the first lane carries it all)."""
         channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
 
-    @abstractmethod
     def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
         """The index of a counter (as in :meth:`wait_counter`) that exceeds its ``above``, or None after ``timeout``."""
+        return _polled_counters(counters, above, timeout, self.interrupted, self.name, self.spin_s)
 
     def interrupt_waits(self) -> None:
         """Make every blocking wait and transfer of this device return at once (before closing): sets
@@ -539,10 +493,32 @@ class Device(ABC):
 
     def describe(self) -> dict[str, Any]:
         """For ``meta.json``: ``fabric`` (the backend's name), ``used`` (the links that carried data: UCX's
-        transports, or verbs' device and port), the version, the settings and those without effect (default:
-        the name, nothing said of links)."""
-        return {"fabric": self.name, "used": []}
+        transports, or verbs' device and port; default: none said), the progress threads and lanes, and the
+        RDMA_* settings without effect; a backend adds its version and settings."""
+        return {"fabric": self.name, "used": [], "progress_threads": self.progress_threads,
+                "lanes_per_peer": self.lanes_per_peer,
+                "rdma_settings_without_effect": self.without_effect(self.settings)}
+
+    def close(self) -> None:
+        """Close the device, once (a second call does nothing): the backend's threads stopped and its channels
+        handed over (:meth:`_shut`), the channels closed, every registration released, then what the backend's
+        library holds freed (:meth:`_free`)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for channel in self._shut():
+            channel.close()
+        for region in self._cache.live():
+            region.release()
+        self._free()
 
     @abstractmethod
-    def close(self) -> None:
-        """Close channels, release registrations, stop progress threads."""
+    def _shut(self) -> list[Channel]:
+        """The first half of :meth:`close`: stop the backend's threads, fail what is in flight, and hand over
+        every channel (forgotten here), for the base to close."""
+
+    @abstractmethod
+    def _free(self) -> None:
+        """The second half of :meth:`close`, once channels and registrations are gone: free what the backend's
+        library holds (queues, contexts)."""

@@ -52,13 +52,12 @@ from transports.common import done_future
 from transports.door import Door
 from transports.fabric.base import (
     Channel,
-    CounterPlan,
     FabricError,
     FabricInterrupted,
     FabricTimeout,
     RemoteRegion,
-    SendPlan,
 )
+from transports.fabric.plans import CounterPlan, SendPlan
 
 #: a remote key over TCP: a capability this long, random
 KEY_BYTES = 16
@@ -434,7 +433,7 @@ class StreamChannel(Channel):
     @staticmethod
     def _write_parts(data: np.ndarray, remote: RemoteRegion) -> list:
         if data.nbytes > remote.length:
-            raise ValueError(f"put of {data.nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(data.nbytes, "put")
         header = _REQUEST.pack(_WRITE, _key(remote), remote.addr, data.nbytes)
         return [header, np.ascontiguousarray(data).reshape(-1).view(np.uint8)]
 
@@ -467,7 +466,7 @@ class StreamChannel(Channel):
         if not local.nbytes:
             return
         if local.nbytes > remote.length:
-            raise ValueError(f"get of {local.nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(local.nbytes, "get")
 
         def steps(deadline: float) -> None:
             self._send([_REQUEST.pack(_READ, _key(remote), remote.addr, local.nbytes)], deadline, "get")

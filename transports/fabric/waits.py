@@ -4,8 +4,8 @@ A one-sided write raises no event at its target, so a receiver learns of it by l
 memory. These waits spin for a moment (:data:`SPIN_S`, yielding the GIL on every round), then nap
 in growing steps up to :data:`MAX_NAP_S` (``time.sleep`` releases the GIL), so an idle waiter burns
 no core. Each takes a ``threading.Event`` that :meth:`Device.interrupt_waits` sets: the wait then
-raises FabricInterrupted. Any backend without waits of its own (in C, as UCX has) uses these: it inherits
-:class:`PolledWaits`, the defaults of ``Device``'s waits.
+raises FabricInterrupted. They are ``Device``'s default waits (``base.py``): any backend without waits of its
+own (in C, as UCX has) uses them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ from typing import TypeVar
 
 import numpy as np
 
-from transports.fabric.base import DEFAULT_SPIN_S, FabricInterrupted, FlagSet
+from transports.fabric.errors import FabricInterrupted
+from transports.fabric.plans import FlagSet
 
+#: how long a wait spins, holding its core, before it sleeps: a transfer that lands within it is seen at once
+DEFAULT_SPIN_S = 0.0005
+#: ... where the process shares the machine's cores with compute (``Device.share_cores``): a moment, then the
+#: core goes back to the compute and the wait is woken by the write (a doorbell) or its naps
+SHARED_SPIN_S = 0.00002
 #: how long a waiter polls without sleeping (unless its device says otherwise: ``Device.spin_s``)
 SPIN_S = DEFAULT_SPIN_S
 #: the first nap after the spin, doubled on every idle round up to MAX_NAP_S
@@ -100,21 +106,3 @@ class PolledFlagSet(FlagSet):
 
     def reset(self) -> None:
         self._done = [False] * len(self._flags)
-
-
-class PolledWaits:
-    """``Device``'s waits, polled from Python: what a backend without waits of its own inherits before ``Device``
-    (``class VerbsDevice(PolledWaits, Device)``). They stop on ``Device.interrupted``."""
-
-    name: str
-    interrupted: threading.Event
-    spin_s: float
-
-    def flag_set(self, flags: list[np.ndarray]) -> FlagSet:
-        return PolledFlagSet(flags, self.interrupted, self.name, self.spin_s)
-
-    def wait_counter(self, counter: np.ndarray, above: int, timeout: float) -> bool:
-        return wait_counter(counter, above, timeout, self.interrupted, self.name, self.spin_s)
-
-    def wait_counters(self, counters: list[np.ndarray], above: list[int], timeout: float) -> int | None:
-        return wait_counters(counters, above, timeout, self.interrupted, self.name, self.spin_s)

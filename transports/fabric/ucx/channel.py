@@ -19,17 +19,13 @@ import numpy as np
 
 from transports.common import data_pointer
 from transports.fabric.base import (
-    BELL_BYTES,
     Channel,
-    CounterPlan,
     Device,
     FabricError,
     FabricInterrupted,
-    FlagSet,
     RemoteRegion,
-    SendPlan,
-    TakePlan,
 )
+from transports.fabric.plans import BELL_BYTES, CounterPlan, FlagSet, SendPlan, TakePlan
 from transports.fabric.ucx.shared_room import descriptors_short, shared_memory_short
 
 #: the largest worker address or remote key a peer may send (ours are a few hundred bytes, rkeys under 100)
@@ -254,7 +250,7 @@ class UcxChannel(Channel):
 
     def _rma(self, op, name: str, local: np.ndarray, remote: RemoteRegion) -> Future:
         if local.nbytes > remote.length:
-            raise ValueError(f"{name} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(local.nbytes, name)
         try:  # what the peer is to blame for fails the operation's future, as a failed transfer would
             if (reason := self.failed()) is not None:
                 raise FabricError(f"ucx: {name} on a failed connection: {reason}")
@@ -274,7 +270,7 @@ class UcxChannel(Channel):
         """The unpacked remote key for an operation of ``nbytes`` on ``remote`` and where the target lies in
         this process (0: not mapped here), checked once per target."""
         if nbytes > remote.length:
-            raise ValueError(f"{name} of {nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(nbytes, name)
         target = (remote.rkey, remote.addr, nbytes)
         checked = self._targets.get(target)
         if checked is None:

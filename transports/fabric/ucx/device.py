@@ -45,7 +45,7 @@ from transports.fabric.base import (
 )
 from transports.fabric.netdev import interface_addresses
 from transports.fabric.rdma_devices import active_ports, read_devices
-from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
+from transports.fabric.registrations import owner_of
 from transports.fabric.settings import RdmaSettings
 from transports.fabric.stream import Grants, StreamChannel, StreamListener, parse_stream_address
 from transports.fabric.ucx.channel import (
@@ -413,8 +413,6 @@ class UcxRegion(MemRegion):
         self._owner = owner
         self._span = span
         memh = _ffi.new("ucp_mem_h *")
-        with device._lock:
-            device.mem_maps += 1
         if span is not None:
             self._mapped = None
             _check(_lib.tt_mem_map(device.context, _ffi.cast("void *", span[0]), max(span[1] - span[0], 1), memh),
@@ -523,19 +521,12 @@ class UcxDevice(Device):
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
                  interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None,
                  config: dict[str, str] | None = None) -> None:
-        super().__init__()
+        super().__init__(progress_threads, lanes_per_peer, settings, fabric_transport)
         load()
-        if fabric_transport not in FABRIC_TRANSPORTS:
-            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
-        if progress_threads < 1 or lanes_per_peer < 1:
-            raise ValueError("progress_threads and lanes_per_peer must be at least 1")
-        self.fabric_transport = fabric_transport
-        self.lanes_per_peer = lanes_per_peer
         #: ask UCX to report a failed peer on each endpoint (UCP_ERR_HANDLING_MODE_PEER). Off: over tcp it
         #: makes UCX emulate every put with active messages (a fifth of the bandwidth of its zero-copy put,
         #: measured here), and the transports find a dead peer through the control path and deadlines
         self.peer_errors = False
-        self.settings = settings or RdmaSettings()
         mapped, self.settings_without_effect = ucx_settings(self.settings)
         lock = {} if "UCX_USE_MT_MUTEX" in os.environ else WORKER_LOCK
         self.config = {**lock, **self._network_config(fabric_transport, interfaces), **mapped, **(config or {})}
@@ -567,16 +558,11 @@ class UcxDevice(Device):
         _check(status, f"initialising UCX with transports '{fabric_transport}' and settings {self.config}")
         self.context = context[0]
         self._activity = threading.Condition()
-        self._lock = threading.Lock()
-        self._cache: RegistrationCache[UcxRegion] = RegistrationCache()
         self._channels: dict[tuple[bytes, int], UcxChannel] = {}
-        self._closed = False
         #: set by interrupt_waits(): every blocking wait and transfer in C returns
         self._stop = _ffi.new("int *")
         #: buffers of transfers given up on (timed out): UCX may still read or write them until close
         self._abandoned: list[object] = []
-        #: every ucp_mem_map this device made (allocations and registrations), for the ledger
-        self.mem_maps = 0
         #: transfers written by this process's own copy into peer memory mapped here (shared memory): those of
         #: plans (counted in C) and the others (``_mapped_elsewhere``): :attr:`mapped_writes`
         self._mapped_by_plans = _ffi.new("uint64_t *")
@@ -679,12 +665,8 @@ class UcxDevice(Device):
         return parse_ucx_info(listed.stdout)
 
     @classmethod
-    def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
+    def _tool(cls, name: str, fabric_transport: str) -> Tool:
         """``ucx_perftest`` or ``ucx_info`` of the fabric's UCX, on the UCX transports of ``fabric_transport``."""
-        if name not in cls.reference_tools:
-            return super().tool(name, fabric_transport)
-        if fabric_transport not in FABRIC_TRANSPORTS:
-            raise ValueError(f"unknown fabric transport '{fabric_transport}' (known: {', '.join(FABRIC_TRANSPORTS)})")
         path = ucx_home() / "bin" / name
         if not path.is_file():
             raise FabricError(f"{name} not found at {path}: it ships with the libucx-cu12 wheel; reinstall it with "
@@ -701,10 +683,6 @@ class UcxDevice(Device):
         for setting, value in cls._network_config(fabric_transport, ()).items():  # as the fabric's own devices
             env.setdefault(f"UCX_{setting}", value)
         return Tool(name, path, env)
-
-    @property
-    def registrations_made(self) -> int:
-        return self.mem_maps
 
     @property
     def address(self) -> list[bytes]:
@@ -737,10 +715,10 @@ class UcxDevice(Device):
     def interrupt_waits(self) -> None:
         self._stop[0] = 1
 
-    def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
-                            trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
+    def _write_spread(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                      trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float) -> None:
         channels = channels[: _lib.TT_MAX_LANES]
-        if len(channels) == 1 or not data.nbytes or self.stream is not None:
+        if self.stream is not None:
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
         checked = [channel._checked(remote, data.nbytes, "put") for channel in channels]
@@ -818,46 +796,43 @@ class UcxDevice(Device):
         if region.address % ALIGNMENT:
             region.release()
             raise FabricError(f"ucx: allocated memory at {region.address:#x} is not {ALIGNMENT}-byte aligned")
-        self._cache.track(region)
+        self._count_region(region)
         return region
 
     def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``): host
-        memory, or a device array's GPU memory where this device moves it (:attr:`moves_device_memory`)."""
+        """Host memory, or a device array's GPU memory where this device moves it (:attr:`moves_device_memory`)."""
         if type(array) is not np.ndarray and (problem := self.device_memory_problem()) is not None:
             raise FabricError(f"ucx: cannot register device memory here: {problem}")
-        self._cache.release_expired()
-        start = start_of(array)
-        owner = owner_of(array)
-        found = self._cache.find(start, start + array.nbytes)
+        return super().register(array)
+
+    def _registered(self, array: np.ndarray, start: int, end: int) -> MemRegion | None:
+        found = self._cache.find(start, end)
         # a registration lives as long as the array it was made for: one of another array that shares the pages
         # is released when that array dies, maybe while a peer still reads this one with its key
-        if found is not None and found._owner_ref is not None and found._owner_ref() is owner:
+        if found is not None and found._owner_ref is not None and found._owner_ref() is owner_of(array):
             return found
-        start, end = span_of(array)
+        return None
+
+    def _register_span(self, array: np.ndarray, start: int, end: int, owner: np.ndarray) -> MemRegion:
         if type(array) is np.ndarray:
             view = np.frombuffer(_ffi.buffer(_ffi.cast("char *", start), max(end - start, 1)), dtype=np.uint8)
             region = UcxRegion(self, view, None)
         else:
             region = UcxRegion(self, None, None, span=(start, end))
         region._owner_ref = weakref.ref(owner)
-        self._cache.track(region)
-        # device memory is never evicted: a receiver's slots are registered once, for a peer that writes into them
-        # all along (with GPUDirect a released key fails its writes); it dies with the memory, or at close
-        for old in self._cache.add(start, end, region, owner, evictable=lambda old: old._span is None):
-            old.release()
         return region
 
-    def registrations(self) -> int:
-        return self._cache.count()
+    def _evictable(self, region: MemRegion) -> bool:
+        # device memory is never evicted: a receiver's slots are registered once, for a peer that writes into them
+        # all along (with GPUDirect a released key fails its writes); it dies with the memory, or at close
+        return region._span is None
 
     def channel(self, peer: list[bytes], lane: int = 0, exchange: Exchange | None = None) -> Channel:
         lane %= self.lanes_per_peer  # UCX connects from the address alone: no exchange
         worker = self._workers[lane % len(self._workers)]
         target = peer[lane % len(peer)]
         with self._lock:
-            if self._closed:
-                raise FabricError("ucx: the device is closed")
+            self._check_open()
             key = (target, lane)
             channel = self._channels.get(key)
         if channel is not None:
@@ -865,8 +840,7 @@ class UcxDevice(Device):
         if (problem := self.address_problem(target)) is not None:
             raise FabricError(f"ucx: {problem}")
         with self._lock:
-            if self._closed:
-                raise FabricError("ucx: the device is closed")
+            self._check_open()
             if key in self._channels:
                 return self._channels[key]
             if self.stream is not None:
@@ -910,35 +884,28 @@ class UcxDevice(Device):
         stream = {"tcp_data_path": "the fabric's own stream: every access checked against the keys it granted "
                                    "(UCX's tcp transport is never used)"} if self.stream is not None else {}
         return {
-            "fabric": "ucx",
+            **super().describe(),
             "used": sorted(used),
             "ucx_version": _ffi.string(_lib.ucp_get_version_string()).decode(),
             "fabric_transport": self.fabric_transport,
             "ucx_tls": self.tls,
             "moves_device_memory": self.moves_device_memory,
-            "progress_threads": len(self._workers),
-            "lanes_per_peer": self.lanes_per_peer,
             "ucx_config": self.config,
-            "rdma_settings_without_effect": self.settings_without_effect,
             **stream,
         }
 
-    def close(self) -> None:
+    def _shut(self) -> list[Channel]:
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            channels = list(self._channels.values())
+            channels: list[Channel] = list(self._channels.values())
             self._channels.clear()
         if self.stream is not None:
             self.stream.close()
         for worker in self._workers:
             worker.stop()
         _lib.tt_cuda_enter()  # (UCX's CUDA transports release their streams and events through the driver)
-        for channel in channels:
-            channel.close()
-        for region in self._cache.live():
-            region.release()
+        return channels
+
+    def _free(self) -> None:
         for worker in self._workers:
             worker.destroy()
         _lib.ucp_cleanup(self.context)

@@ -208,7 +208,7 @@ class VerbsChannel(Channel):
 
     def _rkey(self, remote: RemoteRegion, nbytes: int, what: str) -> int:
         if nbytes > remote.length:
-            raise ValueError(f"{what} of {nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(nbytes, what)
         if len(remote.rkey) != 4:
             raise FabricError(f"verbs: a remote key of {len(remote.rkey)} bytes is malformed (verbs keys have 4 "
                               f"bytes: is the peer on another fabric?)")
@@ -220,7 +220,7 @@ class VerbsChannel(Channel):
         if local.nbytes <= limit:
             return [(local, remote)]
         if local.nbytes > remote.length:
-            raise ValueError(f"{what} of {local.nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(local.nbytes, what)
         if not local.flags.c_contiguous:
             raise ValueError("verbs transfers need C-contiguous memory")
         flat = local.reshape(-1).view(np.uint8)

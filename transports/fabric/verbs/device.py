@@ -55,7 +55,7 @@ from transports.fabric.base import (
     RemoteRegion,
     Tool,
 )
-from transports.fabric.registrations import RegistrationCache, owner_of, span_of, start_of
+from transports.fabric.registrations import start_of
 from transports.fabric.settings import RdmaSettings, read_settings
 from transports.fabric.verbs.channel import (
     CQES_PER_QP,
@@ -100,7 +100,6 @@ from transports.fabric.verbs.decide import (
     spread,
     wins,
 )
-from transports.fabric.waits import PolledWaits
 
 PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
                    "or Debian's python3-pyverbs with tools/use-system-pyverbs")
@@ -236,7 +235,7 @@ class VerbsRegion(MemRegion):
 
 
 #: one completion channel is made at a time, so that the descriptor it opens is told from others (see _event_fd)
-class VerbsDevice(PolledWaits, Device):
+class VerbsDevice(Device):
     """An opened RDMA device: context, protection domain, ``progress_threads`` CQs and their threads.
 
     ``fabric_transport``: only ``auto`` (RDMA_DEVICE, else the first device with an active port);
@@ -252,28 +251,19 @@ class VerbsDevice(PolledWaits, Device):
 
     def __init__(self, fabric_transport: str = "auto", progress_threads: int = 1, lanes_per_peer: int = 1,
                  interfaces: list[str] | tuple[str, ...] = (), settings: RdmaSettings | None = None) -> None:
-        super().__init__()
-        self._check_transport(fabric_transport)
-        if progress_threads < 1 or lanes_per_peer < 1:
-            raise ValueError("progress_threads and lanes_per_peer must be at least 1")
+        super().__init__(progress_threads, lanes_per_peer, settings, fabric_transport)
         try:
             self._pv = pv = _pyverbs()
         except ImportError:
             raise FabricError(f"verbs: {PYVERBS_MISSING}") from None
-        self.settings = settings or RdmaSettings()
-        self.lanes_per_peer = lanes_per_peer
         self.choice: Choice = choose(_hardware(pv, self.settings.gid_index), self.settings)
-        self._lock = threading.Lock()
         self._activity = threading.Condition()
         self._immediates: list[tuple[tuple[bytes, ...], int]] = []
         self._stopping = threading.Event()  # close(): progress threads end
-        self._closed = False
         self._wr_ids = itertools.count(RECV_WR_ID + 1)
         #: wr_id -> the signaled send work requests in flight
         self._pending: dict[int, _Pending] = {}
         self._allocated: dict[tuple[int, int], VerbsRegion] = {}
-        self._cache: RegistrationCache[VerbsRegion] = RegistrationCache()
-        self._registrations_made = 0
         self._peers: dict[bytes, list[VerbsChannel]] = {}  # peer address -> its lanes
         self._extra: list[VerbsChannel] = []  # lanes of a connection a later one with the same peer replaced
         self._by_qp: dict[int, VerbsChannel] = {}
@@ -310,12 +300,6 @@ class VerbsDevice(PolledWaits, Device):
     # -- what the backend is ----------------------------------------------------------------------
 
     @classmethod
-    def _check_transport(cls, fabric_transport: str) -> None:
-        if fabric_transport not in cls.fabric_transports:
-            raise ValueError(f"unknown fabric transport '{fabric_transport}' "
-                             f"(known: {', '.join(cls.fabric_transports)})")
-
-    @classmethod
     def availability(cls, fabric_transport: str = "auto") -> Availability:
         try:
             pv = _pyverbs()
@@ -344,11 +328,8 @@ class VerbsDevice(PolledWaits, Device):
         return {"rc": ports} if ports else {}
 
     @classmethod
-    def tool(cls, name: str, fabric_transport: str = "auto") -> Tool:
+    def _tool(cls, name: str, fabric_transport: str) -> Tool:
         """perftest's ``ib_write_bw`` / ``ib_write_lat`` from PATH, with ``-d``/``-i``/``-x`` from RDMA_*."""
-        if name not in cls.reference_tools:
-            return super().tool(name, fabric_transport)
-        cls._check_transport(fabric_transport)
         path = shutil.which(name)
         if path is None:
             raise FabricError(f"{name} is not installed (it is perftest's): apt install perftest")
@@ -356,56 +337,35 @@ class VerbsDevice(PolledWaits, Device):
 
     # -- memory ----------------------------------------------------------------------------------
 
-    @property
-    def registrations_made(self) -> int:
-        return self._registrations_made
-
-    def _new_region(self, array: np.ndarray, length: int, writable: bool) -> VerbsRegion:
-        region = VerbsRegion(self, array, length, writable)
-        with self._lock:
-            self._registrations_made += 1
-        self._cache.track(region)
-        return region
-
     def alloc(self, nbytes: int, shared: bool = True) -> MemRegion:
         """64-byte aligned process memory, registered. ``shared`` changes nothing: the NIC reaches any memory."""
         self._check_open()
         backing = aligned_empty((max(nbytes, 1),), np.uint8, ALIGNMENT)
-        region = self._new_region(backing[:nbytes], backing.nbytes, True)
+        region = VerbsRegion(self, backing[:nbytes], backing.nbytes, True)
+        self._count_region(region)
         with self._lock:
             self._allocated[(region.address, region.address + backing.nbytes)] = region
         return region
 
-    def _lookup(self, start: int, end: int) -> VerbsRegion | None:
+    def _registered(self, array: np.ndarray, start: int, end: int) -> MemRegion | None:
+        """Memory the device allocated is found first."""
         with self._lock:
             for (lo, hi), region in self._allocated.items():
                 if lo <= start and end <= hi:
                     return region
         return self._cache.find(start, end)
 
-    def register(self, array: np.ndarray) -> MemRegion:
-        """Register ``array``'s memory, cached while the memory lives (``transports/fabric/registrations.py``).
-
-        Memory the device allocated is found first; a registration a work request in flight uses
-        is never evicted.
-        """
-        self._check_open()
-        self._cache.release_expired()
-        start = start_of(array)
-        found = self._lookup(start, start + array.nbytes)
-        if found is not None:
-            return found
-        start, end = span_of(array)
+    def _register_span(self, array: np.ndarray, start: int, end: int, owner: np.ndarray) -> MemRegion:
         if end == start:
             raise ValueError("cannot register an empty array")
-        owner = owner_of(array)
         view = np.frombuffer((ctypes.c_uint8 * (end - start)).from_address(start), dtype=np.uint8)
         writable = bool(owner.flags.writeable)
         view.flags.writeable = writable
-        region = self._new_region(view, end - start, writable)
-        for old in self._cache.add(start, end, region, owner, evictable=lambda old: not old.busy):
-            old.release()
-        return region
+        return VerbsRegion(self, view, end - start, writable)
+
+    def _evictable(self, region: MemRegion) -> bool:
+        """A registration a work request in flight uses is never evicted."""
+        return not region.busy
 
     def _sge(self, array: np.ndarray):
         """The scatter-gather entry of ``array`` (registered through the cache) and its region."""
@@ -419,9 +379,6 @@ class VerbsDevice(PolledWaits, Device):
     def _empty_sge(self):
         return self._pv.wr.SGE(start_of(self._scratch_memory), 0, self._scratch.lkey)
 
-    def registrations(self) -> int:
-        return self._cache.count()
-
     def _forget(self, region: VerbsRegion) -> None:
         with self._lock:
             for key, value in list(self._allocated.items()):
@@ -434,10 +391,6 @@ class VerbsDevice(PolledWaits, Device):
     @property
     def address(self) -> list[bytes]:
         return [self._address]
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise FabricError("verbs: the device is closed")
 
     def _modify(self, channel: VerbsChannel, attributes: QpAttributes, state: str) -> None:
         try:
@@ -600,8 +553,8 @@ class VerbsDevice(PolledWaits, Device):
                 self._connected.notify_all()
         return reply
 
-    def write_flagged_lanes(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
-                            trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float = 60.0) -> None:
+    def _write_spread(self, channels: list[Channel], data: np.ndarray, remote: RemoteRegion,
+                      trailer: np.ndarray, trailer_remote: RemoteRegion, timeout: float) -> None:
         """The data cut in one piece per lane (:func:`decide.spread`), all posted, all waited for; then the
         trailer on the first lane."""
         pieces = spread(data.nbytes, len(channels))
@@ -609,7 +562,7 @@ class VerbsDevice(PolledWaits, Device):
             channels[0].write_flagged(data, remote, trailer, trailer_remote, timeout)
             return
         if data.nbytes > remote.length:
-            raise ValueError(f"RDMA write of {data.nbytes} bytes does not fit a remote region of {remote.length}")
+            raise remote.too_small(data.nbytes, "RDMA write")
         deadline = time.monotonic() + timeout
         flat = data.reshape(-1).view(np.uint8)
         write = self._pv.enums.IBV_WR_RDMA_WRITE
@@ -752,29 +705,23 @@ class VerbsDevice(PolledWaits, Device):
     def describe(self) -> dict[str, Any]:
         choice = self.choice
         description: dict[str, Any] = {
-            "fabric": "verbs",
+            **super().describe(),
             "used": [f"rc/{choice.device}:{choice.port}"],
             "device": choice.device,
             "port": choice.port,
             "gid_index": choice.gid_index,
             "link_layer": choice.link_layer_name,
             "mtu": choice.mtu,
-            "progress_threads": len(self._pollers),
-            "lanes_per_peer": self.lanes_per_peer,
             "queue_depth": self.settings.queue_depth,
-            "rdma_settings_without_effect": self.without_effect(self.settings),
         }
         if (version := _pyverbs_version()) is not None:
             description["pyverbs_version"] = version
         return description
 
-    def close(self) -> None:
-        """Stop the progress threads, fail what is in flight, destroy queue pairs, regions, CQs, PD, context."""
+    def _shut(self) -> list[Channel]:
+        """Stop the progress threads, fail what is in flight; hand over the queue pairs."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            lanes = [channel for channels in self._peers.values() for channel in channels] + self._extra
+            lanes: list[Channel] = [channel for channels in self._peers.values() for channel in channels] + self._extra
             self._peers.clear()
             self._extra.clear()
             self._by_qp.clear()
@@ -786,10 +733,10 @@ class VerbsDevice(PolledWaits, Device):
             self._pending.clear()
         for entry in pending:
             settle(entry.future, error=FabricError("verbs: the device is closed"))
-        for channel in lanes:
-            channel.close()
-        for region in self._cache.live():
-            region.release()
+        return lanes
+
+    def _free(self) -> None:
+        """Destroy the CQs, PD and context (the queue pairs and regions are gone)."""
         self._scratch.close()
         for poller in self._pollers:
             poller.close()
