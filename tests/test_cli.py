@@ -247,7 +247,7 @@ def test_bad_scale_and_launcher_input_is_one_line_exit_2(args, fragment):
 
 def test_a_run_of_the_baseline_alone_prints_no_table_relative_to_it(capsys):
     """bench model of zerocopy alone printed a heading and a row of nothing 'relative to zerocopy'."""
-    from bench.commands.common import print_relative
+    from bench.readers.summary import print_relative
 
     alone = [("fcn5 b1 x1", {"zerocopy": {"step_time_s": 0.2}})]
     print_relative("step time relative to zerocopy", "run", alone, [], "zerocopy", "step_time_s")

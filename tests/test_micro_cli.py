@@ -352,7 +352,7 @@ def test_the_grpc_transports_complete_sends_on_their_own_threads_and_the_fabric_
 def test_the_summary_of_a_device_memory_run_counts_each_lines_crossings_of_the_bus():
     import pandas as pd
 
-    from bench.commands.micro import _crossings_line
+    from bench.readers.summary import _crossings_line
 
     points = pd.DataFrame({"transport": ["zerocopy", "grpc_tcp", "ucx_perftest"], "size_bytes": [1024] * 3,
                            "sender_memory": ["cuda:0"] * 3, "receiver_memory": ["host"] * 3,

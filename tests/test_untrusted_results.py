@@ -421,7 +421,7 @@ def test_a_size_beyond_the_memory_available_is_refused_before_any_rank(tmp_path,
 
 
 def test_what_a_point_holds_depends_on_its_lines():
-    from bench.commands.micro import memory_needed
+    from bench.experiments.micro.plan import memory_needed
 
     assert memory_needed(2**30, ["zerocopy"], set()) == (2 * 2**30, "zerocopy")
     assert memory_needed(2**30, ["zerocopy", "grpc_tcp"], set())[0] == 4 * 2**30

@@ -7,16 +7,11 @@ import contextlib
 import signal
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.options import error_line, run_dir_problem
 from bench.results import DiskError, ResultsError, RunWriter, default_run_dir, disk_failed, is_disk_error
-from bench.results import lines as catalogue
-
-#: the line micro's and training's summaries set every other against (the paper's RDMA.zerocp)
-BASELINE = catalogue.ZERO_COPY
 
 
 def add_framework_option(parser: argparse.ArgumentParser) -> None:
@@ -110,40 +105,3 @@ def draw(out: Path, experiment: str) -> None:
     for path in written:
         if path.suffix == ".png":
             print(f"figure: {path}")
-
-
-def print_relative(title: str, key_name: str, rows: list[tuple[str, dict[str, Any]]], lines: list[str],
-                   baseline: str, measure: str,
-                   extra: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = ()) -> None:
-    """A table of each line's ``measure`` over the ``baseline`` line's at the same point, with the range their
-    spreads allow: ``rows`` are (a point's label, its folded rows by line name), ``extra`` more columns (a
-    heading, and the cell from a point's rows). A point the baseline did not measure is left out."""
-    from bench.results import ratio
-
-    table = []
-    for label, by_line in rows:
-        if baseline not in by_line:
-            continue
-        cells = [_ratio_text(ratio(by_line[line], by_line[baseline], measure)) if line in by_line else "-"
-                 for line in lines]
-        table.append([label, *cells, *(cell(by_line) for _, cell in extra)])
-    if not table or not (lines or extra):  # nothing beside the baseline: nothing to say relative to it
-        return
-    headings = [key_name, *lines, *(heading for heading, _ in extra)]
-    widths = [max(len(heading), *(len(row[i]) for row in table)) for i, heading in enumerate(headings)]
-    print(f"\n{title}:")
-    for row in [headings, *table]:
-        print("  ".join(f"{cell:>{width}}" for cell, width in zip(row, widths, strict=True)))
-
-
-def _ratio_text(value: Any) -> str:
-    """A ratio and its range in a table cell, three significant digits: ``35.6x (35.3-36.0)``."""
-    if value.value != value.value:  # NaN: not measured
-        return "-"
-
-    def short(x: float) -> str:
-        return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-    if value.low == value.value == value.high:
-        return f"{short(value.value)}x"
-    return f"{short(value.value)}x ({short(value.low)}-{short(value.high)})"

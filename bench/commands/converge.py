@@ -8,7 +8,6 @@ transport the time to --target and its speed-up over grpc_tcp."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import transports
@@ -143,26 +142,10 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         print("training loss per step, largest relative difference from " + f"{next(iter(losses))}: "
               + ", ".join(f"{label} {value:.1e}" for label, value in agreement.items()))
     if (out / "records.csv").exists():  # a run whose every transport failed recorded nothing
-        print_summary(out, BASELINE, paper_speedup(task.name))
+        from bench.readers.summary import print_converge
+
+        print_converge(out, BASELINE, paper_speedup(task.name))
     print(f"results: {out}")
     if not args.no_plot:
         draw(out, "converge")
     return 1 if failures else 0
-
-
-def print_summary(out: Path, baseline: str, paper: float | None) -> None:
-    """Per transport: the target, when it was reached, and the speed-up over the baseline (and the paper's)."""
-    from bench.results import load_run
-
-    records = load_run(out).records
-    rows = records[records["kind"] == "summary"]
-    if rows.empty:
-        return
-    print(f"\n{'transport':18} {'target':18} {'steps':>6} {'seconds':>9} {'speed-up vs ' + baseline:>20}"
-          + ("  paper (zerocopy)" if paper else ""))
-    for row in rows.itertuples():
-        steps = "-" if row.steps_to_target != row.steps_to_target else f"{int(row.steps_to_target)}"
-        seconds = "not reached" if row.time_to_target_s != row.time_to_target_s else f"{row.time_to_target_s:.1f}"
-        ratio = "-" if row.speedup_vs_grpc_tcp != row.speedup_vs_grpc_tcp else f"{row.speedup_vs_grpc_tcp:.2f}x"
-        print(f"{row.transport:18} {row.target:18} {steps:>6} {seconds:>9} {ratio:>20}"
-              + (f"  {paper:.1f}x" if paper and row.transport == "zerocopy" else ""))

@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import transports
 from bench import options
-from bench.commands.common import BASELINE, disk_full, draw, failed, interrupted, open_run, print_relative
+from bench.commands.common import disk_full, draw, failed, interrupted, open_run
 from bench.options import Choice
 from bench.results import DiskError
 from bench.results import lines as catalogue
 from bench.results.records import MICRO_SOURCES
-
-if TYPE_CHECKING:
-    from bench.experiments.micro import MicroLine
 
 HELP = "send/receive micro-benchmark between two processes (the paper's Figure 8)"
 #: shown at the end of --help: each command line and what it does
@@ -70,25 +66,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                "RDMA); the verbs fabric takes only auto")
     options.add_out(parser, "micro")
     parser.add_argument("--no-references", action="store_true",
-                        help="skip the reference lines, measured before the transports: the fabric library's own "
-                        "put bandwidth (ucx_perftest ucp_put_bw, or ib_write_bw on --fabric verbs: the limit and the "
-                        "denominator of the of_reference column) and put latency up to 1MB (ucp_put_lat or "
-                        "ib_write_lat) over the same links, and memcpy in one process")
+                        help="skip the reference lines, measured before the transports: the fabric library's "
+                        f"own put bandwidth ({_references('throughput')}, by --fabric: the limit and the denominator "
+                        f"of the of_reference column) and put latency up to 1MB ({_references('time')}) over the same "
+                        f"links, and the lines of every run ({_references(None)})")
     peers = parser.add_mutually_exclusive_group()
     peers.add_argument("--peers", type=peer_names, default=None, metavar="PEERS",
                        help="comma list of the peer lines to measure (known: "
                        f"{', '.join(catalogue.micro_peers())}; default: every one installed here): the libraries "
-                       "a user could pick instead (MPI two-sided and one-sided, NVIDIA NIXL, Mooncake, a plain TCP "
-                       "socket, PyTorch's torch.distributed over gloo and its RPC over TensorPipe), timed exactly "
-                       "like a transport, measured after the reference lines and before the "
-                       "transports; every transport's record carries of_peer, its p50 over the best peer's p50 at "
-                       "that size")
+                       f"a user could pick instead ({_peer_libraries()}), timed exactly like a transport, measured "
+                       "after the reference lines and before the transports; every transport's record carries "
+                       "of_peer, its p50 over the best peer's p50 at that size")
     peers.add_argument("--no-peers", action=_NotBoth, help="skip the peer lines")
     parser.add_argument("--calibrate", action=_NotBoth,
                         help="measure beside each peer line its library in a plain loop of its own, the ten lines "
-                        "a user writes (mpi: mpi_plain, mpi_rma: mpi_rma_plain, socket: socket_plain, nixl: "
-                        "nixl_plain, mooncake: mooncake_plain, torch_gloo: torch_gloo_plain, torch_rpc: "
-                        "torch_rpc_plain): how far the harness is from the library's own cost "
+                        f"a user writes ({_calibrations()}): how far the harness is from the library's own cost "
                         "(the harness reference line, in every run, is the harness alone)")
     parser.add_argument("--contend", type=options.non_negative_int, default=0, metavar="N",
                         help="measure every point of every line a second time with N busy processes spinning on "
@@ -98,6 +90,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "quiet only)")
     options.add_no_plot(parser)
     options.add_launch_options(parser)
+
+
+def _peer_libraries() -> str:
+    """The peer lines ``bench micro`` measures as ``--help`` names them: each one's name in the paper's tables."""
+    return ", ".join(catalogue.line(name).paper for name in catalogue.micro_peers())
+
+
+def _calibrations() -> str:
+    """Each peer line and the line of its plain loop (``--calibrate``), from the catalogue: ``mpi: mpi_plain, ...``."""
+    return ", ".join(f"{entry.calibrates}: {entry.name}" for entry in catalogue.calibrations())
+
+
+def _references(figure: str | None) -> str:
+    """The catalogue's reference lines of one micro figure (``throughput``: a fabric's bandwidth, ``time``: its
+    latency, one per fabric; None: those of every run, calibrations aside), by name."""
+    chosen = [entry.name for entry in catalogue.of_kind("reference") if entry.figure == figure and not entry.calibrates]
+    return (" or " if figure else ", ").join(chosen)
 
 
 class _NotBoth(argparse.Action):
@@ -131,48 +140,9 @@ def peer_names(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-#: launchers that start every rank on this host (a job's launchers, mpi and slurm, start one rank per process)
-_ALL_RANKS_HERE = frozenset({"local", "netns"})
-
-
-def memory_needed(size: int, labels: list[str], slowed: set[str], both_sides: bool = True) -> tuple[int, str]:
-    """The bytes a point of ``size`` has allocated at once at its most (the line that holds the most), on this
-    host: the sender's tensor and the receiver's (one side with ``both_sides`` False), a copy of each on a line
-    that copies (the catalogue's ``copying``), the sender's scratch tensor on a line with ``--extra-copy``; and which
-    line that is."""
-    def held(label: str) -> int:
-        per_side = 1 + (1 if catalogue.line(label).copying else 0)
-        return per_side * (2 if both_sides else 1) + (1 if label in slowed else 0)
-
-    worst = max(labels, key=held, default="memcpy")
-    return max(held(worst), 2 if both_sides else 1) * size, worst
-
-
-def memory_problem(sizes: list[int], chosen: list[Choice], slowed: set[str], launcher: Any) -> str | None:
-    """Why the largest size cannot be measured with the memory available now (``MemAvailable``), before any rank
-    starts; None when it fits or the memory available cannot be read."""
-    from bench.ground.memory import available_memory_bytes
-    from bench.ground.sizes import format_size
-
-    available = available_memory_bytes()
-    if available is None or not sizes:
-        return None
-    here = getattr(launcher, "name", "local") in _ALL_RANKS_HERE
-    needed, line = memory_needed(max(sizes), options.labels(chosen), slowed, both_sides=here)
-    if needed <= available:
-        return None
-    held = "the sender's and the receiver's tensor" if here else "this rank's tensor"
-    if catalogue.line(line).copying:
-        held += f" and {line}'s copy of {'each' if here else 'it'}"
-    if line in slowed:
-        held += " and the --extra-copy scratch tensor"
-    return (f"--sizes: a {format_size(max(sizes))} transfer holds about {needed / 2**30:.1f} GB at once ({held}), "
-            f"but {available / 2**30:.1f} GB of memory is available now (MemAvailable); choose smaller sizes or free "
-            "memory")
-
-
 def run(args: argparse.Namespace, launcher: Any) -> int:
     from bench.experiments.micro import plan_points
+    from bench.experiments.micro.plan import lines_of, memory_problem
     from transports.memory import HOST
 
     chosen: list[Choice] = args.transports or options.default_choices()
@@ -180,7 +150,8 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
     if stray := slowed - {choice.label for choice in chosen}:
         return options.fail("micro", f"--extra-copy {', '.join(sorted(stray))}: not among the transports measured "
                             f"({', '.join(options.labels(chosen))})")
-    if too_big := memory_problem(args.sizes, chosen, slowed, launcher):  # what the run holds, against what is free
+    # what the run holds, against what is free
+    if too_big := memory_problem(args.sizes, options.labels(chosen), slowed, launcher):
         return options.fail("micro", too_big)
     if any(not transports.transport_class(c.name).same_process_only for c in chosen) and (
             problem := launcher.ranks_problem(2, "sender, receiver")):  # a job of too few processes (mpirun -np 1)
@@ -238,112 +209,9 @@ def run(args: argparse.Namespace, launcher: Any) -> int:
         raise
     finally:
         sweep.close()
-    print_summary(out)
+    from bench.readers.summary import print_micro
+
+    print_micro(out)
     if not args.no_plot:
         draw(out, "micro")
     return 1 if sweep.failures else 0
-
-
-def lines_of(args: argparse.Namespace, launcher: Any, chosen: list[Choice], slowed: set[str]) -> list[MicroLine]:
-    """The run's lines, in the order they are measured: the reference lines of its fabric (unless
-    --no-references: of_reference needs each size's bandwidth reference first), the peer lines (unless
-    --no-peers: of_peer needs each size's best peer first), then the transports."""
-    from bench.experiments.micro import TransportLine
-    from bench.experiments.peers import calibration_lines, peer_lines
-    from bench.experiments.references import reference_lines
-
-    lines: list[MicroLine] = []
-    if not args.no_references:
-        lines += reference_lines(args.fabric, launcher.fabric_transport(args.fabric_transport), args.timeout)
-    if not args.no_peers:
-        lines += peer_lines(args.peers, args.timeout)
-        if args.calibrate:
-            lines += calibration_lines(args.peers, args.timeout)
-    for choice in chosen:
-        lines.append(TransportLine(choice.label, choice.constructor_options(args, launcher),
-                                   extra_copies=1 if choice.label in slowed else 0))
-    return lines
-
-
-def print_summary(out: Path) -> None:
-    """What people read of a run: the p50 of every line at every size in one table (sizes down, lines across;
-    rounds folded into their median; again beside the busy processes with --contend), then each transport's time
-    relative to zerocopy's at the same size, with its range, and zerocopy's over the best peer's. Every column of
-    every point is in records.csv."""
-    from bench.ground.sizes import format_size
-    from bench.results import ResultsError, load_run
-
-    try:
-        run = load_run(out)
-    except ResultsError:
-        return
-    points = run.points()
-    if not len(points):
-        print(f"\nresults: {out}")
-        return
-    rounds = int(points["rounds"].max())
-    sizes = list(dict.fromkeys(points["size_bytes"]))
-    cell = {(row.transport, row.size_bytes): row for row in points.itertuples()}
-    timed = [name for name in dict.fromkeys(points["transport"])  # put_bw has no per-transfer time
-             if any(_finite(getattr(cell.get((name, size)), "p50_us", None)) for size in sizes)]
-    contend = int(points["contend"].max()) if "contend" in points and points["contend"].notna().any() else 0
-    columns = [("p50_us", f"p50 µs per transfer{f' (median of {rounds} rounds)' if rounds > 1 else ''}")]
-    if contend:
-        columns.append(("contended_p50_us", f"p50 µs beside {contend} busy processes"))
-    for column, title in columns:
-        print(f"\n{title}:")
-        widths = [max(len(name), 8) for name in timed]
-        print(f"{'size':>6}  " + "  ".join(f"{name:>{width}}" for name, width in zip(timed, widths, strict=True)))
-        for size in sizes:
-            values = [_short(getattr(cell.get((name, size)), column, None)) for name in timed]
-            print(f"{format_size(int(size)):>6}  "
-                  + "  ".join(f"{value:>{width}}" for value, width in zip(values, widths, strict=True)))
-    baseline = list(points.loc[points["transport"] == BASELINE, "size_bytes"])
-    others = [t for t in dict.fromkeys(points["transport"])
-              if t != BASELINE and t.partition(":")[0] in transports.REGISTRY]  # transports, not reference lines
-    # zerocopy against the best peer (p50 over p50) and the fabric library's put bandwidth (throughput fraction)
-    headings = {"of_peer": f"{BASELINE} / best peer", "of_reference": f"{BASELINE} of put bw"}
-    extra = tuple((heading, lambda rows, column=column: _short(rows[BASELINE].get(column), 2))
-                  for column, heading in headings.items()
-                  if column in points and points.loc[points["transport"] == BASELINE, column].notna().any())
-    if baseline and (others or extra):
-        what = "range across rounds" if rounds > 1 else "range: 95% interval of each median"
-        print_relative(f"time per transfer relative to {BASELINE} (p50 / {BASELINE}'s p50; {what})",
-                       "size", [(format_size(int(size)), {row.transport: row._asdict() for row in points[
-                           points["size_bytes"] == size].itertuples()}) for size in baseline],
-                       others, BASELINE, "p50_us", extra)
-    if line := _crossings_line(points):
-        print(f"\n{line}")
-    print(f"\nresults: {out} (every column of every point: records.csv)")
-
-
-def _crossings_line(points: Any) -> str:
-    """For a run on device memory: where the tensors lived, and each line's crossings of the bus per transfer
-    (device to host plus host to device, both sides, over the size: 2 is staged through the host at each end)."""
-    if "sender_memory" not in points or "host_to_device_bytes_per_transfer" not in points:
-        return ""
-    device = points[(points["sender_memory"] != "host") | (points["receiver_memory"] != "host")]
-    if not len(device):
-        return ""
-    first = device.iloc[0]
-    crossings = {}
-    for row in device.itertuples():
-        moved = (row.device_to_host_bytes_per_transfer, row.host_to_device_bytes_per_transfer)
-        if all(_finite(value) for value in moved) and row.size_bytes:
-            crossings.setdefault(row.transport, []).append(sum(moved) / row.size_bytes)
-    counted = ", ".join(f"{name} {max(values):g}" for name, values in crossings.items())
-    return (f"tensors in {first.sender_memory} -> {first.receiver_memory} memory; crossings of the bus per "
-            f"transfer (2: staged through host memory at both ends, 0: device to device): {counted or 'none counted'}")
-
-
-def _finite(value: Any) -> bool:
-    return value is not None and value == value  # NaN: not measured
-
-
-def _short(value: Any, digits: int | None = None) -> str:
-    """A time for a table: three significant digits or so, '-' where nothing was measured."""
-    if not _finite(value):
-        return "-"
-    if digits is not None:  # a ratio: small ones keep a digit that is not zero
-        return f"{value:.{digits + 1 if value < 0.1 else digits}f}"
-    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"

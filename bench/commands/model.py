@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import LOCAL, options
 from bench.commands.common import (
-    BASELINE,
     add_framework_option,
     draw,
     failed,
     interrupted,
     open_run,
-    print_relative,
 )
 
 if TYPE_CHECKING:
@@ -189,31 +186,9 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
     writer.finish("failed" if trainings.failures else "complete", failures=trainings.failures,
                   launcher=launcher.describe(),
                   compute_s={f"{m}-b{b}": c.compute_s for (m, b), c in trainings.prepared.items() if c.replayed})
-    print_summary(writer.path, args.warmup)
+    from bench.readers.summary import print_training
+
+    print_training(writer.path, args.warmup)
     if not args.no_plot:
         draw(writer.path, experiment)
     return 1 if trainings.failures else 0
-
-
-def print_summary(out: Path, warmup: int) -> None:
-    """What was timed, and each transport's step time relative to zerocopy's in the same model, batch size and
-    servers, with its range (``bench model`` and ``bench scale``)."""
-    from bench.results import ResultsError, load_run
-
-    try:
-        points = load_run(out).points()
-    except ResultsError:
-        points = None
-    if points is not None and len(points):
-        rounds = int(points["rounds"].max())
-        steps = int(points["steps"].max())
-        print(f"\ntimed: {steps} steps of every worker after {warmup} warm-up steps, per run"
-              + (f", {rounds} rounds" if rounds > 1 else ""))
-        keys = ["model", "batch_size", "servers"]
-        others = [t for t in dict.fromkeys(points["transport"]) if t != BASELINE]
-        rows = [(f"{model} b{batch} x{servers}", {row.transport: row._asdict() for row in group.itertuples()})
-                for (model, batch, servers), group in points.groupby(keys, sort=False)]
-        what = "range across rounds" if rounds > 1 else "range: 95% interval of each median"
-        print_relative(f"step time relative to {BASELINE} (step time / {BASELINE}'s; above 1: slower; {what})",
-                       "run", rows, others, BASELINE, "step_time_s")
-    print(f"\nresults: {out}")
