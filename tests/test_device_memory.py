@@ -46,7 +46,7 @@ def test_ucx_moves_device_memory_where_it_offers_and_is_given_cuda_copy(tls, off
 def test_a_device_says_whether_it_moves_device_memory_here_and_why_not():
     from transports.fabric import open_device
 
-    here = cuda_problem() is None and ucx.offers_transport("cuda_copy")
+    here = cuda_problem() is None and ucx.library.offers_transport("cuda_copy")
     for fabric_transport in ("shm", "tcp"):
         device = open_device("ucx", fabric_transport)
         try:

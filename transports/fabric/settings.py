@@ -2,7 +2,7 @@
 
 Every fabric backend gets the same :class:`RdmaSettings`: verbs applies them to its device, port,
 GID and queue pairs; UCX maps each to the UCX setting that means the same where its build has one
-(``transports/fabric/ucx/device.py``). A backend reports the variables it cannot honour
+(``transports/fabric/ucx/library.py``). A backend reports the variables it cannot honour
 (``Device.without_effect``) instead of failing. A bad value is an error naming the variable and
 what it accepts.
 """

@@ -27,7 +27,7 @@ the target's memory. A write followed by a trailer is therefore seen data first,
 order). Waits stay the device's own: they poll the flags and counters these threads write, and a waiter asleep
 is woken by the thread after each write it lands.
 
-Why one module of 650 lines: the listener and the channel are the two ends of one wire protocol (the challenge and
+One module: the listener and the channel are the two ends of one wire protocol (the challenge and
 its proof, the request and answer structs, the refusals a channel reads back), read side by side; each end checks
 what the other may send, and a change to one is a change to both.
 """

@@ -1,7 +1,7 @@
 """The ucx device's channels: a :class:`UcxChannel` per peer (an endpoint on one of the device's workers, its puts
 and gets checked against the regions the peer exported), the send, counter and take plans and the flag sets built
-on it, and the checks of where shared memory is mapped. ``device.py`` loads the library, owns the workers and
-registers memory; it hands the loaded library to this module (:func:`bind`) before any channel is made."""
+on it, and the checks of where shared memory is mapped. ``library.py`` loads the library and hands it to this module
+(:func:`bind`) before any channel is made; ``device.py`` owns the workers (``progress.py``) and registers memory."""
 
 from __future__ import annotations
 

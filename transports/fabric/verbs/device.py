@@ -20,25 +20,21 @@ channel's descriptor: pyverbs' own blocking wait holds the GIL); a caller blocke
 polls the CQ itself for a moment first, which saves the wake-up for small transfers. Soft-RoCE
 (``rdma_rxe``) in ``tools/softroce``'s guest is where this runs in the tests.
 
-Why one module of 800 lines: the device's parts share pyverbs' objects and one lock: opening the device
-and choosing port and GID, registering memory, agreeing on queue pairs with a peer, and the waits (the
-channels and progress threads are ``channel.py``, the decisions without hardware ``decide.py``).
+This module opens the device, registers memory and agrees on queue pairs with a peer. The rest, by role:
+finding pyverbs and describing the hardware ``hardware.py``; the completions and the waits on them
+``completions.py``; the channels and progress threads ``channel.py``; the decisions without hardware
+``decide.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import importlib
-import importlib.metadata
 import itertools
 import os
 import shutil
 import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -65,18 +61,14 @@ from transports.fabric.verbs.channel import (
     _Pending,
     _Poller,
 )
+from transports.fabric.verbs.completions import Completions
 from transports.fabric.verbs.decide import (
     ACCESS_FLAGS,
-    GID_SCAN,
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
-    MTU_BYTES,
     Choice,
     DeviceAddress,
-    DeviceInfo,
-    GidEntry,
     LaneEndpoint,
-    PortInfo,
     QpAttributes,
     choose,
     connect_deferral,
@@ -85,11 +77,9 @@ from transports.fabric.verbs.decide import (
     cq_index,
     decode_address,
     encode_address,
-    gid_bytes,
     inactive_reason,
     init_attributes,
     new_address,
-    no_device_reason,
     parse_reply,
     parse_request,
     perftest_arguments,
@@ -100,101 +90,11 @@ from transports.fabric.verbs.decide import (
     spread,
     wins,
 )
+from transports.fabric.verbs.hardware import PYVERBS_MISSING, _hardware, _pyverbs, _pyverbs_version, qp_attr
 
-PYVERBS_MISSING = ("pyverbs is not installed: pip install -e '.[verbs]' (PyPI's pyverbs needs rdma-core 59 or newer), "
-                   "or Debian's python3-pyverbs with tools/use-system-pyverbs")
 ALIGNMENT = 64
 #: how long a device whose connection request the peer deferred waits for the peer's own
 CONNECT_WAIT_S = 60.0
-
-_MODULES = ("addr", "cq", "device", "enums", "mr", "pd", "qp", "wr", "pyverbs_error")
-
-
-def _pyverbs() -> SimpleNamespace:
-    """pyverbs' modules by short name; ImportError if pyverbs is not installed."""
-    return SimpleNamespace(**{name: importlib.import_module(f"pyverbs.{name}") for name in _MODULES})
-
-
-def _pyverbs_version() -> str | None:
-    try:
-        return importlib.metadata.version("pyverbs")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _gid_entry(pv: SimpleNamespace, context, port: int, index: int) -> GidEntry | None:
-    """GID ``index`` of ``port``, or None if the entry is empty or cannot be read."""
-    try:
-        gid = gid_bytes(context.query_gid(port, index).gid)
-    except (pv.pyverbs_error.PyverbsError, ValueError):
-        return None
-    if not any(gid):
-        return None
-    try:
-        roce_v2 = context.query_gid_type(port, index) == pv.enums.IBV_GID_TYPE_SYSFS_ROCE_V2
-    except (pv.pyverbs_error.PyverbsError, AttributeError):
-        roce_v2 = False
-    return GidEntry(index, gid, roce_v2)
-
-
-def _describe_device(pv: SimpleNamespace, context, name: str, gid_index: int | None) -> DeviceInfo:
-    """What ``context`` reports of its ports: states, LIDs, link layers, MTUs, GID tables (in part)."""
-    ports = []
-    for number in range(1, context.query_device().phys_port_cnt + 1):
-        attr = context.query_port(number)
-        indexes = set(range(min(attr.gid_tbl_len, GID_SCAN)))
-        if gid_index is not None and gid_index < attr.gid_tbl_len:
-            indexes.add(gid_index)
-        gids = tuple(entry for index in sorted(indexes) if (entry := _gid_entry(pv, context, number, index)))
-        ports.append(PortInfo(number, attr.state, attr.lid, attr.link_layer, MTU_BYTES.get(attr.active_mtu, 1024),
-                              gids, attr.pkey_tbl_len))
-    return DeviceInfo(name, tuple(ports))
-
-
-def _hardware(pv: SimpleNamespace, gid_index: int | None = None) -> list[DeviceInfo]:
-    """Every RDMA device here, described; FabricError when there is none or one cannot be opened."""
-    try:
-        devices = pv.device.get_device_list()
-    except pv.pyverbs_error.PyverbsError as exc:
-        raise FabricError(no_device_reason(f"{exc}: no RDMA driver loaded? ibv_devices lists them")) from None
-    if not devices:
-        raise FabricError(no_device_reason("the device list is empty; ibv_devices lists them"))
-    found = []
-    for device in devices:
-        name = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
-        try:
-            with pv.device.Context(name=name) as context:
-                found.append(_describe_device(pv, context, name, gid_index))
-        except pv.pyverbs_error.PyverbsError as exc:
-            raise FabricError(f"verbs: cannot open RDMA device {name}: {exc} "
-                              f"(permission on /dev/infiniband?)") from None
-    return found
-
-
-def qp_attr(pv: SimpleNamespace, attributes: QpAttributes):
-    """The pyverbs ``QPAttr`` of a transition that ``decide.py`` describes as plain data."""
-    attr = pv.qp.QPAttr(qp_state=attributes.fields["qp_state"])
-    for name, value in attributes.fields.items():
-        setattr(attr, name, value)
-    ah = attributes.ah
-    if ah is not None:
-        if ah.is_global:
-            dgid = pv.addr.GID()
-            dgid.gid = ah.dgid_text
-            route = pv.addr.GlobalRoute(dgid=dgid, sgid_index=ah.sgid_index, hop_limit=ah.hop_limit,
-                                        traffic_class=ah.traffic_class)
-            attr.ah_attr = pv.addr.AHAttr(gr=route, is_global=1, port_num=ah.port_num, dlid=ah.dlid, sl=ah.sl)
-        else:
-            attr.ah_attr = pv.addr.AHAttr(is_global=0, port_num=ah.port_num, dlid=ah.dlid, sl=ah.sl)
-    return attr
-
-
-def _status_text(pv: SimpleNamespace, status: int, vendor_error: int) -> str:
-    try:
-        name = pv.enums.ibv_wc_status(status).name
-    except ValueError:
-        name = f"status {status}"
-    return f"{pv.cq.cqe_status_to_str(status)} ({name}, vendor error {vendor_error:#x})"
 
 
 class VerbsRegion(MemRegion):
@@ -234,8 +134,7 @@ class VerbsRegion(MemRegion):
             self.device._forget(self)
 
 
-#: one completion channel is made at a time, so that the descriptor it opens is told from others (see _event_fd)
-class VerbsDevice(Device):
+class VerbsDevice(Completions, Device):
     """An opened RDMA device: context, protection domain, ``progress_threads`` CQs and their threads.
 
     ``fabric_transport``: only ``auto`` (RDMA_DEVICE, else the first device with an active port);
@@ -573,132 +472,6 @@ class VerbsDevice(Device):
             lane._blocking(future, deadline, "RDMA write")
         flag = lanes[0]._post(write, trailer, trailer_remote, "RDMA write of a flag")
         lanes[0]._blocking(flag, deadline, "RDMA write of a flag")
-
-    # -- completions --------------------------------------------------------------------------------
-
-    def _track(self, wr_id: int, pending: _Pending) -> None:
-        with self._lock:
-            self._pending[wr_id] = pending
-            pending.channel.poller.outstanding += 1
-            for region in pending.regions:
-                region.busy += 1
-
-    def _untrack(self, wr_id: int) -> _Pending | None:
-        with self._lock:
-            entry = self._pending.pop(wr_id, None)
-            if entry is not None:
-                entry.channel.poller.outstanding -= 1
-                for region in entry.regions:
-                    region.busy -= 1
-        if entry is not None:
-            for _ in range(entry.slots):
-                entry.channel._slots.release()
-        return entry
-
-    def _completed(self, wc) -> None:
-        """Handle one work completion (called by whoever polls the CQ, under its lock)."""
-        success = wc.status == self._pv.enums.IBV_WC_SUCCESS
-        if wc.wr_id == RECV_WR_ID:
-            self._received(wc, success)
-            return
-        entry = self._untrack(wc.wr_id)
-        if entry is None:
-            if not success:  # an unsignaled write failed: the connection is broken
-                with self._lock:
-                    channel = self._by_qp.get(wc.qp_num)
-                if channel is not None:
-                    self._fail_channel(channel, _status_text(self._pv, wc.status, wc.vendor_err))
-            return
-        if success:
-            settle(entry.future)
-            return
-        reason = _status_text(self._pv, wc.status, wc.vendor_err)
-        self._fail_channel(entry.channel, reason)
-        settle(entry.future, error=FabricError(f"verbs: {entry.what} failed: {reason}"))
-
-    def _received(self, wc, success: bool) -> None:
-        """A receive completed: an immediate arrived (re-post the receive), or the queue pair failed."""
-        with self._lock:
-            channel = self._by_qp.get(wc.qp_num)
-        if channel is None or channel.closed:
-            return
-        if not success:
-            self._fail_channel(channel, _status_text(self._pv, wc.status, wc.vendor_err))
-            return
-        try:
-            channel.qp.post_recv(channel.recv_wr)
-        except self._pv.pyverbs_error.PyverbsError as exc:
-            self._fail_channel(channel, f"re-posting a receive failed: {exc}")
-        if wc.opcode == self._pv.enums.IBV_WC_RECV_RDMA_WITH_IMM:
-            with self._activity:
-                self._immediates.append(((channel.peer,), wc.imm_data & 0xFFFFFFFF))
-                self._activity.notify_all()
-
-    def _fail_channel(self, channel: VerbsChannel, reason: str) -> None:
-        """Mark ``channel`` failed: its transfers in flight fail now, its queue pair goes to the error state
-        (the NIC flushes what is left, and the buffers stay referenced until then)."""
-        with self._lock:
-            if channel._error is not None:
-                return
-            channel._error = reason
-            doomed = [(entry.future, entry.what) for entry in self._pending.values() if entry.channel is channel]
-        for future, what in doomed:
-            settle(future, error=FabricError(f"verbs: {what} failed: {reason}"))
-        if not channel.closed:
-            attr = self._pv.qp.QPAttr(qp_state=self._pv.enums.IBV_QPS_ERR)
-            with contextlib.suppress(self._pv.pyverbs_error.PyverbsError):  # already in the error state
-                channel.qp.modify(attr, self._pv.enums.IBV_QP_STATE)
-        with self._activity:
-            self._activity.notify_all()
-
-    def _poller_failed(self, poller: _Poller, reason: str) -> None:
-        with self._lock:
-            lanes = [channel for channel in self._by_qp.values() if channel.poller is poller]
-        for channel in lanes:
-            self._fail_channel(channel, reason)
-
-    def _await(self, future: Future, deadline: float | None, poller: _Poller, what: str):
-        """``future``'s result; polls the CQ from this thread for a moment first. FabricTimeout at ``deadline``,
-        FabricInterrupted after :meth:`interrupt_waits`."""
-        spin_until = time.monotonic() + self.spin_s
-        while not future.done() and time.monotonic() < spin_until:
-            if not poller.poll_once(wait=False):
-                time.sleep(0)
-        while True:
-            if future.done():
-                return future.result()
-            if self.interrupted.is_set():
-                raise FabricInterrupted(f"verbs: {what} was interrupted (the device is closing)")
-            remaining = WAIT_SLICE_S if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                raise FabricTimeout(f"verbs: {what} did not complete in time")
-            try:
-                return future.result(min(remaining, WAIT_SLICE_S))
-            except TimeoutError:
-                continue
-
-    def take_immediates(self) -> list[tuple[tuple[bytes, ...], int]]:
-        with self._activity:
-            taken, self._immediates = self._immediates, []
-        return taken
-
-    def wait_for_activity(self, timeout: float) -> None:
-        with self._activity:
-            if not self._immediates:
-                self._activity.wait(timeout)
-
-    # -- waits on memory --------------------------------------------------------------------------
-
-    def interrupt_waits(self) -> None:
-        """Every wait returns: memory waits and blocked transfers raise FabricInterrupted, and so do the
-        futures of transfers in flight (their buffers stay referenced until the NIC completes them)."""
-        super().interrupt_waits()
-        with self._lock:
-            futures = [entry.future for entry in self._pending.values()]
-        for future in futures:
-            settle(future, error=FabricInterrupted("verbs: the transfer was interrupted (the device is closing)"))
-        with self._activity:
-            self._activity.notify_all()
 
     # -- the rest -----------------------------------------------------------------------------------
 
