@@ -137,13 +137,20 @@ class RegisteredPool:
         return sum(len(segments) for segments in self._tiers.values())
 
     def held_bytes(self, tier: str | None = None) -> int:
-        """Bytes of registered memory the pool holds (of one tier, or of both), in use or not."""
+        """Bytes of registered memory the pool holds (of one tier, or of both), in use or not.
+
+        Read only by tests, and kept for them: that a large tensor's memory is given back, not kept in the local
+        tier (``test_large_tensors.py``, ``test_grpc_rdma.py``, ``test_pool.py``). Computing it there would
+        reach into the pool's segments."""
         with self._lock:
             return sum(s.region.nbytes for name, segments in self._tiers.items() if tier in (None, name)
                        for s in segments)
 
     def in_use_bytes(self) -> int:
-        """Bytes of the pool's segments handed out as blocks and not freed (64-byte aligned sizes)."""
+        """Bytes of the pool's segments handed out as blocks and not freed (64-byte aligned sizes).
+
+        Read only by tests, and kept for them: that every block a transfer took is freed (``test_grpc_rdma.py``,
+        ``test_pool.py``); as :meth:`held_bytes`."""
         with self._lock:
             return sum(s.region.nbytes - sum(size for _, size in s.free)
                        for segments in self._tiers.values() for s in segments)
