@@ -19,7 +19,8 @@ import numpy as np
 
 from bench.experiments.peers import PeerLink
 from bench.experiments.peers.mooncake import MooncakeLine, MooncakeLink
-from bench.experiments.peers.mpi import MpiLine, MpiLink, MpiRmaLink
+from bench.experiments.peers.mpi import MpiLine
+from bench.experiments.peers.mpi_links import MpiLink, MpiRmaLink
 from bench.experiments.peers.nixl import NixlLine, NixlLink
 from bench.experiments.peers.plain_socket import SocketLine, SocketLink
 from transports import Cluster, Key
