@@ -414,7 +414,8 @@ def copy_note(record: ModelRecord) -> str:
 class TrainingLine(ABC):
     """A line of the training figures (``bench model``, ``scale``, ``soak``, ``converge``): what it can do and how
     its run goes. :class:`Trainings` hands every line the same :class:`TrainConfig` and records what it returns;
-    a new line is a subclass and an entry in :data:`REGISTRY` (every transport is a :class:`TransportTraining`)."""
+    a new line is a subclass and its catalogue entry naming it (``Line.training`` in bench/results/lines.py, which
+    :data:`REGISTRY` is read from; every transport is a :class:`TransportTraining`)."""
 
     #: its runs move tensors between processes (``bench soak`` checks them, ``bench converge`` trains over them)
     crosses_processes: ClassVar[bool] = True
