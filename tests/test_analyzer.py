@@ -9,7 +9,8 @@ import pytest
 
 from bench.experiments.training import model_config, model_record, train
 from bench.runtime.analyzer import DEDUP_SITE, PS_SITE, Plan
-from bench.runtime.ps import plan_of, train_locally
+from bench.runtime.config import plan_of
+from bench.runtime.local import train_locally
 from transports import Key, TensorSpec
 
 from .test_runtime import final_weights

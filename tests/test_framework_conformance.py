@@ -14,8 +14,9 @@ import pytest
 
 import transports
 from bench.experiments.training import DEVICE_CROSSINGS, model_record, train
+from bench.runtime.config import TrainConfig, worker_batch
 from bench.runtime.framework import FRAMEWORKS, framework_named, framework_of
-from bench.runtime.ps import TrainConfig, train_locally, worker_batch
+from bench.runtime.local import train_locally
 from tests import tiny_models, tiny_torch_models
 from transports.memory import Memory
 
@@ -203,7 +204,7 @@ def test_torch_weights_are_the_received_memory_and_gradients_leave_from_autograd
     """A worker's parameters compute over the arrays the transport received (no copy in), and the gradients it
     hands over are views of autograd's own gradient tensors (no copy out)."""
     torch = pytest.importorskip("torch")
-    from bench.runtime.ps import RuntimeCopies
+    from bench.runtime.config import RuntimeCopies
 
     workload, _ = TINY["torch"]
     bridge = framework_named("torch")

@@ -7,7 +7,7 @@ import threading
 from types import SimpleNamespace
 
 from bench.runtime.analyzer import Layout
-from bench.runtime.ps import Stopping
+from bench.runtime.stopping import Stopping
 
 
 class Inboxes:

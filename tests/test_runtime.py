@@ -10,7 +10,9 @@ import pytest
 import transports
 from bench.experiments.training import model_config, model_record, train
 from bench.runtime.analyzer import Layout, Plan, Transfer, Variable, gradient_buckets, gradient_key, weight_key
-from bench.runtime.ps import TrainConfig, apply_sgd, train_locally
+from bench.runtime.config import TrainConfig
+from bench.runtime.local import train_locally
+from bench.runtime.update import apply_sgd
 
 pytest.importorskip("tensorflow")
 
@@ -133,7 +135,7 @@ def scripted_plan(variables, servers=1):
 
 
 def test_variables_are_placed_round_robin_and_planned_both_ways():
-    from bench.runtime.ps import plan_of
+    from bench.runtime.config import plan_of
 
     run = config(servers=2)
     plan = plan_of(run)
@@ -253,7 +255,8 @@ def gradient(variable, step):
 def test_the_ps_sends_a_variables_next_weights_before_the_other_gradients_are_in():
     from concurrent.futures import ThreadPoolExecutor
 
-    from bench.runtime.ps import initial_weights, run_ps
+    from bench.runtime.config import initial_weights
+    from bench.runtime.ps import run_ps
     from transports import Cluster, Key
 
     variables = [Variable(0, "a", (3,), np.dtype(np.float32)), Variable(1, "b", (2, 2), np.dtype(np.float32))]

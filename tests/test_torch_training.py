@@ -26,7 +26,7 @@ from bench.launch.mpi import MpiLauncher
 from bench.launch.netns import NetnsLauncher
 from bench.launch.private import PrivateHosts
 from bench.results import REQUIRED_COLUMNS
-from bench.runtime.ps import TrainConfig
+from bench.runtime.config import TrainConfig
 from tests import tiny_models, tiny_torch_models
 from tests.processes import children_of, gone
 from tests.test_framework_conformance import torch_own_training

@@ -6,9 +6,9 @@ gives their starting values, analyses one step into the runtime's :class:`~bench
 the step a worker runs (:class:`Step`). Everything crosses the seam as arrays over the framework's own memory
 (DLPack, no copy): NumPy's in host memory, CuPy's in a GPU's (a run with ``--memory cuda``, PyTorch's only);
 received values go in, gradients and new state come out; a sparse gradient comes out as its rows and their
-indices (:class:`SparseGradient`, host memory). The runtime (``bench.runtime.ps``), ``StepSends``, the plan
-and the transports import no framework; the two implementations do: ``bench.runtime.tensorflow_bridge`` (the
-paper's, the default) and ``bench.runtime.torch_bridge``.
+indices (:class:`SparseGradient`, host memory). The runtime (``bench.runtime``: its worker, PS and Local
+line), ``StepSends``, the plan and the transports import no framework; the two implementations do:
+``bench.runtime.tensorflow_bridge`` (the paper's, the default) and ``bench.runtime.torch_bridge``.
 
 A workload names its framework by a ``framework`` attribute (``"tensorflow"`` when it has none); importing this
 module imports no framework.
