@@ -10,11 +10,12 @@ arrives, so workers never wait for each other.
 This module also names the runtime's entry points that importers outside ``bench/runtime`` take from here
 (``bench/experiments/training.py``, ``converge.py``, ``soak.py``, ``torch_training.py``,
 ``bench/commands/analyze.py``): each lives in the module of its role (``config``, ``stopping``, ``worker``,
-``local``); new code imports it from there.
+``local``: :data:`MOVED`); new code imports it from there.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,38 +24,26 @@ from typing import Any
 import numpy as np
 
 from bench.runtime.analyzer import Plan, Variable, update_keys, weight_key
-from bench.runtime.config import (
-    RuntimeCopies,
-    StepTimes,
-    TrainConfig,
-    build_model,
-    framework,
-    host_copy,
-    initial_weights,
-    plan_of,
-    worker_batch,
-)
-from bench.runtime.local import train_locally
+from bench.runtime.config import StepTimes, TrainConfig, host_copy, initial_weights
 from bench.runtime.stopping import Stopping
 from bench.runtime.update import apply_update
-from bench.runtime.worker import run_worker
 from transports import Key
 from transports.memory import memory_of
 from transports.tensors import to_device
 
-__all__ = [  # (the names importers outside bench/runtime take from here; see the module docstring)
-    "RuntimeCopies",
-    "StepTimes",
-    "Stopping",
-    "TrainConfig",
-    "build_model",
-    "framework",
-    "plan_of",
-    "run_ps",
-    "run_worker",
-    "train_locally",
-    "worker_batch",
-]
+#: the names importers outside bench/runtime take from here (see the module docstring), each by the module it is in
+MOVED = {
+    **dict.fromkeys(("RuntimeCopies", "build_model", "framework", "plan_of", "worker_batch"), "config"),
+    "run_worker": "worker",
+    "train_locally": "local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``bench.runtime.ps.NAME`` for a name of :data:`MOVED`: the one in the module of its role."""
+    if name in MOVED:
+        return getattr(importlib.import_module(f"bench.runtime.{MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def placed(target: Any, value: np.ndarray, ledger: Any) -> Any:
