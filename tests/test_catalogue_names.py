@@ -34,13 +34,9 @@ ALLOWED: dict[str, tuple[frozenset[str] | None, str]] = {
     "bench/launch/": (frozenset({"local", "mpi"}), "launcher names: local and mpi are launchers too"),
     "bench/readers/report/notes.py": (frozenset({"local", "mpi"}), "launcher names: the launchers a run used"),
     "bench/options.py": (frozenset({"local"}), "the default launcher's name"),
-    "bench/experiments/micro/plan.py": (frozenset({"local", "memcpy"}), "'local' is a launcher; 'memcpy' (a "
-                                                                       "default line) is helper C's to take from "
-                                                                       "the catalogue"),
+    "bench/experiments/micro/plan.py": (frozenset({"local", "memcpy"}), "'local' is a launcher; 'memcpy' the "
+                                                                       "name a run of no line plans memory for"),
     "bench/readers/summary.py": (frozenset({"local"}), "a kind (catalogue.KINDS), which shares its line's name"),
-    "bench/experiments/tf_grpc.py": (frozenset({TF_GRPC}), "helper C's file: to take bench.TF_GRPC"),
-    "bench/experiments/predict/": (EVERY, "the coordinator's files: to take the catalogue's constants"),
-    "bench/commands/": (EVERY, "helper C's files: to take the catalogue's constants"),
 }
 
 

@@ -162,7 +162,7 @@ def test_analyze_prints_the_plan_and_writes_it_as_json(tmp_path):
     pytest.importorskip("tensorflow")
     from bench.experiments.training import model_config
     from bench.runtime.analyzer import Plan
-    from bench.runtime.ps import plan_of
+    from bench.runtime.config import plan_of
 
     result = bench("analyze", "tests.tiny_models:TINY_EMBEDDING", "--servers", "2", "--batch-size", "4", "--json",
                    str(tmp_path / "plan.json"), "--out", str(tmp_path / "run"))

@@ -13,6 +13,7 @@ import sys
 from bench import options
 from bench.commands.common import add_framework_option, disk_full, draw, open_run
 from bench.results import DiskError
+from bench.results.lines import ZERO_COPY
 
 HELP = "the graph analyzer's transfer plan of a model: every cross-process tensor, static or dynamic"
 #: shown at the end of --help: each command line and what it does
@@ -45,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from bench.experiments.training import model_config
     from bench.results import AnalysisRecord
     from bench.runtime.analyzer import format_plan
+    from bench.runtime.config import plan_of
     from bench.runtime.framework import framework_named
-    from bench.runtime.ps import plan_of
 
     if args.model not in options.MODEL_NAMES and ":" not in args.model:
         return options.fail("analyze", f"unknown model '{args.model}' (known: {', '.join(options.MODEL_NAMES)})")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if problem := options.run_dir_problem(args.out):
         return options.fail("analyze", problem)  # likewise for the records
     try:
-        config = model_config(args.model, args.framework, transport="zerocopy", transport_options={},
+        config = model_config(args.model, args.framework, transport=ZERO_COPY, transport_options={},
                               batch_size=args.batch_size, servers=args.servers)
         plan = plan_of(config)
     except (ImportError, AttributeError) as exc:

@@ -18,6 +18,7 @@ from bench.commands.common import (
     interrupted,
     open_run,
 )
+from bench.results.lines import NO_ANALYSIS, ZERO_COPY
 
 if TYPE_CHECKING:
     from bench.results import ModelRecord
@@ -38,7 +39,7 @@ EXTRAS = ("models",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    options.add_training_options(parser, "model", "zerocopy", steps=20, compute="real")
+    options.add_training_options(parser, "model", ZERO_COPY, steps=20, compute="real")
     add_framework_option(parser)
     add_memory_option(parser)
     parser.add_argument("--servers", type=options.positive_int, default=None,
@@ -144,7 +145,7 @@ def run_trainings(args: argparse.Namespace, launcher: Any, experiment: str, serv
 
     chosen = list(args.transports)
     if args.no_analysis:
-        chosen = [options.choose("zerocopy:no_analysis") if c.label == "zerocopy" else c for c in chosen]
+        chosen = [options.choose(NO_ANALYSIS) if c.label == ZERO_COPY else c for c in chosen]
     if scaled_local and not any(line_of(c.name).one_process for c in chosen):
         chosen.append(options.choose(LOCAL))  # the Local line of the figure
     chosen = list(dict.fromkeys(chosen))

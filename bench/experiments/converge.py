@@ -207,8 +207,8 @@ def converge(args, launcher, writer, chosen: list, task, target: Target | None,
     from bench.experiments.tasks import task_workload
     from bench.experiments.training import TrainingError
     from bench.launch import LaunchError
+    from bench.runtime.config import TrainConfig
     from bench.runtime.framework import DEFAULT_FRAMEWORK, framework_named
-    from bench.runtime.ps import TrainConfig
     from transports import fabric
 
     failures: list[str] = []

@@ -56,7 +56,7 @@ from bench.ground.stats import LeakCriterion, MemoryVerdict, RssTrace, Streaming
 from bench.launch import Launcher, RankContext
 from bench.results import SoakRecord
 from bench.runtime.analyzer import Layout
-from bench.runtime.ps import StepTimes, TrainConfig
+from bench.runtime.config import StepTimes, TrainConfig
 from transports import Key, fabric
 
 

@@ -56,6 +56,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bench import TF_GRPC
 from bench.launch import Launcher, LauncherUnavailable, RankContext, RankFailed, RankSpec
 from bench.launch.private import private_hosts
 from bench.launch.wire import WireError, encode_message
@@ -63,7 +64,7 @@ from bench.launch.wire import WireError, encode_message
 if TYPE_CHECKING:
     from bench.results import ModelRecord
 
-TRANSPORT = "tf_grpc"
+TRANSPORT = TF_GRPC
 _NAN = float("nan")
 _KINDS = ("ps", "worker")
 

@@ -60,7 +60,7 @@ from bench.launch.addresses import interface_of
 from bench.launch.private import hosts_for_open_listeners
 from bench.results import ModelRecord
 from bench.results.lines import TORCH_DDP, TORCH_RPC
-from bench.runtime.ps import TrainConfig, build_model, framework, worker_batch
+from bench.runtime.config import TrainConfig, build_model, framework, worker_batch
 
 _NAN = float("nan")
 #: seconds of silence allowed beyond ``timeout_s`` until the run's first report: every process imports PyTorch

@@ -27,20 +27,12 @@ from bench.launch.local import LocalLauncher
 from bench.results import DiskError, ModelRecord, ScaleRecord
 from bench.results import lines as catalogue
 from bench.runtime.analyzer import Layout, Plan
+from bench.runtime.config import RuntimeCopies, StepTimes, TrainConfig, build_model, framework, plan_of, worker_batch
 from bench.runtime.framework import DEFAULT_FRAMEWORK
-from bench.runtime.ps import (
-    RuntimeCopies,
-    StepTimes,
-    Stopping,
-    TrainConfig,
-    build_model,
-    framework,
-    plan_of,
-    run_ps,
-    run_worker,
-    train_locally,
-    worker_batch,
-)
+from bench.runtime.local import train_locally
+from bench.runtime.ps import run_ps
+from bench.runtime.stopping import Stopping
+from bench.runtime.worker import run_worker
 from transports import fabric
 from transports.common import Registry
 from transports.memory import HOST

@@ -6,16 +6,10 @@ step's gradients as they arrive (``Transport.recv_each``), and as soon as one va
 worker it applies SGD to that variable and sends its next weights on, while the gradients of other variables are
 still on their way. With ``asynchronous`` the PS serves each worker on its own, applying every gradient as it
 arrives, so workers never wait for each other.
-
-This module also names the runtime's entry points that importers outside ``bench/runtime`` take from here
-(``bench/experiments/training.py``, ``converge.py``, ``soak.py``, ``torch_training.py``,
-``bench/commands/analyze.py``): each lives in the module of its role (``config``, ``stopping``, ``worker``,
-``local``: :data:`MOVED`); new code imports it from there.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,20 +24,6 @@ from bench.runtime.update import apply_update
 from transports import Key
 from transports.memory import memory_of
 from transports.tensors import to_device
-
-#: the names importers outside bench/runtime take from here (see the module docstring), each by the module it is in
-MOVED = {
-    **dict.fromkeys(("RuntimeCopies", "build_model", "framework", "plan_of", "worker_batch"), "config"),
-    "run_worker": "worker",
-    "train_locally": "local",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """``bench.runtime.ps.NAME`` for a name of :data:`MOVED`: the one in the module of its role."""
-    if name in MOVED:
-        return getattr(importlib.import_module(f"bench.runtime.{MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def placed(target: Any, value: np.ndarray, ledger: Any) -> Any:

@@ -117,7 +117,7 @@ def analyse(model: str, framework: str, batch_size: int, compute: str,
     from bench.runtime.framework import framework_named
 
     def traced(batch: int, steps: int) -> tuple[Plan, float]:
-        config = model_config(model, framework=framework, transport="zerocopy", transport_options={},
+        config = model_config(model, framework=framework, transport=ZERO_COPY, transport_options={},
                               batch_size=batch, servers=1, compute=compute)
         return profile(config, None, steps=steps)
 
