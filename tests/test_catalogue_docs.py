@@ -120,9 +120,8 @@ def imports_of(path: Path) -> set[str]:
     return {_target(name) for name in found if name.split(".")[0] in ("bench", "transports")}
 
 
-#: imports the page does not allow, each with why it is still here
-KNOWN = {("bench/readers/report/sections/predict.py", "bench/launch/hosts.py"):
-         "the coordinator's file: a reader takes parse_rate from bench/launch (to move to bench/ground)"}
+#: imports the page does not allow, each with why it is still here (none now)
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def test_every_layer_imports_only_what_its_row_says():

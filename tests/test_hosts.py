@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.ground.sizes import parse_rate
 from bench.launch import hosts as hosts_module
 from bench.launch.hosts import (
     CommandError,
     EmulatedHosts,
     NetnsUnavailable,
     check_support,
-    parse_rate,
     sweep_stale,
 )
 

@@ -37,7 +37,7 @@ EXTRAS = ("models",)
 
 def link_rates(text: str) -> list[grid.LinkRate]:
     """``--link-rate``: a comma list of rates as ``--launcher netns`` takes one (``10gbit,100gbit``), each once."""
-    from bench.launch.hosts import parse_rate
+    from bench.ground.sizes import parse_rate
 
     parts = [part.strip() for part in text.split(",")]
     if not all(parts):

@@ -1,16 +1,20 @@
-"""Tensor sizes as users write them: ``64KB``, ``1KB-1GB`` (x4 steps), ``1KB-1MB:x2``, ``1KB,64KB,1MB``.
+"""Tensor sizes as users write them: ``64KB``, ``1KB-1GB`` (x4 steps), ``1KB-1MB:x2``, ``1KB,64KB,1MB``; and link
+rates: ``10gbit``, ``500mbit``.
 
-Units are binary: 1KB = 1024 bytes, 1MB = 1024 KB, and so on.
+Units of sizes are binary: 1KB = 1024 bytes, 1MB = 1024 KB, and so on; units of rates decimal, as tc's.
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 DEFAULT_STEP = 4
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 _RANGE = re.compile(r"^(?P<start>[^-:]+)-(?P<end>[^-:]+?)(?::x(?P<step>\d+))?$", re.IGNORECASE)
 
 
@@ -72,3 +76,15 @@ def format_size(nbytes: int) -> str:
         if nbytes >= UNITS[unit] and nbytes % UNITS[unit] == 0:
             return f"{nbytes // UNITS[unit]}{unit}B"
     return f"{nbytes}B"
+
+
+def parse_rate(text: str) -> int:
+    """A link rate such as ``10gbit``, ``500mbit``, ``1.5gbit``, ``800bit`` in bits per second (units of 1000)."""
+    match = _RATE.match(text)
+    unit = match[2].lower() if match else None
+    if match is None or unit not in _RATE_UNITS:
+        raise ValueError(f"bad link rate {text!r}: expected a number and one of {', '.join(_RATE_UNITS)} (e.g. 10gbit)")
+    bps = Decimal(match[1]) * _RATE_UNITS[unit]
+    if bps < 1 or bps != bps.to_integral_value():
+        raise ValueError(f"bad link rate {text!r}: must be a whole number of bits per second, at least 1bit")
+    return int(bps)

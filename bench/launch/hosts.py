@@ -35,7 +35,6 @@ import signal
 import subprocess
 import sys
 import time
-from decimal import Decimal
 
 NETNS_DIR = "/var/run/netns"  # where `ip netns` keeps the names (bind mounts of the namespaces)
 NAME_PREFIX = "tbench"
@@ -45,8 +44,6 @@ MAX_HOSTS = 254  # 198.18.0.1 .. 198.18.0.254
 
 _NAME = re.compile(rf"^{NAME_PREFIX}-(\d+)-([0-9a-f]+)-(sw|h\d+|lo)$")
 _CLOSED = b"closed"
-_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$", re.IGNORECASE)
 _KILL_WAIT_S = 20.0
 _REAPER_EXIT_WAIT_S = 30.0
 _ETH_FRAME = 1514  # largest frame at the default MTU, what tbf must pass in one piece
@@ -74,18 +71,6 @@ def _run(argv: list[str], timeout_s: float = 60.0) -> str:
     if done.returncode != 0:
         raise CommandError(argv, done.stderr.strip() or f"exit status {done.returncode}")
     return done.stdout
-
-
-def parse_rate(text: str) -> int:
-    """A link rate such as ``10gbit``, ``500mbit``, ``1.5gbit``, ``800bit`` in bits per second (units of 1000)."""
-    match = _RATE.match(text)
-    unit = match[2].lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"bad link rate {text!r}: expected a number and one of {', '.join(_UNITS)} (e.g. 10gbit)")
-    bps = Decimal(match[1]) * _UNITS[unit]
-    if bps < 1 or bps != bps.to_integral_value():
-        raise ValueError(f"bad link rate {text!r}: must be a whole number of bits per second, at least 1bit")
-    return int(bps)
 
 
 def tbf_parameters(rate_bps: int) -> tuple[int, int]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.ground.sizes import parse_rate
 from bench.launch.addresses import rdma_ports
-from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, parse_rate, sweep_stale
+from bench.launch.hosts import EmulatedHosts, NetnsUnavailable, check_support, sweep_stale
 from bench.launch.local import LocalLauncher
 from bench.launch.messages import LaunchError, RankSpec
 from transports.common import Availability

@@ -168,7 +168,7 @@ def _flag(value: Any) -> bool:
 def rate_bps(text: Any) -> float:
     """A scale record's ``link_rate`` (``10gbit``) in bits per second; NaN for an unshaped run ('', ``unshaped``)
     or a rate that does not read."""
-    from bench.launch.hosts import parse_rate
+    from bench.ground.sizes import parse_rate
 
     if missing(text) or str(text).strip() in ("", "unshaped"):
         return math.nan
