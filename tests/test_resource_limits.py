@@ -195,7 +195,7 @@ def test_training_beyond_the_memory_available_is_refused_before_any_rank_with_th
     --servers 64 alike)."""
     import importlib
 
-    from bench.commands import model
+    from bench.experiments import training_memory
     from bench.ground import memory
 
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 8 * 2**30)
@@ -212,34 +212,35 @@ def test_training_beyond_the_memory_available_is_refused_before_any_rank_with_th
     assert err.rstrip().endswith("but 8.0 GB of memory is available now (MemAvailable); at most --servers 5 fits "
                                  "(or free memory)"), err
     fcn5 = int(204.47 * 2**20)  # Table 2's size: the model is not built to learn it
-    assert model.run_bytes(fcn5, 5, False) <= 8 * 2**30 < model.run_bytes(fcn5, 6, False)
+    assert training_memory.run_bytes(fcn5, 5, False) <= 8 * 2**30 < training_memory.run_bytes(fcn5, 6, False)
     assert not (tmp_path / "run").exists() and not launcher.asked
 
 
 def test_scale_says_when_not_even_one_server_fits(monkeypatch):
-    from bench.commands import model
+    from bench.experiments import training_memory
     from bench.ground import memory
 
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**30)
-    problem = model.memory_problem(["fcn5", "vgg16"], [1, 2], "real", _NoRanks())
+    problem = training_memory.memory_problem(["fcn5", "vgg16"], [1, 2], "real", _NoRanks())
     assert problem.startswith("--servers 2: training vgg16 (512 MB of parameters)"), problem  # the largest model
     assert problem.endswith("not even 1 server fits: choose a smaller model (or free memory)"), problem
 
 
 def test_what_scale_holds_grows_with_servers_and_real_compute_and_fits_when_it_fits(monkeypatch):
-    from bench.commands import model
+    from bench.experiments import training_memory
     from bench.ground import memory
 
     mb = 2**20
-    one = model.run_bytes(100 * mb, 1, False)
-    assert one == model.HELD_PER_SERVER * 100 * mb + 2 * model.RANK_BASELINE_BYTES
-    assert model.run_bytes(100 * mb, 4, False) == 4 * one
-    assert model.run_bytes(100 * mb, 4, True) - 4 * one == 4 * (100 * mb + model.TENSORFLOW_BYTES)
+    one = training_memory.run_bytes(100 * mb, 1, False)
+    assert one == training_memory.HELD_PER_SERVER * 100 * mb + 2 * training_memory.RANK_BASELINE_BYTES
+    assert training_memory.run_bytes(100 * mb, 4, False) == 4 * one
+    assert training_memory.run_bytes(100 * mb, 4, True) - 4 * one == 4 * (100 * mb + training_memory.TENSORFLOW_BYTES)
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 64 * 2**30)
-    assert model.memory_problem(["vgg16"], [1, 2, 4], "replay", _NoRanks()) is None
+    assert training_memory.memory_problem(["vgg16"], [1, 2, 4], "replay", _NoRanks()) is None
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: 2**20)
     # not checked: ranks a job's launcher started (on hosts of their own), a model of the user's (size unknown here)
-    assert model.memory_problem(["vgg16"], [64], "replay", type("Job", (), {"starts_processes": False})()) is None
-    assert model.memory_problem(["tests.tiny_models:TINY"], [64], "replay", _NoRanks()) is None
+    job = type("Job", (), {"starts_processes": False})()
+    assert training_memory.memory_problem(["vgg16"], [64], "replay", job) is None
+    assert training_memory.memory_problem(["tests.tiny_models:TINY"], [64], "replay", _NoRanks()) is None
     monkeypatch.setattr(memory, "available_memory_bytes", lambda: None)
-    assert model.memory_problem(["vgg16"], [64], "replay", _NoRanks()) is None
+    assert training_memory.memory_problem(["vgg16"], [64], "replay", _NoRanks()) is None
