@@ -8,23 +8,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transports.fabric_transport import FabricPlacement
+from transports.fabric_transport import FabricPlacement, FabricTransport
 from transports.placement import TensorSpec
 from transports.zerocopy.protocol import CONTROL_BYTES, slots_bytes, slots_for
-
-if TYPE_CHECKING:
-    from transports.zerocopy.transport import ZeroCopyTransport
 
 
 class PoolPlacement(FabricPlacement):
     """zerocopy's placement: its receive slots and (unless it stages every send, rdma_cp) the tensors it sends
     live in its registered pool, placed when the plan gives their shapes (the graph analysis)."""
 
-    def __init__(self, transport: ZeroCopyTransport) -> None:
+    def __init__(self, transport: FabricTransport) -> None:
+        """``transport``: the zerocopy transport (rdma_cp's too) whose pool and receive slots this places; typed as
+        its base, so that this module does not import the transport's, which imports it."""
         super().__init__(transport)
         self._zerocopy = transport
 

@@ -9,14 +9,11 @@ import select
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transports.common import done_future, settle
-from transports.fabric.base import FabricError
+from transports.fabric.base import Device, FabricError
 from transports.fabric.ucx.channel import _check, _reason
-
-if TYPE_CHECKING:
-    from transports.fabric.ucx.device import UcxDevice
 
 _SPINS_BEFORE_SLEEP = 20
 #: empty progress calls (in C) that end a burst of traffic
@@ -35,7 +32,9 @@ def bind(ffi: Any, lib: Any) -> None:
 class Worker:
     """A UCP worker and the progress thread that drives it."""
 
-    def __init__(self, device: UcxDevice, index: int) -> None:
+    def __init__(self, device: Device, index: int) -> None:
+        """A worker of ``device`` (the UCX device: its ``context``, ``_notify_activity``; typed as the base, so that
+        this module does not import the device's, which imports it)."""
         self.device = device
         handle = _ffi.new("ucp_worker_h *")
         _check(_lib.tt_worker_create(device.context, handle), "creating a worker")
