@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from bench.experiments.micro import MicroLine, TransportLine
-from bench.ground.memory import available_memory_bytes
+from bench.ground import memory
 from bench.ground.sizes import format_size
 from bench.results import lines as catalogue
 
@@ -30,8 +30,9 @@ def memory_needed(size: int, labels: list[str], slowed: set[str], both_sides: bo
 
 def memory_problem(sizes: list[int], labels: list[str], slowed: set[str], launcher: Any) -> str | None:
     """Why the largest size cannot be measured with the memory available now (``MemAvailable``), before any rank
-    starts; None when it fits or the memory available cannot be read."""
-    available = available_memory_bytes()
+    starts; None when it fits or the memory available cannot be read (read through the module at each call, so
+    that a test can stand in for it)."""
+    available = memory.available_memory_bytes()
     if available is None or not sizes:
         return None
     here = getattr(launcher, "name", "local") in _ALL_RANKS_HERE
