@@ -548,6 +548,49 @@ def test_a_step_of_many_tensors_costs_one_credit_message_per_peer(fabric):
         close(pair)
 
 
+def test_a_credit_write_is_counted_before_the_sender_can_see_it(fabric, monkeypatch):
+    """A grant is in the receiver's counts before it is written: a sender that sees it may send at once, and the
+    receiver's next step (which takes its counts as it begins) must not find it counted in that step. (Counted after
+    the write, a grant the credit thread made for a connect landed in the first timed step of a training run when that
+    thread was held off the cores: 5 control messages in 2 steps where 4 were sent.)"""
+    specs = [TensorSpec(f"w{i}", (64 + i,), np.float32, 0, 1) for i in range(12)]
+    pair = pair_of("zerocopy", fabric, specs)
+    try:
+        receiver = pair[1]
+        mine = receiver.ledger._counts  # this thread's counts: a grant counts on the thread that writes it
+        entered, seen_at_write = threading.local(), []
+        blocking, grant = receiver._blocking, receiver.credits.grant
+
+        def counting_grant(*args, **kwargs):
+            entered.count = mine()["control_messages"]
+            return grant(*args, **kwargs)
+
+        def counted_then_written(what, *args, **kwargs):
+            if what == "granting credits":
+                seen_at_write.append(mine()["control_messages"] - entered.count)
+            return blocking(what, *args, **kwargs)
+
+        monkeypatch.setattr(receiver.credits, "grant", counting_grant)
+        monkeypatch.setattr(receiver, "_blocking", counted_then_written)
+        arrays = [pair[0].placement.allocate(spec) for spec in specs]
+        for s in range(3):  # connects (their credits on the credit thread), then one span write of credits a step
+            keys = [Key(spec.name, s, 0, 1) for spec in specs]
+            sends = [pair[0].send_async(key, array) for key, array in zip(keys, arrays, strict=True)]
+            receiver.recv_many(keys)
+            for sending in sends:
+                sending.result(timeout=30)
+        one = [pair[0].send_async(Key("w0", 3, 0, 1), arrays[0])]  # one receive posted: the one-call grant
+        receiver.recv(Key("w0", 3, 0, 1))
+        one[0].result(timeout=30)
+        granter = receiver.credits.granter
+        if granter is not None:
+            granter.submit(lambda: None).result(timeout=30)
+        assert len(seen_at_write) >= 2  # (over shared memory a one-receive grant is a store, not a write)
+        assert seen_at_write == [1] * len(seen_at_write)  # each write finds itself counted already
+    finally:
+        close(pair)
+
+
 def test_a_credit_table_has_one_remote_key_and_one_mirror(fabric):
     """The tensors a sender connects to one receiver share a credit table: exported once, under one key, even when
     their first sends connect at once; the receiver keeps one mirror of it and refuses a connect naming it with

@@ -353,9 +353,9 @@ class GrpcRdmaTransport(FabricTransport):
             message = link.queue.popleft()
             encode(message, link.tx_message.array)
             link.remote_busy = True
-            self._write_entry(link, IMM_MESSAGE, link.tx_message.array, link.peer_message)
-            self.messages_sent[message.type.name] += 1
+            self.messages_sent[message.type.name] += 1  # counted before the peer can see it and answer
             self.ledger.add(control_messages=1)
+            self._write_entry(link, IMM_MESSAGE, link.tx_message.array, link.peer_message)
 
     def _write_content(self, link: _Link, index: int, source: np.ndarray, addr: int, rkey: bytes) -> None:
         """Write tensor content to where a request asked, then its immediate (the request index)."""

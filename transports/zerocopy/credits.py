@@ -195,14 +195,17 @@ class Credits:
             high = max(incoming.index for incoming in incomings) + 1
             span = mirror.block.array[COUNTERS_BYTES * low: COUNTERS_BYTES * high]
             target = mirror.table.at(COUNTERS_BYTES * low, COUNTERS_BYTES * (high - low))
+            # counted before it is written: once written, the sender may go on, and a step the receiver's main thread
+            # begins then must not find this message counted in it (this thread can be held off the cores that long)
+            transport.ledger.add(control_messages=1)
             transport._blocking("granting credits", mirror.src, mirror.channel, mirror.channel.write_flagged, span,
                                 target)
-        transport.ledger.add(control_messages=1)
 
     def _grant_one(self, incoming: Incoming) -> None:
         """:meth:`grant` of one receive posted, through the tensor's credit plan (one call)."""
         transport = self.transport
         mirror, credit = incoming.mirror, incoming.credit
+        transport.ledger.count("control_messages")  # before it is written (see grant)
         with mirror.lock:  # no span write of the same table in between, with an older value of this entry
             if credit.mapped:  # a store into memory mapped here: no peer to watch (see _blocking), called direct
                 try:
@@ -211,4 +214,3 @@ class Credits:
                     raise transport._failure("granting credits", mirror.src, exc) from None
             else:
                 transport._blocking("granting credits", mirror.src, mirror.channel, credit.set, incoming.posted)
-        transport.ledger.count("control_messages")
