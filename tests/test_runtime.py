@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -173,6 +174,20 @@ def test_asynchronous_sgd_with_two_workers_applies_every_gradient():
     # each of the 4 variables got one gradient per worker per timed step
     assert sum(applied) == 4 * 2 * 4
     assert all(np.isfinite(w).all() for w in final_weights(result).values())
+    assert_cpu_is_the_timed_steps(record)
+
+
+def assert_cpu_is_the_timed_steps(record):
+    """A worker's and a PS's CPU a step: some, and no more than the machine's cores could give in a step (with room
+    for the moments between steps). Taken over the whole process life instead, the model's building and the first
+    connects (seconds) would be many times a tiny model's step (milliseconds)."""
+    most = (os.cpu_count() or 1) * record["step_time_s"] * 2
+    assert 0 < record["worker_cpu_s_per_step"] < most and 0 < record["ps_cpu_s_per_step"] < most, record
+
+
+def test_a_record_gives_each_process_s_cpu_a_step():
+    run = config("grpc_tcp")
+    assert_cpu_is_the_timed_steps(model_record(run, train(run)["outcome"]).row())
 
 
 LEDGER = ("tensors_sent", "tensors_received", "payload_bytes_sent", "payload_bytes_received", "copied_bytes")

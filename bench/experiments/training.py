@@ -257,6 +257,8 @@ def model_record(config: TrainConfig, outcome: dict[int, tuple[str, StepTimes]])
         comm_s=float(np.mean([t.comm for t in workers])) / steps,
         apply_s=float(np.mean([t.apply for t in servers])) / steps,
         ps_wait_s=float(np.mean([t.comm for t in servers])) / steps,
+        worker_cpu_s_per_step=float(np.mean([t.extra["cpu_s"] for t in workers])) / steps,
+        ps_cpu_s_per_step=float(np.mean([t.extra["cpu_s"] for t in servers])) / steps,
         worker_peak_rss_mb=max(t.extra["peak_rss_mb"] for t in workers),
         ps_peak_rss_mb=max(t.extra["peak_rss_mb"] for t in servers),
         copied_bytes_per_step=(transport_copied + runtime_copied) / steps,

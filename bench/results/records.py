@@ -237,6 +237,10 @@ class ModelRecord(_OfALine, Record):
     comm_s: float
     apply_s: float | None = None
     ps_wait_s: float | None = None
+    #: CPU seconds a step of one worker's process and of one PS's (the mean over them), every thread of it: its
+    #: transport's work, the runtime's, a computed step's (compute replayed waits, on no core)
+    worker_cpu_s_per_step: float | None = None
+    ps_cpu_s_per_step: float | None = None
     worker_peak_rss_mb: float | None = None
     ps_peak_rss_mb: float | None = None
     copied_bytes_per_step: float | None = None

@@ -49,7 +49,7 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
     workers = [layout.worker(s) for s in range(layout.servers)]
     update = threading.Lock()
     if config.asynchronous:  # one loop per worker, each applying its own gradients at once
-        before = transport.stats()
+        before, cpu_before = transport.stats(), time.process_time()
         with ThreadPoolExecutor(len(workers)) as pool:
             loops = [pool.submit(_serve, config, transport, rank, mine, weights, [w], update) for w in workers]
             times = _merge([loop.result() for loop in loops])
@@ -57,6 +57,7 @@ def run_ps(config: TrainConfig, transport, plan: Plan, server: int, stopping: St
         whole = (transport.stats() - before).as_dict()
         share = config.steps / (config.steps + config.warmup)
         times.extra["stats"] = {name: value * share for name, value in whole.items()}
+        times.extra["cpu_s"] = (time.process_time() - cpu_before) * share
     else:
         times = _serve(config, transport, rank, mine, weights, workers, update, stopping)
     if not config.constant_memory:  # a soak compares no weights: no copy of them (fcn5's: 220 MB) in its memory
@@ -94,7 +95,7 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
     """
     stopping = stopping or Stopping(config)
     times = StepTimes()
-    stats0 = transport.stats()
+    stats0, cpu0 = transport.stats(), time.process_time()
     sending: dict[int, list] = {}  # variable index -> the sends of its value for the current step
     parts = {v.index: len(update_keys(v)) * len(workers) for v in mine}
 
@@ -106,7 +107,7 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
     while step < stopping.poll():
         if step == config.warmup:
             times = StepTimes()
-            stats0 = transport.stats()
+            stats0, cpu0 = transport.stats(), time.process_time()
         started = time.perf_counter()
         if step in (0, config.warmup):  # no step before this one sent its values
             for variable in mine:
@@ -136,6 +137,7 @@ def _serve(config: TrainConfig, transport, rank: int, mine: list[Variable], weig
         times.comm += done - started - applying
         step += 1
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
+    times.extra["cpu_s"] = time.process_time() - cpu0  # every thread of the process, in the timed steps
     return times
 
 

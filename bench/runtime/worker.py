@@ -69,7 +69,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
     evaluating_here = config.evaluate_every and server == 0 and on_eval is not None
     evaluate = _evaluator(config, len(plan.trainable)) if evaluating_here else None
     times = StepTimes()
-    stats0 = transport.stats()
+    stats0, cpu0 = transport.stats(), time.process_time()
     began, evaluating = time.perf_counter(), 0.0
     step = 0
     while step < stopping.poll():
@@ -80,7 +80,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
         if step == config.warmup:
             times = StepTimes()
             copies.bytes = 0
-            stats0 = transport.stats()
+            stats0, cpu0 = transport.stats(), time.process_time()
         started = time.perf_counter()
         values = transport.recv_many([Key(weight_key(v), step, layout.ps_of(v), rank) for v in variables])
         received = time.perf_counter()
@@ -114,6 +114,7 @@ def run_worker(config: TrainConfig, transport, plan: Plan, server: int,
     times.copied_bytes = copies.bytes
     times.extra["model_mb"] = sum(v.nbytes for v in plan.trainable) / 2**20
     times.extra["stats"] = (transport.stats() - stats0).as_dict()
+    times.extra["cpu_s"] = time.process_time() - cpu0  # every thread of the process, in the timed steps
     if sites is not None:
         times.extra["sites"] = sites.summary()
     return times
