@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from bench.experiments.predict.costs import TransferCost
 from bench.experiments.predict.simulate import Cluster, nic_bytes, simulate, simulate_rates
+from bench.results.lines import GRPC_RDMA
 from bench.runtime.analyzer import Output, Plan, Variable, plan_from
 
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
@@ -35,10 +36,11 @@ def make_plan(sizes: list[int], trainable: list[bool], servers: int, sparse: boo
     return plan_from("hand", variables, outputs, servers, 4)
 
 
-def make_cost(small: tuple[float, float], large: tuple[float, float], latency: float) -> TransferCost:
+def make_cost(small: tuple[float, float], large: tuple[float, float], latency: float, line: str = "t") -> TransferCost:
+    """A line's cost (``line``: one the simulation knows serves on one thread, or any other)."""
     sender = (small[0], small[0] + large[0])
     receiver = (small[1], small[1] + large[1])
-    return TransferCost("t", (64, 1 << 20), sender, receiver, latency,
+    return TransferCost(line, (64, 1 << 20), sender, receiver, latency,
                         tuple(s + r + latency for s, r in zip(sender, receiver, strict=True)))
 
 
@@ -48,7 +50,8 @@ plans = st.builds(
         [bool(x) for x in np.random.default_rng(seed + 1).random(n) < 0.8], servers, sparse),
     st.integers(1, 8), st.integers(0, 1000), st.booleans(), st.integers(1, 4))
 costs = st.builds(make_cost, st.tuples(st.floats(1e-6, 1e-4), st.floats(1e-6, 1e-4)),
-                  st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-3)), st.floats(0, 1e-4))
+                  st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-3)), st.floats(0, 1e-4),
+                  st.sampled_from(["t", GRPC_RDMA]))
 rates = st.floats(1e8, 1e11)
 
 
@@ -210,6 +213,34 @@ def test_a_groups_tensors_share_the_hosts_cores_as_the_transports_send_pools_do(
     # up and down, each tensor's sender and receiver time: 4e-4 a tensor, eight of them over the cores
     assert prediction.step_s == pytest.approx(4e-4 * 8 / cores, rel=1e-9)
     assert prediction.utilisations["cpu:0"] == pytest.approx(1.0, rel=1e-9)  # every core busy all the step
+
+
+@pytest.mark.parametrize("line", [GRPC_RDMA, f"{GRPC_RDMA}:direct"])
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_a_one_thread_lines_tensors_go_one_after_another_whatever_the_cores(line, cores):
+    # the same eight tensors over grpc_rdma: one poller a process serves every transfer, so each side's host time
+    # is its tensors' one after another, up (worker, then PS) and down (PS, then worker), however many cores
+    plan = make_plan([1000] * 8, [True] * 8, 1)
+    cost = make_cost((1e-4, 1e-4), (0.0, 0.0), 0.0, line)
+    prediction = simulate(plan, cost, Cluster(1, None, cores_per_host=cores), 0.0, backward_fraction=0,
+                          apply_s_per_byte=0)
+    assert prediction.step_s == pytest.approx(4e-4 * 8, rel=1e-9)
+
+
+def test_a_one_thread_lines_sender_is_held_while_its_tensor_is_on_the_wire():
+    """Two servers, a 100 MB variable on each PS, a sender's copy of 100 MB taking ``copy`` s, a receiver's none.
+    Each worker sends one gradient to the other host's PS (a copy, then 0.1 s on the wire) and one to its own
+    host's (a copy). With a thread per transfer the two copies run at once: the step is a copy and a wire up, the
+    same down. Over grpc_rdma a process's one thread writes its first tensor before it copies the second, so on
+    the way up and on the way down a copy waits for the wire: two copies more."""
+    plan = make_plan([25_000_000, 25_000_000], [True, True], 2)  # v0 on PS 0, v1 on PS 1
+    cost = make_cost((0.0, 0.0), (5e-4, 0.0), 0.0)
+    copy, wire = cost.host_s(100_000_000)[0], 0.1  # 100 MB at a GB/s
+    cluster = Cluster(2, 8e9, cores_per_host=4)
+    pooled = simulate(plan, cost, cluster, 0.0, apply_s_per_byte=0.0).step_s
+    one = simulate(plan, make_cost((0.0, 0.0), (5e-4, 0.0), 0.0, GRPC_RDMA), cluster, 0.0, apply_s_per_byte=0.0).step_s
+    assert pooled == pytest.approx(2 * (copy + wire), rel=1e-9)
+    assert one == pytest.approx(pooled + 2 * copy, rel=1e-9)
 
 
 def test_a_workers_values_wait_until_it_has_sent_every_update_of_the_step():

@@ -36,6 +36,15 @@ tensors one after another where N servers' were spread over N groups, and bench 
 grpc_rdma (paper compute, 100 Gb/s) a scaling efficiency of 1.25 at 8 servers (one server 2.93 s a step, of
 2.19 s compute; now 2.30 s, and 0.997 to 1.001 from 2 to 16 servers).
 
+**A transport that serves on one thread (grpc_rdma).** grpc_rdma has no pool of threads: one poller per process
+takes every protocol message, and on it a sender copies a tensor into its staging buffer and writes it (a blocking
+write, the wire's time) and a receiver copies each tensor out, one after another for every peer. So for the lines
+of :data:`ONE_THREAD` a process's transfers hold its one thread (the sender's from its host time to the wire's end,
+the receiver's for its host time), and their host time runs on one core. Measured (issue 62's note): VGG16 over
+netns at 10 Gbit/s and 2 servers, buffered grpc_rdma's step was 1.5 s longer than direct mode's (the same
+protocol without the copies) for 1.5 core-s more CPU a step, its copies wholly on the step's path; spread over the
+cores, the prediction of that point was 76% over the measured throughput, 52% with the one thread.
+
 **Worker classes (above :data:`CLASSES` servers).** Simulating every worker is ``servers x groups`` transfers a
 step each way: 97,000 for Inception-v3 at 256 servers; SimPy runs about 19 events per transfer here (measured:
 450,000 events, 4.7 s, for 8 workers of Inception at 256 servers), so every worker at 256 servers would be about
@@ -88,8 +97,12 @@ from itertools import pairwise
 import simpy
 
 from bench.experiments.predict.costs import TransferCost
+from bench.results.lines import GRPC_RDMA
 from bench.runtime.analyzer import Plan, gradient_buckets
 
+#: the lines whose every transfer of a process is served by one thread (see the module), with their modes
+#: (``grpc_rdma:direct``)
+ONE_THREAD = (GRPC_RDMA,)
 #: the SGD update's CPU cost per gradient byte when none is measured: ``w -= lr * g`` on float32 with NumPy,
 #: measured at about 0.2 ns per byte (16 MB tensors, this 2-core machine, 2026-11)
 APPLY_S_PER_BYTE = 0.2e-9
@@ -252,6 +265,10 @@ class _Sim:
         self.ingress = [simpy.PriorityResource(env, capacity=1) for _ in range(servers)]
         lanes = int(servers / cluster.oversubscription) if cluster.oversubscription > 1 else 0
         self.switch = simpy.PriorityResource(env, capacity=max(1, lanes)) if lanes else None
+        #: per (host, is the PS's): the one thread that serves every transfer of that process (:data:`ONE_THREAD`)
+        one_thread = cost.transport.partition(":")[0] in ONE_THREAD
+        self.threads = {(h, ps): simpy.PriorityResource(env, capacity=1)
+                        for h in range(servers) for ps in (False, True)} if one_thread else {}
         self.schedule, self.group_count = _groups(plan)
         #: per group: (sender, receiver, cores at once) host time of the gradients up and of the values down
         self.group_costs = {id(g): (_host(cost, g.up), _host(cost, g.down)) for _, gs in self.schedule for g in gs}
@@ -279,12 +296,12 @@ class _Sim:
         if step >= WARMUP:
             self.busy[name] += work
 
-    def cpu_work(self, host: int, seconds: float, copies: int, worker: int | None, step: int):
-        """``copies`` jobs of ``seconds`` each on ``host``'s cores: as many at once as there are cores (one
-        request for all of them: a lumped job takes its share of the cores at once)."""
+    def cpu_work(self, host: int, seconds: float, copies: int, worker: int | None, step: int, threads: int = 0):
+        """``copies`` jobs of ``seconds`` each on ``host``'s cores: as many at once as there are cores (and
+        ``threads``, when not 0) (one request for all of them: a lumped job takes its share of the cores at once)."""
         if seconds <= 0:
             return
-        cores = max(1, min(copies, self.cores))
+        cores = max(1, min(copies, self.cores, threads or self.cores))
         duration = seconds * copies / cores
         pool = self.cpu[host]
         yield pool.get(cores, step)
@@ -337,7 +354,11 @@ class _Sim:
         (``dst_copies``), each spread over up to ``host_s[2]`` cores. In representative mode the PS's side also
         moves the other workers' copies (its host NIC only: their hosts' NICs are not simulated)."""
         sender, receiver, parts = host_s
-        yield from self.cpu_work(src, sender / parts, src_copies * parts, worker if worker_sends else None, step)
+        threads = 1 if self.threads else 0  # on one thread of each process (ONE_THREAD), or on its cores
+        parts = 1 if threads else parts
+        thread = yield from self._thread(src, not worker_sends, step)
+        yield from self.cpu_work(src, sender / parts, src_copies * parts, worker if worker_sends else None, step,
+                                 threads)
         local = src == dst
         ps = dst if worker_sends else src
         # the class's other workers' copies that cross the PS's NIC: its members less the simulated one and
@@ -355,7 +376,24 @@ class _Sim:
                 yield from self.wire(src, dst, nbytes, nbytes, worker, step)
             if lump is not None:
                 yield lump
-        yield from self.cpu_work(dst, receiver / parts, dst_copies * parts, None if worker_sends else worker, step)
+        self._release(thread)
+        thread = yield from self._thread(dst, worker_sends, step)
+        yield from self.cpu_work(dst, receiver / parts, dst_copies * parts, None if worker_sends else worker, step,
+                                 threads)
+        self._release(thread)
+
+    def _thread(self, host: int, ps: bool, step: int):
+        """The one thread of ``host``'s PS (or worker) that serves its transfers, once it is free (a SimPy
+        request: give it back with :meth:`_release`); None where each transfer has a thread of its own."""
+        if not self.threads:
+            return None
+        request = self.threads[(host, ps)].request(priority=step)
+        yield request
+        return request
+
+    def _release(self, request) -> None:
+        if request is not None:
+            request.resource.release(request)
 
     def send_gradients(self, worker: int, group: _Group, step: int):
         costs = self.group_costs[id(group)]
